@@ -1,0 +1,212 @@
+// kvpolicy-replay — replay a recorded trace through a KV-cache policy and budget.
+//   kvpolicy-replay --trace IN.safetensors --policy trimkv|dbtrimkv --budget M --buffer B
+//                   [--horizon h] [--floor f] [--window w] [--threshold a] [--prefill P]
+//                   --out OUT.safetensors [--png DIR --layers 0,1 --heads 0,2]
+//   kvpolicy-replay --demo [--png DIR]     the synthetic trace through every policy, as a table
+// Formats: docs/replay.md.
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "heatmap.hpp"
+#include "replay.hpp"
+
+using namespace kvpolicy;
+
+namespace {
+
+const char* kUsage = R"(kvpolicy-replay: replay a KV-cache trace through a policy and budget.
+
+usage:
+  kvpolicy-replay --trace IN.safetensors --policy POLICY --budget M --buffer B --out OUT.safetensors
+                  [--horizon h] [--floor f] [--window w] [--threshold a] [--prefill P]
+                  [--png DIR [--layers 0,1,..] [--heads 0,1,..]]
+  kvpolicy-replay --demo [--png DIR]
+  kvpolicy-replay --write-synthetic OUT.safetensors [--tokens T]   the demo's trace, as a file
+
+policies:
+  trimkv     TRIM-KV: score log_beta*(n+1-p), per-head budget M, evict when a head reaches M+B
+  dbtrimkv   DBTrimKV: lookahead score over horizon h, one global budget L*Hkv*M per sequence,
+             optional floor_ratio f
+
+options:
+  --budget M       entries kept per (layer, kv head) (default 1024)
+  --buffer B       eviction runs once a head (or the sequence) is B past its budget (default 128)
+  --horizon h      lookahead horizon, dbtrimkv only (default 2)
+  --floor f        floor_ratio in [0, 1), dbtrimkv only (default 0)
+  --window w       protect the w newest entries of every head (default 0)
+  --threshold a    keep every entry scoring >= log(a) instead of a top-M (default off)
+  --prefill P      append the first P tokens as one chunk (default 0: one token per step)
+  --png DIR        write retention and eviction heatmaps (TRIM-KV paper, Fig. 4)
+  --layers, --heads  which heatmaps (default: layer 0, every kv head)
+
+input  (safetensors): log_beta [L,Hkv,T] f32; optional keys, values [L,Hkv,T,d], queries [L,Hq,T,d]
+output (safetensors): evicted_at [L,Hkv,T] i64 (n at eviction, -1 = survived), step_end [S] i64,
+                      attn_rel_error [S] f32 (with keys/values/queries)
+)";
+
+std::vector<int> parse_list(const std::string& s, const char* what) {
+  std::vector<int> out;
+  std::stringstream in(s);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    try {
+      std::size_t used = 0;
+      out.push_back(std::stoi(item, &used));
+      if (used != item.size()) throw std::invalid_argument(item);
+    } catch (const std::exception&) {
+      fail(what, ": '", item, "' is not an integer");
+    }
+  }
+  return out;
+}
+
+double parse_number(const std::string& flag, const std::string& v) {
+  try {
+    std::size_t used = 0;
+    const double x = std::stod(v, &used);
+    if (used == v.size()) return x;
+  } catch (const std::exception&) {
+  }
+  fail(flag, ": '", v, "' is not a number");
+}
+
+std::int64_t parse_int(const std::string& flag, const std::string& v) {
+  const double x = parse_number(flag, v);
+  require(x == static_cast<double>(static_cast<std::int64_t>(x)), flag, ": '", v, "' is not an integer");
+  return static_cast<std::int64_t>(x);
+}
+
+void write_pngs(const std::string& dir, const replay::Trace& tr, const replay::Result& r, std::vector<int> layers,
+                std::vector<int> heads, const std::string& prefix = "") {
+  std::filesystem::create_directories(dir);
+  if (layers.empty()) layers = {0};
+  if (heads.empty())
+    for (int h = 0; h < tr.kv_heads; ++h) heads.push_back(h);
+  for (int l : layers)
+    for (int h : heads) {
+      require(l >= 0 && l < tr.layers, "--layers: layer ", l, " out of range [0, ", tr.layers, ")");
+      require(h >= 0 && h < tr.kv_heads, "--heads: kv head ", h, " out of range [0, ", tr.kv_heads, ")");
+      replay::write_heatmaps(dir + (prefix.empty() ? "" : "/" + prefix), tr, r.evicted_at, l, h);
+    }
+}
+
+int demo(const std::string& png_dir) {
+  const auto tr = replay::synthetic_trace();
+  std::printf("kvpolicy demo: synthetic trace, L=%d Hkv=%d Hq=%d d=%d, T=%lld tokens decoded one per step\n",
+              tr.layers, tr.kv_heads, tr.q_heads, tr.head_dim, static_cast<long long>(tr.tokens));
+  std::printf("heads: sinks (kind 0), sliding window (kind 1), sparse gist tokens (kind 2)\n\n");
+  const auto full = replay::full_attention(tr);
+  struct Row {
+    const char* label;
+    replay::Options o;
+  };
+  std::vector<Row> rows;
+  for (std::int64_t M : {64, 128, 256}) {
+    rows.push_back({"trimkv", {"trimkv", M, M / 8, 2, 0.0, 0, 0.0, 0}});
+    rows.push_back({"dbtrimkv h=2", {"dbtrimkv", M, M / 8, 2, 0.0, 0, 0.0, 0}});
+    rows.push_back({"dbtrimkv f=0.5", {"dbtrimkv", M, M / 8, 2, 0.5, 0, 0.0, 0}});
+  }
+  rows.push_back({"full cache", {"trimkv", tr.tokens, 1, 2, 0.0, 0, 0.0, 0}});
+  const double full_entries = static_cast<double>(tr.layers * tr.kv_heads * tr.tokens);
+  std::printf("%-16s %7s %6s %11s %11s %11s %12s %12s %11s\n", "policy", "budget", "buffer", "peak/head", "peak mem",
+              "mean mem", "attn err", "attn err", "us/step");
+  std::printf("%-16s %7s %6s %11s %11s %11s %12s %12s %11s\n", "", "M", "B", "entries", "vs full", "vs full", "mean",
+              "last 256", "");
+  for (const auto& row : rows) {
+    const auto r = replay::replay(tr, row.o, &full);
+    double mean_err = 0.0, tail_err = 0.0;
+    for (float e : r.attn_rel_error) mean_err += e;
+    mean_err /= static_cast<double>(r.attn_rel_error.size());
+    const std::size_t tail = std::min<std::size_t>(256, r.attn_rel_error.size());
+    for (std::size_t i = r.attn_rel_error.size() - tail; i < r.attn_rel_error.size(); ++i) tail_err += r.attn_rel_error[i];
+    tail_err /= static_cast<double>(tail);
+    std::printf("%-16s %7lld %6lld %11lld %10.1f%% %10.1f%% %12.4f %12.4f %11.1f\n", row.label,
+                static_cast<long long>(row.o.budget), static_cast<long long>(row.o.buffer),
+                static_cast<long long>(r.peak_entries_per_head), 100.0 * r.peak_entries_total / full_entries,
+                100.0 * r.mean_entries_total / full_entries, mean_err, tail_err, 1e6 * r.seconds_per_step);
+    if (!png_dir.empty() && row.o.budget == 128 && row.o.floor_ratio == 0.0) {
+      const std::string sub = png_dir + "/" + row.o.policy + "_M128";
+      std::filesystem::create_directories(sub);
+      for (int l = 0; l < tr.layers; ++l)
+        for (int h = 0; h < tr.kv_heads; ++h) replay::write_heatmaps(sub, tr, r.evicted_at, l, h);
+    }
+  }
+  std::printf("\nattn err: ||o - o_full|| / ||o_full|| of the attention output per step, over all layers and heads.\n");
+  if (!png_dir.empty()) std::printf("heatmaps (TRIM-KV paper, Fig. 4): %s/{trimkv,dbtrimkv}_M128/\n", png_dir.c_str());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    std::string trace, out, png;
+    bool run_demo = false;
+    std::string synthetic_out;
+    std::int64_t synthetic_tokens = 1536;
+    std::vector<int> layers, heads;
+    replay::Options o;
+    for (int i = 1; i < argc; ++i) {
+      const std::string a = argv[i];
+      auto value = [&]() -> std::string {
+        require(i + 1 < argc, a, " needs a value");
+        return argv[++i];
+      };
+      if (a == "--help" || a == "-h") {
+        std::fputs(kUsage, stdout);
+        return 0;
+      } else if (a == "--demo") run_demo = true;
+      else if (a == "--write-synthetic") synthetic_out = value();
+      else if (a == "--tokens") synthetic_tokens = parse_int(a, value());
+      else if (a == "--trace") trace = value();
+      else if (a == "--out") out = value();
+      else if (a == "--png") png = value();
+      else if (a == "--policy") o.policy = value();
+      else if (a == "--budget") o.budget = parse_int(a, value());
+      else if (a == "--buffer") o.buffer = parse_int(a, value());
+      else if (a == "--horizon") o.horizon = static_cast<int>(parse_int(a, value()));
+      else if (a == "--floor") o.floor_ratio = parse_number(a, value());
+      else if (a == "--window") o.window = parse_int(a, value());
+      else if (a == "--threshold") o.threshold = parse_number(a, value());
+      else if (a == "--prefill") o.prefill = parse_int(a, value());
+      else if (a == "--layers") layers = parse_list(value(), "--layers");
+      else if (a == "--heads") heads = parse_list(value(), "--heads");
+      else fail("unknown argument '", a, "' (see --help)");
+    }
+    if (run_demo) return demo(png);
+    if (!synthetic_out.empty()) {
+      require(synthetic_tokens >= 1, "--tokens T = ", synthetic_tokens, " must be >= 1");
+      replay::write_trace(replay::synthetic_trace(4, 2, 4, 64, synthetic_tokens), synthetic_out);
+      return 0;
+    }
+    require(!trace.empty(), "--trace IN.safetensors is required (see --help)");
+    require(!out.empty(), "--out OUT.safetensors is required (see --help)");
+    const auto tr = replay::read_trace(trace);
+    std::vector<float> full;
+    if (tr.has_attention()) full = replay::full_attention(tr);
+    const auto r = replay::replay(tr, o, tr.has_attention() ? &full : nullptr);
+    safetensors::Writer w;
+    w.add_i64("evicted_at", {tr.layers, tr.kv_heads, tr.tokens}, r.evicted_at);
+    w.add_i64("step_end", {static_cast<std::int64_t>(r.step_end.size())}, r.step_end);
+    if (tr.has_attention())
+      w.add_f32("attn_rel_error", {static_cast<std::int64_t>(r.attn_rel_error.size())}, r.attn_rel_error);
+    w.metadata("policy", o.policy);
+    w.metadata("budget", std::to_string(o.budget));
+    w.metadata("buffer", std::to_string(o.buffer));
+    w.write(out);
+    if (!png.empty()) write_pngs(png, tr, r, layers, heads);
+    std::printf("%s: %lld steps, peak %lld entries per head, %.2f us per step -> %s\n", o.policy.c_str(),
+                static_cast<long long>(r.step_end.size()), static_cast<long long>(r.peak_entries_per_head),
+                1e6 * r.seconds_per_step, out.c_str());
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 2;
+  }
+}

@@ -1,0 +1,180 @@
+// kvpolicy-replay's engine: feeds a trace through a policy's Cache one token per step (the first
+// `prefill` tokens as one chunk), records when every entry was evicted, and measures the attention
+// output against the full cache at every step.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kvpolicy/cpu/attention.hpp"
+#include "kvpolicy/dbtrimkv.hpp"
+#include "kvpolicy/trimkv.hpp"
+#include "trace.hpp"
+
+namespace kvpolicy::replay {
+
+struct Options {
+  std::string policy = "trimkv";  // trimkv | dbtrimkv
+  std::int64_t budget = 1024;     // M
+  std::int64_t buffer = 128;      // B
+  int horizon = 2;                // h (dbtrimkv)
+  double floor_ratio = 0.0;       // f (dbtrimkv)
+  std::int64_t window = 0;        // w
+  double threshold = 0.0;         // alpha
+  std::int64_t prefill = 0;       // P: the first P tokens as one chunk
+};
+
+inline const std::vector<std::string>& policies() {
+  static const std::vector<std::string> names{"trimkv", "dbtrimkv"};
+  return names;
+}
+
+struct Result {
+  std::vector<std::int64_t> evicted_at;  // [L, Hkv, T]: n when evicted, -1 if it survived
+  std::vector<std::int64_t> step_end;    // [S]: n after each step
+  std::vector<float> attn_rel_error;     // [S], when the trace has K/V/Q
+  std::int64_t peak_entries_per_head = 0;  // resident at any time (before a step's eviction)
+  std::int64_t peak_entries_total = 0;
+  double mean_entries_total = 0.0;         // after each step
+  double seconds_per_step = 0.0;  // the policy cache's step: append + attend + trigger/evict
+};
+
+// Steps a trace is cut into: one chunk of `prefill` tokens, then one token per step.
+inline std::vector<std::int64_t> step_sizes(std::int64_t tokens, std::int64_t prefill) {
+  std::vector<std::int64_t> s;
+  if (prefill > 0) s.push_back(std::min(prefill, tokens));
+  for (std::int64_t n = s.empty() ? 0 : s[0]; n < tokens; ++n) s.push_back(1);
+  return s;
+}
+
+// Attention of every query over the full cache (all tokens so far), [T, L, Hq, d] by token.
+// Independent of the policy: compute once, compare every policy against it.
+inline std::vector<float> full_attention(const Trace& tr) {
+  const std::int64_t T = tr.tokens, d = tr.head_dim, G = tr.q_heads / tr.kv_heads;
+  std::vector<float> out(static_cast<std::size_t>(T * tr.layers * tr.q_heads * d));
+  std::vector<std::int32_t> pos(static_cast<std::size_t>(T));
+  for (std::int64_t t = 0; t < T; ++t) pos[static_cast<std::size_t>(t)] = static_cast<std::int32_t>(t);
+  std::vector<float> o(static_cast<std::size_t>(T * d));
+  for (int l = 0; l < tr.layers; ++l)
+    for (int qh = 0; qh < tr.q_heads; ++qh) {
+      const std::int64_t h = qh / G;
+      const float* k = &tr.keys[static_cast<std::size_t>((l * tr.kv_heads + h) * T * d)];
+      const float* v = &tr.values[static_cast<std::size_t>((l * tr.kv_heads + h) * T * d)];
+      const float* q = &tr.queries[static_cast<std::size_t>((l * tr.q_heads + qh) * T * d)];
+      // causal: query t sees keys 0..t (the full cache after t was appended)
+      cpu::attend_dense(View<const float, 2>(q, {T, d}), View<const float, 2>(k, {T, d}), View<const float, 2>(v, {T, d}),
+                        pos, pos, View<float, 2>(o.data(), {T, d}));
+      for (std::int64_t t = 0; t < T; ++t)
+        std::copy_n(&o[static_cast<std::size_t>(t * d)], d,
+                    &out[static_cast<std::size_t>(((t * tr.layers + l) * tr.q_heads + qh) * d)]);
+    }
+  return out;
+}
+
+namespace detail {
+
+// Copies tokens [t0, t0 + n) of a [L, H, T, d] tensor into [L, H, n, d].
+inline std::vector<float> slice(const std::vector<float>& src, int L, int H, std::int64_t T, std::int64_t d, std::int64_t t0,
+                                std::int64_t n) {
+  std::vector<float> out(static_cast<std::size_t>(L * H * n * d));
+  for (std::int64_t lh = 0; lh < std::int64_t{L} * H; ++lh)
+    std::copy_n(&src[static_cast<std::size_t>((lh * T + t0) * d)], n * d, &out[static_cast<std::size_t>(lh * n * d)]);
+  return out;
+}
+
+template <class C>
+Result run(C& cache, const Trace& tr, const Options& opt, const std::vector<float>* full) {
+  const int L = tr.layers, H = tr.kv_heads, Hq = tr.q_heads;
+  const std::int64_t T = tr.tokens, d = std::max(tr.head_dim, 1);
+  const bool attend = tr.has_attention();
+  Result r;
+  r.evicted_at.assign(static_cast<std::size_t>(L * H * T), -1);
+  cache.add_sequence(0);
+  std::vector<EvictedEntry> evicted;
+  double seconds = 0.0, entries_sum = 0.0;
+  std::int64_t n = 0;
+  const auto steps = step_sizes(T, opt.prefill);
+  for (const std::int64_t len : steps) {
+    const auto lb = slice(tr.log_beta, L, H, T, 1, n, len);
+    std::vector<float> k, v, q, out;
+    if (attend) {
+      k = slice(tr.keys, L, H, T, d, n, len);
+      v = slice(tr.values, L, H, T, d, n, len);
+      q = slice(tr.queries, L, Hq, T, d, n, len);
+      out.assign(q.size(), 0.0f);
+    } else {  // no K/V in the trace: zero keys of width 1 carry the metadata
+      k.assign(static_cast<std::size_t>(L * H * len), 0.0f);
+      v = k;
+    }
+    // peak memory is before the step's eviction: what it appended is resident until then
+    std::int64_t total_before = 0;
+    for (int l = 0; l < L; ++l)
+      for (int h = 0; h < H; ++h) {
+        const std::int64_t held = cache.length(0, l, h) + len;
+        r.peak_entries_per_head = std::max(r.peak_entries_per_head, held);
+        total_before += held;
+      }
+    r.peak_entries_total = std::max(r.peak_entries_total, total_before);
+    evicted.clear();
+    const auto t0 = std::chrono::steady_clock::now();
+    cache.step(0, View<const float, 4>(k.data(), {L, H, len, d}), View<const float, 4>(v.data(), {L, H, len, d}),
+               View<const float, 3>(lb.data(), {L, H, len}),
+               attend ? View<const float, 4>(q.data(), {L, Hq, len, d}) : View<const float, 4>{},
+               attend ? View<float, 4>(out.data(), {L, Hq, len, d}) : View<float, 4>{}, &evicted);
+    seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    n += len;
+    r.step_end.push_back(n);
+    for (const auto& e : evicted)
+      r.evicted_at[static_cast<std::size_t>((e.layer * H + e.head) * T + e.position)] = n;
+    entries_sum += static_cast<double>(cache.total_length(0));
+    if (attend && full != nullptr) {
+      double num = 0.0, den = 0.0;
+      for (int l = 0; l < L; ++l)
+        for (int qh = 0; qh < Hq; ++qh)
+          for (std::int64_t t = 0; t < len; ++t)
+            for (std::int64_t c = 0; c < d; ++c) {
+              const double want = (*full)[static_cast<std::size_t>((((n - len + t) * L + l) * Hq + qh) * d + c)];
+              const double got = out[static_cast<std::size_t>(((l * Hq + qh) * len + t) * d + c)];
+              num += (got - want) * (got - want);
+              den += want * want;
+            }
+      r.attn_rel_error.push_back(static_cast<float>(std::sqrt(num / std::max(den, 1e-30))));
+    }
+  }
+  r.seconds_per_step = seconds / static_cast<double>(steps.size());
+  r.mean_entries_total = entries_sum / static_cast<double>(steps.size());
+  return r;
+}
+
+inline std::int64_t pool_pages(const Trace& tr, const Options& o) {
+  // enough for the full trace in every head: the budget bounds use, the pool bounds nothing here
+  return pages_for(CacheShape{tr.layers, tr.kv_heads, 1, 1}, tr.tokens + o.buffer, 1, 16);
+}
+
+}  // namespace detail
+
+// Replays `tr` through the policy `opt` names. `full` (from full_attention) enables the
+// per-step attention error.
+inline Result replay(const Trace& tr, const Options& opt, const std::vector<float>* full = nullptr) {
+  CacheShape shape = tr.shape();
+  if (!tr.has_attention()) shape = CacheShape{tr.layers, tr.kv_heads, tr.kv_heads, 1};
+  require(opt.prefill >= 0, "replay: --prefill P = ", opt.prefill, " must be >= 0");
+  const auto pages = detail::pool_pages(tr, opt);
+  if (opt.policy == "trimkv") {
+    TrimKVCache<> cache(shape, memory::Paged<16>(pages),
+                        trimkv_evictor({opt.budget, opt.buffer, opt.window, opt.threshold}));
+    return detail::run(cache, tr, opt, full);
+  }
+  if (opt.policy == "dbtrimkv") {
+    const DBTrimKVConfig c{opt.budget, opt.buffer, opt.horizon, opt.floor_ratio, opt.window, opt.threshold};
+    DBTrimKVCache<> cache(shape, memory::Paged<16>(pages), dbtrimkv_evictor(c), dbtrimkv_scorer(c));
+    return detail::run(cache, tr, opt, full);
+  }
+  fail("replay: unknown policy '", opt.policy, "' (known: trimkv, dbtrimkv)");
+}
+
+}  // namespace kvpolicy::replay

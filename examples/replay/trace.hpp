@@ -1,0 +1,122 @@
+// A recorded (or synthetic) decode trace for kvpolicy-replay — the file format is docs/replay.md:
+//   log_beta [L, Hkv, T] (required), keys/values [L, Hkv, T, d] and queries [L, Hq, T, d] (optional).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kvpolicy/core/error.hpp"
+#include "kvpolicy/core/shape.hpp"
+#include "kvpolicy/gate/safetensors.hpp"
+
+namespace kvpolicy::replay {
+
+struct Trace {
+  int layers = 0, kv_heads = 0, q_heads = 0, head_dim = 0;
+  std::int64_t tokens = 0;
+  std::vector<float> log_beta;               // [L, Hkv, T]
+  std::vector<float> keys, values, queries;  // empty unless has_attention()
+
+  bool has_attention() const { return !queries.empty(); }
+  CacheShape shape() const { return {layers, kv_heads, q_heads, head_dim}; }
+  float lb(int l, int h, std::int64_t t) const { return log_beta[static_cast<std::size_t>((l * kv_heads + h) * tokens + t)]; }
+};
+
+inline Trace read_trace(const std::string& path) {
+  const auto f = safetensors::File::read(path);
+  Trace tr;
+  const auto& lb = f.info("log_beta");
+  require(lb.shape.size() == 3 && lb.shape[0] >= 1 && lb.shape[1] >= 1 && lb.shape[2] >= 1, "trace '", path,
+          "': log_beta has shape ", safetensors::shape_string(lb.shape), ", expected [L, Hkv, T] with every extent >= 1");
+  tr.layers = static_cast<int>(lb.shape[0]);
+  tr.kv_heads = static_cast<int>(lb.shape[1]);
+  tr.tokens = lb.shape[2];
+  tr.log_beta = f.floats("log_beta");
+  const bool k = f.contains("keys"), v = f.contains("values"), q = f.contains("queries");
+  require(k == v && v == q, "trace '", path, "': keys, values and queries come together (found keys: ", k,
+          ", values: ", v, ", queries: ", q, ")");
+  if (!k) return tr;
+  const auto& ki = f.info("keys");
+  require(ki.shape.size() == 4 && ki.shape[3] >= 1, "trace '", path, "': keys has shape ",
+          safetensors::shape_string(ki.shape), ", expected [L, Hkv, T, d]");
+  tr.head_dim = static_cast<int>(ki.shape[3]);
+  const auto& qi = f.info("queries");
+  require(qi.shape.size() == 4 && qi.shape[1] >= tr.kv_heads && qi.shape[1] % tr.kv_heads == 0, "trace '", path,
+          "': queries has shape ", safetensors::shape_string(qi.shape), ", expected [L, Hq, T, d] with Hq a multiple of Hkv = ",
+          tr.kv_heads);
+  tr.q_heads = static_cast<int>(qi.shape[1]);
+  tr.keys = f.floats("keys", {tr.layers, tr.kv_heads, tr.tokens, tr.head_dim});
+  tr.values = f.floats("values", {tr.layers, tr.kv_heads, tr.tokens, tr.head_dim});
+  tr.queries = f.floats("queries", {tr.layers, tr.q_heads, tr.tokens, tr.head_dim});
+  return tr;
+}
+
+inline void write_trace(const Trace& tr, const std::string& path) {
+  safetensors::Writer w;
+  w.add_f32("log_beta", {tr.layers, tr.kv_heads, tr.tokens}, tr.log_beta);
+  if (tr.has_attention()) {
+    w.add_f32("keys", {tr.layers, tr.kv_heads, tr.tokens, tr.head_dim}, tr.keys);
+    w.add_f32("values", {tr.layers, tr.kv_heads, tr.tokens, tr.head_dim}, tr.values);
+    w.add_f32("queries", {tr.layers, tr.q_heads, tr.tokens, tr.head_dim}, tr.queries);
+  }
+  w.write(path);
+}
+
+// The demo's deterministic synthetic trace: three kinds of heads, as the TRIM-KV paper (Fig. 4)
+// finds them in trained models —
+//   kind 0, sinks: the first 4 tokens never decay (log_beta = 0), the rest decay fast;
+//   kind 1, sliding window: near-uniform retention, so the newest tokens win;
+//   kind 2, gist: sparse "period" tokens retain (log_beta ~ -1e-4), the rest decay.
+// Queries attend to what each kind keeps (sinks, recent tokens, earlier gist tokens), so a policy
+// that keeps the right tokens has a small attention error.
+inline Trace synthetic_trace(int layers = 4, int kv_heads = 2, int group = 4, int head_dim = 64, std::int64_t tokens = 1536,
+                             std::uint64_t seed = 2026) {
+  Trace tr;
+  tr.layers = layers;
+  tr.kv_heads = kv_heads;
+  tr.q_heads = kv_heads * group;
+  tr.head_dim = head_dim;
+  tr.tokens = tokens;
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal;
+  std::uniform_real_distribution<float> uniform(0.0f, 1.0f);
+  const auto T = tokens, d = std::int64_t{head_dim};
+  tr.log_beta.resize(static_cast<std::size_t>(layers * kv_heads * T));
+  tr.keys.resize(static_cast<std::size_t>(layers * kv_heads * T * d));
+  tr.values.resize(tr.keys.size());
+  tr.queries.resize(static_cast<std::size_t>(layers * tr.q_heads * T * d));
+  for (auto& x : tr.keys) x = normal(rng);
+  for (auto& x : tr.values) x = normal(rng);
+  const float aim = 0.7f;  // how strongly a query points at its target key
+  for (int l = 0; l < layers; ++l)
+    for (int h = 0; h < kv_heads; ++h) {
+      const int kind = (l * kv_heads + h) % 3;
+      std::vector<std::int64_t> gists;
+      for (std::int64_t t = 0; t < T; ++t) {
+        float lb = 0.0f;
+        const bool gist = kind == 2 && uniform(rng) < 1.0f / 16;
+        if (kind == 0) lb = t < 4 ? 0.0f : -0.05f - 0.02f * uniform(rng);
+        if (kind == 1) lb = -0.01f - 0.002f * uniform(rng);
+        if (kind == 2) lb = gist ? -1e-4f * uniform(rng) : -0.03f - 0.02f * uniform(rng);
+        tr.log_beta[static_cast<std::size_t>((l * kv_heads + h) * T + t)] = lb;
+        if (gist) gists.push_back(t);
+        for (int g = 0; g < group; ++g) {
+          std::int64_t target = t;
+          if (kind == 0) target = std::uniform_int_distribution<std::int64_t>(0, std::min<std::int64_t>(3, t))(rng);
+          if (kind == 1) target = std::max<std::int64_t>(0, t - std::uniform_int_distribution<std::int64_t>(0, 24)(rng));
+          if (kind == 2 && !gists.empty())
+            target = gists[std::uniform_int_distribution<std::size_t>(0, gists.size() - 1)(rng)];
+          const int qh = h * group + g;
+          float* q = &tr.queries[static_cast<std::size_t>(((l * tr.q_heads + qh) * T + t) * d)];
+          const float* k = &tr.keys[static_cast<std::size_t>(((l * kv_heads + h) * T + target) * d)];
+          for (std::int64_t c = 0; c < d; ++c) q[c] = aim * k[c] + 0.5f * normal(rng);
+        }
+      }
+    }
+  return tr;
+}
+
+}  // namespace kvpolicy::replay

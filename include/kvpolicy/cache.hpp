@@ -1,0 +1,342 @@
+// kvpolicy/cache.hpp — Cache<Scorer, Admitter, Evictor, Allocator, Backend>: the composition point.
+//
+// One forward step of a sequence, as an engine runs it (SPEC, "When eviction runs"):
+//   for each layer l:  append(seq, l, keys, values, log_beta)   // T new tokens, positions n..n+T-1
+//                      attend(seq, l, queries, out)             // causal inside the chunk
+//   commit(seq)                                                 // n += T; trigger; evict
+// step() does all three for every layer at once. Every call validates everything before it changes
+// anything: a call that throws leaves the cache exactly as it was (SPEC §7).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <span>
+#include <vector>
+
+#include "kvpolicy/core/concepts.hpp"
+#include "kvpolicy/core/error.hpp"
+#include "kvpolicy/core/shape.hpp"
+#include "kvpolicy/core/view.hpp"
+#include "kvpolicy/memory/pool.hpp"
+
+namespace kvpolicy {
+
+// One entry an eviction removed, for tools that trace decisions (kvpolicy-replay).
+struct EvictedEntry {
+  int layer = 0;
+  int head = 0;
+  std::int32_t position = 0;
+};
+
+struct EvictionReport {
+  bool triggered = false;
+  std::int64_t evicted = 0;
+};
+
+template <Scorer S, Admitter A, Evictor E, Allocator Alloc, class Backend>
+class Cache {
+ public:
+  using scorer_type = S;
+  using admitter_type = A;
+  using evictor_type = E;
+  using allocator_type = Alloc;
+  using backend_type = Backend;
+  using storage_type = typename Alloc::storage_type;
+
+  Cache(CacheShape shape, Alloc allocator, E evictor = {}, S scorer = {}, A admitter = {})
+      : shape_(shape), alloc_(std::move(allocator)), evictor_(evictor), scorer_(scorer), admitter_(admitter) {
+    evictor_.validate(shape_);
+    scorer_.validate();
+    alloc_.bind(shape_);
+  }
+
+  const CacheShape& shape() const { return shape_; }
+  const E& evictor() const { return evictor_; }
+  const S& scorer() const { return scorer_; }
+  const Alloc& allocator() const { return alloc_; }
+
+  // ---- sequences -------------------------------------------------------------------------------
+  void add_sequence(std::int64_t seq) {
+    alloc_.add_sequence(seq);
+    state_.emplace(seq, SequenceState{0, 0, std::vector<std::uint8_t>(static_cast<std::size_t>(shape_.layers), 0)});
+  }
+  void remove_sequence(std::int64_t seq) {
+    state_of(seq);
+    alloc_.remove_sequence(seq);
+    state_.erase(seq);
+  }
+  bool has_sequence(std::int64_t seq) const { return state_.count(seq) != 0; }
+  // n: tokens of the sequence processed by committed steps.
+  std::int64_t tokens(std::int64_t seq) const { return state_of(seq).n; }
+  std::int64_t length(std::int64_t seq, int layer, int head) const { return alloc_.length(seq, layer, head); }
+  std::int64_t total_length(std::int64_t seq) const {
+    std::int64_t total = 0;
+    for (int l = 0; l < shape_.layers; ++l)
+      for (int h = 0; h < shape_.kv_heads; ++h) total += alloc_.length(seq, l, h);
+    return total;
+  }
+  // Metadata of entry i of a head, in storage order (not position order after compaction).
+  EntryMeta entry(std::int64_t seq, int layer, int head, std::int64_t i) const {
+    const auto head_layout = alloc_.layout(seq, layer, head);
+    require(i >= 0 && i < head_layout.length, "Cache::entry: index ", i, " out of range [0, ", head_layout.length, ")");
+    return alloc_.pool().meta(head_layout.slot(i));
+  }
+
+  // ---- one step, layer by layer ----------------------------------------------------------------
+  // keys/values [Hkv, T, d] post-RoPE, log_beta [Hkv, T] in [-inf, 0]. Every layer of a step appends
+  // the same T, once.
+  void append(std::int64_t seq, int layer, View<const float, 3> keys, View<const float, 3> values,
+              View<const float, 2> log_beta) {
+    SequenceState& st = state_of(seq);
+    check_layer(layer, "append");
+    const std::int64_t T = keys.dim(1);
+    check_step_tokens(seq, st, T);
+    require(!st.appended[static_cast<std::size_t>(layer)], "Cache::append: layer ", layer, " of sequence ", seq,
+            " was already appended in this step; call commit() first");
+    check_layer_inputs(layer, T, keys, values, log_beta);
+    require(alloc_.can_append(seq, T, layer), "Cache::append: out of memory: sequence ", seq, " layer ", layer,
+            " cannot take ", T, " more entries per head (", alloc_.pages_free(), " of ", alloc_.pages_total(),
+            " pages free)");
+    write_layer(seq, st, layer, T, keys, values, log_beta);
+  }
+
+  // queries [Hq, T, d] of this step's T tokens at `layer` (appended already) -> out [Hq, T, d].
+  void attend(std::int64_t seq, int layer, View<const float, 3> queries, View<float, 3> out) const {
+    const SequenceState& st = state_of(seq);
+    check_layer(layer, "attend");
+    require(st.appended[static_cast<std::size_t>(layer)], "Cache::attend: layer ", layer, " of sequence ", seq,
+            " has not been appended in this step");
+    const std::array<std::int64_t, 3> qshape{shape_.q_heads, st.pending, shape_.head_dim};
+    require_shape(queries, qshape, "Cache::attend: queries");
+    require_shape(View<const float, 3>(out), qshape, "Cache::attend: out");
+    attend_layer(seq, st, layer, queries, out);
+  }
+
+  // Closes the step: n += T, then the evictor's trigger and, if it fires, the eviction.
+  EvictionReport commit(std::int64_t seq, std::vector<EvictedEntry>* evicted = nullptr) {
+    SequenceState& st = state_of(seq);
+    require(st.pending > 0, "Cache::commit: sequence ", seq, " has no open step");
+    for (int l = 0; l < shape_.layers; ++l)
+      require(st.appended[static_cast<std::size_t>(l)], "Cache::commit: layer ", l, " of sequence ", seq,
+              " was not appended in this step");
+    st.n += st.pending;
+    st.pending = 0;
+    std::fill(st.appended.begin(), st.appended.end(), std::uint8_t{0});
+    return evict(seq, st.n, evicted);
+  }
+
+  // ---- one step, every layer at once -----------------------------------------------------------
+  // keys/values [L, Hkv, T, d], log_beta [L, Hkv, T]; queries/out [L, Hq, T, d], or empty views to
+  // skip attention. One sequence's whole forward step.
+  struct SequenceStep {
+    std::int64_t seq = 0;
+    View<const float, 4> keys, values;
+    View<const float, 3> log_beta;
+    View<const float, 4> queries{};
+    View<float, 4> out{};
+  };
+
+  // Validated whole before anything is written.
+  EvictionReport step(const SequenceStep& s, std::vector<EvictedEntry>* evicted = nullptr) {
+    validate_step(s);
+    require(alloc_.can_append(s.seq, s.keys.dim(2)), "Cache::step: out of memory: sequence ", s.seq, " cannot take ",
+            s.keys.dim(2), " more entries in every head (", alloc_.pages_free(), " of ", alloc_.pages_total(),
+            " pages free)");
+    return run_step(s, evicted);
+  }
+  EvictionReport step(std::int64_t seq, View<const float, 4> keys, View<const float, 4> values,
+                      View<const float, 3> log_beta, View<const float, 4> queries = {}, View<float, 4> out = {},
+                      std::vector<EvictedEntry>* evicted = nullptr) {
+    return step(SequenceStep{seq, keys, values, log_beta, queries, out}, evicted);
+  }
+
+  // A batch of sequences, each with its own ragged cache and its own T. The whole batch is
+  // validated (distinct sequences, shapes, values, pool capacity for all of it) before any write.
+  std::vector<EvictionReport> step_batch(std::span<const SequenceStep> batch) {
+    std::int64_t pages_needed = 0;
+    for (std::size_t i = 0; i < batch.size(); ++i) {
+      validate_step(batch[i]);
+      for (std::size_t j = 0; j < i; ++j)
+        require(batch[j].seq != batch[i].seq, "Cache::step_batch: sequence ", batch[i].seq, " appears twice");
+      if constexpr (requires { alloc_.pages_needed(std::int64_t{}, std::int64_t{}); })
+        pages_needed += alloc_.pages_needed(batch[i].seq, batch[i].keys.dim(2));
+      else
+        require(alloc_.can_append(batch[i].seq, batch[i].keys.dim(2)), "Cache::step_batch: out of memory: sequence ",
+                batch[i].seq, " cannot take ", batch[i].keys.dim(2), " more entries in every head");
+    }
+    require(pages_needed <= alloc_.pages_free(), "Cache::step_batch: out of memory: the batch needs ", pages_needed,
+            " pages, ", alloc_.pages_free(), " of ", alloc_.pages_total(), " are free");
+    std::vector<EvictionReport> reports;
+    for (const auto& s : batch) reports.push_back(run_step(s, nullptr));
+    return reports;
+  }
+
+ private:
+  struct SequenceState {
+    std::int64_t n = 0;        // tokens processed by committed steps
+    std::int64_t pending = 0;  // T of the open step, 0 when none
+    std::vector<std::uint8_t> appended;
+  };
+
+  template <class T, int R>
+  static View<T, R - 1> layer_of(View<T, R> v, int l) {
+    std::array<std::int64_t, R - 1> s{};
+    for (int i = 1; i < R; ++i) s[static_cast<std::size_t>(i - 1)] = v.shape[static_cast<std::size_t>(i)];
+    View<T, R - 1> out{nullptr, s};
+    out.data = v.data == nullptr ? nullptr : v.data + std::int64_t{l} * out.size();
+    return out;
+  }
+
+  void validate_step(const SequenceStep& s) const {
+    const SequenceState& st = state_of(s.seq);
+    require(st.pending == 0, "Cache::step: sequence ", s.seq, " has a step open by append(); commit() it first");
+    const std::int64_t T = s.keys.dim(2);
+    check_step_tokens(s.seq, st, T);
+    require_shape(s.keys, {shape_.layers, shape_.kv_heads, T, shape_.head_dim}, "Cache::step: keys");
+    require_shape(s.values, {shape_.layers, shape_.kv_heads, T, shape_.head_dim}, "Cache::step: values");
+    require_shape(s.log_beta, {shape_.layers, shape_.kv_heads, T}, "Cache::step: log_beta");
+    if (s.queries.data != nullptr || s.out.data != nullptr) {
+      require_shape(s.queries, {shape_.layers, shape_.q_heads, T, shape_.head_dim}, "Cache::step: queries");
+      require_shape(View<const float, 4>(s.out), {shape_.layers, shape_.q_heads, T, shape_.head_dim}, "Cache::step: out");
+    }
+    for (int l = 0; l < shape_.layers; ++l)
+      check_layer_inputs(l, T, layer_of(s.keys, l), layer_of(s.values, l), layer_of(s.log_beta, l));
+  }
+  EvictionReport run_step(const SequenceStep& s, std::vector<EvictedEntry>* evicted) {
+    SequenceState& st = state_of(s.seq);
+    const std::int64_t T = s.keys.dim(2);
+    const bool with_attention = s.queries.data != nullptr;
+    for (int l = 0; l < shape_.layers; ++l) {
+      write_layer(s.seq, st, l, T, layer_of(s.keys, l), layer_of(s.values, l), layer_of(s.log_beta, l));
+      if (with_attention) attend_layer(s.seq, st, l, layer_of(s.queries, l), layer_of(s.out, l));
+    }
+    return commit(s.seq, evicted);
+  }
+
+  const SequenceState& state_of(std::int64_t seq) const {
+    auto it = state_.find(seq);
+    if (it == state_.end()) fail("Cache: unknown sequence ", seq);
+    return it->second;
+  }
+  SequenceState& state_of(std::int64_t seq) {
+    return const_cast<SequenceState&>(static_cast<const Cache&>(*this).state_of(seq));
+  }
+  void check_layer(int layer, const char* what) const {
+    require(layer >= 0 && layer < shape_.layers, "Cache::", what, ": layer ", layer, " out of range [0, ",
+            shape_.layers, ")");
+  }
+  void check_step_tokens(std::int64_t seq, const SequenceState& st, std::int64_t T) const {
+    require(T >= 1, "Cache: a step appends T = ", T, " tokens; T must be >= 1");
+    require(st.pending == 0 || st.pending == T, "Cache::append: sequence ", seq, " step has T = ", st.pending,
+            " tokens, this layer has T = ", T);
+    // positions are int32 on every backend
+    require(st.n + T <= std::int64_t{std::numeric_limits<std::int32_t>::max()}, "Cache: sequence ", seq, " at n = ",
+            st.n, " cannot take ", T, " more tokens: positions must stay below 2^31 - 1");
+  }
+  void check_layer_inputs(int layer, std::int64_t T, View<const float, 3> keys, View<const float, 3> values,
+                          View<const float, 2> log_beta) const {
+    require_shape(keys, {shape_.kv_heads, T, shape_.head_dim}, "Cache::append: keys");
+    require_shape(values, {shape_.kv_heads, T, shape_.head_dim}, "Cache::append: values");
+    require_shape(log_beta, {shape_.kv_heads, T}, "Cache::append: log_beta");
+    for (std::int64_t h = 0; h < shape_.kv_heads; ++h)
+      for (std::int64_t t = 0; t < T; ++t) {
+        const float lb = log_beta(h, t);
+        // SPEC, Notation: beta in (0, 1] so log_beta <= 0; -inf (beta -> 0) ranks last; NaN never enters.
+        require(!std::isnan(lb) && lb <= 0.0f, "Cache::append: log_beta[layer ", layer, ", head ", h, ", token ", t,
+                "] = ", lb, " is not in [-inf, 0]");
+      }
+    for (std::int64_t i = 0; i < keys.size(); ++i)
+      require(std::isfinite(keys.data[i]) && std::isfinite(values.data[i]), "Cache::append: layer ", layer,
+              " keys/values hold a non-finite value at flat index ", i, " (key ", keys.data[i], ", value ",
+              values.data[i], ")");
+  }
+
+  void write_layer(std::int64_t seq, SequenceState& st, int layer, std::int64_t T, View<const float, 3> keys,
+                   View<const float, 3> values, View<const float, 2> log_beta) {
+    const int d = shape_.head_dim;
+    std::vector<EntryMeta> meta;
+    std::vector<float> k_kept, v_kept;
+    for (int h = 0; h < shape_.kv_heads; ++h) {
+      meta.clear();
+      k_kept.clear();
+      v_kept.clear();
+      for (std::int64_t t = 0; t < T; ++t) {
+        const float* k = &keys(h, t, 0);
+        EntryMeta m{static_cast<std::int32_t>(st.n + t), log_beta(h, t),
+                    S::needs_key_norm ? memory::key_norm(k, d) : 0.0f};
+        if (admitter_.admit(m) == Admission::drop) continue;  // keep (and local, for allocators without a ring)
+        meta.push_back(m);
+        k_kept.insert(k_kept.end(), k, k + d);
+        v_kept.insert(v_kept.end(), &values(h, t, 0), &values(h, t, 0) + d);
+      }
+      alloc_.append(seq, layer, h, static_cast<std::int64_t>(meta.size()), k_kept.data(), v_kept.data(), meta.data());
+    }
+    st.pending = T;
+    st.appended[static_cast<std::size_t>(layer)] = 1;
+  }
+
+  void attend_layer(std::int64_t seq, const SequenceState& st, int layer, View<const float, 3> queries,
+                    View<float, 3> out) const {
+    std::vector<std::int32_t> q_pos(static_cast<std::size_t>(st.pending));
+    for (std::int64_t t = 0; t < st.pending; ++t) q_pos[static_cast<std::size_t>(t)] = static_cast<std::int32_t>(st.n + t);
+    for (int h = 0; h < shape_.kv_heads; ++h)
+      Backend::attend(alloc_.pool(), alloc_.layout(seq, layer, h), h, shape_.group(), queries, q_pos, out);
+  }
+
+  // SPEC §1–2: trigger on the per-head lengths; score the active heads at step n; select; compact.
+  EvictionReport evict(std::int64_t seq, std::int64_t n, std::vector<EvictedEntry>* evicted) {
+    const auto heads = static_cast<std::size_t>(shape_.heads_total());
+    std::vector<std::int64_t> lengths(heads);
+    for (int l = 0; l < shape_.layers; ++l)
+      for (int h = 0; h < shape_.kv_heads; ++h)
+        lengths[static_cast<std::size_t>(head_index(shape_, l, h))] = alloc_.length(seq, l, h);
+    std::vector<std::uint8_t> active(heads, 0);
+    EvictionReport report;
+    if (!evictor_.trigger(shape_, lengths, active)) return report;
+    report.triggered = true;
+
+    std::vector<std::int64_t> offsets(heads + 1, 0);
+    for (std::size_t i = 0; i < heads; ++i) offsets[i + 1] = offsets[i] + (active[i] ? lengths[i] : 0);
+    std::vector<float> score(static_cast<std::size_t>(offsets.back()));
+    std::vector<std::int32_t> position(score.size());
+    const StepContext ctx{n};
+    for (int l = 0; l < shape_.layers; ++l)
+      for (int h = 0; h < shape_.kv_heads; ++h) {
+        const auto i = static_cast<std::size_t>(head_index(shape_, l, h));
+        if (!active[i]) continue;
+        const auto head_layout = alloc_.layout(seq, l, h);
+        for (std::int64_t j = 0; j < head_layout.length; ++j) {
+          const EntryMeta& m = alloc_.pool().meta(head_layout.slot(j));
+          score[static_cast<std::size_t>(offsets[i] + j)] = scorer_(m, ctx);
+          position[static_cast<std::size_t>(offsets[i] + j)] = m.position;
+        }
+      }
+    std::vector<std::uint8_t> keep(score.size(), 1);
+    evictor_.select(shape_, SegmentedScores{score, position, offsets}, keep);
+
+    for (int l = 0; l < shape_.layers; ++l)
+      for (int h = 0; h < shape_.kv_heads; ++h) {
+        const auto i = static_cast<std::size_t>(head_index(shape_, l, h));
+        if (!active[i]) continue;
+        const auto seg = std::span<const std::uint8_t>(keep).subspan(static_cast<std::size_t>(offsets[i]),
+                                                                      static_cast<std::size_t>(lengths[i]));
+        if (evicted != nullptr)
+          for (std::int64_t j = 0; j < lengths[i]; ++j)
+            if (!seg[static_cast<std::size_t>(j)])
+              evicted->push_back({l, h, position[static_cast<std::size_t>(offsets[i] + j)]});
+        report.evicted += alloc_.compact(seq, l, h, seg);
+      }
+    return report;
+  }
+
+  CacheShape shape_;
+  Alloc alloc_;
+  E evictor_;
+  S scorer_;
+  A admitter_;
+  std::map<std::int64_t, SequenceState> state_;
+};
+
+}  // namespace kvpolicy

@@ -1,0 +1,48 @@
+// kvpolicy/core/math.hpp — the numerics every backend shares (SPEC §1–2).
+// Everything here is KVPOLICY_HD: __host__ __device__ under nvcc, plain inline functions otherwise,
+// so the CPU path and the CUDA kernels call the very same code.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define KVPOLICY_HD __host__ __device__ __forceinline__
+#else
+#define KVPOLICY_HD inline
+#endif
+
+namespace kvpolicy::math {
+
+// log(sigmoid(z)) = -softplus(-z), stable for every finite z and for ±inf (SPEC §1):
+// for z >= 0 it is -log1p(exp(-z)); for z < 0 it is z - log1p(exp(z)). exp never overflows.
+KVPOLICY_HD float logsigmoid(float z) {
+  if (z >= 0.0f) return -log1pf(expf(-z));
+  return z - log1pf(expf(z));
+}
+
+KVPOLICY_HD float sigmoid(float z) {
+  if (z >= 0.0f) return 1.0f / (1.0f + expf(-z));
+  const float e = expf(z);
+  return e / (1.0f + e);
+}
+
+KVPOLICY_HD float silu(float x) { return x * sigmoid(x); }
+
+// GELU, exact (erf) form, as torch.nn.GELU() by default.
+KVPOLICY_HD float gelu(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)); }
+
+// log( (1 - beta^h) / (1 - beta) ) with beta = exp(log_beta), log_beta in [-inf, 0], h >= 1.
+// SPEC §2, Eq. 9: written as expm1(h*log_beta) / expm1(log_beta) so that beta near 1 never forms
+// 1 - beta in fp32; the limit log_beta -> 0 is log(h). Computed in double: the ratio of two
+// expm1 values loses nothing there, and fp32 keeps the result's precision.
+KVPOLICY_HD float lookahead_log_ratio(float log_beta, int horizon) {
+  if (horizon == 1) return 0.0f;
+  const double lb = static_cast<double>(log_beta);
+  if (lb == 0.0) return static_cast<float>(log(static_cast<double>(horizon)));
+  const double num = expm1(static_cast<double>(horizon) * lb);  // in [-1, 0)
+  const double den = expm1(lb);                                 // in [-1, 0)
+  return static_cast<float>(log(num / den));
+}
+
+}  // namespace kvpolicy::math

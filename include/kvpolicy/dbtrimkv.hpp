@@ -1,0 +1,40 @@
+// kvpolicy/dbtrimkv.hpp — DBTrimKV presets (SPEC §2): weight-tied retention gates, lookahead score
+// (Eq. 9) and one global budget L * Hkv * M per sequence shared by every layer and kv head, on a
+// ragged paged cache (heads end up with different lengths).
+#pragma once
+
+#include "kvpolicy/cache.hpp"
+#include "kvpolicy/cpu/backend.hpp"
+#include "kvpolicy/memory/paged.hpp"
+#include "kvpolicy/policy/admit.hpp"
+#include "kvpolicy/policy/evict.hpp"
+#include "kvpolicy/policy/score.hpp"
+
+namespace kvpolicy {
+
+struct DBTrimKVConfig {
+  std::int64_t budget = 1024;  // M per (layer, kv head); the sequence keeps L * Hkv * M
+  std::int64_t buffer = 128;   // B
+  int horizon = 2;             // h of the lookahead score
+  double floor_ratio = 0.0;    // f
+  std::int64_t window = 0;     // sliding-window protection w
+  double threshold = 0.0;      // alpha; > 0 selects the threshold variant
+};
+
+inline evict::Global dbtrimkv_evictor(const DBTrimKVConfig& c = {}) {
+  return evict::Global{c.budget, c.buffer, c.floor_ratio, c.window, c.threshold};
+}
+inline evict::LayerWise dbtrimkv_layerwise_evictor(const DBTrimKVConfig& c = {}) {
+  return evict::LayerWise{c.budget, c.buffer, c.window, c.threshold};
+}
+inline score::Lookahead dbtrimkv_scorer(const DBTrimKVConfig& c = {}) { return score::Lookahead{c.horizon}; }
+
+template <class Backend = cpu_backend, class Storage = float, int PageSize = 16>
+using DBTrimKVCache =
+    Cache<score::Lookahead, admit::All, evict::Global, memory::Paged<PageSize, Storage>, Backend>;
+
+template <class Backend = cpu_backend, class Storage = float, int PageSize = 16>
+using DBTrimKVLayerWiseCache =
+    Cache<score::Lookahead, admit::All, evict::LayerWise, memory::Paged<PageSize, Storage>, Backend>;
+
+}  // namespace kvpolicy

@@ -1,0 +1,123 @@
+// kvpolicy/memory/paged.hpp — the paged allocator: one pool of fixed-size pages shared by every
+// sequence, a free list, and a block table per (sequence, layer, kv head) with its own ragged
+// length. Pages go back to the pool as soon as compaction empties them.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "kvpolicy/core/concepts.hpp"
+#include "kvpolicy/core/shape.hpp"
+#include "kvpolicy/memory/block_tables.hpp"
+#include "kvpolicy/memory/pool.hpp"
+
+namespace kvpolicy::memory {
+
+template <int PageSize = 16, class Storage = float>
+class Paged {
+  static_assert(PageSize >= 1, "memory::Paged: PageSize must be >= 1");
+
+ public:
+  using storage_type = Storage;
+  static constexpr int page_size = PageSize;
+
+  explicit Paged(std::int64_t pages) : pages_(pages) {
+    require(pages >= 1 && pages <= std::int64_t{INT32_MAX}, "memory::Paged: pages = ", pages,
+            " must be in [1, 2^31 - 1]");
+  }
+
+  // Sizes the pool for a model geometry; called once by the Cache that owns this allocator.
+  void bind(const CacheShape& shape) {
+    tables_.bind(shape, "memory::Paged");
+    pool_.resize(pages_ * PageSize, shape.head_dim);
+    free_.resize(static_cast<std::size_t>(pages_));
+    // Pop from the back, so page 0 is handed out first.
+    for (std::int64_t i = 0; i < pages_; ++i) free_[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(pages_ - 1 - i);
+  }
+
+  void add_sequence(std::int64_t seq) { tables_.add(seq); }
+  void remove_sequence(std::int64_t seq) {
+    for (auto& t : tables_.of(seq)) free_.insert(free_.end(), t.pages.rbegin(), t.pages.rend());
+    tables_.erase(seq);
+  }
+  bool has_sequence(std::int64_t seq) const { return tables_.contains(seq); }
+  std::vector<std::int64_t> sequence_ids() const { return tables_.ids(); }
+
+  std::int64_t length(std::int64_t seq, int layer, int head) const { return tables_.at(seq, layer, head).length; }
+
+  // Pages appending `tokens` entries to every head of `seq` (or of one layer) would take.
+  std::int64_t pages_needed(std::int64_t seq, std::int64_t tokens, int layer = -1) const {
+    const auto& tables = tables_.of(seq);
+    const int heads = tables_.shape().kv_heads;
+    const std::size_t first = layer < 0 ? 0 : static_cast<std::size_t>(layer) * heads;
+    const std::size_t last = layer < 0 ? tables.size() : first + heads;
+    std::int64_t need = 0;
+    for (std::size_t h = first; h < last; ++h)
+      need += pages_for(tables[h].length + tokens) - static_cast<std::int64_t>(tables[h].pages.size());
+    return need;
+  }
+  bool can_append(std::int64_t seq, std::int64_t tokens, int layer = -1) const {
+    return pages_needed(seq, tokens, layer) <= pages_free();
+  }
+
+  // Appends `tokens` entries to one head: keys/values [tokens, d] fp32, meta [tokens]. Checks the
+  // pool first, so running out of pages throws and changes nothing.
+  void append(std::int64_t seq, int layer, int head, std::int64_t tokens, const float* keys, const float* values,
+              const EntryMeta* meta) {
+    BlockTable& t = tables_.at(seq, layer, head);
+    const std::int64_t need = pages_for(t.length + tokens) - static_cast<std::int64_t>(t.pages.size());
+    require(need <= pages_free(), "memory::Paged: out of pages: appending ", tokens, " entries to sequence ", seq,
+            " layer ", layer, " head ", head, " needs ", need, " pages, ", pages_free(), " of ", pages_, " are free");
+    for (std::int64_t i = 0; i < need; ++i) {
+      t.pages.push_back(free_.back());
+      free_.pop_back();
+    }
+    const HeadLayout head_layout{t.pages, PageSize, t.length + tokens};
+    const int d = tables_.shape().head_dim;
+    for (std::int64_t i = 0; i < tokens; ++i)
+      pool_.write(head_layout.slot(t.length + i), keys + i * d, values + i * d, meta[i]);
+    t.length += tokens;
+  }
+
+  HeadLayout layout(std::int64_t seq, int layer, int head) const {
+    const BlockTable& t = tables_.at(seq, layer, head);
+    return HeadLayout{t.pages, PageSize, t.length};
+  }
+
+  // Keeps the entries with keep[i] != 0 (i < length), by hole filling; frees the emptied pages.
+  // Returns the number of entries evicted.
+  std::int64_t compact(std::int64_t seq, int layer, int head, std::span<const std::uint8_t> keep) {
+    BlockTable& t = tables_.at(seq, layer, head);
+    const std::int64_t new_length = compact_head(pool_, HeadLayout{t.pages, PageSize, t.length}, keep);
+    const std::int64_t evicted = t.length - new_length;
+    t.length = new_length;
+    while (static_cast<std::int64_t>(t.pages.size()) > pages_for(new_length)) {
+      free_.push_back(t.pages.back());
+      t.pages.pop_back();
+    }
+    return evicted;
+  }
+
+  const EntryPool<Storage>& pool() const { return pool_; }
+  std::int64_t pages_total() const { return pages_; }
+  std::int64_t pages_free() const { return static_cast<std::int64_t>(free_.size()); }
+  std::int64_t pages_used(std::int64_t seq) const {
+    std::int64_t used = 0;
+    for (const auto& t : tables_.of(seq)) used += static_cast<std::int64_t>(t.pages.size());
+    return used;
+  }
+
+ private:
+  static std::int64_t pages_for(std::int64_t entries) { return (entries + PageSize - 1) / PageSize; }
+
+  std::int64_t pages_;
+  BlockTables tables_;
+  EntryPool<Storage> pool_;
+  std::vector<std::int32_t> free_;
+};
+
+static_assert(Allocator<Paged<16, float>>, "memory::Paged must model kvpolicy::Allocator");
+
+}  // namespace kvpolicy::memory

@@ -1,0 +1,91 @@
+// kvpolicy/memory/pool.hpp — the slot pool every allocator stores entries in, and the block-table
+// view attention reads a head through. A slot holds one entry: K [d], V [d] in the storage dtype,
+// and its EntryMeta. Slot s of page g is g * page_size + s (FlashInfer-style paged layout).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "kvpolicy/core/dtype.hpp"
+#include "kvpolicy/core/entry.hpp"
+#include "kvpolicy/core/error.hpp"
+
+namespace kvpolicy::memory {
+
+// One head's entries as attention sees them: entry i lives in slot
+// block_table[i / page_size] * page_size + i % page_size, for i < length. Ragged: every head has its
+// own length and its own pages.
+struct HeadLayout {
+  std::span<const std::int32_t> block_table;
+  std::int64_t page_size = 0;
+  std::int64_t length = 0;
+  std::int64_t slot(std::int64_t i) const { return std::int64_t{block_table[i / page_size]} * page_size + i % page_size; }
+};
+
+template <class Storage>
+class EntryPool {
+  static_assert(is_storage_type_v<Storage>, "K/V storage must be float, kvpolicy::half or kvpolicy::bfloat16");
+
+ public:
+  void resize(std::int64_t slots, int head_dim) {
+    head_dim_ = head_dim;
+    keys_.assign(static_cast<std::size_t>(slots * head_dim), Storage{});
+    values_.assign(static_cast<std::size_t>(slots * head_dim), Storage{});
+    meta_.assign(static_cast<std::size_t>(slots), EntryMeta{});
+  }
+  int head_dim() const { return head_dim_; }
+  std::int64_t slots() const { return static_cast<std::int64_t>(meta_.size()); }
+
+  const Storage* key(std::int64_t slot) const { return keys_.data() + slot * head_dim_; }
+  const Storage* value(std::int64_t slot) const { return values_.data() + slot * head_dim_; }
+  const EntryMeta& meta(std::int64_t slot) const { return meta_[static_cast<std::size_t>(slot)]; }
+
+  // Stores one entry, converting K/V from fp32 to the storage dtype.
+  void write(std::int64_t slot, const float* k, const float* v, const EntryMeta& m) {
+    Storage* kd = keys_.data() + slot * head_dim_;
+    Storage* vd = values_.data() + slot * head_dim_;
+    for (int i = 0; i < head_dim_; ++i) {
+      kd[i] = from_float<Storage>(k[i]);
+      vd[i] = from_float<Storage>(v[i]);
+    }
+    meta_[static_cast<std::size_t>(slot)] = m;
+  }
+  void move(std::int64_t dst, std::int64_t src) {
+    std::copy_n(keys_.data() + src * head_dim_, head_dim_, keys_.data() + dst * head_dim_);
+    std::copy_n(values_.data() + src * head_dim_, head_dim_, values_.data() + dst * head_dim_);
+    meta_[static_cast<std::size_t>(dst)] = meta_[static_cast<std::size_t>(src)];
+  }
+
+ private:
+  int head_dim_ = 0;
+  std::vector<Storage> keys_, values_;
+  std::vector<EntryMeta> meta_;
+};
+
+// Compaction by hole filling (DESIGN, Device path): the survivors above the new length move into
+// the evicted slots below it, so O(evicted) entries move, not O(length). Returns the new length.
+template <class Storage>
+std::int64_t compact_head(EntryPool<Storage>& pool, const HeadLayout& head, std::span<const std::uint8_t> keep) {
+  std::int64_t new_length = 0;
+  for (std::int64_t i = 0; i < head.length; ++i) new_length += keep[i] != 0;
+  std::int64_t hole = 0, mover = new_length;
+  while (true) {
+    while (hole < new_length && keep[hole]) ++hole;
+    while (mover < head.length && !keep[mover]) ++mover;
+    if (hole >= new_length || mover >= head.length) break;
+    pool.move(head.slot(hole++), head.slot(mover++));
+  }
+  return new_length;
+}
+
+// ||k||_2 of a key as the engine handed it (fp32), for the KNorm scores (SPEC §1).
+inline float key_norm(const float* k, int d) {
+  double s = 0.0;
+  for (int i = 0; i < d; ++i) s += static_cast<double>(k[i]) * k[i];
+  return static_cast<float>(std::sqrt(s));
+}
+
+}  // namespace kvpolicy::memory

@@ -1,0 +1,211 @@
+// kvpolicy/policy/evict.hpp — Evictors: trigger + selection scope + protection + quotas
+// (SPEC §1 "Trigger and survivors", SPEC §2 "Global trigger and survivors"). An evictor marks
+// survivors; it never moves data. select() here is the host reference every backend must match.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <numeric>
+#include <span>
+#include <vector>
+
+#include "kvpolicy/core/concepts.hpp"
+#include "kvpolicy/core/error.hpp"
+#include "kvpolicy/policy/rank.hpp"
+
+namespace kvpolicy {
+
+namespace trigger {
+
+// SPEC §1: a head evicts once its length reaches M + B, and keeps M. Between triggers it holds at
+// most M + B - 1 entries after a decode step.
+struct Buffered {
+  std::int64_t budget = 1024;  // M, per (layer, kv head)
+  std::int64_t buffer = 128;   // B >= 1 (B = 1 evicts every step: a strict budget M)
+
+  void validate(const char* who) const {
+    require(budget >= 1, who, ": budget M = ", budget, " must be >= 1");
+    require(buffer >= 1, who, ": buffer B = ", buffer, " must be >= 1");
+  }
+  KVPOLICY_HD bool fires(std::int64_t length) const { return length >= budget + buffer; }
+};
+
+}  // namespace trigger
+
+namespace evict {
+
+namespace detail {
+
+inline void validate_common(const char* who, std::int64_t budget, std::int64_t window, double threshold) {
+  require(window >= 0 && window <= budget, who, ": window w = ", window, " must be in [0, budget M = ", budget, "]");
+  require(threshold == 0.0 || (std::isfinite(threshold) && threshold > 0.0), who, ": threshold alpha = ", threshold,
+          " must be > 0 and finite (0 disables the threshold variant)");
+}
+
+// The scores the selection ranks: the given ones with each active head's window protected (+inf).
+inline std::vector<float> protected_scores(const SegmentedScores& s, std::int64_t window) {
+  std::vector<float> out(s.score.begin(), s.score.end());
+  if (window > 0)
+    for (std::int64_t h = 0; h < s.segments(); ++h) {
+      const auto b = static_cast<std::size_t>(s.offsets[h]);
+      const auto n = static_cast<std::size_t>(s.length(h));
+      rank::protect_window(s.position.subspan(b, n), window, std::span<float>(out).subspan(b, n));
+    }
+  return out;
+}
+
+// One pooled ranking over the segments [first, last) — SPEC §2 global/layer-wise selection:
+// keep the top `pool_budget` entries, or with floor_ratio f > 0: the top floor((1-f)*pool_budget)
+// pooled, then each head keeps its top (count among those + floor(M*f)).
+inline void select_pooled(const SegmentedScores& s, std::span<const float> score, std::int64_t first,
+                          std::int64_t last, std::int64_t pool_budget, std::int64_t per_head_budget,
+                          double floor_ratio, std::span<std::uint8_t> keep) {
+  const std::int64_t begin = s.offsets[first], end = s.offsets[last];
+  const std::int64_t total = end - begin;
+  std::vector<std::int64_t> head_of(static_cast<std::size_t>(total));
+  for (std::int64_t h = first; h < last; ++h)
+    std::fill(head_of.begin() + (s.offsets[h] - begin), head_of.begin() + (s.offsets[h + 1] - begin), h);
+  const auto k_pooled = static_cast<std::int64_t>(std::floor((1.0 - floor_ratio) * static_cast<double>(pool_budget)));
+  std::vector<std::int64_t> idx(static_cast<std::size_t>(total));
+  std::iota(idx.begin(), idx.end(), begin);
+  const std::int64_t k = std::min(k_pooled, total);
+  if (k > 0 && k < total)
+    std::nth_element(idx.begin(), idx.begin() + (k - 1), idx.end(), [&](std::int64_t a, std::int64_t b) {
+      return rank::above(score[a], s.position[a], head_of[a - begin], score[b], s.position[b], head_of[b - begin]);
+    });
+  std::fill(keep.begin() + begin, keep.begin() + end, std::uint8_t{0});
+  if (floor_ratio == 0.0) {
+    for (std::int64_t j = 0; j < k; ++j) keep[idx[j]] = 1;
+    return;
+  }
+  const auto floor_quota = static_cast<std::int64_t>(std::floor(static_cast<double>(per_head_budget) * floor_ratio));
+  std::vector<std::int64_t> quota(static_cast<std::size_t>(last - first), floor_quota);
+  for (std::int64_t j = 0; j < k; ++j) ++quota[head_of[idx[j] - begin] - first];
+  for (std::int64_t h = first; h < last; ++h) {
+    const auto b = static_cast<std::size_t>(s.offsets[h]);
+    const auto n = static_cast<std::size_t>(s.length(h));
+    rank::keep_top_k(score.subspan(b, n), s.position.subspan(b, n), quota[h - first], keep.subspan(b, n));
+  }
+}
+
+}  // namespace detail
+
+// Per (layer, kv head) eviction — TRIM-KV, SPEC §1. Each head triggers on its own length; a
+// triggered head keeps its top M (or, with threshold alpha > 0, every entry scoring >= log alpha).
+template <class Trigger = trigger::Buffered>
+struct PerHead {
+  Trigger rule{};
+  std::int64_t window = 0;  // sliding-window protection w (SPEC §1), default 0
+  double threshold = 0.0;   // alpha; 0 = top-M selection
+
+  std::int64_t budget() const { return rule.budget; }
+  std::int64_t buffer() const { return rule.buffer; }
+
+  void validate(const CacheShape& shape) const {
+    shape.validate();
+    rule.validate("evict::PerHead");
+    detail::validate_common("evict::PerHead", rule.budget, window, threshold);
+  }
+  bool trigger(const CacheShape&, std::span<const std::int64_t> lengths, std::span<std::uint8_t> active) const {
+    bool any = false;
+    for (std::size_t h = 0; h < lengths.size(); ++h) {
+      active[h] = rule.fires(lengths[h]) ? 1 : 0;
+      any = any || active[h];
+    }
+    return any;
+  }
+  void select(const CacheShape&, const SegmentedScores& s, std::span<std::uint8_t> keep) const {
+    const auto score = detail::protected_scores(s, window);
+    for (std::int64_t h = 0; h < s.segments(); ++h) {
+      const auto b = static_cast<std::size_t>(s.offsets[h]);
+      const auto n = static_cast<std::size_t>(s.length(h));
+      const auto seg = std::span<const float>(score).subspan(b, n);
+      if (threshold > 0.0)
+        rank::keep_at_least(seg, std::log(static_cast<float>(threshold)), keep.subspan(b, n));
+      else
+        rank::keep_top_k(seg, s.position.subspan(b, n), rule.budget, keep.subspan(b, n));
+    }
+  }
+};
+
+// Layer-wise pooled eviction — SPEC §2 "layer-wise variant": a layer triggers when its total
+// exceeds Hkv * (M + B) (strictly) and keeps the top Hkv * M of the layer.
+struct LayerWise {
+  std::int64_t budget = 1024;  // M per (layer, kv head)
+  std::int64_t buffer = 128;
+  std::int64_t window = 0;
+  double threshold = 0.0;
+
+  void validate(const CacheShape& shape) const {
+    shape.validate();
+    trigger::Buffered{budget, buffer}.validate("evict::LayerWise");
+    detail::validate_common("evict::LayerWise", budget, window, threshold);
+  }
+  bool trigger(const CacheShape& shape, std::span<const std::int64_t> lengths, std::span<std::uint8_t> active) const {
+    bool any = false;
+    for (int l = 0; l < shape.layers; ++l) {
+      std::int64_t total = 0;
+      for (int h = 0; h < shape.kv_heads; ++h) total += lengths[head_index(shape, l, h)];
+      const bool fires = total > std::int64_t{shape.kv_heads} * (budget + buffer);
+      for (int h = 0; h < shape.kv_heads; ++h) active[head_index(shape, l, h)] = fires ? 1 : 0;
+      any = any || fires;
+    }
+    return any;
+  }
+  void select(const CacheShape& shape, const SegmentedScores& s, std::span<std::uint8_t> keep) const {
+    const auto score = detail::protected_scores(s, window);
+    for (int l = 0; l < shape.layers; ++l) {
+      const std::int64_t first = head_index(shape, l, 0), last = first + shape.kv_heads;
+      if (threshold > 0.0) {
+        const auto b = static_cast<std::size_t>(s.offsets[first]);
+        const auto n = static_cast<std::size_t>(s.offsets[last] - s.offsets[first]);
+        rank::keep_at_least(std::span<const float>(score).subspan(b, n), std::log(static_cast<float>(threshold)),
+                            keep.subspan(b, n));
+      } else if (s.offsets[last] > s.offsets[first]) {
+        detail::select_pooled(s, score, first, last, std::int64_t{shape.kv_heads} * budget, budget, 0.0, keep);
+      }
+    }
+  }
+};
+
+// Global eviction over every layer and head of a sequence — DBTrimKV, SPEC §2: triggers when the
+// sequence's total reaches L * Hkv * (M + B); keeps the top L * Hkv * M, with optional floor_ratio
+// quotas or the threshold variant.
+struct Global {
+  std::int64_t budget = 1024;  // M per (layer, kv head); M_global = L * Hkv * M
+  std::int64_t buffer = 128;
+  double floor_ratio = 0.0;    // f in [0, 1)
+  std::int64_t window = 0;
+  double threshold = 0.0;
+
+  void validate(const CacheShape& shape) const {
+    shape.validate();
+    trigger::Buffered{budget, buffer}.validate("evict::Global");
+    detail::validate_common("evict::Global", budget, window, threshold);
+    require(floor_ratio >= 0.0 && floor_ratio < 1.0, "evict::Global: floor_ratio f = ", floor_ratio,
+            " must be in [0, 1)");
+    require(!(floor_ratio > 0.0 && threshold > 0.0), "evict::Global: floor_ratio = ", floor_ratio,
+            " and threshold = ", threshold, " are exclusive variants; set one of them");
+  }
+  bool trigger(const CacheShape& shape, std::span<const std::int64_t> lengths, std::span<std::uint8_t> active) const {
+    const std::int64_t total = std::accumulate(lengths.begin(), lengths.end(), std::int64_t{0});
+    const bool fires = total >= shape.heads_total() * (budget + buffer);
+    std::fill(active.begin(), active.end(), static_cast<std::uint8_t>(fires ? 1 : 0));
+    return fires;
+  }
+  void select(const CacheShape& shape, const SegmentedScores& s, std::span<std::uint8_t> keep) const {
+    const auto score = detail::protected_scores(s, window);
+    if (threshold > 0.0)
+      rank::keep_at_least(score, std::log(static_cast<float>(threshold)), keep);
+    else
+      detail::select_pooled(s, score, 0, s.segments(), shape.heads_total() * budget, budget, floor_ratio, keep);
+  }
+};
+
+static_assert(Evictor<PerHead<>>, "evict::PerHead must model kvpolicy::Evictor");
+static_assert(Evictor<LayerWise>, "evict::LayerWise must model kvpolicy::Evictor");
+static_assert(Evictor<Global>, "evict::Global must model kvpolicy::Evictor");
+
+}  // namespace evict
+}  // namespace kvpolicy

@@ -1,0 +1,21 @@
+# Installs the build tree into a fresh prefix, then configures, builds and runs tests/consumer
+# against it with find_package(kvpolicy CONFIG REQUIRED).
+file(REMOVE_RECURSE ${WORK_DIR})
+function(step)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "failed (${rc}): ${ARGN}\n${out}\n${err}")
+  endif()
+  message(STATUS "${out}")
+endfunction()
+step(${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${WORK_DIR}/prefix)
+foreach(f include/kvpolicy/trimkv.hpp include/kvpolicy/core/concepts.hpp share/kvpolicy/cmake/kvpolicyConfig.cmake
+          share/kvpolicy/cmake/kvpolicyConfigVersion.cmake bin/kvpolicy-replay)
+  if(NOT EXISTS ${WORK_DIR}/prefix/${f})
+    message(FATAL_ERROR "install tree lacks ${f}")
+  endif()
+endforeach()
+step(${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/consumer -B ${WORK_DIR}/build -G ${GENERATOR}
+     -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix -DCMAKE_BUILD_TYPE=Release)
+step(${CMAKE_COMMAND} --build ${WORK_DIR}/build)
+step(${WORK_DIR}/build/consumer)

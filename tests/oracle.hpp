@@ -1,0 +1,140 @@
+// A brute-force oracle for SPEC §1–2 eviction: sort everything, apply the SPEC text literally.
+// It shares only the scorers with the library (hand-tested in test_math.cpp); triggers, window
+// protection, ties, quotas and thresholds are written here again, the slow obvious way.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <random>
+#include <set>
+#include <tuple>
+#include <vector>
+
+#include "kvpolicy/core/entry.hpp"
+#include "kvpolicy/core/shape.hpp"
+
+namespace oracle {
+
+using kvpolicy::CacheShape;
+using kvpolicy::EntryMeta;
+
+using Heads = std::vector<std::vector<EntryMeta>>;  // [L * Hkv], head_index order
+
+struct Params {
+  std::int64_t budget = 4, buffer = 2, window = 0;
+  double threshold = 0.0, floor_ratio = 0.0;
+};
+
+struct Ranked {
+  float score;
+  std::int32_t position;
+  std::int64_t head;
+  std::size_t index;
+};
+inline bool before(const Ranked& a, const Ranked& b) {
+  return std::make_tuple(-a.score, -static_cast<std::int64_t>(a.position), a.head) <
+         std::make_tuple(-b.score, -static_cast<std::int64_t>(b.position), b.head);
+}
+
+// Scores of one head, with the `window` largest positions at +inf.
+template <class Scorer>
+std::vector<Ranked> scored(const std::vector<EntryMeta>& head, std::int64_t h, std::int64_t n, const Scorer& s,
+                           std::int64_t window) {
+  std::vector<std::int32_t> pos;
+  for (const auto& e : head) pos.push_back(e.position);
+  std::sort(pos.rbegin(), pos.rend());
+  std::vector<Ranked> out;
+  for (std::size_t i = 0; i < head.size(); ++i) {
+    const bool protect = window > 0 && std::find(pos.begin(), pos.begin() + std::min<std::int64_t>(window, pos.size()),
+                                                 head[i].position) != pos.begin() + std::min<std::int64_t>(window, pos.size());
+    out.push_back({protect ? std::numeric_limits<float>::infinity() : s(head[i], kvpolicy::StepContext{n}),
+                   head[i].position, h, i});
+  }
+  return out;
+}
+
+inline void keep_only(std::vector<EntryMeta>& head, const std::vector<std::size_t>& keep_idx) {
+  std::vector<EntryMeta> kept;
+  for (auto i : keep_idx) kept.push_back(head[i]);
+  head = kept;
+}
+
+// SPEC §1: each head with len >= M + B keeps its top M (or score >= log alpha).
+template <class Scorer>
+void per_head(const CacheShape&, Heads& heads, std::int64_t n, const Scorer& s, const Params& p) {
+  for (std::size_t h = 0; h < heads.size(); ++h) {
+    if (static_cast<std::int64_t>(heads[h].size()) < p.budget + p.buffer) continue;
+    auto r = scored(heads[h], static_cast<std::int64_t>(h), n, s, p.window);
+    std::sort(r.begin(), r.end(), before);
+    std::vector<std::size_t> keep;
+    for (std::size_t i = 0; i < r.size(); ++i)
+      if (p.threshold > 0 ? r[i].score >= std::log(static_cast<float>(p.threshold)) : static_cast<std::int64_t>(i) < p.budget)
+        keep.push_back(r[i].index);
+    keep_only(heads[h], keep);
+  }
+}
+
+// Pooled selection over heads [first, last): top K, or floor quotas, or threshold.
+template <class Scorer>
+void pooled(Heads& heads, std::size_t first, std::size_t last, std::int64_t n, const Scorer& s, const Params& p,
+            std::int64_t K) {
+  std::vector<Ranked> all;
+  for (std::size_t h = first; h < last; ++h) {
+    auto r = scored(heads[h], static_cast<std::int64_t>(h), n, s, p.window);
+    all.insert(all.end(), r.begin(), r.end());
+  }
+  std::sort(all.begin(), all.end(), before);
+  std::map<std::int64_t, std::vector<std::size_t>> keep;
+  if (p.threshold > 0) {
+    for (auto& r : all)
+      if (r.score >= std::log(static_cast<float>(p.threshold))) keep[r.head].push_back(r.index);
+  } else if (p.floor_ratio == 0.0) {
+    for (std::size_t i = 0; i < all.size() && static_cast<std::int64_t>(i) < K; ++i) keep[all[i].head].push_back(all[i].index);
+  } else {
+    const auto k1 = static_cast<std::int64_t>(std::floor((1.0 - p.floor_ratio) * static_cast<double>(K)));
+    std::map<std::int64_t, std::int64_t> count;
+    for (std::size_t i = 0; i < all.size() && static_cast<std::int64_t>(i) < k1; ++i) ++count[all[i].head];
+    const auto fq = static_cast<std::int64_t>(std::floor(static_cast<double>(p.budget) * p.floor_ratio));
+    for (std::size_t h = first; h < last; ++h) {
+      auto r = scored(heads[h], static_cast<std::int64_t>(h), n, s, p.window);
+      std::sort(r.begin(), r.end(), before);
+      const std::int64_t quota = count[static_cast<std::int64_t>(h)] + fq;
+      for (std::size_t i = 0; i < r.size() && static_cast<std::int64_t>(i) < quota; ++i)
+        keep[static_cast<std::int64_t>(h)].push_back(r[i].index);
+    }
+  }
+  for (std::size_t h = first; h < last; ++h) keep_only(heads[h], keep[static_cast<std::int64_t>(h)]);
+}
+
+// SPEC §2 layer-wise: a layer with total > Hkv (M + B) keeps its top Hkv M.
+template <class Scorer>
+void layer_wise(const CacheShape& shape, Heads& heads, std::int64_t n, const Scorer& s, const Params& p) {
+  for (int l = 0; l < shape.layers; ++l) {
+    const std::size_t first = static_cast<std::size_t>(l) * shape.kv_heads, last = first + shape.kv_heads;
+    std::int64_t total = 0;
+    for (std::size_t h = first; h < last; ++h) total += static_cast<std::int64_t>(heads[h].size());
+    if (total > shape.kv_heads * (p.budget + p.buffer)) pooled(heads, first, last, n, s, p, shape.kv_heads * p.budget);
+  }
+}
+
+// SPEC §2 global: total >= L Hkv (M + B) keeps the top L Hkv M (floor quotas, threshold).
+template <class Scorer>
+void global(const CacheShape& shape, Heads& heads, std::int64_t n, const Scorer& s, const Params& p) {
+  std::int64_t total = 0;
+  for (auto& h : heads) total += static_cast<std::int64_t>(h.size());
+  if (total >= shape.heads_total() * (p.budget + p.buffer)) pooled(heads, 0, heads.size(), n, s, p, shape.heads_total() * p.budget);
+}
+
+// A log_beta drawn so that ties are common: a few discrete values, sometimes 0 or -inf.
+inline float tie_prone_log_beta(std::mt19937_64& rng) {
+  static const float values[] = {0.0f, -0.25f, -0.5f, -1.0f, -2.0f, -std::numeric_limits<float>::infinity()};
+  std::uniform_int_distribution<int> pick(0, 9);
+  const int k = pick(rng);
+  if (k < 6) return values[k];
+  return -std::uniform_real_distribution<float>(0.0f, 3.0f)(rng);
+}
+
+}  // namespace oracle

@@ -1,0 +1,289 @@
+// cache.hpp end to end on the CPU: the TRIM-KV decode invariant, chunked prefill, attention over the
+// survivors, several sequences in one pool, and every rejected call leaving the cache unchanged.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "kvpolicy/dbtrimkv.hpp"
+#include "kvpolicy/trimkv.hpp"
+
+using namespace kvpolicy;
+
+namespace {
+
+struct StepData {
+  std::int64_t T;
+  std::vector<float> k, v, lb, q, out;
+};
+
+StepData random_step(std::mt19937_64& rng, const CacheShape& s, std::int64_t T) {
+  std::normal_distribution<float> normal;
+  StepData d{T, {}, {}, {}, {}, {}};
+  const auto kv = static_cast<std::size_t>(s.layers * s.kv_heads * T * s.head_dim);
+  d.k.resize(kv);
+  d.v.resize(kv);
+  for (auto& x : d.k) x = normal(rng);
+  for (auto& x : d.v) x = normal(rng);
+  d.lb.resize(static_cast<std::size_t>(s.layers * s.kv_heads * T));
+  for (auto& x : d.lb) x = -std::uniform_real_distribution<float>(0.0f, 0.2f)(rng);
+  d.q.resize(static_cast<std::size_t>(s.layers * s.q_heads * T * s.head_dim));
+  for (auto& x : d.q) x = normal(rng);
+  d.out.assign(d.q.size(), std::nanf(""));
+  return d;
+}
+
+template <class C>
+EvictionReport run(C& cache, std::int64_t seq, StepData& d, bool attend = true) {
+  const auto& s = cache.shape();
+  const std::int64_t L = s.layers, H = s.kv_heads, Hq = s.q_heads, T = d.T, D = s.head_dim;
+  return cache.step(seq, View<const float, 4>(d.k.data(), {L, H, T, D}), View<const float, 4>(d.v.data(), {L, H, T, D}),
+                    View<const float, 3>(d.lb.data(), {L, H, T}),
+                    attend ? View<const float, 4>(d.q.data(), {L, Hq, T, D}) : View<const float, 4>{},
+                    attend ? View<float, 4>(d.out.data(), {L, Hq, T, D}) : View<float, 4>{});
+}
+
+// Everything observable about a cache, for "a failed call changes nothing".
+template <class C>
+std::vector<float> snapshot(const C& cache, const std::vector<std::int64_t>& seqs) {
+  std::vector<float> out;
+  out.push_back(static_cast<float>(cache.allocator().pages_free()));
+  for (auto seq : seqs) {
+    out.push_back(static_cast<float>(cache.tokens(seq)));
+    const auto& s = cache.shape();
+    for (int l = 0; l < s.layers; ++l)
+      for (int h = 0; h < s.kv_heads; ++h) {
+        const auto head = cache.allocator().layout(seq, l, h);
+        out.push_back(static_cast<float>(head.length));
+        for (auto p : head.block_table) out.push_back(static_cast<float>(p));
+        for (std::int64_t i = 0; i < head.length; ++i) {
+          const auto slot = head.slot(i);
+          const auto& m = cache.allocator().pool().meta(slot);
+          out.insert(out.end(), {static_cast<float>(m.position), m.log_beta, m.key_norm});
+          for (int c = 0; c < s.head_dim; ++c)
+            out.insert(out.end(), {to_float(cache.allocator().pool().key(slot)[c]),
+                                   to_float(cache.allocator().pool().value(slot)[c])});
+        }
+      }
+  }
+  return out;
+}
+
+double rel_error(const float* a, const float* ref, std::size_t n) {
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    num += (double(a[i]) - ref[i]) * (double(a[i]) - ref[i]);
+    den += double(ref[i]) * ref[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-30));
+}
+
+}  // namespace
+
+TEST_CASE("TRIM-KV decode: never more than M + B - 1 entries per head after a decode step") {
+  const CacheShape shape{2, 2, 4, 8};
+  const std::int64_t M = 16, B = 4;
+  TrimKVCache<> cache(shape, memory::Paged<16>(pages_for(shape, M + B + 40, 1, 16)), trimkv_evictor({.budget = M, .buffer = B}));
+  cache.add_sequence(0);
+  std::mt19937_64 rng(1);
+  auto prefill = random_step(rng, shape, 40);  // a chunk larger than M + B: the trigger brings it to M
+  const auto r = run(cache, 0, prefill);
+  CHECK(r.triggered);
+  CHECK(r.evicted == shape.heads_total() * (40 - M));
+  for (int l = 0; l < 2; ++l)
+    for (int h = 0; h < 2; ++h) CHECK(cache.length(0, l, h) == M);
+  int triggers = 0;
+  for (int step = 0; step < 200; ++step) {
+    auto d = random_step(rng, shape, 1);
+    triggers += run(cache, 0, d).triggered;
+    for (int l = 0; l < 2; ++l)
+      for (int h = 0; h < 2; ++h) REQUIRE(cache.length(0, l, h) <= M + B - 1);
+  }
+  CHECK(triggers == 200 / B);  // the buffer amortises eviction: once every B decode steps
+  CHECK(cache.tokens(0) == 240);
+  CHECK(cache.allocator().pages_free() + cache.allocator().pages_used(0) == cache.allocator().pages_total());
+}
+
+TEST_CASE("attention through the cache equals dense attention over the survivors (and the full cache before eviction)") {
+  const CacheShape shape{2, 2, 6, 16};
+  for (int variant = 0; variant < 2; ++variant) {
+    std::mt19937_64 rng(7 + variant);
+    TrimKVCache<cpu_backend, float, 8> cache(shape, memory::Paged<8>(400), trimkv_evictor({.budget = 12, .buffer = 5}));
+    TrimKVCache<cpu_backend, float, 8> full(shape, memory::Paged<8>(400), trimkv_evictor({.budget = 100000, .buffer = 1}));
+    cache.add_sequence(3);
+    full.add_sequence(3);
+    for (int step = 0; step < 60; ++step) {
+      const std::int64_t T = (step % 13 == 0) ? 1 + step % 7 : 1;
+      auto d = random_step(rng, shape, T);
+      auto e = d;
+      // dense reference: gather this layer's survivors (after this step's append) and attend densely
+      std::vector<float> want(d.q.size());
+      {
+        run(full, 3, e);  // full cache: nothing ever evicted
+      }
+      // cache under test: attend via the layer API so the survivors can be read between append and commit
+      const std::int64_t L = shape.layers, H = shape.kv_heads, Hq = shape.q_heads, D = shape.head_dim;
+      for (int l = 0; l < L; ++l) {
+        cache.append(3, l, View<const float, 3>(d.k.data() + l * H * T * D, {H, T, D}),
+                     View<const float, 3>(d.v.data() + l * H * T * D, {H, T, D}),
+                     View<const float, 2>(d.lb.data() + l * H * T, {H, T}));
+        cache.attend(3, l, View<const float, 3>(d.q.data() + l * Hq * T * D, {Hq, T, D}),
+                     View<float, 3>(d.out.data() + l * Hq * T * D, {Hq, T, D}));
+        for (int h = 0; h < H; ++h) {
+          const auto head = cache.allocator().layout(3, l, h);
+          std::vector<float> ks, vs;
+          std::vector<std::int32_t> kp, qp;
+          for (std::int64_t i = 0; i < head.length; ++i) {
+            const auto slot = head.slot(i);
+            ks.insert(ks.end(), cache.allocator().pool().key(slot), cache.allocator().pool().key(slot) + D);
+            vs.insert(vs.end(), cache.allocator().pool().value(slot), cache.allocator().pool().value(slot) + D);
+            kp.push_back(cache.allocator().pool().meta(slot).position);
+          }
+          for (std::int64_t t = 0; t < T; ++t) qp.push_back(static_cast<std::int32_t>(cache.tokens(3) + t));
+          for (int g = 0; g < shape.group(); ++g) {
+            const std::int64_t qh = h * shape.group() + g;
+            cpu::attend_dense(View<const float, 2>(d.q.data() + (l * Hq + qh) * T * D, {T, D}),
+                              View<const float, 2>(ks.data(), {head.length, D}), View<const float, 2>(vs.data(), {head.length, D}),
+                              kp, qp, View<float, 2>(want.data() + (l * Hq + qh) * T * D, {T, D}));
+          }
+        }
+      }
+      cache.commit(3);
+      for (float x : d.out) REQUIRE(std::isfinite(x));
+      CHECK(rel_error(d.out.data(), want.data(), want.size()) <= 1e-5);
+      if (step < 12) CHECK(rel_error(d.out.data(), e.out.data(), want.size()) <= 1e-5);  // nothing evicted yet
+    }
+  }
+}
+
+TEST_CASE("several sequences share one pool; removing one returns its pages") {
+  const CacheShape shape{1, 2, 2, 4};
+  DBTrimKVCache<cpu_backend, float, 4> cache(shape, memory::Paged<4>(64), dbtrimkv_evictor({.budget = 4, .buffer = 2}));
+  std::mt19937_64 rng(3);
+  for (std::int64_t seq : {5, 9, 2}) cache.add_sequence(seq);
+  for (int step = 0; step < 30; ++step) {
+    std::vector<StepData> data;
+    std::vector<DBTrimKVCache<cpu_backend, float, 4>::SequenceStep> batch;
+    for (std::int64_t seq : {5, 9, 2}) data.push_back(random_step(rng, shape, seq == 9 && step == 0 ? 7 : 1));
+    std::size_t i = 0;
+    for (std::int64_t seq : {5, 9, 2}) {
+      auto& d = data[i++];
+      batch.push_back({seq, View<const float, 4>(d.k.data(), {1, 2, d.T, 4}), View<const float, 4>(d.v.data(), {1, 2, d.T, 4}),
+                       View<const float, 3>(d.lb.data(), {1, 2, d.T}), View<const float, 4>(d.q.data(), {1, 2, d.T, 4}),
+                       View<float, 4>(d.out.data(), {1, 2, d.T, 4})});
+    }
+    cache.step_batch(batch);
+    for (std::int64_t seq : {5, 9, 2}) REQUIRE(cache.total_length(seq) < 2 * (4 + 2));  // global: < L Hkv (M + B)
+  }
+  CHECK(cache.tokens(9) == 36);
+  const auto used = cache.allocator().pages_used(5) + cache.allocator().pages_used(9) + cache.allocator().pages_used(2);
+  CHECK(cache.allocator().pages_free() + used == 64);
+  const auto freed = cache.allocator().pages_used(9);
+  const auto free_before = cache.allocator().pages_free();
+  cache.remove_sequence(9);
+  CHECK(cache.allocator().pages_free() == free_before + freed);
+  CHECK_THROWS_WITH_AS(cache.tokens(9), doctest::Contains("unknown sequence 9"), Error);
+}
+
+TEST_CASE("every rejected call leaves the cache exactly as it was (SPEC §7)") {
+  const CacheShape shape{2, 2, 4, 4};
+  using Small = TrimKVCache<cpu_backend, float, 4>;
+  Small cache(shape, memory::Paged<4>(14), trimkv_evictor({.budget = 4, .buffer = 2}));
+  cache.add_sequence(1);
+  cache.add_sequence(2);
+  std::mt19937_64 rng(11);
+  for (int i = 0; i < 5; ++i) {
+    auto d = random_step(rng, shape, 1);
+    run(cache, 1, d);
+  }
+  const std::vector<std::int64_t> seqs{1, 2};
+  const auto before = snapshot(cache, seqs);
+  auto expect_unchanged = [&](auto&& call, const char* message) {
+    CHECK_THROWS_WITH_AS(call(), doctest::Contains(message), Error);
+    CHECK(snapshot(cache, seqs) == before);
+  };
+  const std::int64_t L = 2, H = 2, D = 4;
+  auto d = random_step(rng, shape, 3);
+  auto view4 = [&](std::vector<float>& v, std::int64_t T) { return View<const float, 4>(v.data(), {L, H, T, D}); };
+  auto lb3 = [&](std::vector<float>& v, std::int64_t T) { return View<const float, 3>(v.data(), {L, H, T}); };
+
+  expect_unchanged([&] { cache.step(7, view4(d.k, 3), view4(d.v, 3), lb3(d.lb, 3)); }, "unknown sequence 7");
+  expect_unchanged([&] { cache.step(1, View<const float, 4>(d.k.data(), {L, H, 3, 2}), view4(d.v, 3), lb3(d.lb, 3)); },
+                   "keys has shape [2, 2, 3, 2], expected [2, 2, 3, 4]");
+  expect_unchanged([&] { cache.step(1, view4(d.k, 3), view4(d.v, 3), View<const float, 3>(d.lb.data(), {L, H, 2})); },
+                   "log_beta has shape");
+  auto bad = d;
+  bad.lb[7] = std::nanf("");
+  expect_unchanged([&] { cache.step(1, view4(bad.k, 3), view4(bad.v, 3), lb3(bad.lb, 3)); }, "= nan is not in [-inf, 0]");
+  bad = d;
+  bad.lb[11] = 0.25f;
+  expect_unchanged([&] { cache.step(1, view4(bad.k, 3), view4(bad.v, 3), lb3(bad.lb, 3)); },
+                   "log_beta[layer 1, head 1, token 2] = 0.25");
+  bad = d;
+  bad.v[40] = std::numeric_limits<float>::infinity();
+  expect_unchanged([&] { cache.step(1, view4(bad.k, 3), view4(bad.v, 3), lb3(bad.lb, 3)); }, "non-finite value");
+  expect_unchanged([&] { cache.step(1, view4(d.k, 3), view4(d.v, 3), lb3(d.lb, 3), View<const float, 4>(d.q.data(), {L, 4, 3, D}), View<float, 4>{}); },
+                   "out has shape [0, 0, 0, 0]");
+  // the pool: 14 pages of 4; sequence 1 holds 5 tokens in 4 heads (8 pages, 6 free). 4 more tokens
+  // in sequence 1 (4 pages) fit, and so do 4 in sequence 2 (4 pages), but not both; 9 never fit.
+  auto big = random_step(rng, shape, 9);
+  expect_unchanged([&] { cache.step(2, view4(big.k, 9), view4(big.v, 9), lb3(big.lb, 9)); }, "out of memory");
+  auto d2 = random_step(rng, shape, 4);
+  auto d1 = random_step(rng, shape, 4);
+  std::vector<Small::SequenceStep> batch{{1, view4(d1.k, 4), view4(d1.v, 4), lb3(d1.lb, 4)},
+                                                 {2, view4(d2.k, 4), view4(d2.v, 4), lb3(d2.lb, 4)}};
+  expect_unchanged([&] { cache.step_batch(batch); }, "the batch needs 8 pages, 6 of 14 are free");
+  batch[1].seq = 1;
+  expect_unchanged([&] { cache.step_batch(batch); }, "sequence 1 appears twice");
+  // layer API misuse
+  expect_unchanged([&] { cache.commit(1); }, "has no open step");
+  expect_unchanged([&] { cache.append(1, 2, View<const float, 3>(d.k.data(), {H, 3, D}), View<const float, 3>(d.v.data(), {H, 3, D}), View<const float, 2>(d.lb.data(), {H, 3})); },
+                   "layer 2 out of range [0, 2)");
+  std::vector<float> o(64);
+  expect_unchanged([&] { cache.attend(1, 0, View<const float, 3>(d.q.data(), {4, 1, D}), View<float, 3>(o.data(), {4, 1, D})); },
+                   "has not been appended in this step");
+  CHECK_THROWS_WITH_AS(Small(shape, memory::Paged<4>(4), trimkv_evictor({.budget = 0})), doctest::Contains("budget M = 0"), Error);
+  CHECK_THROWS_WITH_AS(Small(CacheShape{1, 2, 3, 4}, memory::Paged<4>(4)), doctest::Contains("q_heads = 3"), Error);
+
+  // an open step: mismatched T and a repeated layer are rejected without touching the open step
+  cache.append(1, 0, View<const float, 3>(d.k.data(), {H, 3, D}), View<const float, 3>(d.v.data(), {H, 3, D}), View<const float, 2>(d.lb.data(), {H, 3}));
+  const auto open = snapshot(cache, seqs);
+  CHECK_THROWS_WITH_AS(cache.append(1, 1, View<const float, 3>(d.k.data(), {H, 2, D}), View<const float, 3>(d.v.data(), {H, 2, D}), View<const float, 2>(d.lb.data(), {H, 2})),
+                       doctest::Contains("step has T = 3 tokens, this layer has T = 2"), Error);
+  CHECK_THROWS_WITH_AS(cache.append(1, 0, View<const float, 3>(d.k.data(), {H, 3, D}), View<const float, 3>(d.v.data(), {H, 3, D}), View<const float, 2>(d.lb.data(), {H, 3})),
+                       doctest::Contains("layer 0 of sequence 1 was already appended"), Error);
+  CHECK_THROWS_WITH_AS(cache.commit(1), doctest::Contains("layer 1 of sequence 1 was not appended"), Error);
+  CHECK(snapshot(cache, seqs) == open);
+}
+
+TEST_CASE("fp16 and bf16 storage caches run the same policy") {
+  const CacheShape shape{1, 2, 4, 8};
+  TrimKVCache<cpu_backend, half> c16(shape, memory::Paged<16, half>(64), trimkv_evictor({.budget = 8, .buffer = 2}));
+  TrimKVCache<cpu_backend, bfloat16> cb16(shape, memory::Paged<16, bfloat16>(64), trimkv_evictor({.budget = 8, .buffer = 2}));
+  TrimKVCache<> c32(shape, memory::Paged<16>(64), trimkv_evictor({.budget = 8, .buffer = 2}));
+  c16.add_sequence(0);
+  cb16.add_sequence(0);
+  c32.add_sequence(0);
+  std::mt19937_64 rng(9);
+  for (int step = 0; step < 40; ++step) {
+    auto d = random_step(rng, shape, 1);
+    auto a = d, b = d;
+    run(c32, 0, d);
+    run(c16, 0, a);
+    run(cb16, 0, b);
+    // survivors depend only on log_beta and positions: identical whatever the storage
+    for (int h = 0; h < 2; ++h) {
+      std::vector<std::int32_t> p32, p16, pb;
+      for (std::int64_t i = 0; i < c32.length(0, 0, h); ++i) p32.push_back(c32.entry(0, 0, h, i).position);
+      for (std::int64_t i = 0; i < c16.length(0, 0, h); ++i) p16.push_back(c16.entry(0, 0, h, i).position);
+      for (std::int64_t i = 0; i < cb16.length(0, 0, h); ++i) pb.push_back(cb16.entry(0, 0, h, i).position);
+      CHECK(p16 == p32);
+      CHECK(pb == p32);
+    }
+    CHECK(rel_error(a.out.data(), d.out.data(), d.out.size()) <= 2e-3);
+    CHECK(rel_error(b.out.data(), d.out.data(), d.out.size()) <= 1e-2);
+  }
+}

@@ -1,0 +1,247 @@
+// SPEC §1–2 triggers and survivors: hand-computed cases, then the whole Cache against the
+// brute-force oracle on thousands of random traces, ties included.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <random>
+#include <vector>
+
+#include "kvpolicy/dbtrimkv.hpp"
+#include "kvpolicy/trimkv.hpp"
+#include "oracle.hpp"
+
+using namespace kvpolicy;
+
+namespace {
+
+// keep mask of evictor.select on one segment set built from (score, position) lists per head.
+template <class E>
+std::vector<std::uint8_t> run_select(const E& e, const CacheShape& shape, const std::vector<std::vector<float>>& sc,
+                                     const std::vector<std::vector<std::int32_t>>& pos) {
+  std::vector<float> score;
+  std::vector<std::int32_t> position;
+  std::vector<std::int64_t> offsets{0};
+  for (std::size_t h = 0; h < sc.size(); ++h) {
+    score.insert(score.end(), sc[h].begin(), sc[h].end());
+    position.insert(position.end(), pos[h].begin(), pos[h].end());
+    offsets.push_back(static_cast<std::int64_t>(score.size()));
+  }
+  std::vector<std::uint8_t> keep(score.size(), 1);
+  e.select(shape, SegmentedScores{score, position, offsets}, keep);
+  return keep;
+}
+
+}  // namespace
+
+TEST_CASE("per-head buffered trigger fires at len >= M + B (SPEC §1)") {
+  const CacheShape shape{1, 2, 2, 4};
+  const auto e = trimkv_evictor({.budget = 4, .buffer = 2});
+  std::vector<std::uint8_t> active(2);
+  std::vector<std::int64_t> lengths{5, 6};
+  CHECK(e.trigger(shape, lengths, active));
+  CHECK(active == std::vector<std::uint8_t>{0, 1});
+  lengths = {5, 5};
+  CHECK_FALSE(e.trigger(shape, lengths, active));
+}
+
+TEST_CASE("ties go to the larger position; across heads to the lower (layer, head) (SPEC, Ties)") {
+  const CacheShape shape{1, 2, 2, 4};
+  // all scores equal: per head the newest M survive
+  const auto keep = run_select(trimkv_evictor({.budget = 2, .buffer = 1}), shape, {{0, 0, 0, 0}, {}},
+                               {{7, 3, 9, 1}, {}});
+  CHECK(keep == std::vector<std::uint8_t>{1, 0, 1, 0});
+  // global: equal score and position in two heads, budget for 3 of 4: head 0 wins the last seat
+  const auto g = run_select(evict::Global{1, 1, 0.0, 0, 0.0}, CacheShape{1, 2, 2, 4}, {{-1, -1}, {-1, -1}},
+                            {{5, 4}, {5, 4}});
+  // K = L*Hkv*M = 2: both position-5 entries (head 0 then head 1)
+  CHECK(g == std::vector<std::uint8_t>{1, 0, 1, 0});
+  // K = 2: the (0, pos 1) entry of head 1 first, then the tie (-1, pos 5) in heads 0 and 1: head 0 wins
+  const auto g3 = run_select(evict::Global{1, 1, 0.0, 0, 0.0}, CacheShape{1, 2, 2, 4}, {{-1}, {-1, 0}}, {{5}, {5, 1}});
+  CHECK(g3 == std::vector<std::uint8_t>{1, 0, 1});
+}
+
+TEST_CASE("sliding-window protection keeps the w newest whatever their score (SPEC §1)") {
+  const CacheShape shape{1, 1, 1, 4};
+  const auto keep = run_select(trimkv_evictor({.budget = 3, .buffer = 1, .window = 2}), shape,
+                               {{5.f, -9.f, 4.f, -8.f, 3.f}}, {{0, 4, 1, 3, 2}});
+  // positions 4 and 3 protected; the last seat goes to the best other score (5, position 0)
+  CHECK(keep == std::vector<std::uint8_t>{1, 1, 0, 1, 0});
+}
+
+TEST_CASE("threshold variant keeps every score >= log(alpha) (SPEC §1)") {
+  const CacheShape shape{1, 1, 1, 4};
+  const auto keep = run_select(trimkv_evictor({.budget = 1, .buffer = 1, .threshold = 0.5}), shape,
+                               {{-0.1f, -0.7f, std::log(0.5f), -5.f}}, {{0, 1, 2, 3}});
+  CHECK(keep == std::vector<std::uint8_t>{1, 0, 1, 0});
+}
+
+TEST_CASE("global trigger is >= L Hkv (M + B), layer-wise is > Hkv (M + B) (SPEC §2)") {
+  const CacheShape shape{2, 2, 2, 4};
+  std::vector<std::uint8_t> active(4);
+  const evict::Global g{4, 2, 0.0, 0, 0.0};
+  std::vector<std::int64_t> lengths{6, 6, 6, 5};  // 23 < 24
+  CHECK_FALSE(g.trigger(shape, lengths, active));
+  lengths = {9, 3, 6, 6};  // 24: fires, every head takes part
+  CHECK(g.trigger(shape, lengths, active));
+  CHECK(active == std::vector<std::uint8_t>{1, 1, 1, 1});
+  const evict::LayerWise lw{4, 2, 0, 0.0};
+  lengths = {6, 6, 7, 6};  // layer 0 total 12 = Hkv (M+B): no; layer 1 total 13: yes
+  CHECK(lw.trigger(shape, lengths, active));
+  CHECK(active == std::vector<std::uint8_t>{0, 0, 1, 1});
+}
+
+TEST_CASE("floor_ratio quotas by hand (SPEC §2)") {
+  // L = 1, Hkv = 2, M = 4, f = 0.5: K = 8, top floor(0.5 * 8) = 4 pooled, each head + floor(4 * 0.5) = 2.
+  const CacheShape shape{1, 2, 2, 4};
+  const evict::Global g{4, 1, 0.5, 0, 0.0};
+  // head 0 holds the 4 best scores; head 1 the rest.
+  const auto keep = run_select(g, shape, {{9, 8, 7, 6, 0}, {-1, -2, -3, -4, -5}}, {{0, 1, 2, 3, 4}, {0, 1, 2, 3, 4}});
+  // head 0: quota 4 + 2 = 6 >= 5 entries -> all; head 1: quota 0 + 2 -> its top 2
+  CHECK(keep == std::vector<std::uint8_t>{1, 1, 1, 1, 1, 1, 1, 0, 0, 0});
+}
+
+TEST_CASE("invalid evictor parameters are rejected with the value named") {
+  const CacheShape shape{1, 1, 1, 4};
+  CHECK_THROWS_WITH_AS(trimkv_evictor({.budget = 0}).validate(shape), doctest::Contains("budget M = 0"), Error);
+  CHECK_THROWS_WITH_AS(trimkv_evictor({.budget = 4, .buffer = 0}).validate(shape), doctest::Contains("buffer B = 0"), Error);
+  CHECK_THROWS_WITH_AS(trimkv_evictor({.budget = 4, .window = 5}).validate(shape), doctest::Contains("window w = 5"), Error);
+  CHECK_THROWS_WITH_AS(trimkv_evictor({.threshold = -1}).validate(shape), doctest::Contains("threshold alpha = -1"), Error);
+  CHECK_THROWS_WITH_AS(dbtrimkv_evictor({.floor_ratio = 1.0}).validate(shape), doctest::Contains("floor_ratio f = 1"), Error);
+  CHECK_THROWS_WITH_AS(dbtrimkv_evictor({.floor_ratio = 0.2, .threshold = 0.1}).validate(shape),
+                       doctest::Contains("exclusive"), Error);
+}
+
+// ---- the whole Cache against the oracle ------------------------------------------------------
+
+namespace {
+
+struct Trial {
+  CacheShape shape;
+  oracle::Params p;
+  std::vector<std::int64_t> chunks;  // tokens per step
+};
+
+Trial random_trial(std::mt19937_64& rng, bool allow_threshold, bool allow_floor) {
+  auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  Trial t;
+  t.shape = CacheShape{pick(1, 3), pick(1, 3), 0, 2};
+  t.shape.q_heads = t.shape.kv_heads;
+  t.p.budget = pick(1, 8);
+  t.p.buffer = pick(1, 4);
+  t.p.window = pick(0, 3) == 0 ? pick(0, static_cast<int>(t.p.budget)) : 0;
+  if (allow_threshold && pick(0, 4) == 0) t.p.threshold = std::vector<double>{0.05, 0.3, 0.5, 1.0}[pick(0, 3)];
+  if (allow_floor && t.p.threshold == 0.0 && pick(0, 2) == 0) t.p.floor_ratio = std::vector<double>{0.1, 0.25, 0.5, 0.9}[pick(0, 3)];
+  const int steps = pick(1, 40);
+  for (int s = 0; s < steps; ++s) t.chunks.push_back(pick(0, 5) == 0 ? pick(1, 3 * static_cast<int>(t.p.budget + t.p.buffer)) : 1);
+  return t;
+}
+
+template <class C>
+oracle::Heads survivors(const C& cache, std::int64_t seq) {
+  const auto& s = cache.shape();
+  oracle::Heads out(static_cast<std::size_t>(s.heads_total()));
+  for (int l = 0; l < s.layers; ++l)
+    for (int h = 0; h < s.kv_heads; ++h)
+      for (std::int64_t i = 0; i < cache.length(seq, l, h); ++i)
+        out[static_cast<std::size_t>(head_index(s, l, h))].push_back(cache.entry(seq, l, h, i));
+  return out;
+}
+
+std::vector<std::vector<std::int32_t>> positions(const oracle::Heads& heads) {
+  std::vector<std::vector<std::int32_t>> out;
+  for (const auto& h : heads) {
+    std::vector<std::int32_t> p;
+    for (const auto& e : h) p.push_back(e.position);
+    std::sort(p.begin(), p.end());
+    out.push_back(p);
+  }
+  return out;
+}
+
+// Runs `trials` random traces through Cache<Scorer, Evictor> and the oracle step by step.
+template <class Scorer, class MakeEvictor, class OracleStep>
+void differential(std::uint64_t seed, int trials, Scorer scorer, MakeEvictor make_evictor, OracleStep oracle_step,
+                  bool allow_threshold, bool allow_floor) {
+  std::mt19937_64 rng(seed);
+  for (int trial = 0; trial < trials; ++trial) {
+    const Trial t = random_trial(rng, allow_threshold, allow_floor);
+    const auto evictor = make_evictor(t.p);
+    std::int64_t max_chunk = *std::max_element(t.chunks.begin(), t.chunks.end());
+    std::int64_t total = 0;
+    for (auto c : t.chunks) total += c;
+    using Evictor = std::decay_t<decltype(evictor)>;
+    Cache<Scorer, admit::All, Evictor, memory::Paged<4>, cpu_backend> cache(
+        t.shape, memory::Paged<4>(pages_for(t.shape, total + max_chunk, 1, 4)), evictor, scorer);
+    cache.add_sequence(7);
+    oracle::Heads ref(static_cast<std::size_t>(t.shape.heads_total()));
+    std::int64_t n = 0;
+    for (std::size_t step = 0; step < t.chunks.size(); ++step) {
+      const std::int64_t T = t.chunks[step];
+      const auto L = t.shape.layers, H = t.shape.kv_heads, d = t.shape.head_dim;
+      std::vector<float> kv(static_cast<std::size_t>(L * H * T * d));
+      std::normal_distribution<float> normal;
+      for (auto& x : kv) x = normal(rng);
+      std::vector<float> lb(static_cast<std::size_t>(L * H * T));
+      for (auto& x : lb) x = oracle::tie_prone_log_beta(rng);
+      cache.step(7, View<const float, 4>(kv.data(), {L, H, T, d}), View<const float, 4>(kv.data(), {L, H, T, d}),
+                 View<const float, 3>(lb.data(), {L, H, T}));
+      for (int l = 0; l < L; ++l)
+        for (int h = 0; h < H; ++h)
+          for (std::int64_t i = 0; i < T; ++i) {
+            const float* k = &kv[static_cast<std::size_t>(((l * H + h) * T + i) * d)];
+            ref[static_cast<std::size_t>(l * H + h)].push_back(
+                EntryMeta{static_cast<std::int32_t>(n + i), lb[static_cast<std::size_t>((l * H + h) * T + i)],
+                          Scorer::needs_key_norm ? memory::key_norm(k, static_cast<int>(d)) : 0.0f});
+          }
+      n += T;
+      oracle_step(t.shape, ref, n, scorer, t.p);
+      const auto got = positions(survivors(cache, 7));
+      const auto want = positions(ref);
+      if (got != want) {
+        FAIL("seed ", seed, " trial ", trial, " step ", step, ": survivors differ (L=", t.shape.layers, " Hkv=",
+             t.shape.kv_heads, " M=", t.p.budget, " B=", t.p.buffer, " w=", t.p.window, " alpha=", t.p.threshold,
+             " f=", t.p.floor_ratio, ")");
+      }
+    }
+    // pages conserved: free + used = pool
+    CHECK(cache.allocator().pages_free() + cache.allocator().pages_used(7) == cache.allocator().pages_total());
+  }
+}
+
+}  // namespace
+
+TEST_CASE("oracle: TRIM-KV per-head eviction, random traces with ties") {
+  differential(
+      1, 1500, score::RetentionDecay{},
+      [](const oracle::Params& p) {
+        return trimkv_evictor({.budget = p.budget, .buffer = p.buffer, .window = p.window, .threshold = p.threshold});
+      },
+      [](auto&&... a) { oracle::per_head(a...); }, true, false);
+}
+
+TEST_CASE("oracle: KNorm-weighted per-head eviction") {
+  differential(
+      2, 500, score::KNormRetention{},
+      [](const oracle::Params& p) { return trimkv_evictor({.budget = p.budget, .buffer = p.buffer, .window = p.window}); },
+      [](auto&&... a) { oracle::per_head(a...); }, false, false);
+}
+
+TEST_CASE("oracle: DBTrimKV global eviction with lookahead, floor_ratio and threshold") {
+  for (int h : {1, 2, 5})
+    differential(
+        3 + static_cast<std::uint64_t>(h), 600, score::Lookahead{h},
+        [](const oracle::Params& p) {
+          return dbtrimkv_evictor({.budget = p.budget, .buffer = p.buffer, .floor_ratio = p.floor_ratio,
+                                   .window = p.window, .threshold = p.threshold});
+        },
+        [](auto&&... a) { oracle::global(a...); }, true, true);
+}
+
+TEST_CASE("oracle: DBTrimKV layer-wise eviction") {
+  differential(
+      11, 800, score::Lookahead{2},
+      [](const oracle::Params& p) {
+        return dbtrimkv_layerwise_evictor({.budget = p.budget, .buffer = p.buffer, .window = p.window, .threshold = p.threshold});
+      },
+      [](auto&&... a) { oracle::layer_wise(a...); }, true, false);
+}

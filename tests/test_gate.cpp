@@ -1,0 +1,133 @@
+// gate/: the TRIM-KV retention gate and the DBTrimKV tied gate against naive loops (SPEC §1–2),
+// weights loaded by their SPEC names from F32, F16 and BF16 files, and the load errors.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kvpolicy/gate/retention_gate.hpp"
+#include "kvpolicy/gate/tied_gate.hpp"
+
+using namespace kvpolicy;
+namespace st = kvpolicy::safetensors;
+
+namespace {
+
+std::vector<float> randn(std::mt19937_64& rng, std::size_t n, float scale = 0.3f) {
+  std::normal_distribution<float> normal(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = normal(rng);
+  return v;
+}
+float round_to(st::DType t, float x) {
+  return t == st::DType::F16 ? to_float(from_float<half>(x)) : t == st::DType::BF16 ? to_float(from_float<bfloat16>(x)) : x;
+}
+
+}  // namespace
+
+TEST_CASE("TRIM-KV retention gate = logsigmoid(W2 act(W1 x + b1) + b), batched and per token") {
+  const int L = 2, D = 12, I = 16, H = 3, T = 5;
+  std::mt19937_64 rng(17);
+  for (auto dtype : {st::DType::F32, st::DType::F16, st::DType::BF16})
+    for (auto act : {gate::Activation::silu, gate::Activation::gelu}) {
+      st::Writer w;
+      std::vector<std::vector<float>> W1, b1, W2, b;
+      for (int l = 0; l < L; ++l) {
+        W1.push_back(randn(rng, I * D));
+        b1.push_back(randn(rng, I));
+        W2.push_back(randn(rng, H * I));
+        b.push_back(randn(rng, H, 1.0f));
+        for (auto& x : b.back()) x += 9.0f;  // SPEC §1: the bias is initialised at 8..10
+        const auto p = gate::RetentionGate::prefix(l);
+        w.add_f32_as(p + "linear1.weight", dtype, {I, D}, W1.back());
+        w.add_f32_as(p + "linear1.bias", dtype, {I}, b1.back());
+        w.add_f32_as(p + "linear2.weight", dtype, {H, I}, W2.back());
+        w.add_f32_as(p + "bias", dtype, {H}, b.back());
+      }
+      const auto g = gate::RetentionGate::load(st::File::parse(w.bytes()), {L, D, H, I, act});
+      const auto x = randn(rng, T * D, 1.0f);
+      for (int l = 0; l < L; ++l) {
+        std::vector<float> lb(H * T);
+        g.forward(l, View<const float, 2>(x.data(), {T, D}), View<float, 2>(lb.data(), {H, T}));
+        for (int t = 0; t < T; ++t) {
+          std::vector<double> u(I);
+          for (int i = 0; i < I; ++i) {
+            double s = round_to(dtype, b1[l][i]);
+            for (int c = 0; c < D; ++c) s += double(round_to(dtype, W1[l][i * D + c])) * x[t * D + c];
+            u[i] = act == gate::Activation::silu ? s / (1 + std::exp(-s)) : 0.5 * s * (1 + std::erf(s / std::sqrt(2.0)));
+          }
+          float one[H];
+          g.forward(l, View<const float, 2>(x.data() + t * D, {1, D}), View<float, 2>(one, {H, 1}));
+          for (int h = 0; h < H; ++h) {
+            double z = round_to(dtype, b[l][h]);
+            for (int i = 0; i < I; ++i) z += double(round_to(dtype, W2[l][h * I + i])) * u[i];
+            const double want = -std::log1p(std::exp(-z));
+            CHECK(lb[h * T + t] == doctest::Approx(want).epsilon(1e-4).scale(1e-3));
+            CHECK(one[h] == doctest::Approx(lb[h * T + t]).epsilon(1e-6));  // a decode token = the T = 1 chunk
+          }
+        }
+      }
+    }
+}
+
+TEST_CASE("DBTrimKV tied gate: per-layer projection, one readout shared by all layers and heads") {
+  const int L = 3, D = 10, H = 2, J = 8, T = 4;
+  std::mt19937_64 rng(23);
+  st::Writer w;
+  std::vector<std::vector<float>> Wp, bp;
+  for (int l = 0; l < L; ++l) {
+    Wp.push_back(randn(rng, H * J * D));
+    bp.push_back(randn(rng, H * J));
+    w.add_f32(gate::TiedGate::prefix(l) + "proj.weight", {H * J, D}, Wp.back());
+    w.add_f32(gate::TiedGate::prefix(l) + "proj.bias", {H * J}, bp.back());
+  }
+  const auto wg = randn(rng, J, 1.0f);
+  const std::vector<float> bg{4.0f};
+  w.add_f32("retention_gate.readout.weight", {J}, wg);
+  w.add_f32("retention_gate.readout.bias", {1}, bg);
+  const auto g = gate::TiedGate::load(st::File::parse(w.bytes()), {L, D, H, J});
+  const auto x = randn(rng, T * D, 1.0f);
+  for (int l = 0; l < L; ++l) {
+    std::vector<float> lb(H * T);
+    g.forward(l, View<const float, 2>(x.data(), {T, D}), View<float, 2>(lb.data(), {H, T}));
+    for (int t = 0; t < T; ++t)
+      for (int h = 0; h < H; ++h) {
+        double z = bg[0];
+        for (int j = 0; j < J; ++j) {
+          double s = bp[l][h * J + j];
+          for (int c = 0; c < D; ++c) s += double(Wp[l][(h * J + j) * D + c]) * x[t * D + c];
+          z += wg[j] * (s / (1 + std::exp(-s)));
+        }
+        CHECK(lb[h * T + t] == doctest::Approx(-std::log1p(std::exp(-z))).epsilon(1e-4).scale(1e-3));
+        CHECK(lb[h * T + t] <= 0.0f);
+      }
+  }
+}
+
+TEST_CASE("gate weights: missing tensor, wrong shape, non-finite values are named") {
+  const int D = 4, I = 3, H = 2;
+  st::Writer w;
+  const auto p = gate::RetentionGate::prefix(0);
+  w.add_f32(p + "linear1.weight", {I, D}, std::vector<float>(I * D, 0.1f));
+  w.add_f32(p + "linear1.bias", {I}, std::vector<float>{0.0f, std::nanf(""), 0.0f});
+  w.add_f32(p + "linear2.weight", {I, H}, std::vector<float>(I * H, 0.1f));  // transposed: wrong shape
+  const auto f = st::File::parse(w.bytes());
+  CHECK_THROWS_WITH_AS(gate::RetentionGate::load(f, {1, D, H, I}),
+                       doctest::Contains("'model.layers.0.self_attn.retention_gate.linear1.bias' holds a non-finite value"), Error);
+  st::Writer w2;
+  w2.add_f32(p + "linear1.weight", {I, D}, std::vector<float>(I * D, 0.1f));
+  w2.add_f32(p + "linear1.bias", {I}, std::vector<float>(I, 0.1f));
+  w2.add_f32(p + "linear2.weight", {I, H}, std::vector<float>(I * H, 0.1f));
+  const auto f2 = st::File::parse(w2.bytes());
+  CHECK_THROWS_WITH_AS(gate::RetentionGate::load(f2, {1, D, H, I}),
+                       doctest::Contains("linear2.weight' has shape [3, 2], expected [2, 3]"), Error);
+  CHECK_THROWS_WITH_AS(gate::RetentionGate::load(f2, {2, D, H, I}), doctest::Contains("linear2.weight' has shape"), Error);
+  st::Writer w3;
+  w3.add_f32(p + "linear1.weight", {I, D}, std::vector<float>(I * D, 0.1f));
+  CHECK_THROWS_WITH_AS(gate::RetentionGate::load(st::File::parse(w3.bytes()), {1, D, H, I}),
+                       doctest::Contains("tensor 'model.layers.0.self_attn.retention_gate.linear1.bias' is missing"), Error);
+  CHECK_THROWS_WITH_AS(gate::TiedGate::load(f2, {1, D, H, 8}), doctest::Contains("proj.weight' is missing"), Error);
+  CHECK_THROWS_WITH_AS(gate::RetentionGate::load(f2, {1, 0, H, I}), doctest::Contains("hidden = 0"), Error);
+}

@@ -1,0 +1,90 @@
+// gate/safetensors.hpp: round trips in every dtype and every malformed file the reader names.
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "kvpolicy/gate/safetensors.hpp"
+
+using namespace kvpolicy;
+namespace st = kvpolicy::safetensors;
+
+namespace {
+
+// A file image from a literal header and a data section.
+std::vector<std::uint8_t> image(const std::string& header, std::size_t data_bytes, std::int64_t length_field = -1) {
+  std::vector<std::uint8_t> b(8);
+  const std::uint64_t n = length_field < 0 ? header.size() : static_cast<std::uint64_t>(length_field);
+  for (int i = 0; i < 8; ++i) b[static_cast<std::size_t>(i)] = static_cast<std::uint8_t>(n >> (8 * i));
+  b.insert(b.end(), header.begin(), header.end());
+  b.insert(b.end(), data_bytes, 0);
+  return b;
+}
+
+void expect_error(const std::vector<std::uint8_t>& bytes, const std::string& message) {
+  CHECK_THROWS_WITH_AS(st::File::parse(bytes, "test.safetensors"), doctest::Contains(message.c_str()), Error);
+}
+
+}  // namespace
+
+TEST_CASE("safetensors round trip: F32, F16, BF16, I64 and metadata") {
+  const std::vector<float> v{1.0f, -2.5f, 0.333333f, 65504.0f, -1e-6f, 3.0e38f};
+  st::Writer w;
+  w.add_f32("a.f32", {2, 3}, v);
+  w.add_f32_as("b.f16", st::DType::F16, {6}, v);
+  w.add_f32_as("c.bf16", st::DType::BF16, {3, 2}, v);
+  const std::vector<std::int64_t> ids{-1, 0, 1LL << 40};
+  w.add_i64("d.i64", {3}, ids);
+  w.add_f32("e.empty", {0, 4}, std::vector<float>{});
+  w.metadata("format", "pt");
+  const auto bytes = w.bytes();
+  CHECK((bytes.size() - 8 - (bytes.size() - 8 - 6 * 4 - 6 * 2 - 6 * 2 - 3 * 8)) % 8 == 0);  // header padded
+  const auto f = st::File::parse(bytes);
+  CHECK(f.floats("a.f32", {2, 3}) == v);
+  const auto h = f.floats("b.f16");
+  const auto b = f.floats("c.bf16", {3, 2});
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    CHECK(h[i] == to_float(from_float<half>(v[i])));
+    CHECK(b[i] == to_float(from_float<bfloat16>(v[i])));
+  }
+  CHECK(f.int64s("d.i64") == ids);
+  CHECK(f.floats("e.empty", {0, 4}).empty());
+  CHECK(f.metadata().at("format") == "pt");
+  CHECK(f.names().size() == 5);
+}
+
+TEST_CASE("safetensors: every malformed file is an error naming the tensor and the problem") {
+  const std::string ok = R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})";
+  CHECK_NOTHROW(st::File::parse(image(ok, 8)));
+  expect_error({1, 2, 3}, "truncated file: 3 bytes");
+  expect_error(image(ok, 8, 1000), "header length 1000 exceeds the 62 bytes after the length field");
+  expect_error(image(ok, 8, std::numeric_limits<std::int64_t>::max()), "header length");
+  expect_error(image("{\"w\": [", 0), "header is not valid JSON");
+  expect_error(image("[1,2]", 0), "header is not a JSON object");
+  expect_error(image(R"({"w":{"dtype":"F8_E4M3","shape":[2],"data_offsets":[0,2]}})", 2), "tensor 'w': unknown dtype 'F8_E4M3'");
+  expect_error(image(R"({"w":{"shape":[2],"data_offsets":[0,8]}})", 8), "tensor 'w': missing dtype");
+  expect_error(image(R"({"w":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", 8), "tensor 'w': shape entry -2");
+  expect_error(image(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,16]}})", 8),
+               "tensor 'w': data_offsets [0, 16] out of range: the data section holds 8 bytes");
+  expect_error(image(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[8,0]}})", 8), "begin > end");
+  expect_error(image(R"({"w":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8), "shape [3] of F32 needs 12");
+  expect_error(image(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,-8]}})", 8), "data offset -8");
+  expect_error(image(R"({"w":{"dtype":"F32","shape":[4611686018427387904,4],"data_offsets":[0,8]}})", 8), "overflows");
+  expect_error(image(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", 12),
+               "data of tensor 'b' [4, 12) overlaps tensor 'a' [0, 8)");
+  const auto f = st::File::parse(image(ok, 8), "x.safetensors");
+  CHECK_THROWS_WITH_AS(f.floats("v"), doctest::Contains("'x.safetensors': tensor 'v' is missing"), Error);
+  CHECK_THROWS_WITH_AS(f.floats("w", {3}), doctest::Contains("tensor 'w' has shape [2], expected [3]"), Error);
+  CHECK_THROWS_WITH_AS(f.int64s("w"), doctest::Contains("tensor 'w' has dtype F32, expected I64 or I32"), Error);
+  CHECK_THROWS_WITH_AS(st::File::read("/nonexistent/file.safetensors"), doctest::Contains("cannot open"), Error);
+}
+
+TEST_CASE("safetensors: non-finite values are rejected where finite is required") {
+  st::Writer w;
+  w.add_f32("w", {3}, std::vector<float>{1.0f, std::numeric_limits<float>::infinity(), 0.0f});
+  const auto f = st::File::parse(w.bytes());
+  CHECK(f.floats("w").size() == 3);
+  CHECK_THROWS_WITH_AS(f.floats("w", {3}, true), doctest::Contains("tensor 'w' holds a non-finite value inf at flat index 1"), Error);
+}
