@@ -1,6 +1,7 @@
 // gate/safetensors.hpp: round trips in every dtype and every malformed file the reader names.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -15,11 +16,10 @@ namespace {
 
 // A file image from a literal header and a data section.
 std::vector<std::uint8_t> image(const std::string& header, std::size_t data_bytes, std::int64_t length_field = -1) {
-  std::vector<std::uint8_t> b(8);
   const std::uint64_t n = length_field < 0 ? header.size() : static_cast<std::uint64_t>(length_field);
-  for (int i = 0; i < 8; ++i) b[static_cast<std::size_t>(i)] = static_cast<std::uint8_t>(n >> (8 * i));
-  b.insert(b.end(), header.begin(), header.end());
-  b.insert(b.end(), data_bytes, 0);
+  std::vector<std::uint8_t> b(8 + header.size() + data_bytes, 0);
+  for (std::size_t i = 0; i < 8; ++i) b[i] = static_cast<std::uint8_t>(n >> (8 * i));
+  std::copy(header.begin(), header.end(), b.begin() + 8);
   return b;
 }
 
