@@ -90,7 +90,7 @@ inline Trace synthetic_trace(int layers = 4, int kv_heads = 2, int group = 4, in
   tr.queries.resize(static_cast<std::size_t>(layers * tr.q_heads * T * d));
   for (auto& x : tr.keys) x = normal(rng);
   for (auto& x : tr.values) x = normal(rng);
-  const float aim = 0.7f;  // how strongly a query points at its target key
+  const float aim = 1.5f;  // how strongly a query points at its target key (logit ~ aim * d / sqrt(d))
   for (int l = 0; l < layers; ++l)
     for (int h = 0; h < kv_heads; ++h) {
       const int kind = (l * kv_heads + h) % 3;

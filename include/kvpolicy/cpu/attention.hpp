@@ -63,7 +63,7 @@ void attend_paged(const memory::EntryPool<Storage>& pool, const memory::HeadLayo
   std::vector<float> m(static_cast<std::size_t>(rows), -std::numeric_limits<float>::infinity());
   std::vector<float> l(static_cast<std::size_t>(rows), 0.0f);
   std::vector<float> acc(static_cast<std::size_t>(rows * d), 0.0f);
-  std::vector<float> kf(static_cast<std::size_t>(kBlock * d)), vf(static_cast<std::size_t>(kBlock * d));
+  std::vector<float> kt(static_cast<std::size_t>(d * kBlock)), vf(static_cast<std::size_t>(kBlock * d));
   std::vector<std::int32_t> kpos(kBlock);
   std::vector<float> s(static_cast<std::size_t>(kBlock));
 
@@ -74,7 +74,7 @@ void attend_paged(const memory::EntryPool<Storage>& pool, const memory::HeadLayo
       const Storage* k = pool.key(slot);
       const Storage* v = pool.value(slot);
       for (std::int64_t c = 0; c < d; ++c) {
-        kf[j * d + c] = to_float(k[c]);
+        kt[c * kBlock + j] = to_float(k[c]);  // transposed: the logits loop runs along j
         vf[j * d + c] = to_float(v[c]);
       }
       kpos[j] = pool.meta(slot).position;
@@ -82,15 +82,16 @@ void attend_paged(const memory::EntryPool<Storage>& pool, const memory::HeadLayo
     for (std::int64_t r = 0; r < rows; ++r) {
       const std::int64_t g = r / T, t = r % T;
       const float* qv = &queries(std::int64_t{kv_head} * group + g, t, 0);
+      // logits of the block: s[j] = q . k_j, accumulated along c so the j loop vectorizes
+      std::fill(s.begin(), s.end(), 0.0f);
+      for (std::int64_t c = 0; c < d; ++c) {
+        const float qc = qv[c];
+        const float* kc = &kt[c * kBlock];
+        for (std::int64_t j = 0; j < kBlock; ++j) s[j] += qc * kc[j];
+      }
       float block_max = -std::numeric_limits<float>::infinity();
       for (std::int64_t j = 0; j < nb; ++j) {
-        if (kpos[j] > q_pos[t]) {
-          s[j] = -std::numeric_limits<float>::infinity();
-          continue;
-        }
-        float dot = 0.0f;
-        for (std::int64_t c = 0; c < d; ++c) dot += qv[c] * kf[j * d + c];
-        s[j] = dot * scale;
+        s[j] = kpos[j] > q_pos[t] ? -std::numeric_limits<float>::infinity() : s[j] * scale;
         block_max = std::max(block_max, s[j]);
       }
       if (block_max == -std::numeric_limits<float>::infinity()) continue;
