@@ -159,9 +159,17 @@ std::vector<std::vector<std::int32_t>> positions(const oracle::Heads& heads) {
 }
 
 // Runs `trials` random traces through Cache<Scorer, Evictor> and the oracle step by step.
-template <class Scorer, class MakeEvictor, class OracleStep>
+template <class Alloc>
+Alloc make_allocator(const CacheShape& shape, std::int64_t entries_per_head) {
+  if constexpr (std::is_same_v<Alloc, memory::Contiguous<float>>)
+    return Alloc(entries_per_head, 1);
+  else
+    return Alloc(pages_for(shape, entries_per_head, 1, Alloc::page_size));
+}
+
+template <class Scorer, class MakeEvictor, class OracleStep, class Alloc = memory::Paged<4>>
 void differential(std::uint64_t seed, int trials, Scorer scorer, MakeEvictor make_evictor, OracleStep oracle_step,
-                  bool allow_threshold, bool allow_floor) {
+                  bool allow_threshold, bool allow_floor, const Alloc& = Alloc(1)) {
   std::mt19937_64 rng(seed);
   for (int trial = 0; trial < trials; ++trial) {
     const Trial t = random_trial(rng, allow_threshold, allow_floor);
@@ -170,8 +178,8 @@ void differential(std::uint64_t seed, int trials, Scorer scorer, MakeEvictor mak
     std::int64_t total = 0;
     for (auto c : t.chunks) total += c;
     using Evictor = std::decay_t<decltype(evictor)>;
-    Cache<Scorer, admit::All, Evictor, memory::Paged<4>, cpu_backend> cache(
-        t.shape, memory::Paged<4>(pages_for(t.shape, total + max_chunk, 1, 4)), evictor, scorer);
+    Cache<Scorer, admit::All, Evictor, Alloc, cpu_backend> cache(
+        t.shape, make_allocator<Alloc>(t.shape, total + max_chunk), evictor, scorer);
     cache.add_sequence(7);
     oracle::Heads ref(static_cast<std::size_t>(t.shape.heads_total()));
     std::int64_t n = 0;
@@ -244,4 +252,11 @@ TEST_CASE("oracle: DBTrimKV layer-wise eviction") {
         return dbtrimkv_layerwise_evictor({.budget = p.budget, .buffer = p.buffer, .window = p.window, .threshold = p.threshold});
       },
       [](auto&&... a) { oracle::layer_wise(a...); }, true, false);
+}
+
+TEST_CASE("oracle: TRIM-KV on the contiguous allocator") {
+  differential(
+      12, 300, score::RetentionDecay{},
+      [](const oracle::Params& p) { return trimkv_evictor({.budget = p.budget, .buffer = p.buffer, .window = p.window}); },
+      [](auto&&... a) { oracle::per_head(a...); }, false, false, memory::Contiguous<float>(1, 1));
 }

@@ -66,10 +66,7 @@ class Contiguous {
     BlockTable& t = tables_.at(seq, layer, head);
     require(t.length + tokens <= capacity_, "memory::Contiguous: out of capacity: appending ", tokens,
             " entries to sequence ", seq, " layer ", layer, " head ", head, " holding ", t.length, " of ", capacity_);
-    const HeadLayout head_layout{t.pages, capacity_, t.length + tokens};
-    const int d = tables_.shape().head_dim;
-    for (std::int64_t i = 0; i < tokens; ++i)
-      pool_.write(head_layout.slot(t.length + i), keys + i * d, values + i * d, meta[i]);
+    write_entries(pool_, HeadLayout{t.pages, capacity_, t.length + tokens}, t.length, tokens, keys, values, meta);
     t.length += tokens;
   }
 

@@ -74,10 +74,7 @@ class Paged {
       t.pages.push_back(free_.back());
       free_.pop_back();
     }
-    const HeadLayout head_layout{t.pages, PageSize, t.length + tokens};
-    const int d = tables_.shape().head_dim;
-    for (std::int64_t i = 0; i < tokens; ++i)
-      pool_.write(head_layout.slot(t.length + i), keys + i * d, values + i * d, meta[i]);
+    write_entries(pool_, HeadLayout{t.pages, PageSize, t.length + tokens}, t.length, tokens, keys, values, meta);
     t.length += tokens;
   }
 

@@ -81,6 +81,15 @@ std::int64_t compact_head(EntryPool<Storage>& pool, const HeadLayout& head, std:
   return new_length;
 }
 
+// Writes `tokens` entries (keys/values [tokens, d] fp32, meta [tokens]) at indices first.. of a head
+// whose layout already covers them.
+template <class Storage>
+void write_entries(EntryPool<Storage>& pool, const HeadLayout& head, std::int64_t first, std::int64_t tokens,
+                   const float* keys, const float* values, const EntryMeta* meta) {
+  const int d = pool.head_dim();
+  for (std::int64_t i = 0; i < tokens; ++i) pool.write(head.slot(first + i), keys + i * d, values + i * d, meta[i]);
+}
+
 // ||k||_2 of a key as the engine handed it (fp32), for the KNorm scores (SPEC §1).
 inline float key_norm(const float* k, int d) {
   double s = 0.0;
