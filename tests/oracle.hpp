@@ -71,7 +71,7 @@ void per_head(const CacheShape&, Heads& heads, std::int64_t n, const Scorer& s, 
     std::sort(r.begin(), r.end(), before);
     std::vector<std::size_t> keep;
     for (std::size_t i = 0; i < r.size(); ++i)
-      if (p.threshold > 0 ? r[i].score >= std::log(static_cast<float>(p.threshold)) : static_cast<std::int64_t>(i) < p.budget)
+      if (p.threshold > 0 ? r[i].score >= static_cast<float>(std::log(p.threshold)) : static_cast<std::int64_t>(i) < p.budget)
         keep.push_back(r[i].index);
     keep_only(heads[h], keep);
   }
@@ -90,7 +90,7 @@ void pooled(Heads& heads, std::size_t first, std::size_t last, std::int64_t n, c
   std::map<std::int64_t, std::vector<std::size_t>> keep;
   if (p.threshold > 0) {
     for (auto& r : all)
-      if (r.score >= std::log(static_cast<float>(p.threshold))) keep[r.head].push_back(r.index);
+      if (r.score >= static_cast<float>(std::log(p.threshold))) keep[r.head].push_back(r.index);
   } else if (p.floor_ratio == 0.0) {
     for (std::size_t i = 0; i < all.size() && static_cast<std::int64_t>(i) < K; ++i) keep[all[i].head].push_back(all[i].index);
   } else {

@@ -224,7 +224,7 @@ TEST_CASE("every rejected call leaves the cache exactly as it was (SPEC §7)") {
                    "log_beta[layer 1, head 1, token 2] = 0.25");
   bad = d;
   bad.v[40] = std::numeric_limits<float>::infinity();
-  expect_unchanged([&] { cache.step(1, view4(bad.k, 3), view4(bad.v, 3), lb3(bad.lb, 3)); }, "non-finite value");
+  expect_unchanged([&] { cache.step(1, view4(bad.k, 3), view4(bad.v, 3), lb3(bad.lb, 3)); }, "not finite in float32 at flat index 16");
   expect_unchanged([&] { cache.step(1, view4(d.k, 3), view4(d.v, 3), lb3(d.lb, 3), View<const float, 4>(d.q.data(), {L, 4, 3, D}), View<float, 4>{}); },
                    "out has shape [0, 0, 0, 0]");
   // the pool: 14 pages of 4; sequence 1 holds 5 tokens in 4 heads (8 pages, 6 free). 4 more tokens
@@ -286,4 +286,28 @@ TEST_CASE("fp16 and bf16 storage caches run the same policy") {
     CHECK(rel_error(a.out.data(), d.out.data(), d.out.size()) <= 2e-3);
     CHECK(rel_error(b.out.data(), d.out.data(), d.out.size()) <= 1e-2);
   }
+}
+
+TEST_CASE("values that are finite in fp32 but not in the storage dtype, non-finite queries, overflowing key norms") {
+  const CacheShape shape{1, 1, 1, 2};
+  TrimKVCache<cpu_backend, half> c16(shape, memory::Paged<16, half>(4), trimkv_evictor({.budget = 4, .buffer = 1}));
+  c16.add_sequence(0);
+  std::vector<float> k{70000.0f, 1.0f}, v{1.0f, 1.0f}, lb{-0.5f}, q{1.0f, std::nanf("")}, out(2);
+  auto kv = [](std::vector<float>& x) { return View<const float, 4>(x.data(), {1, 1, 1, 2}); };
+  CHECK_THROWS_WITH_AS(c16.step(0, kv(k), kv(v), View<const float, 3>(lb.data(), {1, 1, 1})),
+                       doctest::Contains("not finite in float16 at flat index 0 (key 70000"), Error);
+  CHECK(c16.length(0, 0, 0) == 0);
+  k[0] = 60000.0f;  // finite in fp16
+  CHECK_THROWS_WITH_AS(c16.step(0, kv(k), kv(v), View<const float, 3>(lb.data(), {1, 1, 1}), kv(q), View<float, 4>(out.data(), {1, 1, 1, 2})),
+                       doctest::Contains("queries hold nan at flat index 1"), Error);
+  CHECK(c16.length(0, 0, 0) == 0);
+  c16.step(0, kv(k), kv(v), View<const float, 3>(lb.data(), {1, 1, 1}));
+  CHECK(c16.length(0, 0, 0) == 1);
+
+  TrimKVKNormCache<> knorm(shape, memory::Paged<16>(4), trimkv_evictor({.budget = 4, .buffer = 1}));
+  knorm.add_sequence(0);
+  std::vector<float> big{3e38f, 3e38f};
+  CHECK_THROWS_WITH_AS(knorm.step(0, kv(big), kv(v), View<const float, 3>(lb.data(), {1, 1, 1})),
+                       doctest::Contains("the key's norm overflows fp32"), Error);
+  CHECK(knorm.length(0, 0, 0) == 0);
 }

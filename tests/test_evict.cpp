@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -90,6 +91,17 @@ TEST_CASE("global trigger is >= L Hkv (M + B), layer-wise is > Hkv (M + B) (SPEC
   CHECK(active == std::vector<std::uint8_t>{0, 0, 1, 1});
 }
 
+TEST_CASE("threshold bound is log(alpha) even for alpha outside fp32's range") {
+  const CacheShape shape{1, 1, 1, 4};
+  const float ninf = -std::numeric_limits<float>::infinity();
+  // alpha = 1e-50: log(alpha) = -115.13; a -inf score is below it, -100 above it
+  const auto keep = run_select(trimkv_evictor({.budget = 1, .buffer = 1, .threshold = 1e-50}), shape,
+                               {{ninf, -100.0f, -116.0f}}, {{0, 1, 2}});
+  CHECK(keep == std::vector<std::uint8_t>{0, 1, 0});
+  const auto huge = run_select(trimkv_evictor({.budget = 1, .buffer = 1, .threshold = 1e300}), shape, {{690.0f, 691.0f}}, {{0, 1}});
+  CHECK(huge == std::vector<std::uint8_t>{0, 1});  // log(1e300) = 690.78
+}
+
 TEST_CASE("floor_ratio quotas by hand (SPEC §2)") {
   // L = 1, Hkv = 2, M = 4, f = 0.5: K = 8, top floor(0.5 * 8) = 4 pooled, each head + floor(4 * 0.5) = 2.
   const CacheShape shape{1, 2, 2, 4};
@@ -107,6 +119,9 @@ TEST_CASE("invalid evictor parameters are rejected with the value named") {
   CHECK_THROWS_WITH_AS(trimkv_evictor({.budget = 4, .window = 5}).validate(shape), doctest::Contains("window w = 5"), Error);
   CHECK_THROWS_WITH_AS(trimkv_evictor({.threshold = -1}).validate(shape), doctest::Contains("threshold alpha = -1"), Error);
   CHECK_THROWS_WITH_AS(dbtrimkv_evictor({.floor_ratio = 1.0}).validate(shape), doctest::Contains("floor_ratio f = 1"), Error);
+  CHECK_THROWS_WITH_AS(dbtrimkv_layerwise_evictor({.floor_ratio = -0.5}).validate(shape), doctest::Contains("floor_ratio f = -0.5"), Error);
+  CHECK_THROWS_WITH_AS(dbtrimkv_evictor({.budget = std::int64_t{1} << 62, .buffer = 1}).validate(shape),
+                       doctest::Contains("exceeds 2^31 - 1 entries per head"), Error);
   CHECK_THROWS_WITH_AS(dbtrimkv_evictor({.floor_ratio = 0.2, .threshold = 0.1}).validate(shape),
                        doctest::Contains("exclusive"), Error);
 }
@@ -249,9 +264,10 @@ TEST_CASE("oracle: DBTrimKV layer-wise eviction") {
   differential(
       11, 800, score::Lookahead{2},
       [](const oracle::Params& p) {
-        return dbtrimkv_layerwise_evictor({.budget = p.budget, .buffer = p.buffer, .window = p.window, .threshold = p.threshold});
+        return dbtrimkv_layerwise_evictor({.budget = p.budget, .buffer = p.buffer, .floor_ratio = p.floor_ratio,
+                                           .window = p.window, .threshold = p.threshold});
       },
-      [](auto&&... a) { oracle::layer_wise(a...); }, true, false);
+      [](auto&&... a) { oracle::layer_wise(a...); }, true, true);
 }
 
 TEST_CASE("oracle: TRIM-KV on the contiguous allocator") {

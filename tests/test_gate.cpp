@@ -130,4 +130,15 @@ TEST_CASE("gate weights: missing tensor, wrong shape, non-finite values are name
                        doctest::Contains("tensor 'model.layers.0.self_attn.retention_gate.linear1.bias' is missing"), Error);
   CHECK_THROWS_WITH_AS(gate::TiedGate::load(f2, {1, D, H, 8}), doctest::Contains("proj.weight' is missing"), Error);
   CHECK_THROWS_WITH_AS(gate::RetentionGate::load(f2, {1, 0, H, I}), doctest::Contains("hidden = 0"), Error);
+  // a hidden state with a NaN is named, not turned into a NaN log_beta
+  st::Writer w4;
+  w4.add_f32(p + "linear1.weight", {I, D}, std::vector<float>(I * D, 0.1f));
+  w4.add_f32(p + "linear1.bias", {I}, std::vector<float>(I, 0.1f));
+  w4.add_f32(p + "linear2.weight", {H, I}, std::vector<float>(I * H, 0.1f));
+  w4.add_f32(p + "bias", {H}, std::vector<float>(H, 9.0f));
+  const auto g = gate::RetentionGate::load(st::File::parse(w4.bytes()), {1, D, H, I});
+  std::vector<float> x(D, 1.0f), lb(H);
+  x[2] = std::nanf("");
+  CHECK_THROWS_WITH_AS(g.forward(0, View<const float, 2>(x.data(), {1, D}), View<float, 2>(lb.data(), {H, 1})),
+                       doctest::Contains("RetentionGate: x holds nan at flat index 2"), Error);
 }

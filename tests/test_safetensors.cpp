@@ -74,6 +74,9 @@ TEST_CASE("safetensors: every malformed file is an error naming the tensor and t
   expect_error(image(R"({"w":{"dtype":"F32","shape":[4611686018427387904,4],"data_offsets":[0,8]}})", 8), "overflows");
   expect_error(image(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", 12),
                "data of tensor 'b' [4, 12) overlaps tensor 'a' [0, 8)");
+  // an empty tensor between two overlapping ones does not hide the overlap
+  expect_error(image(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"e":{"dtype":"F32","shape":[0],"data_offsets":[4,4]},"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", 8),
+               "data of tensor 'b' [4, 8) overlaps tensor 'a' [0, 8)");
   const auto f = st::File::parse(image(ok, 8), "x.safetensors");
   CHECK_THROWS_WITH_AS(f.floats("v"), doctest::Contains("'x.safetensors': tensor 'v' is missing"), Error);
   CHECK_THROWS_WITH_AS(f.floats("w", {3}), doctest::Contains("tensor 'w' has shape [2], expected [3]"), Error);

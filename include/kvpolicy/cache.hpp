@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "kvpolicy/core/concepts.hpp"
+#include "kvpolicy/core/dtype.hpp"
 #include "kvpolicy/core/error.hpp"
 #include "kvpolicy/core/shape.hpp"
 #include "kvpolicy/core/view.hpp"
@@ -111,6 +112,7 @@ class Cache {
     const std::array<std::int64_t, 3> qshape{shape_.q_heads, st.pending, shape_.head_dim};
     require_shape(queries, qshape, "Cache::attend: queries");
     require_shape(View<const float, 3>(out), qshape, "Cache::attend: out");
+    check_queries(queries, layer);
     attend_layer(seq, st, layer, queries, out);
   }
 
@@ -201,8 +203,10 @@ class Cache {
       require_shape(s.queries, {shape_.layers, shape_.q_heads, T, shape_.head_dim}, "Cache::step: queries");
       require_shape(View<const float, 4>(s.out), {shape_.layers, shape_.q_heads, T, shape_.head_dim}, "Cache::step: out");
     }
-    for (int l = 0; l < shape_.layers; ++l)
+    for (int l = 0; l < shape_.layers; ++l) {
       check_layer_inputs(l, T, layer_of(s.keys, l), layer_of(s.values, l), layer_of(s.log_beta, l));
+      if (s.queries.data != nullptr) check_queries(layer_of(s.queries, l), l);
+    }
   }
   EvictionReport run_step(const SequenceStep& s, std::vector<EvictedEntry>* evicted) {
     SequenceState& st = state_of(s.seq);
@@ -247,10 +251,22 @@ class Cache {
         require(!std::isnan(lb) && lb <= 0.0f, "Cache::append: log_beta[layer ", layer, ", head ", h, ", token ", t,
                 "] = ", lb, " is not in [-inf, 0]");
       }
+    // K/V must stay finite in the storage dtype (70000 is finite in fp32, +inf in fp16).
     for (std::int64_t i = 0; i < keys.size(); ++i)
-      require(std::isfinite(keys.data[i]) && std::isfinite(values.data[i]), "Cache::append: layer ", layer,
-              " keys/values hold a non-finite value at flat index ", i, " (key ", keys.data[i], ", value ",
-              values.data[i], ")");
+      require(std::isfinite(to_float(from_float<storage_type>(keys.data[i]))) &&
+                  std::isfinite(to_float(from_float<storage_type>(values.data[i]))),
+              "Cache::append: layer ", layer, " keys/values hold a value that is not finite in ",
+              dtype_name<storage_type>(), " at flat index ", i, " (key ", keys.data[i], ", value ", values.data[i], ")");
+    if constexpr (S::needs_key_norm)  // SPEC §1 knorm: log ||k|| must be finite for the score to be
+      for (std::int64_t h = 0; h < shape_.kv_heads; ++h)
+        for (std::int64_t t = 0; t < T; ++t)
+          require(std::isfinite(memory::key_norm(&keys(h, t, 0), shape_.head_dim)), "Cache::append: layer ", layer,
+                  " head ", h, " token ", t, ": the key's norm overflows fp32");
+  }
+  void check_queries(View<const float, 3> queries, int layer) const {
+    for (std::int64_t i = 0; i < queries.size(); ++i)
+      require(std::isfinite(queries.data[i]), "Cache::attend: layer ", layer, " queries hold ", queries.data[i],
+              " at flat index ", i);
   }
 
   void write_layer(std::int64_t seq, SequenceState& st, int layer, std::int64_t T, View<const float, 3> keys,

@@ -25,7 +25,7 @@ inline evict::Global dbtrimkv_evictor(const DBTrimKVConfig& c = {}) {
   return evict::Global{c.budget, c.buffer, c.floor_ratio, c.window, c.threshold};
 }
 inline evict::LayerWise dbtrimkv_layerwise_evictor(const DBTrimKVConfig& c = {}) {
-  return evict::LayerWise{c.budget, c.buffer, c.window, c.threshold};
+  return evict::LayerWise{c.budget, c.buffer, c.window, c.threshold, c.floor_ratio};
 }
 inline score::Lookahead dbtrimkv_scorer(const DBTrimKVConfig& c = {}) { return score::Lookahead{c.horizon}; }
 

@@ -52,6 +52,11 @@ concept Allocator = requires(A& a, const A& ca, const CacheShape& shape, std::in
   { ca.has_sequence(seq) } -> std::same_as<bool>;
   { ca.length(seq, layer, head) } -> std::same_as<std::int64_t>;
   { ca.can_append(seq, std::int64_t{1}) } -> std::same_as<bool>;
+  { ca.can_append(seq, std::int64_t{1}, layer) } -> std::same_as<bool>;
+  a.append(seq, layer, head, std::int64_t{1}, static_cast<const float*>(nullptr), static_cast<const float*>(nullptr),
+           static_cast<const EntryMeta*>(nullptr));
+  ca.layout(seq, layer, head);  // a memory::HeadLayout: block table, page size, length
+  ca.pool();                    // the memory::EntryPool the layouts index
   { a.compact(seq, layer, head, keep) } -> std::same_as<std::int64_t>;
   { ca.pages_free() } -> std::convertible_to<std::int64_t>;
   { ca.pages_total() } -> std::convertible_to<std::int64_t>;

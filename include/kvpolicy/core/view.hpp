@@ -3,6 +3,7 @@
 #pragma once
 
 #include <array>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <sstream>
@@ -66,6 +67,13 @@ void require_shape(const View<T, Rank>& v, const std::type_identity_t<std::array
     fail(what, " has shape ", v.shape_string(), ", expected ", e.shape_string());
   }
   require(v.data != nullptr || v.size() == 0, what, " is a null view of shape ", v.shape_string());
+}
+
+// Throws unless every element of `v` is finite, naming the first that is not.
+template <class T, int Rank>
+void require_finite(const View<T, Rank>& v, const char* what) {
+  for (std::int64_t i = 0; i < v.size(); ++i)
+    require(std::isfinite(static_cast<double>(v.data[i])), what, " holds ", v.data[i], " at flat index ", i);
 }
 
 }  // namespace kvpolicy

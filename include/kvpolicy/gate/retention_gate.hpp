@@ -73,6 +73,7 @@ class RetentionGate {
             config_.layers, ")");
     const std::int64_t T = x.dim(0);
     require_shape(x, {T, config_.hidden}, "RetentionGate: x");
+    require_finite(x, "RetentionGate: x");
     require_shape(View<const float, 2>(log_beta), {config_.kv_heads, T}, "RetentionGate: log_beta");
     const Layer& w = layers_[static_cast<std::size_t>(layer)];
     const Eigen::Map<const RowMatrix> X(x.data, T, config_.hidden);

@@ -184,12 +184,14 @@ class File {
       TensorInfo t = parse_entry(it.key(), *it, data_size);
       tensors_.emplace(t.name, std::move(t));
     }
-    for (const auto& kv : tensors_) by_offset.push_back(&kv.second);
+    // Non-empty ranges sorted by begin overlap iff some neighbours do (empty ones hold no bytes).
+    for (const auto& kv : tensors_)
+      if (kv.second.end > kv.second.begin) by_offset.push_back(&kv.second);
     std::sort(by_offset.begin(), by_offset.end(), [](auto* a, auto* b) { return a->begin < b->begin; });
     for (std::size_t i = 1; i < by_offset.size(); ++i) {
       const TensorInfo& a = *by_offset[i - 1];
       const TensorInfo& b = *by_offset[i];
-      require(b.begin >= a.end || b.begin == b.end || a.begin == a.end, "safetensors '", source_,
+      require(b.begin >= a.end, "safetensors '", source_,
               "': data of tensor '", b.name, "' [", b.begin, ", ", b.end, ") overlaps tensor '", a.name, "' [",
               a.begin, ", ", a.end, ")");
     }

@@ -52,6 +52,7 @@ class TiedGate {
     require(layer >= 0 && layer < config_.layers, "TiedGate: layer ", layer, " out of range [0, ", config_.layers, ")");
     const std::int64_t T = x.dim(0);
     require_shape(x, {T, config_.hidden}, "TiedGate: x");
+    require_finite(x, "TiedGate: x");
     require_shape(View<const float, 2>(log_beta), {config_.kv_heads, T}, "TiedGate: log_beta");
     const auto l = static_cast<std::size_t>(layer);
     const Eigen::Map<const RowMatrix> X(x.data, T, config_.hidden);

@@ -29,6 +29,8 @@ class Contiguous {
     tables_.bind(shape, "memory::Contiguous");
     const std::int64_t regions = max_sequences_ * shape.heads_total();
     require(regions <= std::int64_t{INT32_MAX}, "memory::Contiguous: ", regions, " regions exceed 2^31 - 1");
+    require(capacity_ <= INT64_MAX / 4 / regions / shape.head_dim, "memory::Contiguous: capacity ", capacity_, " x ",
+            regions, " regions x head_dim ", shape.head_dim, " overflows the pool's size");
     pool_.resize(regions * capacity_, shape.head_dim);
     free_.clear();
     for (std::int64_t s = max_sequences_ - 1; s >= 0; --s) free_.push_back(s);

@@ -31,6 +31,8 @@ class Paged {
   // Sizes the pool for a model geometry; called once by the Cache that owns this allocator.
   void bind(const CacheShape& shape) {
     tables_.bind(shape, "memory::Paged");
+    require(pages_ <= INT64_MAX / 4 / PageSize / shape.head_dim, "memory::Paged: ", pages_, " pages x ", PageSize,
+            " slots x head_dim ", shape.head_dim, " overflows the pool's size");
     pool_.resize(pages_ * PageSize, shape.head_dim);
     free_.resize(static_cast<std::size_t>(pages_));
     // Pop from the back, so page 0 is handed out first.

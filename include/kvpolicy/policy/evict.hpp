@@ -27,6 +27,9 @@ struct Buffered {
   void validate(const char* who) const {
     require(budget >= 1, who, ": budget M = ", budget, " must be >= 1");
     require(buffer >= 1, who, ": buffer B = ", buffer, " must be >= 1");
+    // a head never holds more than 2^31 - 1 entries (positions are int32), and M + B stays exact
+    require(budget <= INT32_MAX - buffer, who, ": budget M = ", budget, " plus buffer B = ", buffer,
+            " exceeds 2^31 - 1 entries per head");
   }
   KVPOLICY_HD bool fires(std::int64_t length) const { return length >= budget + buffer; }
 };
@@ -37,10 +40,20 @@ namespace evict {
 
 namespace detail {
 
+// The threshold bound log(alpha) (SPEC §1), formed in double so that an alpha outside fp32's range
+// still gives its finite log.
+inline float log_alpha(double alpha) { return static_cast<float>(std::log(alpha)); }
+
 inline void validate_common(const char* who, std::int64_t budget, std::int64_t window, double threshold) {
   require(window >= 0 && window <= budget, who, ": window w = ", window, " must be in [0, budget M = ", budget, "]");
   require(threshold == 0.0 || (std::isfinite(threshold) && threshold > 0.0), who, ": threshold alpha = ", threshold,
           " must be > 0 and finite (0 disables the threshold variant)");
+}
+
+inline void validate_floor(const char* who, double floor_ratio, double threshold) {
+  require(floor_ratio >= 0.0 && floor_ratio < 1.0, who, ": floor_ratio f = ", floor_ratio, " must be in [0, 1)");
+  require(!(floor_ratio > 0.0 && threshold > 0.0), who, ": floor_ratio = ", floor_ratio, " and threshold = ", threshold,
+          " are exclusive variants; set one of them");
 }
 
 // The scores the selection ranks: the given ones with each active head's window protected (+inf).
@@ -122,7 +135,7 @@ struct PerHead {
       const auto n = static_cast<std::size_t>(s.length(h));
       const auto seg = std::span<const float>(score).subspan(b, n);
       if (threshold > 0.0)
-        rank::keep_at_least(seg, std::log(static_cast<float>(threshold)), keep.subspan(b, n));
+        rank::keep_at_least(seg, detail::log_alpha(threshold), keep.subspan(b, n));
       else
         rank::keep_top_k(seg, s.position.subspan(b, n), rule.budget, keep.subspan(b, n));
     }
@@ -136,11 +149,13 @@ struct LayerWise {
   std::int64_t buffer = 128;
   std::int64_t window = 0;
   double threshold = 0.0;
+  double floor_ratio = 0.0;  // the global rule's quotas, applied within each layer
 
   void validate(const CacheShape& shape) const {
     shape.validate();
     trigger::Buffered{budget, buffer}.validate("evict::LayerWise");
     detail::validate_common("evict::LayerWise", budget, window, threshold);
+    detail::validate_floor("evict::LayerWise", floor_ratio, threshold);
   }
   bool trigger(const CacheShape& shape, std::span<const std::int64_t> lengths, std::span<std::uint8_t> active) const {
     bool any = false;
@@ -160,10 +175,10 @@ struct LayerWise {
       if (threshold > 0.0) {
         const auto b = static_cast<std::size_t>(s.offsets[first]);
         const auto n = static_cast<std::size_t>(s.offsets[last] - s.offsets[first]);
-        rank::keep_at_least(std::span<const float>(score).subspan(b, n), std::log(static_cast<float>(threshold)),
+        rank::keep_at_least(std::span<const float>(score).subspan(b, n), detail::log_alpha(threshold),
                             keep.subspan(b, n));
       } else if (s.offsets[last] > s.offsets[first]) {
-        detail::select_pooled(s, score, first, last, std::int64_t{shape.kv_heads} * budget, budget, 0.0, keep);
+        detail::select_pooled(s, score, first, last, std::int64_t{shape.kv_heads} * budget, budget, floor_ratio, keep);
       }
     }
   }
@@ -183,10 +198,7 @@ struct Global {
     shape.validate();
     trigger::Buffered{budget, buffer}.validate("evict::Global");
     detail::validate_common("evict::Global", budget, window, threshold);
-    require(floor_ratio >= 0.0 && floor_ratio < 1.0, "evict::Global: floor_ratio f = ", floor_ratio,
-            " must be in [0, 1)");
-    require(!(floor_ratio > 0.0 && threshold > 0.0), "evict::Global: floor_ratio = ", floor_ratio,
-            " and threshold = ", threshold, " are exclusive variants; set one of them");
+    detail::validate_floor("evict::Global", floor_ratio, threshold);
   }
   bool trigger(const CacheShape& shape, std::span<const std::int64_t> lengths, std::span<std::uint8_t> active) const {
     const std::int64_t total = std::accumulate(lengths.begin(), lengths.end(), std::int64_t{0});
@@ -197,7 +209,7 @@ struct Global {
   void select(const CacheShape& shape, const SegmentedScores& s, std::span<std::uint8_t> keep) const {
     const auto score = detail::protected_scores(s, window);
     if (threshold > 0.0)
-      rank::keep_at_least(score, std::log(static_cast<float>(threshold)), keep);
+      rank::keep_at_least(score, detail::log_alpha(threshold), keep);
     else
       detail::select_pooled(s, score, 0, s.segments(), shape.heads_total() * budget, budget, floor_ratio, keep);
   }
