@@ -82,11 +82,38 @@ TEST_CASE("dense reference by hand") {
                     std::span(kp, 2), std::span(qp, 1), View<float, 2>(out, {1, 2}));
   CHECK(out[0] == doctest::Approx(4.0f));
   CHECK(out[1] == doctest::Approx(6.0f));
+  // unequal logits: q = (1, 0), keys (1, 0) and (0, 0), d = 2: weights e^(1/sqrt 2) : 1
+  {
+    const float k2[4] = {1, 0, 0, 0};
+    cpu::attend_dense(View<const float, 2>(q, {1, 2}), View<const float, 2>(k2, {2, 2}), View<const float, 2>(v, {2, 2}),
+                      std::span(kp, 2), std::span(qp, 1), View<float, 2>(out, {1, 2}));
+    const double w = std::exp(1.0 / std::sqrt(2.0)), p0 = w / (w + 1), p1 = 1 / (w + 1);
+    CHECK(out[0] == doctest::Approx(p0 * 2 + p1 * 6));
+    CHECK(out[1] == doctest::Approx(p0 * 4 + p1 * 8));
+    // the paged path on the same entries
+    memory::Paged<1> a(4);
+    a.bind(CacheShape{1, 1, 1, 2});
+    a.add_sequence(0);
+    const EntryMeta m[2] = {{0, 0.0f, 0.0f}, {1, 0.0f, 0.0f}};
+    a.append(0, 0, 0, 2, k2, v, m);
+    float paged[2];
+    cpu::attend_paged(a.pool(), a.layout(0, 0, 0), 0, 1, View<const float, 3>(q, {1, 1, 2}), std::span(qp, 1),
+                      View<float, 3>(paged, {1, 1, 2}));
+    CHECK(paged[0] == doctest::Approx(p0 * 2 + p1 * 6));
+    CHECK(paged[1] == doctest::Approx(p0 * 4 + p1 * 8));
+    // a query that sees none of the keys gets zeros on the paged path too
+    const std::int32_t before[1] = {-1};
+    cpu::attend_paged(a.pool(), a.layout(0, 0, 0), 0, 1, View<const float, 3>(q, {1, 1, 2}), std::span(before, 1),
+                      View<float, 3>(paged, {1, 1, 2}));
+    CHECK(paged[0] == 0.0f);
+    CHECK(paged[1] == 0.0f);
+  }
   // a query that sees no key (all keys in its future) gets zeros
   const std::int32_t early[1] = {-1};
   cpu::attend_dense(View<const float, 2>(q, {1, 2}), View<const float, 2>(k, {2, 2}), View<const float, 2>(v, {2, 2}),
                     std::span(kp, 2), std::span(early, 1), View<float, 2>(out, {1, 2}));
   CHECK(out[0] == 0.0f);
+  CHECK(out[1] == 0.0f);
 }
 
 TEST_CASE("paged ragged attention matches the dense reference: fp32, fp16, bf16, GQA, causal chunks") {

@@ -159,7 +159,7 @@ TEST_CASE("attention through the cache equals dense attention over the survivors
   }
 }
 
-TEST_CASE("several sequences share one pool; removing one returns its pages") {
+TEST_CASE("several sequences share one pool, and removing one returns its pages") {
   const CacheShape shape{1, 2, 2, 4};
   DBTrimKVCache<cpu_backend, float, 4> cache(shape, memory::Paged<4>(64), dbtrimkv_evictor({.budget = 4, .buffer = 2}));
   std::mt19937_64 rng(3);
@@ -221,7 +221,7 @@ TEST_CASE("every rejected call leaves the cache exactly as it was (SPEC §7)") {
   bad = d;
   bad.lb[11] = 0.25f;
   expect_unchanged([&] { cache.step(1, view4(bad.k, 3), view4(bad.v, 3), lb3(bad.lb, 3)); },
-                   "log_beta[layer 1, head 1, token 2] = 0.25");
+                   "log_beta[layer 1, head 1, token 2 of the step (position 7)] = 0.25");
   bad = d;
   bad.v[40] = std::numeric_limits<float>::infinity();
   expect_unchanged([&] { cache.step(1, view4(bad.k, 3), view4(bad.v, 3), lb3(bad.lb, 3)); }, "not finite in float32 at flat index 16");
@@ -310,4 +310,63 @@ TEST_CASE("values that are finite in fp32 but not in the storage dtype, non-fini
   CHECK_THROWS_WITH_AS(knorm.step(0, kv(big), kv(v), View<const float, 3>(lb.data(), {1, 1, 1})),
                        doctest::Contains("the key's norm overflows fp32"), Error);
   CHECK(knorm.length(0, 0, 0) == 0);
+}
+
+namespace {
+// Drops every token whose log_beta is below -1 at write time (a stand-in for write-time admission).
+struct DropFastDecay {
+  Admission admit(EntryMeta m) const { return m.log_beta < -1.0f ? Admission::drop : Admission::keep; }
+};
+static_assert(Admitter<DropFastDecay>);
+}  // namespace
+
+TEST_CASE("an admitter's dropped tokens are never stored, and kept ones keep their positions") {
+  const CacheShape shape{1, 1, 1, 2};
+  Cache<score::RetentionDecay, DropFastDecay, evict::PerHead<>, memory::Paged<4>, cpu_backend> cache(
+      shape, memory::Paged<4>(8), trimkv_evictor({.budget = 8, .buffer = 1}));
+  cache.add_sequence(0);
+  std::vector<float> k{1, 0, 0, 1, 1, 1}, lb{-0.5f, -2.0f, -0.1f};
+  cache.step(0, View<const float, 4>(k.data(), {1, 1, 3, 2}), View<const float, 4>(k.data(), {1, 1, 3, 2}),
+             View<const float, 3>(lb.data(), {1, 1, 3}));
+  CHECK(cache.tokens(0) == 3);
+  REQUIRE(cache.length(0, 0, 0) == 2);
+  CHECK(cache.entry(0, 0, 0, 0).position == 0);
+  CHECK(cache.entry(0, 0, 0, 1).position == 2);
+  CHECK(cache.entry(0, 0, 0, 1).log_beta == -0.1f);
+  CHECK_THROWS_WITH_AS(cache.entry(0, 0, 0, 2), doctest::Contains("index 2 out of range [0, 2)"), Error);
+}
+
+TEST_CASE("layer API: out of memory for one layer, wrong query shapes, and step() during an open step") {
+  const CacheShape shape{2, 1, 2, 2};
+  using C = TrimKVCache<cpu_backend, float, 4>;
+  C cache(shape, memory::Paged<4>(3), trimkv_evictor({.budget = 8, .buffer = 1}));
+  cache.add_sequence(0);
+  std::vector<float> k(2 * 5 * 2, 0.5f), lb(2 * 5, -0.1f), q(2 * 5 * 2, 1.0f), out(q.size());
+  // 5 tokens take 2 pages per head: layer 0 fits (3 free), then layer 1 does not (1 free)
+  cache.append(0, 0, View<const float, 3>(k.data(), {1, 5, 2}), View<const float, 3>(k.data(), {1, 5, 2}),
+               View<const float, 2>(lb.data(), {1, 5}));
+  CHECK_THROWS_WITH_AS(cache.append(0, 1, View<const float, 3>(k.data(), {1, 5, 2}), View<const float, 3>(k.data(), {1, 5, 2}),
+                                    View<const float, 2>(lb.data(), {1, 5})),
+                       doctest::Contains("out of memory: sequence 0 layer 1 cannot take 5"), Error);
+  CHECK(cache.length(0, 1, 0) == 0);
+  CHECK_THROWS_WITH_AS(cache.attend(0, 0, View<const float, 3>(q.data(), {2, 4, 2}), View<float, 3>(out.data(), {2, 4, 2})),
+                       doctest::Contains("queries has shape [2, 4, 2], expected [2, 5, 2]"), Error);
+  q[3] = std::numeric_limits<float>::infinity();
+  CHECK_THROWS_WITH_AS(cache.attend(0, 0, View<const float, 3>(q.data(), {2, 5, 2}), View<float, 3>(out.data(), {2, 5, 2})),
+                       doctest::Contains("queries hold inf at flat index 3"), Error);
+  CHECK_THROWS_WITH_AS(cache.step(0, View<const float, 4>(k.data(), {2, 1, 1, 2}), View<const float, 4>(k.data(), {2, 1, 1, 2}),
+                                  View<const float, 3>(lb.data(), {2, 1, 1})),
+                       doctest::Contains("has a step open by append()"), Error);
+  CHECK(cache.length(0, 0, 0) == 5);
+  CHECK(cache.tokens(0) == 0);
+}
+
+TEST_CASE("shapes and evictor parameters are validated") {
+  CHECK_THROWS_WITH_AS(CacheShape({0, 1, 1, 1}).validate(), doctest::Contains("layers = 0"), Error);
+  CHECK_THROWS_WITH_AS(CacheShape({1, 1, 1, 0}).validate(), doctest::Contains("head_dim = 0"), Error);
+  CHECK_THROWS_WITH_AS(CacheShape({1, 2, 1, 4}).validate(), doctest::Contains("q_heads = 1"), Error);
+  CHECK_THROWS_WITH_AS(trimkv_evictor({.budget = 4, .window = -1}).validate(CacheShape{1, 1, 1, 1}),
+                       doctest::Contains("window w = -1"), Error);
+  CHECK_THROWS_WITH_AS(trimkv_evictor({.threshold = std::numeric_limits<double>::infinity()}).validate(CacheShape{1, 1, 1, 1}),
+                       doctest::Contains("threshold alpha = inf"), Error);
 }

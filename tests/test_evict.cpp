@@ -45,17 +45,21 @@ TEST_CASE("per-head buffered trigger fires at len >= M + B (SPEC §1)") {
   CHECK_FALSE(e.trigger(shape, lengths, active));
 }
 
-TEST_CASE("ties go to the larger position; across heads to the lower (layer, head) (SPEC, Ties)") {
+TEST_CASE("ties go to the larger position, across heads to the lower (layer, head) (SPEC, Ties)") {
   const CacheShape shape{1, 2, 2, 4};
   // all scores equal: per head the newest M survive
   const auto keep = run_select(trimkv_evictor({.budget = 2, .buffer = 1}), shape, {{0, 0, 0, 0}, {}},
                                {{7, 3, 9, 1}, {}});
   CHECK(keep == std::vector<std::uint8_t>{1, 0, 1, 0});
-  // global: equal score and position in two heads, budget for 3 of 4: head 0 wins the last seat
+  // global, K = L*Hkv*M = 2 of 4 equal scores: the two position-5 entries (one per head) win
   const auto g = run_select(evict::Global{1, 1, 0.0, 0, 0.0}, CacheShape{1, 2, 2, 4}, {{-1, -1}, {-1, -1}},
                             {{5, 4}, {5, 4}});
-  // K = L*Hkv*M = 2: both position-5 entries (head 0 then head 1)
   CHECK(g == std::vector<std::uint8_t>{1, 0, 1, 0});
+  // L = 1, Hkv = 3, M = 1: K = 3 seats for 4 entries tied at (score -1, position 5) in heads 0, 1, 2
+  // and a better one in head 2: heads 0 and 1 win the tie, head 2's tied entry loses
+  const auto g2 = run_select(evict::Global{1, 1, 0.0, 0, 0.0}, CacheShape{1, 3, 3, 4}, {{-1}, {-1}, {-1, 0}},
+                             {{5}, {5}, {5, 1}});
+  CHECK(g2 == std::vector<std::uint8_t>{1, 1, 0, 1});
   // K = 2: the (0, pos 1) entry of head 1 first, then the tie (-1, pos 5) in heads 0 and 1: head 0 wins
   const auto g3 = run_select(evict::Global{1, 1, 0.0, 0, 0.0}, CacheShape{1, 2, 2, 4}, {{-1}, {-1, 0}}, {{5}, {5, 1}});
   CHECK(g3 == std::vector<std::uint8_t>{1, 0, 1});

@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <limits>
+#include <random>
 
 #include "kvpolicy/core/dtype.hpp"
 #include "kvpolicy/core/math.hpp"
@@ -31,7 +32,7 @@ TEST_CASE("lookahead ratio: log((1-beta^h)/(1-beta)) via expm1 (SPEC §2, Eq. 9)
   CHECK(math::lookahead_log_ratio(static_cast<float>(std::log(0.9)), 3) == doctest::Approx(std::log(2.71)));
   // beta within 1e-8 of 1: the naive fp32 form divides 0 by 0; the ratio tends to log(h).
   CHECK(math::lookahead_log_ratio(-1e-8f, 4) == doctest::Approx(std::log(4.0)).epsilon(1e-6));
-  CHECK(std::isfinite(math::lookahead_log_ratio(-1e-30f, 4)));
+  CHECK(math::lookahead_log_ratio(-1e-30f, 4) == doctest::Approx(std::log(4.0)));
   CHECK(math::lookahead_log_ratio(-std::numeric_limits<float>::infinity(), 3) == 0.0f);  // beta -> 0: G = beta^e
 }
 
@@ -47,6 +48,23 @@ TEST_CASE("fp16 and bf16 conversion rounds to nearest even and keeps specials") 
   CHECK(to_float(from_float<bfloat16>(1.0f + 1.0f / 256)) == 1.0f);  // tie -> even
   CHECK(to_float(from_float<bfloat16>(-3.5f)) == -3.5f);
   CHECK(std::isnan(to_float(from_float<bfloat16>(std::nanf("")))));
+  CHECK(to_float(from_float<half>(65519.99f)) == 65504.0f);
+  CHECK(to_float(from_float<half>(-65504.0f)) == -65504.0f);
+  CHECK(std::isinf(to_float(from_float<bfloat16>(3.4e38f))));  // rounds past bf16's largest finite
+  CHECK(to_float(from_float<bfloat16>(-1.0f - 3.0f / 256)) == -1.0f - 4.0f / 256);  // tie -> even, negative
+#if defined(__FLT16_MAX__)
+  // every float rounds as the compiler's own _Float16 conversion does (RNE, subnormals, overflow)
+  std::mt19937 rng(3);
+  std::uniform_int_distribution<std::uint32_t> bits;
+  for (int i = 0; i < 200000; ++i) {
+    std::uint32_t u = bits(rng);
+    if (i % 2) u = (u & 0x80000000u) | (0x33000000u + u % 0x0f000000u);  // half's range, subnormals included
+    const float f = dtype::bits_float(u);
+    if (std::isnan(f)) continue;
+    const auto want = static_cast<float>(static_cast<_Float16>(f));
+    REQUIRE_MESSAGE(to_float(from_float<half>(f)) == want, "float bits ", u);
+  }
+#endif
   // every half bit pattern survives half -> float -> half
   for (std::uint32_t b = 0; b < 0x10000u; ++b) {
     const float f = dtype::half_to_float(static_cast<std::uint16_t>(b));

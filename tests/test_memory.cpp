@@ -127,10 +127,40 @@ TEST_CASE("contiguous: one region per head, capacity errors change nothing, regi
   CHECK(a.length(10, 0, 1) == 5);
   CHECK(to_float(a.pool().key(a.layout(10, 0, 1).slot(4))[0]) == 4.0f);  // stored as fp16
   std::vector<std::uint8_t> keep{0, 1, 0, 1, 1};
+  CHECK_THROWS_WITH_AS(a.compact(10, 0, 1, std::span<const std::uint8_t>(keep).first(4)),
+                       doctest::Contains("keep has 4 flags, the head holds 5 entries"), Error);
   CHECK(a.compact(10, 0, 1, keep) == 2);
   CHECK(a.length(10, 0, 1) == 3);
+  // survivors 1, 3, 4: those above the new length (3, 4) filled the holes at indices 0 and 2
+  std::vector<std::int32_t> survivors;
+  for (std::int64_t i = 0; i < 3; ++i) survivors.push_back(a.pool().meta(a.layout(10, 0, 1).slot(i)).position);
+  CHECK(survivors == std::vector<std::int32_t>{3, 1, 4});
+  CHECK(to_float(a.pool().key(a.layout(10, 0, 1).slot(0))[0]) == 3.0f);
   a.remove_sequence(10);
   a.add_sequence(12);
   CHECK(a.length(12, 0, 1) == 0);
   CHECK(a.pages_free() + a.pages_used(11) + a.pages_used(12) == a.pages_total());
+}
+
+TEST_CASE("allocator arguments are validated") {
+  CHECK_THROWS_WITH_AS(memory::Paged<4>(0), doctest::Contains("pages = 0"), Error);
+  CHECK_THROWS_WITH_AS(memory::Paged<4>(std::int64_t{1} << 31), doctest::Contains("pages = 2147483648"), Error);
+  CHECK_THROWS_WITH_AS(memory::Contiguous<float>(0, 1), doctest::Contains("capacity = 0"), Error);
+  CHECK_THROWS_WITH_AS(memory::Contiguous<float>(4, 0), doctest::Contains("max_sequences = 0"), Error);
+  memory::Paged<4> a(8);
+  CHECK_THROWS_WITH_AS(a.add_sequence(0), doctest::Contains("add_sequence before bind"), Error);
+  CHECK_THROWS_WITH_AS(a.bind(CacheShape{1, 0, 1, 4}), doctest::Contains("kv_heads = 0"), Error);
+  a.bind(CacheShape{2, 1, 1, 2});
+  a.add_sequence(0);
+  CHECK_THROWS_WITH_AS(a.bind(CacheShape{1, 1, 1, 2}), doctest::Contains("already holds 1 sequences"), Error);
+  CHECK_THROWS_WITH_AS(a.append(0, 0, 0, -1, nullptr, nullptr, nullptr), doctest::Contains("tokens = -1 must be >= 0"), Error);
+  // per-layer accounting: only that layer's heads count
+  append_tokens(a, 0, 0, 0, 0, 16, 2);  // 4 pages for layer 0
+  CHECK(a.pages_needed(0, 1, 0) == 1);
+  CHECK(a.pages_needed(0, 1, 1) == 1);
+  CHECK(a.pages_needed(0, 1) == 2);
+  CHECK(a.can_append(0, 16, 1));
+  CHECK_FALSE(a.can_append(0, 17, 1));
+  CHECK_THROWS_WITH_AS(memory::Contiguous<float>(std::int64_t{1} << 60, 2).bind(CacheShape{1, 1, 1, 8}),
+                       doctest::Contains("overflows the pool's size"), Error);
 }

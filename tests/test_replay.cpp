@@ -3,6 +3,8 @@
 #include <doctest/doctest.h>
 
 #include <cstdio>
+#include <numeric>
+#include <unistd.h>
 #include <filesystem>
 #include <random>
 
@@ -20,8 +22,12 @@ std::vector<std::int64_t> oracle_evicted_at(const replay::Trace& tr, std::int64_
   const CacheShape shape{tr.layers, tr.kv_heads, tr.kv_heads, 1};
   oracle::Heads heads(static_cast<std::size_t>(shape.heads_total()));
   std::vector<std::int64_t> at(static_cast<std::size_t>(shape.heads_total() * tr.tokens), -1);
+  // the step schedule, written out again: one chunk of min(P, T) tokens, then one token per step
+  std::vector<std::int64_t> steps;
+  if (prefill > 0) steps.push_back(std::min(prefill, tr.tokens));
+  while (std::accumulate(steps.begin(), steps.end(), std::int64_t{0}) < tr.tokens) steps.push_back(1);
   std::int64_t n = 0;
-  for (auto len : replay::step_sizes(tr.tokens, prefill)) {
+  for (auto len : steps) {
     for (int l = 0; l < tr.layers; ++l)
       for (int h = 0; h < tr.kv_heads; ++h)
         for (std::int64_t t = n; t < n + len; ++t)
@@ -59,15 +65,20 @@ TEST_CASE("replay: evicted_at equals the oracle's for trimkv and dbtrimkv, with 
     o.budget = std::uniform_int_distribution<std::int64_t>(1, 10)(rng);
     o.buffer = std::uniform_int_distribution<std::int64_t>(1, 5)(rng);
     o.prefill = trial % 2 ? std::uniform_int_distribution<std::int64_t>(0, 60)(rng) : 0;
-    const oracle::Params p{o.budget, o.buffer, 0, 0.0, 0.0};
+    o.window = trial % 3 == 0 ? std::uniform_int_distribution<std::int64_t>(0, o.budget)(rng) : 0;
+    o.threshold = trial % 5 == 1 ? 0.3 : 0.0;
+    oracle::Params p{o.budget, o.buffer, o.window, o.threshold, 0.0};
     o.policy = "trimkv";
     const auto a = replay::replay(tr, o);
     CHECK(a.evicted_at == oracle_evicted_at(tr, o.prefill, score::RetentionDecay{}, [](auto&&... x) { oracle::per_head(x...); }, p));
     o.policy = "dbtrimkv";
     o.horizon = 3;
+    o.floor_ratio = o.threshold == 0.0 && trial % 4 == 2 ? 0.5 : 0.0;
+    p.floor_ratio = o.floor_ratio;
     const auto b = replay::replay(tr, o);
     CHECK(b.evicted_at == oracle_evicted_at(tr, o.prefill, score::Lookahead{3}, [](auto&&... x) { oracle::global(x...); }, p));
     CHECK(b.step_end.back() == tr.tokens);
+    CHECK(b.step_end.size() == (o.prefill > 0 ? 1 + tr.tokens - std::min(o.prefill, tr.tokens) : tr.tokens));
   }
 }
 
@@ -93,15 +104,21 @@ TEST_CASE("replay: a budget that never fills is the full cache (zero error, noth
 }
 
 TEST_CASE("trace files: round trip and shape errors") {
-  const auto dir = std::filesystem::temp_directory_path() / "kvpolicy_test_replay";
+  const auto dir = std::filesystem::temp_directory_path() / ("kvpolicy_test_replay_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   const auto tr = replay::synthetic_trace(1, 2, 2, 8, 20);
   const auto path = (dir / "t.safetensors").string();
   replay::write_trace(tr, path);
   const auto back = replay::read_trace(path);
   CHECK(back.log_beta == tr.log_beta);
+  CHECK(back.keys == tr.keys);
+  CHECK(back.values == tr.values);
   CHECK(back.queries == tr.queries);
+  CHECK(back.layers == 1);
+  CHECK(back.kv_heads == 2);
   CHECK(back.q_heads == 4);
+  CHECK(back.head_dim == 8);
+  CHECK(back.tokens == 20);
   safetensors::Writer w;
   w.add_f32("log_beta", {2, 3}, std::vector<float>(6, -0.1f));
   w.write((dir / "bad.safetensors").string());

@@ -40,7 +40,10 @@ TEST_CASE("safetensors round trip: F32, F16, BF16, I64 and metadata") {
   w.add_f32("e.empty", {0, 4}, std::vector<float>{});
   w.metadata("format", "pt");
   const auto bytes = w.bytes();
-  CHECK((bytes.size() - 8 - (bytes.size() - 8 - 6 * 4 - 6 * 2 - 6 * 2 - 3 * 8)) % 8 == 0);  // header padded
+  std::uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | bytes[static_cast<std::size_t>(i)];
+  CHECK((8 + header_len) % 8 == 0);  // header padded: the data section starts 8-aligned
+  CHECK(8 + header_len + 6 * 4 + 6 * 2 + 6 * 2 + 3 * 8 == bytes.size());
   const auto f = st::File::parse(bytes);
   CHECK(f.floats("a.f32", {2, 3}) == v);
   const auto h = f.floats("b.f16");
@@ -55,6 +58,34 @@ TEST_CASE("safetensors round trip: F32, F16, BF16, I64 and metadata") {
   CHECK(f.names().size() == 5);
 }
 
+TEST_CASE("safetensors: a hand-built file with known bits in every dtype") {
+  // F16 1.0 = 0x3C00, F16 -2.0 = 0xC000, BF16 1.0 = 0x3F80, BF16 -0.5 = 0xBF00, F32 0.5, I32 -7, I64 2^40
+  const std::string header =
+      R"({"h":{"dtype":"F16","shape":[2],"data_offsets":[0,4]},"b":{"dtype":"BF16","shape":[2],"data_offsets":[4,8]},)"
+      R"("f":{"dtype":"F32","shape":[1],"data_offsets":[8,12]},"i":{"dtype":"I32","shape":[1],"data_offsets":[12,16]},)"
+      R"("l":{"dtype":"I64","shape":[1],"data_offsets":[16,24]}})";
+  auto bytes = image(header, 24);
+  const std::uint8_t data[24] = {0x00, 0x3C, 0x00, 0xC0, 0x80, 0x3F, 0x00, 0xBF, 0x00, 0x00, 0x00, 0x3F,
+                                 0xF9, 0xFF, 0xFF, 0xFF, 0, 0, 0, 0, 0, 1, 0, 0};
+  std::copy(data, data + 24, bytes.end() - 24);
+  const auto f = st::File::parse(bytes);
+  CHECK(f.floats("h") == std::vector<float>{1.0f, -2.0f});
+  CHECK(f.floats("b") == std::vector<float>{1.0f, -0.5f});
+  CHECK(f.floats("f") == std::vector<float>{0.5f});
+  CHECK(f.int64s("i") == std::vector<std::int64_t>{-7});
+  CHECK(f.int64s("l") == std::vector<std::int64_t>{std::int64_t{1} << 40});
+  CHECK_THROWS_WITH_AS(f.floats("l"), doctest::Contains("tensor 'l' has dtype I64, expected F32, F16 or BF16"), Error);
+}
+
+TEST_CASE("safetensors writer rejects what it cannot write") {
+  st::Writer w;
+  w.add_f32("a", {1}, std::vector<float>{1.0f});
+  CHECK_THROWS_WITH_AS(w.add_f32("a", {1}, std::vector<float>{1.0f}), doctest::Contains("'a' is used twice"), Error);
+  CHECK_THROWS_WITH_AS(w.add_f32("__metadata__", {1}, std::vector<float>{1.0f}), doctest::Contains("reserved"), Error);
+  CHECK_THROWS_WITH_AS(w.add_f32("c", {2, 2}, std::vector<float>{1.0f}), doctest::Contains("has 1 values, shape [2, 2] needs 4"), Error);
+  CHECK_THROWS_WITH_AS(w.add_f32_as("d", st::DType::I64, {1}, std::vector<float>{1.0f}), doctest::Contains("cannot store 'd' as I64"), Error);
+}
+
 TEST_CASE("safetensors: every malformed file is an error naming the tensor and the problem") {
   const std::string ok = R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})";
   CHECK_NOTHROW(st::File::parse(image(ok, 8)));
@@ -65,6 +96,9 @@ TEST_CASE("safetensors: every malformed file is an error naming the tensor and t
   expect_error(image("[1,2]", 0), "header is not a JSON object");
   expect_error(image(R"({"w":{"dtype":"F8_E4M3","shape":[2],"data_offsets":[0,2]}})", 2), "tensor 'w': unknown dtype 'F8_E4M3'");
   expect_error(image(R"({"w":{"shape":[2],"data_offsets":[0,8]}})", 8), "tensor 'w': missing dtype");
+  expect_error(image(R"({"w":[1]})", 0), "tensor 'w': entry is not an object");
+  expect_error(image(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0]}})", 8), "data_offsets must be [begin, end]");
+  expect_error(image(R"({"__metadata__":[1]})", 0), "__metadata__ is not an object");
   expect_error(image(R"({"w":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", 8), "tensor 'w': shape entry -2");
   expect_error(image(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,16]}})", 8),
                "tensor 'w': data_offsets [0, 16] out of range: the data section holds 8 bytes");

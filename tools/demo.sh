@@ -4,6 +4,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/install-deps.sh
-cmake --preset default -DKVPOLICY_BUILD_TESTS=OFF >/dev/null
+cmake --preset default >/dev/null
 cmake --build --preset default --target kvpolicy-replay
 build/default/examples/kvpolicy-replay --demo --png demo-out

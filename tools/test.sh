@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds kvpolicy and passes every test: the Release suite (with the installed-package consumer
-# build and the replay CLI), then the same suite under AddressSanitizer + UBSan.
+# build, the replay CLI and a benchmark smoke run), then the unit and replay tests again under
+# AddressSanitizer + UBSan.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/install-deps.sh

@@ -96,7 +96,7 @@ class Cache {
     check_step_tokens(seq, st, T);
     require(!st.appended[static_cast<std::size_t>(layer)], "Cache::append: layer ", layer, " of sequence ", seq,
             " was already appended in this step; call commit() first");
-    check_layer_inputs(layer, T, keys, values, log_beta);
+    check_layer_inputs(layer, T, st.n, keys, values, log_beta);
     require(alloc_.can_append(seq, T, layer), "Cache::append: out of memory: sequence ", seq, " layer ", layer,
             " cannot take ", T, " more entries per head (", alloc_.pages_free(), " of ", alloc_.pages_total(),
             " pages free)");
@@ -204,7 +204,7 @@ class Cache {
       require_shape(View<const float, 4>(s.out), {shape_.layers, shape_.q_heads, T, shape_.head_dim}, "Cache::step: out");
     }
     for (int l = 0; l < shape_.layers; ++l) {
-      check_layer_inputs(l, T, layer_of(s.keys, l), layer_of(s.values, l), layer_of(s.log_beta, l));
+      check_layer_inputs(l, T, st.n, layer_of(s.keys, l), layer_of(s.values, l), layer_of(s.log_beta, l));
       if (s.queries.data != nullptr) check_queries(layer_of(s.queries, l), l);
     }
   }
@@ -239,8 +239,8 @@ class Cache {
     require(st.n + T <= std::int64_t{std::numeric_limits<std::int32_t>::max()}, "Cache: sequence ", seq, " at n = ",
             st.n, " cannot take ", T, " more tokens: positions must stay below 2^31 - 1");
   }
-  void check_layer_inputs(int layer, std::int64_t T, View<const float, 3> keys, View<const float, 3> values,
-                          View<const float, 2> log_beta) const {
+  void check_layer_inputs(int layer, std::int64_t T, std::int64_t first_position, View<const float, 3> keys,
+                          View<const float, 3> values, View<const float, 2> log_beta) const {
     require_shape(keys, {shape_.kv_heads, T, shape_.head_dim}, "Cache::append: keys");
     require_shape(values, {shape_.kv_heads, T, shape_.head_dim}, "Cache::append: values");
     require_shape(log_beta, {shape_.kv_heads, T}, "Cache::append: log_beta");
@@ -249,7 +249,7 @@ class Cache {
         const float lb = log_beta(h, t);
         // SPEC, Notation: beta in (0, 1] so log_beta <= 0; -inf (beta -> 0) ranks last; NaN never enters.
         require(!std::isnan(lb) && lb <= 0.0f, "Cache::append: log_beta[layer ", layer, ", head ", h, ", token ", t,
-                "] = ", lb, " is not in [-inf, 0]");
+                " of the step (position ", first_position + t, ")] = ", lb, " is not in [-inf, 0]");
       }
     // K/V must stay finite in the storage dtype (70000 is finite in fp32, +inf in fp16).
     for (std::int64_t i = 0; i < keys.size(); ++i)

@@ -3,7 +3,9 @@
 #include <kvpolicy/gate/retention_gate.hpp>
 #include <kvpolicy/trimkv.hpp>
 
+#include <cmath>
 #include <cstdio>
+#include <string>
 #include <vector>
 
 int main() {
@@ -16,10 +18,18 @@ int main() {
     cache.step(0, View<const float, 4>(kv.data(), {1, 1, 1, 4}), View<const float, 4>(kv.data(), {1, 1, 1, 4}),
                View<const float, 3>(lb.data(), {1, 1, 1}), View<const float, 4>(q.data(), {1, 2, 1, 4}),
                View<float, 4>(out.data(), {1, 2, 1, 4}));
+  // a retention gate from safetensors: W1 = 0, b1 = 0 -> u = silu(0) = 0; z = b = 0 -> log(1/2)
   safetensors::Writer w;
-  w.add_f32("x", {1}, std::vector<float>{1.0f});
-  const auto f = safetensors::File::parse(w.bytes());
-  std::printf("consumer: %lld entries, out[0] = %g, x = %g\n", static_cast<long long>(cache.length(0, 0, 0)), out[0],
-              f.floats("x")[0]);
-  return cache.length(0, 0, 0) <= 5 && out[0] == 0.5f ? 0 : 1;
+  const std::string p = gate::RetentionGate::prefix(0);
+  w.add_f32(p + "linear1.weight", {2, 3}, std::vector<float>(6, 0.0f));
+  w.add_f32(p + "linear1.bias", {2}, std::vector<float>(2, 0.0f));
+  w.add_f32(p + "linear2.weight", {1, 2}, std::vector<float>(2, 1.0f));
+  w.add_f32(p + "bias", {1}, std::vector<float>{0.0f});
+  const auto g = gate::RetentionGate::load(safetensors::File::parse(w.bytes()), {1, 3, 1, 2});
+  std::vector<float> x(3, 1.0f);
+  float log_beta = 0.0f;
+  g.forward(0, View<const float, 2>(x.data(), {1, 3}), View<float, 2>(&log_beta, {1, 1}));
+  std::printf("consumer: %lld entries, out[0] = %g, log_beta = %g\n", static_cast<long long>(cache.length(0, 0, 0)),
+              out[0], log_beta);
+  return cache.length(0, 0, 0) <= 5 && out[0] == 0.5f && std::fabs(log_beta + 0.6931472f) < 1e-6f ? 0 : 1;
 }

@@ -65,6 +65,7 @@ class Contiguous {
 
   void append(std::int64_t seq, int layer, int head, std::int64_t tokens, const float* keys, const float* values,
               const EntryMeta* meta) {
+    require(tokens >= 0, "memory::Contiguous::append: tokens = ", tokens, " must be >= 0");
     BlockTable& t = tables_.at(seq, layer, head);
     require(t.length + tokens <= capacity_, "memory::Contiguous: out of capacity: appending ", tokens,
             " entries to sequence ", seq, " layer ", layer, " head ", head, " holding ", t.length, " of ", capacity_);
@@ -79,6 +80,8 @@ class Contiguous {
 
   std::int64_t compact(std::int64_t seq, int layer, int head, std::span<const std::uint8_t> keep) {
     BlockTable& t = tables_.at(seq, layer, head);
+    require(static_cast<std::int64_t>(keep.size()) == t.length, "memory::Contiguous::compact: keep has ", keep.size(),
+            " flags, the head holds ", t.length, " entries");
     const std::int64_t new_length = compact_head(pool_, HeadLayout{t.pages, capacity_, t.length}, keep);
     const std::int64_t evicted = t.length - new_length;
     t.length = new_length;

@@ -68,6 +68,7 @@ class Paged {
   // pool first, so running out of pages throws and changes nothing.
   void append(std::int64_t seq, int layer, int head, std::int64_t tokens, const float* keys, const float* values,
               const EntryMeta* meta) {
+    require(tokens >= 0, "memory::Paged::append: tokens = ", tokens, " must be >= 0");
     BlockTable& t = tables_.at(seq, layer, head);
     const std::int64_t need = pages_for(t.length + tokens) - static_cast<std::int64_t>(t.pages.size());
     require(need <= pages_free(), "memory::Paged: out of pages: appending ", tokens, " entries to sequence ", seq,
@@ -89,6 +90,8 @@ class Paged {
   // Returns the number of entries evicted.
   std::int64_t compact(std::int64_t seq, int layer, int head, std::span<const std::uint8_t> keep) {
     BlockTable& t = tables_.at(seq, layer, head);
+    require(static_cast<std::int64_t>(keep.size()) == t.length, "memory::Paged::compact: keep has ", keep.size(),
+            " flags, the head holds ", t.length, " entries");
     const std::int64_t new_length = compact_head(pool_, HeadLayout{t.pages, PageSize, t.length}, keep);
     const std::int64_t evicted = t.length - new_length;
     t.length = new_length;
