@@ -123,7 +123,6 @@ TEST_CASE("gate weights: missing tensor, wrong shape, non-finite values are name
   const auto f2 = st::File::parse(w2.bytes());
   CHECK_THROWS_WITH_AS(gate::RetentionGate::load(f2, {1, D, H, I}),
                        doctest::Contains("linear2.weight' has shape [3, 2], expected [2, 3]"), Error);
-  CHECK_THROWS_WITH_AS(gate::RetentionGate::load(f2, {2, D, H, I}), doctest::Contains("linear2.weight' has shape"), Error);
   st::Writer w3;
   w3.add_f32(p + "linear1.weight", {I, D}, std::vector<float>(I * D, 0.1f));
   CHECK_THROWS_WITH_AS(gate::RetentionGate::load(st::File::parse(w3.bytes()), {1, D, H, I}),
@@ -137,8 +136,44 @@ TEST_CASE("gate weights: missing tensor, wrong shape, non-finite values are name
   w4.add_f32(p + "linear2.weight", {H, I}, std::vector<float>(I * H, 0.1f));
   w4.add_f32(p + "bias", {H}, std::vector<float>(H, 9.0f));
   const auto g = gate::RetentionGate::load(st::File::parse(w4.bytes()), {1, D, H, I});
+  CHECK_THROWS_WITH_AS(gate::RetentionGate::load(st::File::parse(w4.bytes()), {2, D, H, I}),
+                       doctest::Contains("'model.layers.1.self_attn.retention_gate.linear1.weight' is missing"), Error);
+  std::vector<float> lb2(2 * H);
+  CHECK_THROWS_WITH_AS(g.forward(1, View<const float, 2>(lb2.data(), {1, D}), View<float, 2>(lb2.data(), {H, 1})),
+                       doctest::Contains("layer 1 out of range [0, 1)"), Error);
+  CHECK_THROWS_WITH_AS(g.forward(0, View<const float, 2>(lb2.data(), {1, D}), View<float, 2>(lb2.data(), {H, 2})),
+                       doctest::Contains("log_beta has shape [2, 2], expected [2, 1]"), Error);
   std::vector<float> x(D, 1.0f), lb(H);
   x[2] = std::nanf("");
   CHECK_THROWS_WITH_AS(g.forward(0, View<const float, 2>(x.data(), {1, D}), View<float, 2>(lb.data(), {H, 1})),
                        doctest::Contains("RetentionGate: x holds nan at flat index 2"), Error);
+}
+
+TEST_CASE("tied gate: GELU, fp16 weights, readout shape, and activation names") {
+  const int D = 3, H = 2, J = 2;
+  st::Writer w;
+  const std::vector<float> wp{0.5f, -0.25f, 1.0f, 0.0f, 0.75f, -1.0f, 0.125f, 0.5f, -0.5f, 1.5f, 0.25f, 0.0f};
+  const std::vector<float> bp{0.125f, -0.25f, 0.375f, 0.0f}, wg{1.0f, -2.0f}, bg{0.5f};
+  w.add_f32_as(gate::TiedGate::prefix(0) + "proj.weight", st::DType::F16, {H * J, D}, wp);
+  w.add_f32_as(gate::TiedGate::prefix(0) + "proj.bias", st::DType::F16, {H * J}, bp);
+  w.add_f32_as("retention_gate.readout.weight", st::DType::BF16, {J}, wg);
+  w.add_f32("retention_gate.readout.bias", {1}, bg);
+  const auto f = st::File::parse(w.bytes());
+  const auto g = gate::TiedGate::load(f, {1, D, H, J, gate::Activation::gelu});
+  const std::vector<float> x{1.0f, -1.0f, 2.0f};
+  float lb[H];
+  g.forward(0, View<const float, 2>(x.data(), {1, D}), View<float, 2>(lb, {H, 1}));
+  for (int h = 0; h < H; ++h) {  // every weight above is exact in fp16 and bf16
+    double z = bg[0];
+    for (int j = 0; j < J; ++j) {
+      double s = bp[h * J + j];
+      for (int c = 0; c < D; ++c) s += double(wp[(h * J + j) * D + c]) * x[c];
+      z += wg[j] * 0.5 * s * (1 + std::erf(s / std::sqrt(2.0)));
+    }
+    CHECK(lb[h] == doctest::Approx(-std::log1p(std::exp(-z))).epsilon(1e-5));
+  }
+  CHECK_THROWS_WITH_AS(gate::TiedGate::load(f, {1, D, H, 3}), doctest::Contains("proj.weight' has shape [4, 3], expected [6, 3]"), Error);
+  CHECK(gate::parse_activation("silu") == gate::Activation::silu);
+  CHECK(gate::parse_activation("gelu") == gate::Activation::gelu);
+  CHECK_THROWS_WITH_AS(gate::parse_activation("relu"), doctest::Contains("unknown activation 'relu'"), Error);
 }
