@@ -276,15 +276,26 @@ class Cache {
     std::vector<float> k_kept, v_kept;
     for (int h = 0; h < shape_.kv_heads; ++h) {
       meta.clear();
+      bool dropped = false;
+      for (std::int64_t t = 0; t < T; ++t) {
+        const EntryMeta m{static_cast<std::int32_t>(st.n + t), log_beta(h, t),
+                          S::needs_key_norm ? memory::key_norm(&keys(h, t, 0), d) : 0.0f};
+        // keep (and local, for allocators without a ring) store the entry; drop never does
+        if (admitter_.admit(m) == Admission::drop) {
+          dropped = true;
+          continue;
+        }
+        meta.push_back(m);
+      }
+      if (!dropped) {  // the common case: the head's [T, d] rows go straight from the caller's buffers
+        alloc_.append(seq, layer, h, T, &keys(h, 0, 0), &values(h, 0, 0), meta.data());
+        continue;
+      }
       k_kept.clear();
       v_kept.clear();
-      for (std::int64_t t = 0; t < T; ++t) {
-        const float* k = &keys(h, t, 0);
-        EntryMeta m{static_cast<std::int32_t>(st.n + t), log_beta(h, t),
-                    S::needs_key_norm ? memory::key_norm(k, d) : 0.0f};
-        if (admitter_.admit(m) == Admission::drop) continue;  // keep (and local, for allocators without a ring)
-        meta.push_back(m);
-        k_kept.insert(k_kept.end(), k, k + d);
+      for (const EntryMeta& m : meta) {
+        const std::int64_t t = m.position - st.n;
+        k_kept.insert(k_kept.end(), &keys(h, t, 0), &keys(h, t, 0) + d);
         v_kept.insert(v_kept.end(), &values(h, t, 0), &values(h, t, 0) + d);
       }
       alloc_.append(seq, layer, h, static_cast<std::int64_t>(meta.size()), k_kept.data(), v_kept.data(), meta.data());
