@@ -10,6 +10,7 @@
 
 #include "kvpolicy/dbtrimkv.hpp"
 #include "kvpolicy/trimkv.hpp"
+#include "snapshot.hpp"
 
 using namespace kvpolicy;
 
@@ -46,31 +47,7 @@ EvictionReport run(C& cache, std::int64_t seq, StepData& d, bool attend = true) 
                     attend ? View<float, 4>(d.out.data(), {L, Hq, T, D}) : View<float, 4>{});
 }
 
-// Everything observable about a cache, for "a failed call changes nothing".
-template <class C>
-std::vector<float> snapshot(const C& cache, const std::vector<std::int64_t>& seqs) {
-  std::vector<float> out;
-  out.push_back(static_cast<float>(cache.allocator().pages_free()));
-  for (auto seq : seqs) {
-    out.push_back(static_cast<float>(cache.tokens(seq)));
-    const auto& s = cache.shape();
-    for (int l = 0; l < s.layers; ++l)
-      for (int h = 0; h < s.kv_heads; ++h) {
-        const auto head = cache.allocator().layout(seq, l, h);
-        out.push_back(static_cast<float>(head.length));
-        for (auto p : head.block_table) out.push_back(static_cast<float>(p));
-        for (std::int64_t i = 0; i < head.length; ++i) {
-          const auto slot = head.slot(i);
-          const auto& m = cache.allocator().pool().meta(slot);
-          out.insert(out.end(), {static_cast<float>(m.position), m.log_beta, m.key_norm});
-          for (int c = 0; c < s.head_dim; ++c)
-            out.insert(out.end(), {to_float(cache.allocator().pool().key(slot)[c]),
-                                   to_float(cache.allocator().pool().value(slot)[c])});
-        }
-      }
-  }
-  return out;
-}
+using testing::snapshot;
 
 double rel_error(const float* a, const float* ref, std::size_t n) {
   double num = 0, den = 0;

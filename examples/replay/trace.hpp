@@ -25,12 +25,15 @@ struct Trace {
   float lb(int l, int h, std::int64_t t) const { return log_beta[static_cast<std::size_t>((l * kv_heads + h) * tokens + t)]; }
 };
 
-inline Trace read_trace(const std::string& path) {
-  const auto f = safetensors::File::read(path);
+// A trace from a parsed safetensors file; every shape is checked, errors name `f.source()`.
+inline Trace parse_trace(const safetensors::File& f) {
+  const std::string& path = f.source();
   Trace tr;
   const auto& lb = f.info("log_beta");
   require(lb.shape.size() == 3 && lb.shape[0] >= 1 && lb.shape[1] >= 1 && lb.shape[2] >= 1, "trace '", path,
           "': log_beta has shape ", safetensors::shape_string(lb.shape), ", expected [L, Hkv, T] with every extent >= 1");
+  for (auto e : lb.shape)
+    require(e <= std::int64_t{INT32_MAX}, "trace '", path, "': log_beta extent ", e, " exceeds 2^31 - 1");
   tr.layers = static_cast<int>(lb.shape[0]);
   tr.kv_heads = static_cast<int>(lb.shape[1]);
   tr.tokens = lb.shape[2];
@@ -40,11 +43,12 @@ inline Trace read_trace(const std::string& path) {
           ", values: ", v, ", queries: ", q, ")");
   if (!k) return tr;
   const auto& ki = f.info("keys");
-  require(ki.shape.size() == 4 && ki.shape[3] >= 1, "trace '", path, "': keys has shape ",
+  require(ki.shape.size() == 4 && ki.shape[3] >= 1 && ki.shape[3] <= std::int64_t{INT32_MAX}, "trace '", path, "': keys has shape ",
           safetensors::shape_string(ki.shape), ", expected [L, Hkv, T, d]");
   tr.head_dim = static_cast<int>(ki.shape[3]);
   const auto& qi = f.info("queries");
-  require(qi.shape.size() == 4 && qi.shape[1] >= tr.kv_heads && qi.shape[1] % tr.kv_heads == 0, "trace '", path,
+  require(qi.shape.size() == 4 && qi.shape[1] >= tr.kv_heads && qi.shape[1] % tr.kv_heads == 0 &&
+              qi.shape[1] <= std::int64_t{INT32_MAX}, "trace '", path,
           "': queries has shape ", safetensors::shape_string(qi.shape), ", expected [L, Hq, T, d] with Hq a multiple of Hkv = ",
           tr.kv_heads);
   tr.q_heads = static_cast<int>(qi.shape[1]);
@@ -53,6 +57,8 @@ inline Trace read_trace(const std::string& path) {
   tr.queries = f.floats("queries", {tr.layers, tr.q_heads, tr.tokens, tr.head_dim});
   return tr;
 }
+
+inline Trace read_trace(const std::string& path) { return parse_trace(safetensors::File::read(path)); }
 
 inline void write_trace(const Trace& tr, const std::string& path) {
   safetensors::Writer w;

@@ -123,10 +123,36 @@ class Cache {
     for (int l = 0; l < shape_.layers; ++l)
       require(st.appended[static_cast<std::size_t>(l)], "Cache::commit: layer ", l, " of sequence ", seq,
               " was not appended in this step");
-    st.n += st.pending;
+    // Plan first (it may throw: a scorer that returns NaN), then change state: a commit that
+    // throws leaves the step open and the cache as it was.
+    const std::int64_t n = st.n + st.pending;
+    EvictionPlan plan = plan_eviction(seq, n);
+    st.n = n;
     st.pending = 0;
     std::fill(st.appended.begin(), st.appended.end(), std::uint8_t{0});
-    return evict(seq, st.n, evicted);
+    return apply_eviction(seq, plan, evicted);
+  }
+
+  // Discards the open step of `seq`: the entries its append() calls stored are removed and their
+  // pages go back to the pool, as if the step had never started. For an engine whose forward pass
+  // failed between append() and commit(). A sequence with no open step is left as it is.
+  void abort_step(std::int64_t seq) {
+    SequenceState& st = state_of(seq);
+    if (st.pending == 0) return;
+    std::vector<std::uint8_t> keep;
+    for (int l = 0; l < shape_.layers; ++l) {
+      if (!st.appended[static_cast<std::size_t>(l)]) continue;
+      for (int h = 0; h < shape_.kv_heads; ++h) {
+        const auto head_layout = alloc_.layout(seq, l, h);
+        keep.resize(static_cast<std::size_t>(head_layout.length));
+        // this step's entries are the ones at positions >= n, appended after every older one
+        for (std::int64_t j = 0; j < head_layout.length; ++j)
+          keep[static_cast<std::size_t>(j)] = alloc_.pool().meta(head_layout.slot(j)).position < st.n;
+        alloc_.compact(seq, l, h, keep);
+      }
+    }
+    st.pending = 0;
+    std::fill(st.appended.begin(), st.appended.end(), std::uint8_t{0});
   }
 
   // ---- one step, every layer at once -----------------------------------------------------------
@@ -156,6 +182,8 @@ class Cache {
 
   // A batch of sequences, each with its own ragged cache and its own T. The whole batch is
   // validated (distinct sequences, shapes, values, pool capacity for all of it) before any write.
+  // The one failure validation cannot foresee, a user-defined Scorer returning NaN, stops the batch
+  // at that sequence: its step is taken back, the steps before it stand.
   std::vector<EvictionReport> step_batch(std::span<const SequenceStep> batch) {
     std::int64_t pages_needed = 0;
     for (std::size_t i = 0; i < batch.size(); ++i) {
@@ -216,7 +244,12 @@ class Cache {
       write_layer(s.seq, st, l, T, layer_of(s.keys, l), layer_of(s.values, l), layer_of(s.log_beta, l));
       if (with_attention) attend_layer(s.seq, st, l, layer_of(s.queries, l), layer_of(s.out, l));
     }
-    return commit(s.seq, evicted);
+    try {
+      return commit(s.seq, evicted);
+    } catch (...) {  // commit changed nothing; take back the appends so the step leaves no trace
+      abort_step(s.seq);
+      throw;
+    }
   }
 
   const SequenceState& state_of(std::int64_t seq) const {
@@ -312,47 +345,69 @@ class Cache {
       Backend::attend(alloc_.pool(), alloc_.layout(seq, layer, h), h, shape_.group(), queries, q_pos, out);
   }
 
-  // SPEC §1–2: trigger on the per-head lengths; score the active heads at step n; select; compact.
-  EvictionReport evict(std::int64_t seq, std::int64_t n, std::vector<EvictedEntry>* evicted) {
+  // One eviction decided but not applied: the active heads' flattened scores and keep flags.
+  struct EvictionPlan {
+    bool triggered = false;
+    std::vector<std::int64_t> lengths, offsets;
+    std::vector<std::uint8_t> active, keep;
+    std::vector<std::int32_t> position;
+  };
+
+  // SPEC §1–2: trigger on the per-head lengths; score the active heads at step n; select. Changes
+  // nothing. A NaN score (only a user-defined Scorer can make one: the built-in scorers are finite
+  // or -inf on every input append accepts, docs/numerics.md) is an error, never a ranking input.
+  EvictionPlan plan_eviction(std::int64_t seq, std::int64_t n) const {
     const auto heads = static_cast<std::size_t>(shape_.heads_total());
-    std::vector<std::int64_t> lengths(heads);
+    EvictionPlan plan;
+    plan.lengths.resize(heads);
     for (int l = 0; l < shape_.layers; ++l)
       for (int h = 0; h < shape_.kv_heads; ++h)
-        lengths[static_cast<std::size_t>(head_index(shape_, l, h))] = alloc_.length(seq, l, h);
-    std::vector<std::uint8_t> active(heads, 0);
-    EvictionReport report;
-    if (!evictor_.trigger(shape_, lengths, active)) return report;
-    report.triggered = true;
+        plan.lengths[static_cast<std::size_t>(head_index(shape_, l, h))] = alloc_.length(seq, l, h);
+    plan.active.assign(heads, 0);
+    if (!evictor_.trigger(shape_, plan.lengths, plan.active)) return plan;
+    plan.triggered = true;
 
-    std::vector<std::int64_t> offsets(heads + 1, 0);
-    for (std::size_t i = 0; i < heads; ++i) offsets[i + 1] = offsets[i] + (active[i] ? lengths[i] : 0);
-    std::vector<float> score(static_cast<std::size_t>(offsets.back()));
-    std::vector<std::int32_t> position(score.size());
+    plan.offsets.assign(heads + 1, 0);
+    for (std::size_t i = 0; i < heads; ++i)
+      plan.offsets[i + 1] = plan.offsets[i] + (plan.active[i] ? plan.lengths[i] : 0);
+    std::vector<float> score(static_cast<std::size_t>(plan.offsets.back()));
+    plan.position.resize(score.size());
     const StepContext ctx{n};
     for (int l = 0; l < shape_.layers; ++l)
       for (int h = 0; h < shape_.kv_heads; ++h) {
         const auto i = static_cast<std::size_t>(head_index(shape_, l, h));
-        if (!active[i]) continue;
+        if (!plan.active[i]) continue;
         const auto head_layout = alloc_.layout(seq, l, h);
         for (std::int64_t j = 0; j < head_layout.length; ++j) {
           const EntryMeta& m = alloc_.pool().meta(head_layout.slot(j));
-          score[static_cast<std::size_t>(offsets[i] + j)] = scorer_(m, ctx);
-          position[static_cast<std::size_t>(offsets[i] + j)] = m.position;
+          const auto k = static_cast<std::size_t>(plan.offsets[i] + j);
+          score[k] = scorer_(m, ctx);
+          plan.position[k] = m.position;
+          require(!std::isnan(score[k]), "Cache::commit: the scorer returned NaN for sequence ", seq, " layer ", l,
+                  " head ", h, " position ", m.position, " (log_beta ", m.log_beta, ", key norm ", m.key_norm,
+                  ", n = ", n, "); a NaN score never enters a ranking");
         }
       }
-    std::vector<std::uint8_t> keep(score.size(), 1);
-    evictor_.select(shape_, SegmentedScores{score, position, offsets}, keep);
+    plan.keep.assign(score.size(), 1);
+    evictor_.select(shape_, SegmentedScores{score, plan.position, plan.offsets}, plan.keep);
+    return plan;
+  }
 
+  // Compacts every active head by the plan's keep flags.
+  EvictionReport apply_eviction(std::int64_t seq, const EvictionPlan& plan, std::vector<EvictedEntry>* evicted) {
+    EvictionReport report;
+    report.triggered = plan.triggered;
+    if (!plan.triggered) return report;
     for (int l = 0; l < shape_.layers; ++l)
       for (int h = 0; h < shape_.kv_heads; ++h) {
         const auto i = static_cast<std::size_t>(head_index(shape_, l, h));
-        if (!active[i]) continue;
-        const auto seg = std::span<const std::uint8_t>(keep).subspan(static_cast<std::size_t>(offsets[i]),
-                                                                      static_cast<std::size_t>(lengths[i]));
+        if (!plan.active[i]) continue;
+        const auto seg = std::span<const std::uint8_t>(plan.keep).subspan(static_cast<std::size_t>(plan.offsets[i]),
+                                                                           static_cast<std::size_t>(plan.lengths[i]));
         if (evicted != nullptr)
-          for (std::int64_t j = 0; j < lengths[i]; ++j)
+          for (std::int64_t j = 0; j < plan.lengths[i]; ++j)
             if (!seg[static_cast<std::size_t>(j)])
-              evicted->push_back({l, h, position[static_cast<std::size_t>(offsets[i] + j)]});
+              evicted->push_back({l, h, plan.position[static_cast<std::size_t>(plan.offsets[i] + j)]});
         report.evicted += alloc_.compact(seq, l, h, seg);
       }
     return report;

@@ -121,6 +121,12 @@ class File {
     return out;
   }
 
+  // The tensor's bytes as stored (little-endian, row-major).
+  std::span<const std::uint8_t> raw(const std::string& name) const {
+    const TensorInfo& t = info(name);
+    return {data() + t.begin, static_cast<std::size_t>(t.end - t.begin)};
+  }
+
   std::vector<std::int64_t> int64s(const std::string& name, const std::vector<std::int64_t>& expected = {}) const {
     const TensorInfo& t = checked(name, expected);
     require(t.dtype == DType::I64 || t.dtype == DType::I32, "safetensors '", source_, "': tensor '", name,

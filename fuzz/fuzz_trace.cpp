@@ -1,0 +1,50 @@
+// libFuzzer target: the trace reader of kvpolicy-replay (examples/replay/trace.hpp, format in
+// docs/replay.md). Any byte string is a trace or a kvpolicy::Error. A small trace that parses is
+// replayed through both policies with a tiny budget: values the cache refuses (NaN or positive
+// log_beta, non-finite K/V/queries) must surface as kvpolicy::Error, and a replay that runs must
+// keep every head within M + B - 1 entries after each step.
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "replay.hpp"
+
+using namespace kvpolicy;
+
+namespace {
+
+void check(bool ok) {
+  if (!ok) __builtin_trap();
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  std::optional<replay::Trace> tr;
+  try {
+    tr.emplace(replay::parse_trace(safetensors::File::parse(std::vector<std::uint8_t>(data, data + size), "fuzz")));
+  } catch (const Error&) {
+    return 0;
+  }
+  check(tr->layers >= 1 && tr->kv_heads >= 1 && tr->tokens >= 1);
+  check(static_cast<std::int64_t>(tr->log_beta.size()) == std::int64_t{tr->layers} * tr->kv_heads * tr->tokens);
+  if (std::int64_t{tr->layers} * tr->kv_heads * tr->tokens > 4096 || tr->q_heads > 64 || tr->head_dim > 64) return 0;
+  for (const char* policy : {"trimkv", "dbtrimkv"}) {
+    replay::Options opt;
+    opt.policy = policy;
+    opt.budget = 2;
+    opt.buffer = 2;
+    opt.prefill = tr->tokens > 3 ? 3 : 0;
+    try {
+      const auto full = tr->has_attention() ? replay::full_attention(*tr) : std::vector<float>{};
+      const auto r = replay::replay(*tr, opt, tr->has_attention() ? &full : nullptr);
+      check(static_cast<std::int64_t>(r.evicted_at.size()) == std::int64_t{tr->layers} * tr->kv_heads * tr->tokens);
+      if (opt.policy == std::string("trimkv"))  // SPEC §1: the step that triggers holds at most M + B
+        check(r.peak_entries_per_head <= std::max<std::int64_t>(opt.budget + opt.buffer, opt.prefill));
+    } catch (const Error&) {
+    }
+  }
+  return 0;
+}

@@ -1,0 +1,52 @@
+// Everything a cache holds, as bytes, for "a rejected call changes nothing" (SPEC §7): the free
+// page count, every slot of the pool (K, V and metadata, live or not), and for each sequence its
+// token count and every head's length, block table and live entries. With whole_pool = false the
+// slots no live entry uses are left out: that is all a caller can observe, and what a step taken
+// back (Cache::abort_step) restores.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace testing {
+
+template <class T>
+void put(std::vector<std::uint8_t>& out, const T* p, std::size_t n = 1) {
+  const auto* b = reinterpret_cast<const std::uint8_t*>(p);
+  out.insert(out.end(), b, b + n * sizeof(T));
+}
+
+template <class C>
+std::vector<std::uint8_t> snapshot(const C& cache, const std::vector<std::int64_t>& seqs, bool whole_pool = true) {
+  std::vector<std::uint8_t> out;
+  const auto& alloc = cache.allocator();
+  const auto& pool = alloc.pool();
+  const std::int64_t free = alloc.pages_free();
+  put(out, &free);
+  auto put_slot = [&](std::int64_t slot) {
+    put(out, pool.key(slot), static_cast<std::size_t>(pool.head_dim()));
+    put(out, pool.value(slot), static_cast<std::size_t>(pool.head_dim()));
+    put(out, &pool.meta(slot));
+  };
+  if (whole_pool)
+    for (std::int64_t slot = 0; slot < pool.slots(); ++slot) put_slot(slot);
+  const auto& s = cache.shape();
+  for (auto seq : seqs) {
+    const bool has = cache.has_sequence(seq);
+    put(out, &has);
+    if (!has) continue;
+    const std::int64_t n = cache.tokens(seq);
+    put(out, &n);
+    for (int l = 0; l < s.layers; ++l)
+      for (int h = 0; h < s.kv_heads; ++h) {
+        const auto head = alloc.layout(seq, l, h);
+        put(out, &head.length);
+        put(out, head.block_table.data(), head.block_table.size());
+        for (std::int64_t i = 0; i < head.length; ++i) put_slot(head.slot(i));
+      }
+  }
+  return out;
+}
+
+}  // namespace testing
