@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages kvpolicy builds with, when any is missing. Needs root or sudo.
 set -euo pipefail
-# clang + libclang-rt-14-dev: the libFuzzer targets (fuzz/); without them the fuzz tests report SKIPPED
-packages=(cmake ninja-build g++ libeigen3-dev doctest-dev libbenchmark-dev nlohmann-json3-dev libstb-dev clang libclang-rt-14-dev)
+# clang + libclang-rt-14-dev: the libFuzzer targets (fuzz/); without them the fuzz tests report SKIPPED.
+# python3 + python3-venv: Conan 2 from PyPI (tools/conan-test.sh).
+packages=(cmake ninja-build g++ libeigen3-dev doctest-dev libbenchmark-dev nlohmann-json3-dev libstb-dev clang libclang-rt-14-dev python3 python3-venv)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -9,8 +9,8 @@ function(step)
   message(STATUS "${out}")
 endfunction()
 step(${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${WORK_DIR}/prefix)
-foreach(f include/kvpolicy/trimkv.hpp include/kvpolicy/core/concepts.hpp share/kvpolicy/cmake/kvpolicyConfig.cmake
-          share/kvpolicy/cmake/kvpolicyConfigVersion.cmake bin/kvpolicy-replay)
+foreach(f include/kvpolicy/trimkv.hpp include/kvpolicy/core/concepts.hpp share/kvpolicy/kvpolicyConfig.cmake
+          share/kvpolicy/kvpolicyConfigVersion.cmake bin/kvpolicy-replay)
   if(NOT EXISTS ${WORK_DIR}/prefix/${f})
     message(FATAL_ERROR "install tree lacks ${f}")
   endif()
