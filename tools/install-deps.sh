@@ -2,8 +2,8 @@
 # Installs the Debian 12 packages kvpolicy builds with, when any is missing. Needs root or sudo.
 set -euo pipefail
 # clang + libclang-rt-14-dev: the libFuzzer targets (fuzz/); without them the fuzz tests report SKIPPED.
-# python3 + python3-venv: Conan 2 from PyPI (tools/conan-test.sh).
-packages=(cmake ninja-build g++ libeigen3-dev doctest-dev libbenchmark-dev nlohmann-json3-dev libstb-dev clang libclang-rt-14-dev python3 python3-venv)
+# python3 + python3-venv: Conan 2 from PyPI (tools/conan-test.sh). doxygen: the API reference.
+packages=(cmake ninja-build g++ libeigen3-dev doctest-dev libbenchmark-dev nlohmann-json3-dev libstb-dev clang libclang-rt-14-dev python3 python3-venv doxygen)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,11 +1,12 @@
-// kvpolicy/cache.hpp — Cache<Scorer, Admitter, Evictor, Allocator, Backend>: the composition point.
-//
-// One forward step of a sequence, as an engine runs it (SPEC, "When eviction runs"):
-//   for each layer l:  append(seq, l, keys, values, log_beta)   // T new tokens, positions n..n+T-1
-//                      attend(seq, l, queries, out)             // causal inside the chunk
-//   commit(seq)                                                 // n += T; trigger; evict
-// step() does all three for every layer at once. Every call validates everything before it changes
-// anything: a call that throws leaves the cache exactly as it was (SPEC §7).
+/// \file
+/// kvpolicy/cache.hpp — Cache<Scorer, Admitter, Evictor, Allocator, Backend>: the composition point.
+///
+/// One forward step of a sequence, as an engine runs it (SPEC, "When eviction runs"):
+///   for each layer l:  append(seq, l, keys, values, log_beta)   // T new tokens, positions n..n+T-1
+///                      attend(seq, l, queries, out)             // causal inside the chunk
+///   commit(seq)                                                 // n += T; trigger; evict
+/// step() does all three for every layer at once. Every call validates everything before it changes
+/// anything: a call that throws leaves the cache exactly as it was (SPEC §7).
 #pragma once
 
 #include <cmath>
@@ -24,7 +25,7 @@
 
 namespace kvpolicy {
 
-// One entry an eviction removed, for tools that trace decisions (kvpolicy-replay).
+/// One entry an eviction removed, for tools that trace decisions (kvpolicy-replay).
 struct EvictedEntry {
   int layer = 0;
   int head = 0;
@@ -58,7 +59,7 @@ class Cache {
   const S& scorer() const { return scorer_; }
   const Alloc& allocator() const { return alloc_; }
 
-  // ---- sequences -------------------------------------------------------------------------------
+  /// ---- sequences -------------------------------------------------------------------------------
   void add_sequence(std::int64_t seq) {
     alloc_.add_sequence(seq);
     state_.emplace(seq, SequenceState{0, 0, std::vector<std::uint8_t>(static_cast<std::size_t>(shape_.layers), 0)});
@@ -69,7 +70,7 @@ class Cache {
     state_.erase(seq);
   }
   bool has_sequence(std::int64_t seq) const { return state_.count(seq) != 0; }
-  // n: tokens of the sequence processed by committed steps.
+  /// n: tokens of the sequence processed by committed steps.
   std::int64_t tokens(std::int64_t seq) const { return state_of(seq).n; }
   std::int64_t length(std::int64_t seq, int layer, int head) const { return alloc_.length(seq, layer, head); }
   std::int64_t total_length(std::int64_t seq) const {
@@ -78,16 +79,16 @@ class Cache {
       for (int h = 0; h < shape_.kv_heads; ++h) total += alloc_.length(seq, l, h);
     return total;
   }
-  // Metadata of entry i of a head, in storage order (not position order after compaction).
+  /// Metadata of entry i of a head, in storage order (not position order after compaction).
   EntryMeta entry(std::int64_t seq, int layer, int head, std::int64_t i) const {
     const auto head_layout = alloc_.layout(seq, layer, head);
     require(i >= 0 && i < head_layout.length, "Cache::entry: index ", i, " out of range [0, ", head_layout.length, ")");
     return alloc_.pool().meta(head_layout.slot(i));
   }
 
-  // ---- one step, layer by layer ----------------------------------------------------------------
-  // keys/values [Hkv, T, d] post-RoPE, log_beta [Hkv, T] in [-inf, 0]. Every layer of a step appends
-  // the same T, once.
+  /// ---- one step, layer by layer ----------------------------------------------------------------
+  /// keys/values [Hkv, T, d] post-RoPE, log_beta [Hkv, T] in [-inf, 0]. Every layer of a step appends
+  /// the same T, once.
   void append(std::int64_t seq, int layer, View<const float, 3> keys, View<const float, 3> values,
               View<const float, 2> log_beta) {
     SequenceState& st = state_of(seq);
@@ -103,7 +104,7 @@ class Cache {
     write_layer(seq, st, layer, T, keys, values, log_beta);
   }
 
-  // queries [Hq, T, d] of this step's T tokens at `layer` (appended already) -> out [Hq, T, d].
+  /// queries [Hq, T, d] of this step's T tokens at `layer` (appended already) -> out [Hq, T, d].
   void attend(std::int64_t seq, int layer, View<const float, 3> queries, View<float, 3> out) const {
     const SequenceState& st = state_of(seq);
     check_layer(layer, "attend");
@@ -116,7 +117,7 @@ class Cache {
     attend_layer(seq, st, layer, queries, out);
   }
 
-  // Closes the step: n += T, then the evictor's trigger and, if it fires, the eviction.
+  /// Closes the step: n += T, then the evictor's trigger and, if it fires, the eviction.
   EvictionReport commit(std::int64_t seq, std::vector<EvictedEntry>* evicted = nullptr) {
     SequenceState& st = state_of(seq);
     require(st.pending > 0, "Cache::commit: sequence ", seq, " has no open step");
@@ -133,9 +134,9 @@ class Cache {
     return apply_eviction(seq, plan, evicted);
   }
 
-  // Discards the open step of `seq`: the entries its append() calls stored are removed and their
-  // pages go back to the pool, as if the step had never started. For an engine whose forward pass
-  // failed between append() and commit(). A sequence with no open step is left as it is.
+  /// Discards the open step of `seq`: the entries its append() calls stored are removed and their
+  /// pages go back to the pool, as if the step had never started. For an engine whose forward pass
+  /// failed between append() and commit(). A sequence with no open step is left as it is.
   void abort_step(std::int64_t seq) {
     SequenceState& st = state_of(seq);
     if (st.pending == 0) return;
@@ -155,9 +156,9 @@ class Cache {
     std::fill(st.appended.begin(), st.appended.end(), std::uint8_t{0});
   }
 
-  // ---- one step, every layer at once -----------------------------------------------------------
-  // keys/values [L, Hkv, T, d], log_beta [L, Hkv, T]; queries/out [L, Hq, T, d], or empty views to
-  // skip attention. One sequence's whole forward step.
+  /// ---- one step, every layer at once -----------------------------------------------------------
+  /// keys/values [L, Hkv, T, d], log_beta [L, Hkv, T]; queries/out [L, Hq, T, d], or empty views to
+  /// skip attention. One sequence's whole forward step.
   struct SequenceStep {
     std::int64_t seq = 0;
     View<const float, 4> keys, values;
@@ -166,7 +167,7 @@ class Cache {
     View<float, 4> out{};
   };
 
-  // Validated whole before anything is written.
+  /// Validated whole before anything is written.
   EvictionReport step(const SequenceStep& s, std::vector<EvictedEntry>* evicted = nullptr) {
     validate_step(s);
     require(alloc_.can_append(s.seq, s.keys.dim(2)), "Cache::step: out of memory: sequence ", s.seq, " cannot take ",
@@ -180,10 +181,10 @@ class Cache {
     return step(SequenceStep{seq, keys, values, log_beta, queries, out}, evicted);
   }
 
-  // A batch of sequences, each with its own ragged cache and its own T. The whole batch is
-  // validated (distinct sequences, shapes, values, pool capacity for all of it) before any write.
-  // The one failure validation cannot foresee, a user-defined Scorer returning NaN, stops the batch
-  // at that sequence: its step is taken back, the steps before it stand.
+  /// A batch of sequences, each with its own ragged cache and its own T. The whole batch is
+  /// validated (distinct sequences, shapes, values, pool capacity for all of it) before any write.
+  /// The one failure validation cannot foresee, a user-defined Scorer returning NaN, stops the batch
+  /// at that sequence: its step is taken back, the steps before it stand.
   std::vector<EvictionReport> step_batch(std::span<const SequenceStep> batch) {
     std::int64_t pages_needed = 0;
     for (std::size_t i = 0; i < batch.size(); ++i) {
@@ -345,7 +346,7 @@ class Cache {
       Backend::attend(alloc_.pool(), alloc_.layout(seq, layer, h), h, shape_.group(), queries, q_pos, out);
   }
 
-  // One eviction decided but not applied: the active heads' flattened scores and keep flags.
+  /// One eviction decided but not applied: the active heads' flattened scores and keep flags.
   struct EvictionPlan {
     bool triggered = false;
     std::vector<std::int64_t> lengths, offsets;
@@ -353,9 +354,9 @@ class Cache {
     std::vector<std::int32_t> position;
   };
 
-  // SPEC §1–2: trigger on the per-head lengths; score the active heads at step n; select. Changes
-  // nothing. A NaN score (only a user-defined Scorer can make one: the built-in scorers are finite
-  // or -inf on every input append accepts, docs/numerics.md) is an error, never a ranking input.
+  /// SPEC §1–2: trigger on the per-head lengths; score the active heads at step n; select. Changes
+  /// nothing. A NaN score (only a user-defined Scorer can make one: the built-in scorers are finite
+  /// or -inf on every input append accepts, docs/numerics.md) is an error, never a ranking input.
   EvictionPlan plan_eviction(std::int64_t seq, std::int64_t n) const {
     const auto heads = static_cast<std::size_t>(shape_.heads_total());
     EvictionPlan plan;
@@ -393,7 +394,7 @@ class Cache {
     return plan;
   }
 
-  // Compacts every active head by the plan's keep flags.
+  /// Compacts every active head by the plan's keep flags.
   EvictionReport apply_eviction(std::int64_t seq, const EvictionPlan& plan, std::vector<EvictedEntry>* evicted) {
     EvictionReport report;
     report.triggered = plan.triggered;

@@ -1,6 +1,7 @@
-// kvpolicy/dbtrimkv.hpp — DBTrimKV presets (SPEC §2): weight-tied retention gates, lookahead score
-// (Eq. 9) and one global budget L * Hkv * M per sequence shared by every layer and kv head, on a
-// ragged paged cache (heads end up with different lengths).
+/// \file
+/// kvpolicy/dbtrimkv.hpp — DBTrimKV presets (SPEC §2): weight-tied retention gates, lookahead score
+/// (Eq. 9) and one global budget L * Hkv * M per sequence shared by every layer and kv head, on a
+/// ragged paged cache (heads end up with different lengths).
 #pragma once
 
 #include "kvpolicy/cache.hpp"

@@ -1,8 +1,9 @@
-// kvpolicy/trimkv.hpp — TRIM-KV presets (SPEC §1): learned retention log_beta per token and kv
-// head, score log_beta * (n + 1 - p), per-head budget M with buffer B, on a paged cache.
-//
-//   kvpolicy::TrimKVCache<> cache(shape, kvpolicy::memory::Paged<16>(pages),
-//                                 kvpolicy::trimkv_evictor({.budget = 1024, .buffer = 128}));
+/// \file
+/// kvpolicy/trimkv.hpp — TRIM-KV presets (SPEC §1): learned retention log_beta per token and kv
+/// head, score log_beta * (n + 1 - p), per-head budget M with buffer B, on a paged cache.
+///
+///   kvpolicy::TrimKVCache<> cache(shape, kvpolicy::memory::Paged<16>(pages),
+///                                 kvpolicy::trimkv_evictor({.budget = 1024, .buffer = 128}));
 #pragma once
 
 #include "kvpolicy/cache.hpp"
@@ -15,7 +16,7 @@
 
 namespace kvpolicy {
 
-// The knobs of SPEC §1 with its defaults.
+/// The knobs of SPEC §1 with its defaults.
 struct TrimKVConfig {
   std::int64_t budget = 1024;  // M per (layer, kv head)
   std::int64_t buffer = 128;   // B
@@ -31,13 +32,13 @@ template <class Backend = cpu_backend, class Storage = float, int PageSize = 16>
 using TrimKVCache = Cache<score::RetentionDecay, admit::All, evict::PerHead<trigger::Buffered>,
                           memory::Paged<PageSize, Storage>, Backend>;
 
-// SPEC §1 variant `knorm`: retention plus log ||k||.
+/// SPEC §1 variant `knorm`: retention plus log ||k||.
 template <class Backend = cpu_backend, class Storage = float, int PageSize = 16>
 using TrimKVKNormCache = Cache<score::KNormRetention, admit::All, evict::PerHead<trigger::Buffered>,
                                memory::Paged<PageSize, Storage>, Backend>;
 
-// Pages a paged pool needs so that `sequences` sequences each hold up to `entries_per_head` entries
-// in every (layer, kv head). For TRIM-KV decode: entries_per_head = M + B - 1 + the largest chunk.
+/// Pages a paged pool needs so that `sequences` sequences each hold up to `entries_per_head` entries
+/// in every (layer, kv head). For TRIM-KV decode: entries_per_head = M + B - 1 + the largest chunk.
 inline std::int64_t pages_for(const CacheShape& shape, std::int64_t entries_per_head, std::int64_t sequences,
                               std::int64_t page_size) {
   return sequences * shape.heads_total() * ((entries_per_head + page_size - 1) / page_size);

@@ -1,6 +1,7 @@
-// kvpolicy/core/concepts.hpp — the four concepts a Cache is composed of (DESIGN, "The four concepts").
-// Every policy static_asserts the concept it models, so a wrong composition fails to compile with
-// one readable line.
+/// \file
+/// kvpolicy/core/concepts.hpp — the four concepts a Cache is composed of (DESIGN, "The four concepts").
+/// Every policy static_asserts the concept it models, so a wrong composition fails to compile with
+/// one readable line.
 #pragma once
 
 #include <concepts>
@@ -12,7 +13,7 @@
 
 namespace kvpolicy {
 
-// Scorer: entry metadata + step context -> one fp32 score, higher = keep. Pure KVPOLICY_HD math.
+/// Scorer: entry metadata + step context -> one fp32 score, higher = keep. Pure KVPOLICY_HD math.
 template <class S>
 concept Scorer = std::copyable<S> && requires(const S& s, EntryMeta m, StepContext c) {
   { s(m, c) } -> std::same_as<float>;
@@ -20,17 +21,17 @@ concept Scorer = std::copyable<S> && requires(const S& s, EntryMeta m, StepConte
   s.validate();
 };
 
-// Admitter: decides at write time where a new entry goes.
+/// Admitter: decides at write time where a new entry goes.
 template <class A>
 concept Admitter = std::copyable<A> && requires(const A& a, EntryMeta m) {
   { a.admit(m) } -> std::same_as<Admission>;
 };
 
-// Evictor: a trigger over per-head lengths, then a selection over segmented scores that marks the
-// survivors. It never moves data.
-//   trigger(shape, lengths, active): lengths has one entry per (layer, kv head); marks in `active`
-//     the heads whose entries take part in this eviction and returns whether any does.
-//   select(shape, scores, keep): for the active heads' segments, sets keep[i] = 1 for survivors.
+/// Evictor: a trigger over per-head lengths, then a selection over segmented scores that marks the
+/// survivors. It never moves data.
+///   trigger(shape, lengths, active): lengths has one entry per (layer, kv head); marks in `active`
+///     the heads whose entries take part in this eviction and returns whether any does.
+///   select(shape, scores, keep): for the active heads' segments, sets keep[i] = 1 for survivors.
 template <class E>
 concept Evictor = std::copyable<E> &&
     requires(const E& e, const CacheShape& shape, std::span<const std::int64_t> lengths,
@@ -40,8 +41,8 @@ concept Evictor = std::copyable<E> &&
       e.select(shape, scores, keep);
     };
 
-// Allocator: owns where entries live. Appends whole steps of a head, reads them back through
-// block tables, and compacts a head to its survivors, returning emptied pages to the pool.
+/// Allocator: owns where entries live. Appends whole steps of a head, reads them back through
+/// block tables, and compacts a head to its survivors, returning emptied pages to the pool.
 template <class A>
 concept Allocator = requires(A& a, const A& ca, const CacheShape& shape, std::int64_t seq, int layer,
                              int head, std::span<const std::uint8_t> keep) {

@@ -1,6 +1,7 @@
-// kvpolicy/core/dtype.hpp — storage dtypes for K/V on the host: float, half (IEEE binary16) and
-// bfloat16, with round-to-nearest-even conversion. Scores and accumulation are always fp32
-// (SPEC, Notation); these types only say how K/V sit in memory.
+/// \file
+/// kvpolicy/core/dtype.hpp — storage dtypes for K/V on the host: float, half (IEEE binary16) and
+/// bfloat16, with round-to-nearest-even conversion. Scores and accumulation are always fp32
+/// (SPEC, Notation); these types only say how K/V sit in memory.
 #pragma once
 
 #include <cstdint>
@@ -61,7 +62,7 @@ KVPOLICY_HD std::uint16_t float_to_half(float f) {
     if (rest > 0.5f || (rest == 0.5f && (m & 1u))) ++m;
     return static_cast<std::uint16_t>(sign | m);
   }
-  // normal: rebias exponent, round mantissa 23 -> 10 bits to nearest even
+  /// normal: rebias exponent, round mantissa 23 -> 10 bits to nearest even
   std::uint32_t r = abs - 0x38000000u;  // exponent 127 -> 15
   const std::uint32_t lsb = (r >> 13) & 1u;
   r += 0xfffu + lsb;
@@ -79,7 +80,7 @@ KVPOLICY_HD std::uint16_t float_to_bf16(float f) {
 
 }  // namespace dtype
 
-// to_float / from_float: the one conversion point for every storage type.
+/// to_float / from_float: the one conversion point for every storage type.
 KVPOLICY_HD float to_float(float x) { return x; }
 KVPOLICY_HD float to_float(half x) { return dtype::half_to_float(x.bits); }
 KVPOLICY_HD float to_float(bfloat16 x) { return dtype::bf16_to_float(x.bits); }

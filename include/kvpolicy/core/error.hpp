@@ -1,6 +1,7 @@
-// kvpolicy/core/error.hpp — the one error type of the library (SPEC §7).
-// Every public entry point validates its inputs and throws kvpolicy::Error with a message that
-// names the offending value; a call that throws leaves every object it touched unchanged.
+/// \file
+/// kvpolicy/core/error.hpp — the one error type of the library (SPEC §7).
+/// Every public entry point validates its inputs and throws kvpolicy::Error with a message that
+/// names the offending value; a call that throws leaves every object it touched unchanged.
 #pragma once
 
 #include <sstream>
@@ -15,7 +16,7 @@ class Error : public std::runtime_error {
   explicit Error(const std::string& what) : std::runtime_error("kvpolicy: " + what) {}
 };
 
-// Builds the message from streamable parts: fail("budget M = ", m, " must be >= 1").
+/// Builds the message from streamable parts: fail("budget M = ", m, " must be >= 1").
 template <class... Parts>
 [[noreturn]] inline void fail(Parts&&... parts) {
   std::ostringstream out;
@@ -23,7 +24,7 @@ template <class... Parts>
   throw Error(out.str());
 }
 
-// require(cond, parts...) — throw unless cond holds. Not an assert: it guards user input.
+/// require(cond, parts...) — throw unless cond holds. Not an assert: it guards user input.
 template <class... Parts>
 inline void require(bool cond, Parts&&... parts) {
   if (!cond) fail(std::forward<Parts>(parts)...);

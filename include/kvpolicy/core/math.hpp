@@ -1,6 +1,7 @@
-// kvpolicy/core/math.hpp — the numerics every backend shares (SPEC §1–2).
-// Everything here is KVPOLICY_HD: __host__ __device__ under nvcc, plain inline functions otherwise,
-// so the CPU path and the CUDA kernels call the very same code.
+/// \file
+/// kvpolicy/core/math.hpp — the numerics every backend shares (SPEC §1–2).
+/// Everything here is KVPOLICY_HD: __host__ __device__ under nvcc, plain inline functions otherwise,
+/// so the CPU path and the CUDA kernels call the very same code.
 #pragma once
 
 #include <cmath>
@@ -14,8 +15,8 @@
 
 namespace kvpolicy::math {
 
-// log(sigmoid(z)) = -softplus(-z), stable for every finite z and for ±inf (SPEC §1):
-// for z >= 0 it is -log1p(exp(-z)); for z < 0 it is z - log1p(exp(z)). exp never overflows.
+/// log(sigmoid(z)) = -softplus(-z), stable for every finite z and for ±inf (SPEC §1):
+/// for z >= 0 it is -log1p(exp(-z)); for z < 0 it is z - log1p(exp(z)). exp never overflows.
 KVPOLICY_HD float logsigmoid(float z) {
   if (z >= 0.0f) return -log1pf(expf(-z));
   return z - log1pf(expf(z));
@@ -29,13 +30,13 @@ KVPOLICY_HD float sigmoid(float z) {
 
 KVPOLICY_HD float silu(float x) { return x * sigmoid(x); }
 
-// GELU, exact (erf) form, as torch.nn.GELU() by default.
+/// GELU, exact (erf) form, as torch.nn.GELU() by default.
 KVPOLICY_HD float gelu(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)); }
 
-// log( (1 - beta^h) / (1 - beta) ) with beta = exp(log_beta), log_beta in [-inf, 0], h >= 1.
-// SPEC §2, Eq. 9: written as expm1(h*log_beta) / expm1(log_beta) so that beta near 1 never forms
-// 1 - beta in fp32; the limit log_beta -> 0 is log(h). Computed in double: the ratio of two
-// expm1 values loses nothing there, and fp32 keeps the result's precision.
+/// log( (1 - beta^h) / (1 - beta) ) with beta = exp(log_beta), log_beta in [-inf, 0], h >= 1.
+/// SPEC §2, Eq. 9: written as expm1(h*log_beta) / expm1(log_beta) so that beta near 1 never forms
+/// 1 - beta in fp32; the limit log_beta -> 0 is log(h). Computed in double: the ratio of two
+/// expm1 values loses nothing there, and fp32 keeps the result's precision.
 KVPOLICY_HD float lookahead_log_ratio(float log_beta, int horizon) {
   if (horizon == 1) return 0.0f;
   const double lb = static_cast<double>(log_beta);

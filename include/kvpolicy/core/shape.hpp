@@ -1,4 +1,5 @@
-// kvpolicy/core/shape.hpp — the model geometry a cache is built for (SPEC, Notation).
+/// \file
+/// kvpolicy/core/shape.hpp — the model geometry a cache is built for (SPEC, Notation).
 #pragma once
 
 #include <cstdint>
@@ -26,8 +27,8 @@ struct CacheShape {
   friend constexpr bool operator==(const CacheShape&, const CacheShape&) = default;
 };
 
-// The flat index of (layer, kv head) used by every per-head table: layer-major, as the global
-// ranking's tie-break orders heads (SPEC, Ties).
+/// The flat index of (layer, kv head) used by every per-head table: layer-major, as the global
+/// ranking's tie-break orders heads (SPEC, Ties).
 constexpr std::int64_t head_index(const CacheShape& s, int layer, int head) {
   return std::int64_t{layer} * s.kv_heads + head;
 }

@@ -1,5 +1,6 @@
-// kvpolicy/core/view.hpp — non-owning, row-major tensor views over memory someone else owns.
-// The engine (or a test) owns every buffer; the library reads and writes through these.
+/// \file
+/// kvpolicy/core/view.hpp — non-owning, row-major tensor views over memory someone else owns.
+/// The engine (or a test) owns every buffer; the library reads and writes through these.
 #pragma once
 
 #include <array>
@@ -22,7 +23,7 @@ struct View {
 
   constexpr View() = default;
   constexpr View(T* d, std::array<std::int64_t, Rank> s) : data(d), shape(s) {}
-  // A View<T> converts to a View<const T>.
+  /// A View<T> converts to a View<const T>.
   template <class U>
     requires(std::is_same_v<const U, T> && !std::is_same_v<U, T>)
   constexpr View(const View<U, Rank>& o) : data(o.data), shape(o.shape) {}
@@ -35,7 +36,7 @@ struct View {
   constexpr std::int64_t dim(int i) const { return shape[static_cast<std::size_t>(i)]; }
   constexpr bool empty() const { return size() == 0; }
 
-  // Row-major offset; callers validate shapes at the API boundary, so no check here.
+  /// Row-major offset; callers validate shapes at the API boundary, so no check here.
   template <class... I>
   constexpr std::int64_t offset(I... idx) const {
     static_assert(sizeof...(I) == Rank, "wrong number of indices");
@@ -58,7 +59,7 @@ struct View {
   }
 };
 
-// Throws unless `v` has exactly `expected` shape; `what` names the argument in the message.
+/// Throws unless `v` has exactly `expected` shape; `what` names the argument in the message.
 template <class T, int Rank>
 void require_shape(const View<T, Rank>& v, const std::type_identity_t<std::array<std::int64_t, Rank>>& expected,
                    const char* what) {
@@ -69,7 +70,7 @@ void require_shape(const View<T, Rank>& v, const std::type_identity_t<std::array
   require(v.data != nullptr || v.size() == 0, what, " is a null view of shape ", v.shape_string());
 }
 
-// Throws unless every element of `v` is finite, naming the first that is not.
+/// Throws unless every element of `v` is finite, naming the first that is not.
 template <class T, int Rank>
 void require_finite(const View<T, Rank>& v, const char* what) {
   for (std::int64_t i = 0; i < v.size(); ++i)

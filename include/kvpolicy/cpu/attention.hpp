@@ -1,10 +1,11 @@
-// kvpolicy/cpu/attention.hpp — attention over a cache on the CPU (SPEC §6):
-// o = softmax(q K^T / sqrt(d)) V over exactly the cached entries a query may see (key position <=
-// query position: causal inside a prefill chunk, everything for a decode token), G = Hq / Hkv query
-// heads per kv head, fp32 accumulation whatever the storage dtype.
-//   attend_dense  — the reference: two-pass softmax over dense fp32 K/V.
-//   attend_paged  — the ragged paged path: one streaming pass over a kv head's pages shared by the
-//                   G query heads of its group, online softmax (the CPU twin of the decode kernel).
+/// \file
+/// kvpolicy/cpu/attention.hpp — attention over a cache on the CPU (SPEC §6):
+/// o = softmax(q K^T / sqrt(d)) V over exactly the cached entries a query may see (key position <=
+/// query position: causal inside a prefill chunk, everything for a decode token), G = Hq / Hkv query
+/// heads per kv head, fp32 accumulation whatever the storage dtype.
+///   attend_dense  — the reference: two-pass softmax over dense fp32 K/V.
+///   attend_paged  — the ragged paged path: one streaming pass over a kv head's pages shared by the
+///                   G query heads of its group, online softmax (the CPU twin of the decode kernel).
 #pragma once
 
 #include <algorithm>
@@ -20,8 +21,8 @@
 
 namespace kvpolicy::cpu {
 
-// q [T, d], keys/values [N, d], key_pos [N], q_pos [T] -> out [T, d]. A query that sees no key
-// gets zeros.
+/// q [T, d], keys/values [N, d], key_pos [N], q_pos [T] -> out [T, d]. A query that sees no key
+/// gets zeros.
 inline void attend_dense(View<const float, 2> q, View<const float, 2> keys, View<const float, 2> values,
                          std::span<const std::int32_t> key_pos, std::span<const std::int32_t> q_pos,
                          View<float, 2> out) {
@@ -50,9 +51,9 @@ inline void attend_dense(View<const float, 2> q, View<const float, 2> keys, View
   }
 }
 
-// One kv head of the cache against the G query heads of its group: queries [Hq, T, d] (the
-// layer's), out the same shape; only query heads kv_head*G .. kv_head*G + G-1 are read and written.
-// Entries stream in blocks; each block costs one rescale of the running (max, sum, acc) state.
+/// One kv head of the cache against the G query heads of its group: queries [Hq, T, d] (the
+/// layer's), out the same shape; only query heads kv_head*G .. kv_head*G + G-1 are read and written.
+/// Entries stream in blocks; each block costs one rescale of the running (max, sum, acc) state.
 template <class Storage>
 void attend_paged(const memory::EntryPool<Storage>& pool, const memory::HeadLayout& head, int kv_head, int group,
                   View<const float, 3> queries, std::span<const std::int32_t> q_pos, View<float, 3> out) {

@@ -1,4 +1,5 @@
-// kvpolicy/cpu/backend.hpp — the CPU reference backend: how a Cache attends over its entries.
+/// \file
+/// kvpolicy/cpu/backend.hpp — the CPU reference backend: how a Cache attends over its entries.
 #pragma once
 
 #include "kvpolicy/cpu/attention.hpp"

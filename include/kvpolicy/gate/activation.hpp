@@ -1,4 +1,5 @@
-// kvpolicy/gate/activation.hpp — the gate MLPs' activations (SPEC §1: SiLU by default, GELU selectable).
+/// \file
+/// kvpolicy/gate/activation.hpp — the gate MLPs' activations (SPEC §1: SiLU by default, GELU selectable).
 #pragma once
 
 #include <string>

@@ -1,7 +1,8 @@
-// kvpolicy/gate/retention_gate.hpp — the TRIM-KV retention gate on Eigen (SPEC §1):
-//   u = act(W1 x + b1),  z = W2 u + b,  log_beta = logsigmoid(z)   (one value per kv head)
-// x is the attention block's input (after the layer's input RMSNorm). Batched over the T tokens of
-// a prefill chunk; a decode token is the T = 1 case.
+/// \file
+/// kvpolicy/gate/retention_gate.hpp — the TRIM-KV retention gate on Eigen (SPEC §1):
+///   u = act(W1 x + b1),  z = W2 u + b,  log_beta = logsigmoid(z)   (one value per kv head)
+/// x is the attention block's input (after the layer's input RMSNorm). Batched over the T tokens of
+/// a prefill chunk; a decode token is the T = 1 case.
 #pragma once
 
 #include <string>
@@ -17,7 +18,7 @@ namespace kvpolicy::gate {
 
 using RowMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
-// Reads `name` with shape `shape` as a finite fp32 matrix [rows, cols] (a vector is [n, 1]).
+/// Reads `name` with shape `shape` as a finite fp32 matrix [rows, cols] (a vector is [n, 1]).
 inline RowMatrix load_matrix(const safetensors::File& f, const std::string& name, const std::vector<std::int64_t>& shape) {
   const auto v = f.floats(name, shape, /*finite=*/true);
   const std::int64_t rows = shape[0], cols = shape.size() > 1 ? shape[1] : 1;
@@ -50,7 +51,7 @@ class RetentionGate {
 
   static std::string prefix(int l) { return "model.layers." + std::to_string(l) + ".self_attn.retention_gate."; }
 
-  // Loads every layer by the reference state-dict names (SPEC §1); F32, F16 and BF16 all load.
+  /// Loads every layer by the reference state-dict names (SPEC §1); F32, F16 and BF16 all load.
   static RetentionGate load(const safetensors::File& f, const RetentionGateConfig& c) {
     c.validate();
     RetentionGate g;
@@ -67,7 +68,7 @@ class RetentionGate {
 
   const RetentionGateConfig& config() const { return config_; }
 
-  // x [T, D] -> log_beta [Hkv, T] (the layout Cache::append takes).
+  /// x [T, D] -> log_beta [Hkv, T] (the layout Cache::append takes).
   void forward(int layer, View<const float, 2> x, View<float, 2> log_beta) const {
     require(layer >= 0 && layer < config_.layers, "RetentionGate: layer ", layer, " out of range [0, ",
             config_.layers, ")");

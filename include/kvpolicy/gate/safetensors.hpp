@@ -1,9 +1,10 @@
-// kvpolicy/gate/safetensors.hpp — a bounds-checked safetensors reader and writer.
-// Format: u64 little-endian header length N, N bytes of JSON header
-//   {"name": {"dtype": "F32", "shape": [..], "data_offsets": [begin, end]}, "__metadata__": {..}},
-// then the data; offsets are relative to the first byte after the header.
-// Every malformed file gives kvpolicy::Error naming the tensor (or file) and the problem; nothing
-// reads outside the buffer: all offsets are checked against the file size before any access.
+/// \file
+/// kvpolicy/gate/safetensors.hpp — a bounds-checked safetensors reader and writer.
+/// Format: u64 little-endian header length N, N bytes of JSON header
+///   {"name": {"dtype": "F32", "shape": [..], "data_offsets": [begin, end]}, "__metadata__": {..}},
+/// then the data; offsets are relative to the first byte after the header.
+/// Every malformed file gives kvpolicy::Error naming the tensor (or file) and the problem; nothing
+/// reads outside the buffer: all offsets are checked against the file size before any access.
 #pragma once
 
 #include <algorithm>
@@ -67,7 +68,7 @@ inline std::string shape_string(const std::vector<std::int64_t>& s) {
 
 class File {
  public:
-  // Reads and validates a whole file.
+  /// Reads and validates a whole file.
   static File read(const std::string& path) {
     std::ifstream in(path, std::ios::binary);
     require(in.good(), "safetensors: cannot open '", path, "'");
@@ -75,7 +76,7 @@ class File {
     return parse(std::move(bytes), path);
   }
 
-  // Validates a file image held in memory; `source` names it in error messages.
+  /// Validates a file image held in memory; `source` names it in error messages.
   static File parse(std::vector<std::uint8_t> bytes, std::string source = "<memory>") {
     File f;
     f.source_ = std::move(source);
@@ -99,8 +100,8 @@ class File {
     return it->second;
   }
 
-  // The tensor as fp32 (from F32, F16 or BF16). With `expected` non-empty the shape must match; with
-  // finite = true every value must be finite (gate weights).
+  /// The tensor as fp32 (from F32, F16 or BF16). With `expected` non-empty the shape must match; with
+  /// finite = true every value must be finite (gate weights).
   std::vector<float> floats(const std::string& name, const std::vector<std::int64_t>& expected = {},
                             bool finite = false) const {
     const TensorInfo& t = checked(name, expected);
@@ -121,7 +122,7 @@ class File {
     return out;
   }
 
-  // The tensor's bytes as stored (little-endian, row-major).
+  /// The tensor's bytes as stored (little-endian, row-major).
   std::span<const std::uint8_t> raw(const std::string& name) const {
     const TensorInfo& t = info(name);
     return {data() + t.begin, static_cast<std::size_t>(t.end - t.begin)};
@@ -253,8 +254,8 @@ class File {
   std::map<std::string, std::string> metadata_;
 };
 
-// Builds a safetensors file: add tensors, then bytes() or write(path). Tensors are laid out in the
-// order added; the header is padded with spaces to a multiple of 8 so the data stays aligned.
+/// Builds a safetensors file: add tensors, then bytes() or write(path). Tensors are laid out in the
+/// order added; the header is padded with spaces to a multiple of 8 so the data stays aligned.
 class Writer {
  public:
   void add(const std::string& name, DType dtype, const std::vector<std::int64_t>& shape, const void* data) {
@@ -280,7 +281,7 @@ class Writer {
     check_count(name, shape, v.size());
     add(name, DType::I64, shape, v.data());
   }
-  // fp32 values stored as F16 or BF16 (round to nearest even).
+  /// fp32 values stored as F16 or BF16 (round to nearest even).
   void add_f32_as(const std::string& name, DType dtype, const std::vector<std::int64_t>& shape, std::span<const float> v) {
     check_count(name, shape, v.size());
     if (dtype == DType::F32) return add(name, dtype, shape, v.data());

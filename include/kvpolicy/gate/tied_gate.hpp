@@ -1,6 +1,7 @@
-// kvpolicy/gate/tied_gate.hpp — the DBTrimKV weight-tied retention gate on Eigen (SPEC §2):
-//   P[l] = act(Wp[l] x + bp[l]) reshaped to [Hkv, J]
-//   log_beta[h] = logsigmoid(P[l][h] . wg + bg)      wg [J], bg scalar: one pair for the whole model
+/// \file
+/// kvpolicy/gate/tied_gate.hpp — the DBTrimKV weight-tied retention gate on Eigen (SPEC §2):
+///   P[l] = act(Wp[l] x + bp[l]) reshaped to [Hkv, J]
+///   log_beta[h] = logsigmoid(P[l][h] . wg + bg)      wg [J], bg scalar: one pair for the whole model
 #pragma once
 
 #include <string>
@@ -47,7 +48,7 @@ class TiedGate {
 
   const TiedGateConfig& config() const { return config_; }
 
-  // x [T, D] -> log_beta [Hkv, T].
+  /// x [T, D] -> log_beta [Hkv, T].
   void forward(int layer, View<const float, 2> x, View<float, 2> log_beta) const {
     require(layer >= 0 && layer < config_.layers, "TiedGate: layer ", layer, " out of range [0, ", config_.layers, ")");
     const std::int64_t T = x.dim(0);

@@ -1,5 +1,6 @@
-// kvpolicy/memory/block_tables.hpp — the per-(sequence, layer, kv head) block tables every
-// allocator keeps: which pages a head owns and how many entries it holds (ragged lengths).
+/// \file
+/// kvpolicy/memory/block_tables.hpp — the per-(sequence, layer, kv head) block tables every
+/// allocator keeps: which pages a head owns and how many entries it holds (ragged lengths).
 #pragma once
 
 #include <cstdint>

@@ -1,6 +1,7 @@
-// kvpolicy/memory/contiguous.hpp — the contiguous allocator: every (sequence, layer, kv head) owns
-// one fixed region of `capacity` slots. It is the paged layout with one page per head and
-// page_size = capacity, so attention and compaction read it through the same HeadLayout.
+/// \file
+/// kvpolicy/memory/contiguous.hpp — the contiguous allocator: every (sequence, layer, kv head) owns
+/// one fixed region of `capacity` slots. It is the paged layout with one page per head and
+/// page_size = capacity, so attention and compaction read it through the same HeadLayout.
 #pragma once
 
 #include <cstdint>
@@ -18,8 +19,8 @@ class Contiguous {
  public:
   using storage_type = Storage;
 
-  // capacity: entries per head (for TRIM-KV at least M + B - 1 plus the largest prefill chunk);
-  // max_sequences: how many sequences the pool holds at once.
+  /// capacity: entries per head (for TRIM-KV at least M + B - 1 plus the largest prefill chunk);
+  /// max_sequences: how many sequences the pool holds at once.
   Contiguous(std::int64_t capacity, std::int64_t max_sequences) : capacity_(capacity), max_sequences_(max_sequences) {
     require(capacity >= 1, "memory::Contiguous: capacity = ", capacity, " must be >= 1");
     require(max_sequences >= 1, "memory::Contiguous: max_sequences = ", max_sequences, " must be >= 1");
@@ -52,7 +53,7 @@ class Contiguous {
   std::vector<std::int64_t> sequence_ids() const { return tables_.ids(); }
 
   std::int64_t length(std::int64_t seq, int layer, int head) const { return tables_.at(seq, layer, head).length; }
-  // Whether every head of `seq` (or of one layer) has room for `tokens` more entries.
+  /// Whether every head of `seq` (or of one layer) has room for `tokens` more entries.
   bool can_append(std::int64_t seq, std::int64_t tokens, int layer = -1) const {
     const auto& tables = tables_.of(seq);
     const int heads = tables_.shape().kv_heads;
@@ -90,7 +91,7 @@ class Contiguous {
 
   const EntryPool<Storage>& pool() const { return pool_; }
   std::int64_t capacity() const { return capacity_; }
-  // One "page" per head region: the accounting matches the paged allocator's.
+  /// One "page" per head region: the accounting matches the paged allocator's.
   std::int64_t pages_total() const { return max_sequences_ * tables_.shape().heads_total(); }
   std::int64_t pages_free() const { return static_cast<std::int64_t>(free_.size()) * tables_.shape().heads_total(); }
   std::int64_t pages_used(std::int64_t seq) const { return static_cast<std::int64_t>(tables_.of(seq).size()); }

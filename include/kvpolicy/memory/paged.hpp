@@ -1,6 +1,7 @@
-// kvpolicy/memory/paged.hpp — the paged allocator: one pool of fixed-size pages shared by every
-// sequence, a free list, and a block table per (sequence, layer, kv head) with its own ragged
-// length. Pages go back to the pool as soon as compaction empties them.
+/// \file
+/// kvpolicy/memory/paged.hpp — the paged allocator: one pool of fixed-size pages shared by every
+/// sequence, a free list, and a block table per (sequence, layer, kv head) with its own ragged
+/// length. Pages go back to the pool as soon as compaction empties them.
 #pragma once
 
 #include <algorithm>
@@ -28,7 +29,7 @@ class Paged {
             " must be in [1, 2^31 - 1]");
   }
 
-  // Sizes the pool for a model geometry; called once by the Cache that owns this allocator.
+  /// Sizes the pool for a model geometry; called once by the Cache that owns this allocator.
   void bind(const CacheShape& shape) {
     tables_.bind(shape, "memory::Paged");
     require(pages_ <= INT64_MAX / 4 / PageSize / shape.head_dim, "memory::Paged: ", pages_, " pages x ", PageSize,
@@ -49,7 +50,7 @@ class Paged {
 
   std::int64_t length(std::int64_t seq, int layer, int head) const { return tables_.at(seq, layer, head).length; }
 
-  // Pages appending `tokens` entries to every head of `seq` (or of one layer) would take.
+  /// Pages appending `tokens` entries to every head of `seq` (or of one layer) would take.
   std::int64_t pages_needed(std::int64_t seq, std::int64_t tokens, int layer = -1) const {
     const auto& tables = tables_.of(seq);
     const int heads = tables_.shape().kv_heads;
@@ -64,8 +65,8 @@ class Paged {
     return pages_needed(seq, tokens, layer) <= pages_free();
   }
 
-  // Appends `tokens` entries to one head: keys/values [tokens, d] fp32, meta [tokens]. Checks the
-  // pool first, so running out of pages throws and changes nothing.
+  /// Appends `tokens` entries to one head: keys/values [tokens, d] fp32, meta [tokens]. Checks the
+  /// pool first, so running out of pages throws and changes nothing.
   void append(std::int64_t seq, int layer, int head, std::int64_t tokens, const float* keys, const float* values,
               const EntryMeta* meta) {
     require(tokens >= 0, "memory::Paged::append: tokens = ", tokens, " must be >= 0");
@@ -86,8 +87,8 @@ class Paged {
     return HeadLayout{t.pages, PageSize, t.length};
   }
 
-  // Keeps the entries with keep[i] != 0 (i < length), by hole filling; frees the emptied pages.
-  // Returns the number of entries evicted.
+  /// Keeps the entries with keep[i] != 0 (i < length), by hole filling; frees the emptied pages.
+  /// Returns the number of entries evicted.
   std::int64_t compact(std::int64_t seq, int layer, int head, std::span<const std::uint8_t> keep) {
     BlockTable& t = tables_.at(seq, layer, head);
     require(static_cast<std::int64_t>(keep.size()) == t.length, "memory::Paged::compact: keep has ", keep.size(),

@@ -1,6 +1,7 @@
-// kvpolicy/memory/pool.hpp — the slot pool every allocator stores entries in, and the block-table
-// view attention reads a head through. A slot holds one entry: K [d], V [d] in the storage dtype,
-// and its EntryMeta. Slot s of page g is g * page_size + s (FlashInfer-style paged layout).
+/// \file
+/// kvpolicy/memory/pool.hpp — the slot pool every allocator stores entries in, and the block-table
+/// view attention reads a head through. A slot holds one entry: K [d], V [d] in the storage dtype,
+/// and its EntryMeta. Slot s of page g is g * page_size + s (FlashInfer-style paged layout).
 #pragma once
 
 #include <algorithm>
@@ -15,9 +16,9 @@
 
 namespace kvpolicy::memory {
 
-// One head's entries as attention sees them: entry i lives in slot
-// block_table[i / page_size] * page_size + i % page_size, for i < length. Ragged: every head has its
-// own length and its own pages.
+/// One head's entries as attention sees them: entry i lives in slot
+/// block_table[i / page_size] * page_size + i % page_size, for i < length. Ragged: every head has its
+/// own length and its own pages.
 struct HeadLayout {
   std::span<const std::int32_t> block_table;
   std::int64_t page_size = 0;
@@ -43,7 +44,7 @@ class EntryPool {
   const Storage* value(std::int64_t slot) const { return values_.data() + slot * head_dim_; }
   const EntryMeta& meta(std::int64_t slot) const { return meta_[static_cast<std::size_t>(slot)]; }
 
-  // Stores one entry, converting K/V from fp32 to the storage dtype.
+  /// Stores one entry, converting K/V from fp32 to the storage dtype.
   void write(std::int64_t slot, const float* k, const float* v, const EntryMeta& m) {
     Storage* kd = keys_.data() + slot * head_dim_;
     Storage* vd = values_.data() + slot * head_dim_;
@@ -65,8 +66,8 @@ class EntryPool {
   std::vector<EntryMeta> meta_;
 };
 
-// Compaction by hole filling (DESIGN, Device path): the survivors above the new length move into
-// the evicted slots below it, so O(evicted) entries move, not O(length). Returns the new length.
+/// Compaction by hole filling (DESIGN, Device path): the survivors above the new length move into
+/// the evicted slots below it, so O(evicted) entries move, not O(length). Returns the new length.
 template <class Storage>
 std::int64_t compact_head(EntryPool<Storage>& pool, const HeadLayout& head, std::span<const std::uint8_t> keep) {
   std::int64_t new_length = 0;
@@ -81,8 +82,8 @@ std::int64_t compact_head(EntryPool<Storage>& pool, const HeadLayout& head, std:
   return new_length;
 }
 
-// Writes `tokens` entries (keys/values [tokens, d] fp32, meta [tokens]) at indices first.. of a head
-// whose layout already covers them.
+/// Writes `tokens` entries (keys/values [tokens, d] fp32, meta [tokens]) at indices first.. of a head
+/// whose layout already covers them.
 template <class Storage>
 void write_entries(EntryPool<Storage>& pool, const HeadLayout& head, std::int64_t first, std::int64_t tokens,
                    const float* keys, const float* values, const EntryMeta* meta) {
@@ -90,7 +91,7 @@ void write_entries(EntryPool<Storage>& pool, const HeadLayout& head, std::int64_
   for (std::int64_t i = 0; i < tokens; ++i) pool.write(head.slot(first + i), keys + i * d, values + i * d, meta[i]);
 }
 
-// ||k||_2 of a key as the engine handed it (fp32), for the KNorm scores (SPEC §1).
+/// ||k||_2 of a key as the engine handed it (fp32), for the KNorm scores (SPEC §1).
 inline float key_norm(const float* k, int d) {
   double s = 0.0;
   for (int i = 0; i < d; ++i) s += static_cast<double>(k[i]) * k[i];

@@ -1,5 +1,6 @@
-// kvpolicy/policy/admit.hpp — Admitters. TRIM-KV and DBTrimKV admit every token (they act only at
-// eviction time); write-time admission (WG-KV, SPEC §3) composes here.
+/// \file
+/// kvpolicy/policy/admit.hpp — Admitters. TRIM-KV and DBTrimKV admit every token (they act only at
+/// eviction time); write-time admission (WG-KV, SPEC §3) composes here.
 #pragma once
 
 #include "kvpolicy/core/concepts.hpp"

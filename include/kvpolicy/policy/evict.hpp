@@ -1,6 +1,7 @@
-// kvpolicy/policy/evict.hpp — Evictors: trigger + selection scope + protection + quotas
-// (SPEC §1 "Trigger and survivors", SPEC §2 "Global trigger and survivors"). An evictor marks
-// survivors; it never moves data. select() here is the host reference every backend must match.
+/// \file
+/// kvpolicy/policy/evict.hpp — Evictors: trigger + selection scope + protection + quotas
+/// (SPEC §1 "Trigger and survivors", SPEC §2 "Global trigger and survivors"). An evictor marks
+/// survivors; it never moves data. select() here is the host reference every backend must match.
 #pragma once
 
 #include <algorithm>
@@ -18,8 +19,8 @@ namespace kvpolicy {
 
 namespace trigger {
 
-// SPEC §1: a head evicts once its length reaches M + B, and keeps M. Between triggers it holds at
-// most M + B - 1 entries after a decode step.
+/// SPEC §1: a head evicts once its length reaches M + B, and keeps M. Between triggers it holds at
+/// most M + B - 1 entries after a decode step.
 struct Buffered {
   std::int64_t budget = 1024;  // M, per (layer, kv head)
   std::int64_t buffer = 128;   // B >= 1 (B = 1 evicts every step: a strict budget M)
@@ -40,8 +41,8 @@ namespace evict {
 
 namespace detail {
 
-// The threshold bound log(alpha) (SPEC §1), formed in double so that an alpha outside fp32's range
-// still gives its finite log.
+/// The threshold bound log(alpha) (SPEC §1), formed in double so that an alpha outside fp32's range
+/// still gives its finite log.
 inline float log_alpha(double alpha) { return static_cast<float>(std::log(alpha)); }
 
 inline void validate_common(const char* who, std::int64_t budget, std::int64_t window, double threshold) {
@@ -56,7 +57,7 @@ inline void validate_floor(const char* who, double floor_ratio, double threshold
           " are exclusive variants; set one of them");
 }
 
-// The scores the selection ranks: the given ones with each active head's window protected (+inf).
+/// The scores the selection ranks: the given ones with each active head's window protected (+inf).
 inline std::vector<float> protected_scores(const SegmentedScores& s, std::int64_t window) {
   std::vector<float> out(s.score.begin(), s.score.end());
   if (window > 0)
@@ -68,9 +69,9 @@ inline std::vector<float> protected_scores(const SegmentedScores& s, std::int64_
   return out;
 }
 
-// One pooled ranking over the segments [first, last) — SPEC §2 global/layer-wise selection:
-// keep the top `pool_budget` entries, or with floor_ratio f > 0: the top floor((1-f)*pool_budget)
-// pooled, then each head keeps its top (count among those + floor(M*f)).
+/// One pooled ranking over the segments [first, last) — SPEC §2 global/layer-wise selection:
+/// keep the top `pool_budget` entries, or with floor_ratio f > 0: the top floor((1-f)*pool_budget)
+/// pooled, then each head keeps its top (count among those + floor(M*f)).
 inline void select_pooled(const SegmentedScores& s, std::span<const float> score, std::int64_t first,
                           std::int64_t last, std::int64_t pool_budget, std::int64_t per_head_budget,
                           double floor_ratio, std::span<std::uint8_t> keep) {
@@ -104,8 +105,8 @@ inline void select_pooled(const SegmentedScores& s, std::span<const float> score
 
 }  // namespace detail
 
-// Per (layer, kv head) eviction — TRIM-KV, SPEC §1. Each head triggers on its own length; a
-// triggered head keeps its top M (or, with threshold alpha > 0, every entry scoring >= log alpha).
+/// Per (layer, kv head) eviction — TRIM-KV, SPEC §1. Each head triggers on its own length; a
+/// triggered head keeps its top M (or, with threshold alpha > 0, every entry scoring >= log alpha).
 template <class Trigger = trigger::Buffered>
 struct PerHead {
   Trigger rule{};
@@ -142,8 +143,8 @@ struct PerHead {
   }
 };
 
-// Layer-wise pooled eviction — SPEC §2 "layer-wise variant": a layer triggers when its total
-// exceeds Hkv * (M + B) (strictly) and keeps the top Hkv * M of the layer.
+/// Layer-wise pooled eviction — SPEC §2 "layer-wise variant": a layer triggers when its total
+/// exceeds Hkv * (M + B) (strictly) and keeps the top Hkv * M of the layer.
 struct LayerWise {
   std::int64_t budget = 1024;  // M per (layer, kv head)
   std::int64_t buffer = 128;
@@ -184,9 +185,9 @@ struct LayerWise {
   }
 };
 
-// Global eviction over every layer and head of a sequence — DBTrimKV, SPEC §2: triggers when the
-// sequence's total reaches L * Hkv * (M + B); keeps the top L * Hkv * M, with optional floor_ratio
-// quotas or the threshold variant.
+/// Global eviction over every layer and head of a sequence — DBTrimKV, SPEC §2: triggers when the
+/// sequence's total reaches L * Hkv * (M + B); keeps the top L * Hkv * M, with optional floor_ratio
+/// quotas or the threshold variant.
 struct Global {
   std::int64_t budget = 1024;  // M per (layer, kv head); M_global = L * Hkv * M
   std::int64_t buffer = 128;

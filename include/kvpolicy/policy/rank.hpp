@@ -1,7 +1,8 @@
-// kvpolicy/policy/rank.hpp — the one ordering every top-k of the library uses (SPEC, Ties), and the
-// host reference selections built on it. Higher score first; among equal scores the larger
-// position (the newer token) first; across heads, equal score and position go to the lower
-// (layer, head) index.
+/// \file
+/// kvpolicy/policy/rank.hpp — the one ordering every top-k of the library uses (SPEC, Ties), and the
+/// host reference selections built on it. Higher score first; among equal scores the larger
+/// position (the newer token) first; across heads, equal score and position go to the lower
+/// (layer, head) index.
 #pragma once
 
 #include <algorithm>
@@ -26,8 +27,8 @@ KVPOLICY_HD bool above(float score_a, std::int32_t pos_a, std::int64_t head_a, f
   return head_a < head_b;
 }
 
-// Sliding-window protection (SPEC §1): the `window` entries of a head with the largest positions
-// score +inf. Positions within a head are unique, so "the w largest" is a set of exactly w.
+/// Sliding-window protection (SPEC §1): the `window` entries of a head with the largest positions
+/// score +inf. Positions within a head are unique, so "the w largest" is a set of exactly w.
 inline void protect_window(std::span<const std::int32_t> position, std::int64_t window, std::span<float> score) {
   const auto len = static_cast<std::int64_t>(position.size());
   if (window <= 0 || len == 0) return;
@@ -42,7 +43,7 @@ inline void protect_window(std::span<const std::int32_t> position, std::int64_t 
     if (position[i] >= cut) score[i] = std::numeric_limits<float>::infinity();
 }
 
-// keep[i] = 1 for the k entries of the segment that rank highest; others untouched (set to 0).
+/// keep[i] = 1 for the k entries of the segment that rank highest; others untouched (set to 0).
 inline void keep_top_k(std::span<const float> score, std::span<const std::int32_t> position, std::int64_t k,
                        std::span<std::uint8_t> keep) {
   const auto len = static_cast<std::int64_t>(score.size());
@@ -60,7 +61,7 @@ inline void keep_top_k(std::span<const float> score, std::span<const std::int32_
   for (std::int64_t j = 0; j < k; ++j) keep[idx[static_cast<std::size_t>(j)]] = 1;
 }
 
-// Threshold variant (SPEC §1–2): keep every entry with score >= log(alpha).
+/// Threshold variant (SPEC §1–2): keep every entry with score >= log(alpha).
 inline void keep_at_least(std::span<const float> score, float log_alpha, std::span<std::uint8_t> keep) {
   for (std::size_t i = 0; i < score.size(); ++i) keep[i] = score[i] >= log_alpha ? 1 : 0;
 }

@@ -1,5 +1,6 @@
-// kvpolicy/policy/score.hpp — Scorers: retention scores of SPEC §1–2 as pure KVPOLICY_HD math.
-// The CPU path and every kernel call these operator()s; the math is written once.
+/// \file
+/// kvpolicy/policy/score.hpp — Scorers: retention scores of SPEC §1–2 as pure KVPOLICY_HD math.
+/// The CPU path and every kernel call these operator()s; the math is written once.
 #pragma once
 
 #include <cmath>
@@ -11,23 +12,23 @@
 
 namespace kvpolicy::score {
 
-// Distance term e = n + 1 - p (SPEC §1: `n + 1` is the reference code's q_idx). Formed in float
-// from an exact int64 difference, so large positions lose nothing before the product.
+/// Distance term e = n + 1 - p (SPEC §1: `n + 1` is the reference code's q_idx). Formed in float
+/// from an exact int64 difference, so large positions lose nothing before the product.
 KVPOLICY_HD float exponent(EntryMeta m, StepContext c) { return static_cast<float>(c.n + 1 - m.position); }
 
-// log of beta^e: e * log_beta, with log_beta == 0 (beta == 1) scoring exactly 0 for every e
-// (0 * e) and log_beta == -inf scoring -inf.
+/// log of beta^e: e * log_beta, with log_beta == 0 (beta == 1) scoring exactly 0 for every e
+/// (0 * e) and log_beta == -inf scoring -inf.
 KVPOLICY_HD float retention(float log_beta, float e) { return log_beta * e; }
 
-// TRIM-KV, SPEC §1: score(p) = log_beta * (n + 1 - p).
+/// TRIM-KV, SPEC §1: score(p) = log_beta * (n + 1 - p).
 struct RetentionDecay {
   static constexpr bool needs_key_norm = false;
   void validate() const {}
   KVPOLICY_HD float operator()(EntryMeta m, StepContext c) const { return retention(m.log_beta, exponent(m, c)); }
 };
 
-// DBTrimKV lookahead, SPEC §2 Eq. 9: log G = e*log_beta + log(expm1(h*log_beta)/expm1(log_beta)).
-// horizon = 1 is exactly RetentionDecay.
+/// DBTrimKV lookahead, SPEC §2 Eq. 9: log G = e*log_beta + log(expm1(h*log_beta)/expm1(log_beta)).
+/// horizon = 1 is exactly RetentionDecay.
 struct Lookahead {
   static constexpr bool needs_key_norm = false;
   int horizon = 2;
@@ -37,7 +38,7 @@ struct Lookahead {
   }
 };
 
-// KNorm-weighted retention, SPEC §1 variant `knorm`: log_beta*(n+1-p) + log(max(||k||_2, 1e-12)).
+/// KNorm-weighted retention, SPEC §1 variant `knorm`: log_beta*(n+1-p) + log(max(||k||_2, 1e-12)).
 struct KNormRetention {
   static constexpr bool needs_key_norm = true;
   void validate() const {}

@@ -1,0 +1,33 @@
+// Loads a TRIM-KV gate from a safetensors file (as tools/convert_checkpoint.py writes it) and
+// prints log_beta for a fixed input, one value per line, layer by layer: [L][Hkv][T].
+//   gate_forward FILE LAYERS HIDDEN KV_HEADS INTERMEDIATE
+// x[t][i] = sin(0.37 * (t * HIDDEN + i)), T = 3. test_convert_checkpoint.py computes the same in torch.
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include "kvpolicy/gate/retention_gate.hpp"
+
+int main(int argc, char** argv) {
+  if (argc != 6) {
+    std::fprintf(stderr, "usage: gate_forward FILE LAYERS HIDDEN KV_HEADS INTERMEDIATE\n");
+    return 2;
+  }
+  try {
+    const int L = std::atoi(argv[2]), D = std::atoi(argv[3]), H = std::atoi(argv[4]), I = std::atoi(argv[5]);
+    const auto gate = kvpolicy::gate::RetentionGate::load(kvpolicy::safetensors::File::read(argv[1]),
+                                                          {L, D, H, I, kvpolicy::gate::Activation::silu});
+    const int T = 3;
+    std::vector<float> x(static_cast<std::size_t>(T * D)), lb(static_cast<std::size_t>(H * T));
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.37f * static_cast<float>(i));
+    for (int l = 0; l < L; ++l) {
+      gate.forward(l, kvpolicy::View<const float, 2>(x.data(), {T, D}), kvpolicy::View<float, 2>(lb.data(), {H, T}));
+      for (float v : lb) std::printf("%.9g\n", v);
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "gate_forward: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

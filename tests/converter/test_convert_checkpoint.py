@@ -1,0 +1,134 @@
+#!/usr/bin/env python3
+"""Test of tools/convert_checkpoint.py on small checkpoints it makes with torch (SKIPPED, exit 77,
+when torch is not installed):
+  - TRIM-KV: a bf16 state dict like `trimkv_weights.pth` (with a vision-language key prefix and an
+    unrelated key), converted with both readers (torch.load and the standard-library zip reader),
+    which must write identical files; the C++ loader (gate_forward) must then compute the log_beta
+    torch computes from the same weights;
+  - WG-KV: an fp32 `g_predictors` dict of grouped 1x1 convolutions, whose converted w1/w2 must be
+    the per-head slices of the convolutions;
+  - errors: a missing layer and a wrong shape are refused, naming the key.
+usage: test_convert_checkpoint.py CONVERTER GATE_FORWARD WORK_DIR
+"""
+import json
+import os
+import struct
+import subprocess
+import sys
+
+try:
+    import torch
+except ImportError:
+    print("SKIPPED: torch is not installed for %s" % sys.executable)
+    sys.exit(77)
+
+converter, gate_forward, work = sys.argv[1], sys.argv[2], sys.argv[3]
+os.makedirs(work, exist_ok=True)
+torch.manual_seed(0)
+
+
+def run(*args, ok=True):
+    p = subprocess.run([sys.executable, converter, *args], capture_output=True, text=True)
+    if (p.returncode == 0) != ok:
+        sys.exit("converter %s: rc %d\n%s%s" % (args, p.returncode, p.stdout, p.stderr))
+    return p.stdout + p.stderr
+
+
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        blob = f.read()
+    n = struct.unpack("<Q", blob[:8])[0]
+    header = json.loads(blob[8:8 + n])
+    return header, blob[8 + n:]
+
+
+# ---- TRIM-KV ----
+L, D, I, H = 3, 16, 8, 2
+state = {}
+for l in range(L):
+    p = "model.language_model.layers.%d.self_attn.retention_gate." % l
+    state[p + "linear1.weight"] = (torch.randn(I, D) * 0.3).bfloat16()
+    state[p + "linear1.bias"] = (torch.randn(I) * 0.1).bfloat16()
+    state[p + "linear2.weight"] = (torch.randn(H, I) * 0.3).bfloat16()
+    state[p + "bias"] = torch.full((H,), 2.0).bfloat16() + torch.randn(H).bfloat16()
+state["model.language_model.norm.weight"] = torch.ones(D).bfloat16()
+ckpt = os.path.join(work, "trimkv_weights.pth")
+torch.save(state, ckpt)
+out_torch, out_zip = os.path.join(work, "trimkv_torch.safetensors"), os.path.join(work, "trimkv_zip.safetensors")
+print(run("trimkv", ckpt, out_torch, "--reader", "torch").strip())
+print(run("trimkv", ckpt, out_zip, "--reader", "zip").strip())
+h1, d1 = read_safetensors(out_torch)
+h2, d2 = read_safetensors(out_zip)
+h1.pop("__metadata__"), h2.pop("__metadata__")
+assert h1 == h2 and d1 == d2, "the torch and zip readers wrote different files"
+assert all(v["dtype"] == "BF16" for v in h1.values()), h1
+assert sorted(h1) == sorted("model.layers.%d.self_attn.retention_gate.%s" % (l, f) for l in range(L)
+                            for f in ("linear1.weight", "linear1.bias", "linear2.weight", "bias")), sorted(h1)
+
+x = torch.sin(0.37 * torch.arange(3 * D, dtype=torch.float32)).reshape(3, D)
+want = []
+for l in range(L):
+    p = "model.language_model.layers.%d.self_attn.retention_gate." % l
+    u = torch.nn.functional.silu(x @ state[p + "linear1.weight"].float().T + state[p + "linear1.bias"].float())
+    z = u @ state[p + "linear2.weight"].float().T + state[p + "bias"].float()
+    want += torch.nn.functional.logsigmoid(z).T.reshape(-1).tolist()  # [Hkv, T]
+got = subprocess.run([gate_forward, out_zip, str(L), str(D), str(H), str(I)], capture_output=True, text=True, check=True)
+got = [float(v) for v in got.stdout.split()]
+assert len(got) == len(want), (len(got), len(want))
+worst = max(abs(a - b) / (1e-6 + abs(b)) for a, b in zip(got, want))
+assert worst < 1e-5, "C++ gate vs torch: relative error %g" % worst
+print("trimkv: %d log_beta values agree with torch (worst relative error %.2g)" % (len(got), worst))
+
+# --dtype F32 widens bf16 exactly
+out_f32 = os.path.join(work, "trimkv_f32.safetensors")
+run("trimkv", ckpt, out_f32, "--dtype", "F32")
+h3, d3 = read_safetensors(out_f32)
+name = "model.layers.1.self_attn.retention_gate.linear1.weight"
+b, e = h3[name]["data_offsets"]
+vals = struct.unpack("<%df" % (I * D), d3[b:e])
+ref = state["model.language_model.layers.1.self_attn.retention_gate.linear1.weight"].float().reshape(-1).tolist()
+assert list(vals) == ref
+
+# ---- WG-KV ----
+L, d, Hw, E = 2, 8, 2, 12
+wg = {}
+for l in range(L):
+    p = "model.layers.%d.self_attn.g_predictors." % l
+    wg[p + "pre_key_norm.weight"] = torch.randn(d)
+    wg[p + "post_key_norm.weight"] = torch.randn(d)
+    wg[p + "conv1.weight"] = torch.randn(Hw * E, 2 * d, 1)
+    wg[p + "conv1.bias"] = torch.randn(Hw * E)
+    wg[p + "conv2.weight"] = torch.randn(Hw, E, 1)
+    wg[p + "conv2.bias"] = torch.randn(Hw)
+wckpt = os.path.join(work, "wgkv.pt")
+torch.save(wg, wckpt)
+for reader in ("torch", "zip"):
+    out = os.path.join(work, "wgkv_%s.safetensors" % reader)
+    print(run("wgkv", wckpt, out, "--reader", reader).strip())
+    h, data = read_safetensors(out)
+    for l in range(L):
+        src, dst = "model.layers.%d.self_attn.g_predictors." % l, "model.layers.%d.self_attn.write_gate." % l
+
+        def tensor(name):
+            b, e = h[dst + name]["data_offsets"]
+            return torch.tensor(struct.unpack("<%df" % ((e - b) // 4), data[b:e])).reshape(h[dst + name]["shape"])
+
+        assert h[dst + "w1.weight"]["shape"] == [Hw, E, 2 * d]
+        for head in range(Hw):  # grouped conv: head h's rows E*h .. E*h+E-1
+            assert torch.equal(tensor("w1.weight")[head], wg[src + "conv1.weight"][head * E:(head + 1) * E, :, 0])
+            assert torch.equal(tensor("w2.weight")[head], wg[src + "conv2.weight"][head, :, 0])
+        assert torch.equal(tensor("w1.bias").reshape(-1), wg[src + "conv1.bias"])
+        assert torch.equal(tensor("pre_norm.weight"), wg[src + "pre_key_norm.weight"])
+print("wgkv: per-head slices of the grouped convolutions, both readers")
+
+# ---- errors ----
+del state["model.language_model.layers.1.self_attn.retention_gate.bias"]
+torch.save(state, ckpt)
+msg = run("trimkv", ckpt, os.path.join(work, "bad.safetensors"), ok=False)
+assert "layer 1 lacks bias" in msg, msg
+wg["model.layers.1.self_attn.g_predictors.conv2.bias"] = torch.randn(Hw + 1)
+torch.save(wg, wckpt)
+msg = run("wgkv", wckpt, os.path.join(work, "bad.safetensors"), "--reader", "zip", ok=False)
+assert "conv2.bias has shape [3]" in msg, msg
+print("errors: a missing layer and a wrong shape are refused")
+print("PASSED")
