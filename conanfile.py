@@ -12,8 +12,8 @@ import re
 
 from conan import ConanFile
 from conan.tools.build import check_min_cppstd
-from conan.tools.cmake import CMake, CMakeToolchain, cmake_layout
-from conan.tools.files import copy, load, rmdir
+from conan.tools.files import copy, load
+from conan.tools.layout import basic_layout
 
 
 class KvpolicyConan(ConanFile):
@@ -27,7 +27,8 @@ class KvpolicyConan(ConanFile):
     settings = "os", "arch", "compiler", "build_type"
     options = {"cpu": [True, False], "cuda": [True, False]}
     default_options = {"cpu": True, "cuda": False}
-    exports_sources = "CMakeLists.txt", "LICENSE", "cmake/*", "include/*"
+    exports_sources = "LICENSE", "cmake/kvpolicy-conan-*.cmake", "include/*"
+    exports = "CMakeLists.txt"  # set_version() reads the one version number from it
     no_copy_source = True
 
     def set_version(self):
@@ -36,7 +37,7 @@ class KvpolicyConan(ConanFile):
         self.version = re.search(r"project\(kvpolicy\s+VERSION\s+([0-9.]+)", text).group(1)
 
     def layout(self):
-        cmake_layout(self)
+        basic_layout(self, src_folder=".")
 
     def requirements(self):
         if self.options.cpu:
@@ -48,27 +49,13 @@ class KvpolicyConan(ConanFile):
             check_min_cppstd(self, 20)
 
     def package_id(self):
-        # Header-only: one package for every setting; the options still select the components.
-        self.info.settings.clear()
-
-    def generate(self):
-        tc = CMakeToolchain(self)
-        tc.cache_variables["KVPOLICY_BUILD_TESTS"] = False
-        tc.cache_variables["KVPOLICY_BUILD_EXAMPLES"] = False
-        tc.cache_variables["KVPOLICY_BUILD_BENCHMARKS"] = False
-        tc.cache_variables["KVPOLICY_ENABLE_CUDA"] = bool(self.options.cuda)
-        tc.generate()
-
-    def build(self):
-        pass  # nothing to compile
+        # Header-only: one package for every setting and option (the options select components in
+        # package_info; the packaged files are the same).
+        self.info.clear()
 
     def package(self):
         copy(self, "LICENSE", self.source_folder, os.path.join(self.package_folder, "licenses"))
-        cmake = CMake(self)
-        cmake.configure()
-        cmake.install()
-        # Consumers get their config files from Conan's generators (CMakeDeps), not ours.
-        rmdir(self, os.path.join(self.package_folder, "share"))
+        copy(self, "*.hpp", os.path.join(self.source_folder, "include"), os.path.join(self.package_folder, "include"))
         copy(self, "kvpolicy-conan-*.cmake", os.path.join(self.source_folder, "cmake"),
              os.path.join(self.package_folder, "lib", "cmake"))
 

@@ -7,7 +7,6 @@
 // checkpoint, tools/convert_checkpoint.py). Exit status 0 when every check holds.
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
 #include <random>
 #include <vector>
 
@@ -51,22 +50,18 @@ int main() {
     return v;
   };
 
-  // The gate checkpoint, as tools/convert_checkpoint.py writes it.
-  const auto path = (std::filesystem::temp_directory_path() / "kvpolicy_engine_layered_gate.safetensors").string();
-  {
-    safetensors::Writer w;
-    for (int l = 0; l < kShape.layers; ++l) {
-      const auto p = gate::RetentionGate::prefix(l);
-      w.add_f32(p + "linear1.weight", {kInner, kHidden}, random(kInner * kHidden));
-      w.add_f32(p + "linear1.bias", {kInner}, random(kInner));
-      w.add_f32(p + "linear2.weight", {kShape.kv_heads, kInner}, random(kShape.kv_heads * kInner));
-      w.add_f32(p + "bias", {kShape.kv_heads}, std::vector<float>(static_cast<std::size_t>(kShape.kv_heads), 3.0f));
-    }
-    w.write(path);
+  // The gate checkpoint, as tools/convert_checkpoint.py writes it (an engine reads it with
+  // safetensors::File::read(path); here the bytes stay in memory).
+  safetensors::Writer w;
+  for (int l = 0; l < kShape.layers; ++l) {
+    const auto p = gate::RetentionGate::prefix(l);
+    w.add_f32(p + "linear1.weight", {kInner, kHidden}, random(kInner * kHidden));
+    w.add_f32(p + "linear1.bias", {kInner}, random(kInner));
+    w.add_f32(p + "linear2.weight", {kShape.kv_heads, kInner}, random(kShape.kv_heads * kInner));
+    w.add_f32(p + "bias", {kShape.kv_heads}, std::vector<float>(static_cast<std::size_t>(kShape.kv_heads), 3.0f));
   }
-  const auto gate = gate::RetentionGate::load(safetensors::File::read(path),
+  const auto gate = gate::RetentionGate::load(safetensors::File::parse(w.bytes(), "gate.safetensors"),
                                               {kShape.layers, kHidden, kShape.kv_heads, kInner, gate::Activation::silu});
-  std::filesystem::remove(path);
 
   std::vector<Layer> model;
   for (int l = 0; l < kShape.layers; ++l)
@@ -110,7 +105,7 @@ int main() {
     pos += T;
     for (int l = 0; l < kShape.layers; ++l)
       for (int h = 0; h < kShape.kv_heads; ++h)
-        if (pos > prompt && cache.length(0, l, h) > kBudget + kBuffer - 1) {
+        if (cache.length(0, l, h) > kBudget + kBuffer - 1) {  // SPEC §1, after every step (the prompt too)
           std::fprintf(stderr, "engine_layered: head (%d, %d) holds %lld entries\n", l, h,
                        static_cast<long long>(cache.length(0, l, h)));
           return 1;

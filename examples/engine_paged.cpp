@@ -5,6 +5,7 @@
 // sequence). The engine's own attention kernel reads the block tables the cache exposes; here it
 // is kvpolicy's CPU paged kernel, and its output must equal what the cache computed. Finished
 // requests give their pages back and waiting ones take them. Exit status 0 when every check holds.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <deque>
@@ -59,7 +60,7 @@ int fail(const char* what) {
 }  // namespace
 
 int main() {
-  // The pool: room for 3 requests at their steady state (M + B - 1 entries per head) plus a prompt.
+  // The pool: room for 3 requests at their peak (M + B entries per head during a step) plus a prompt.
   const std::int64_t per_request = pages_for(kShape, kBudget + kBuffer, 1, kPage);
   const std::int64_t pool_pages = 3 * per_request + pages_for(kShape, 200, 1, kPage);
   TrimKVCache<cpu_backend, float, kPage> cache(kShape, memory::Paged<kPage>(pool_pages),
@@ -71,14 +72,16 @@ int main() {
   std::int64_t iterations = 0, finished = 0, tokens = 0;
 
   while (!waiting.empty() || !running.empty()) {
-    // Admission: a request starts when its prompt fits now and the running set's budget still fits.
-    while (!waiting.empty() && static_cast<std::int64_t>(running.size()) < 3) {
+    // Admission: a request starts when its prompt fits in what is free after reserving, for every
+    // running request, the pages it may still grow into (up to M + B entries per head during a
+    // step). Decode can then never run out of pages.
+    while (!waiting.empty()) {
       Request r = waiting.front();
+      std::int64_t reserve = 0;
+      for (const auto& run : running) reserve += per_request - cache.allocator().pages_used(run.id);
+      const std::int64_t prompt_pages = pages_for(kShape, std::max(r.prompt, kBudget + kBuffer), 1, kPage);
+      if (cache.allocator().pages_free() - reserve < prompt_pages) break;
       cache.add_sequence(r.id);
-      if (!cache.allocator().can_append(r.id, r.prompt)) {
-        cache.remove_sequence(r.id);
-        break;
-      }
       waiting.pop_front();
       Tensors prefill(r.prompt, rng);
       cache.step(prefill.step(r.id));  // chunked prefill: causal inside the chunk, then evict
@@ -121,20 +124,39 @@ int main() {
   }
   if (finished != 8 || cache.allocator().pages_free() != pool_pages) return fail("not every request finished cleanly");
 
-  // The block-table view an engine kernel consumes: attend one query over a fresh sequence's head
-  // through memory::HeadLayout and compare with the cache's own attention.
+  // The block-table view an engine kernel consumes, on a sequence that has been through eviction
+  // (its survivors are scattered over its pages): the paged kernel over memory::HeadLayout must
+  // equal dense attention over the survivors gathered from the same layout.
   cache.add_sequence(100);
-  Tensors t(5, rng);
-  cache.step(t.step(100));
-  const auto head = cache.allocator().layout(100, 0, 0);
-  std::vector<float> mine(static_cast<std::size_t>(kShape.q_heads * 5 * kShape.head_dim), std::nanf(""));
-  const std::vector<std::int32_t> q_pos{0, 1, 2, 3, 4};
-  cpu::attend_paged(cache.allocator().pool(), head, 0, kShape.group(),
-                    View<const float, 3>(t.q.data(), {kShape.q_heads, 5, kShape.head_dim}), q_pos,
-                    View<float, 3>(mine.data(), {kShape.q_heads, 5, kShape.head_dim}));
-  for (std::int64_t i = 0; i < kShape.group() * 5 * kShape.head_dim; ++i)  // query heads of kv head 0
-    if (std::abs(mine[static_cast<std::size_t>(i)] - t.out[static_cast<std::size_t>(i)]) > 1e-6f)
-      return fail("the block-table kernel disagrees with the cache's attention");
+  for (int step = 0; step < 3 * (kBudget + kBuffer); ++step) {
+    Tensors t(1, rng);
+    cache.step(t.step(100));
+  }
+  const int d = kShape.head_dim, G = kShape.group();
+  const auto head = cache.allocator().layout(100, 1, 1);
+  const auto& pool = cache.allocator().pool();
+  std::vector<float> keys, values;
+  std::vector<std::int32_t> key_pos;
+  for (std::int64_t i = 0; i < head.length; ++i) {
+    key_pos.push_back(pool.meta(head.slot(i)).position);
+    keys.insert(keys.end(), pool.key(head.slot(i)), pool.key(head.slot(i)) + d);
+    values.insert(values.end(), pool.value(head.slot(i)), pool.value(head.slot(i)) + d);
+  }
+  Tensors probe(1, rng);  // queries [Hq, 1, d] for layer 0's slots, reused for this head's group
+  std::vector<float> mine(probe.q.size(), std::nanf("")), dense(static_cast<std::size_t>(d), std::nanf(""));
+  const std::vector<std::int32_t> q_pos{static_cast<std::int32_t>(cache.tokens(100))};
+  cpu::attend_paged(pool, head, 1, G, View<const float, 3>(probe.q.data(), {kShape.q_heads, 1, d}), q_pos,
+                    View<float, 3>(mine.data(), {kShape.q_heads, 1, d}));
+  for (int g = 0; g < G; ++g) {
+    const int qh = 1 * G + g;  // the query heads of kv head 1
+    cpu::attend_dense(View<const float, 2>(probe.q.data() + qh * d, {1, d}), View<const float, 2>(keys.data(), {head.length, d}),
+                      View<const float, 2>(values.data(), {head.length, d}), key_pos, q_pos,
+                      View<float, 2>(dense.data(), {1, d}));
+    for (int c = 0; c < d; ++c)
+      if (!(std::abs(mine[static_cast<std::size_t>(qh * d + c)] - dense[static_cast<std::size_t>(c)]) <= 1e-5f))
+        return fail("the block-table kernel disagrees with dense attention over the survivors");
+  }
+  if (head.length > kBudget + kBuffer - 1 || head.length < kBudget) return fail("the probed head is not at its budget");
   std::printf("engine_paged: %lld requests, %lld decode iterations, %lld tokens, pool %lld pages, all returned\n",
               static_cast<long long>(finished), static_cast<long long>(iterations), static_cast<long long>(tokens),
               static_cast<long long>(pool_pages));

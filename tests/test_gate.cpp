@@ -177,3 +177,20 @@ TEST_CASE("tied gate: GELU, fp16 weights, readout shape, and activation names") 
   CHECK(gate::parse_activation("gelu") == gate::Activation::gelu);
   CHECK_THROWS_WITH_AS(gate::parse_activation("relu"), doctest::Contains("unknown activation 'relu'"), Error);
 }
+
+TEST_CASE("the valid gate files of the fuzz corpus load (so fuzz_gate reaches its forward checks)") {
+  const std::string dir = std::string(KVPOLICY_SOURCE_DIR) + "/fuzz/corpus/gate/";
+  for (const char* name : {"trimkv_f32", "trimkv_f16", "trimkv_bf16", "trimkv_huge_weights"}) {
+    INFO(name);
+    CHECK_NOTHROW(gate::RetentionGate::load(safetensors::File::read(dir + name), {2, 8, 2, 4, gate::Activation::silu}));
+  }
+  for (const char* name : {"dbtrimkv_f32", "dbtrimkv_bf16"}) {
+    INFO(name);
+    CHECK_NOTHROW(gate::TiedGate::load(safetensors::File::read(dir + name), {2, 8, 2, 4, gate::Activation::gelu}));
+  }
+  for (const char* name : {"trimkv_missing_layer1_bias", "trimkv_wrong_shape", "trimkv_nan_weight", "trimkv_int_dtype"}) {
+    INFO(name);
+    CHECK_THROWS_AS(gate::RetentionGate::load(safetensors::File::read(dir + name), {2, 8, 2, 4, gate::Activation::silu}),
+                    Error);
+  }
+}

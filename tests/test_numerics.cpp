@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -43,8 +44,11 @@ TEST_CASE("log_beta = 0 (beta = 1) scores exactly 0, log h and log ||k|| at ever
     CHECK(score::Lookahead{7}(m, {n}) == static_cast<float>(std::log(7.0)));
     CHECK(score::KNormRetention{}(m, {n}) == std::log(3.0f));
   }
-  // -0.0f is a valid log_beta too (it is <= 0) and scores like 0
+  // -0.0f is a valid log_beta too (it is <= 0); it scores -0, which ranks equal to +0
   CHECK(score::RetentionDecay{}(entry(0, -0.0f), {10}) == 0.0f);
+  CHECK(std::signbit(score::RetentionDecay{}(entry(0, -0.0f), {10})));
+  CHECK_FALSE(rank::above(0.0f, 3, -0.0f, 3));
+  CHECK_FALSE(rank::above(-0.0f, 3, 0.0f, 3));
 }
 
 TEST_CASE("log_beta = -inf (beta = 0) scores -inf under every scorer, never NaN, and ranks last") {
@@ -94,7 +98,8 @@ TEST_CASE("very large horizons: the lookahead ratio stays finite, in [0, log h],
 TEST_CASE("positions near 2^31: exact distances up to 2^24, rounded above, ties to the newer entry") {
   // e = n + 1 - p is formed in int64: no overflow at the largest position
   CHECK(score::exponent(entry(kMaxPos - 2, -1.0f), {kMaxPos - 1}) == 2.0f);
-  CHECK(score::exponent(entry(0, -1.0f), {kMaxPos - 1}) == 2147483648.0f);  // 2^31, exact in fp32
+  CHECK(score::exponent(entry(0, -1.0f), {kMaxPos}) == 2147483648.0f);  // n = 2^31 - 1: distance 2^31, exact in fp32
+  CHECK(score::exponent(entry(1, -1.0f), {kMaxPos}) == 2147483648.0f);  // 2^31 - 1 rounds to 2^31
   CHECK(score::RetentionDecay{}(entry(kMaxPos - 2, -0.5f), {kMaxPos - 1}) == -1.0f);
   // distances 2^31 - 5 .. 2^31 round to the same fp32: the scores tie, the larger position is kept
   const std::vector<float> scores{score::RetentionDecay{}(entry(0, -1.0f), {kMaxPos - 1}),
@@ -112,6 +117,28 @@ TEST_CASE("positions near 2^31: exact distances up to 2^24, rounded above, ties 
   for (auto p : top) s.push_back(score::RetentionDecay{}(entry(p, -0.25f), {kMaxPos - 1}));
   CHECK(s[0] < s[1]);
   CHECK(s[1] < s[2]);
+}
+
+TEST_CASE("positive and +inf log_beta are refused, and a step past position 2^31 - 1 is refused before any read") {
+  const CacheShape shape{1, 1, 1, 2};
+  TrimKVCache<cpu_backend, float, 4> cache(shape, memory::Paged<4>(8), trimkv_evictor({2, 1}));
+  cache.add_sequence(0);
+  std::vector<float> k(2, 0.5f);
+  for (float bad : {1e-30f, 0.5f, kInf}) {
+    std::vector<float> lb{bad};
+    CHECK_THROWS_WITH_AS(cache.step(0, View<const float, 4>(k.data(), {1, 1, 1, 2}), View<const float, 4>(k.data(), {1, 1, 1, 2}),
+                                    View<const float, 3>(lb.data(), {1, 1, 1})),
+                         doctest::Contains("is not in [-inf, 0]"), Error);
+  }
+  // A chunk of 2^31 tokens: refused by the position check, which runs before shapes or data are
+  // read (the views here point at two floats).
+  std::vector<float> lb{-0.5f};
+  const std::int64_t T = std::int64_t{1} << 31;
+  CHECK_THROWS_WITH_AS(cache.step(0, View<const float, 4>(k.data(), {1, 1, T, 2}), View<const float, 4>(k.data(), {1, 1, T, 2}),
+                                  View<const float, 3>(lb.data(), {1, 1, T})),
+                       doctest::Contains("positions must stay below 2^31 - 1"), Error);
+  CHECK(cache.tokens(0) == 0);
+  CHECK(cache.length(0, 0, 0) == 0);
 }
 
 TEST_CASE("NaN log_beta is refused at append, naming the value's place, and the cache is unchanged") {
@@ -164,4 +191,68 @@ TEST_CASE("a NaN score from a user-defined scorer never reaches a ranking: commi
   cache.abort_step(0);
   CHECK(testing::snapshot(cache, {0}, false) == before);
   CHECK(cache.length(0, 0, 0) == 2);
+}
+
+TEST_CASE("step_batch: a NaN score in any sequence takes back every step of the batch") {
+  const CacheShape shape{1, 1, 1, 2};
+  using C = Cache<NaNScorer, admit::All, evict::PerHead<trigger::Buffered>, memory::Paged<2>, cpu_backend>;
+  C cache(shape, memory::Paged<2>(16), evict::PerHead<trigger::Buffered>{trigger::Buffered{2, 1}});
+  std::vector<float> k(2, 1.0f);
+  for (std::int64_t seq : {0, 1}) {
+    cache.add_sequence(seq);
+    for (float lb : {-0.5f, seq == 1 ? -0.125f : -0.75f}) {
+      std::vector<float> b{lb};
+      cache.step(seq, View<const float, 4>(k.data(), {1, 1, 1, 2}), View<const float, 4>(k.data(), {1, 1, 1, 2}),
+                 View<const float, 3>(b.data(), {1, 1, 1}));
+    }
+  }
+  const auto before = testing::snapshot(cache, {0, 1}, false);
+  std::vector<float> b0{-0.25f}, b1{-0.25f};
+  using Step = C::SequenceStep;
+  const Step batch[2] = {Step{0, View<const float, 4>(k.data(), {1, 1, 1, 2}), View<const float, 4>(k.data(), {1, 1, 1, 2}),
+                              View<const float, 3>(b0.data(), {1, 1, 1})},
+                         Step{1, View<const float, 4>(k.data(), {1, 1, 1, 2}), View<const float, 4>(k.data(), {1, 1, 1, 2}),
+                              View<const float, 3>(b1.data(), {1, 1, 1})}};
+  // sequence 0 would evict fine; sequence 1 holds the entry that scores NaN
+  CHECK_THROWS_WITH_AS(cache.step_batch(batch), doctest::Contains("sequence 1"), Error);
+  CHECK(testing::snapshot(cache, {0, 1}, false) == before);
+  CHECK(cache.tokens(0) == 2);
+  CHECK(cache.tokens(1) == 2);
+}
+
+namespace {
+// An Admitter that fails on one entry (a user-defined admitter may throw).
+struct ThrowingAdmitter {
+  std::int32_t fail_at = 2;
+  Admission admit(EntryMeta m) const {
+    if (m.position == fail_at && m.log_beta == -0.5f) throw std::runtime_error("admitter failed");
+    return Admission::keep;
+  }
+};
+}  // namespace
+
+TEST_CASE("an exception thrown midway through append or step (here by an Admitter) leaves no entry behind") {
+  const CacheShape shape{2, 2, 2, 2};
+  using C = Cache<score::RetentionDecay, ThrowingAdmitter, evict::PerHead<trigger::Buffered>, memory::Paged<2>, cpu_backend>;
+  C cache(shape, memory::Paged<2>(32), evict::PerHead<trigger::Buffered>{trigger::Buffered{4, 2}});
+  cache.add_sequence(0);
+  std::vector<float> k(static_cast<std::size_t>(2 * 2 * 2 * 2), 1.0f), lb(8, -0.25f);
+  cache.step(0, View<const float, 4>(k.data(), {2, 2, 2, 2}), View<const float, 4>(k.data(), {2, 2, 2, 2}),
+             View<const float, 3>(lb.data(), {2, 2, 2}));  // positions 0, 1
+  const auto before = testing::snapshot(cache, {0}, false);
+  lb[static_cast<std::size_t>((1 * 2 + 1) * 2 + 0)] = -0.5f;  // layer 1, head 1, position 2: the admitter throws
+  CHECK_THROWS_AS(cache.step(0, View<const float, 4>(k.data(), {2, 2, 2, 2}), View<const float, 4>(k.data(), {2, 2, 2, 2}),
+                             View<const float, 3>(lb.data(), {2, 2, 2})),
+                  std::runtime_error);
+  CHECK(testing::snapshot(cache, {0}, false) == before);
+  // the layer API: layer 0 goes in, layer 1 fails at its second head; layer 0 stays, layer 1 leaves nothing
+  cache.append(0, 0, View<const float, 3>(k.data(), {2, 2, 2}), View<const float, 3>(k.data(), {2, 2, 2}),
+               View<const float, 2>(lb.data(), {2, 2}));
+  const auto open = testing::snapshot(cache, {0}, false);
+  CHECK_THROWS_AS(cache.append(0, 1, View<const float, 3>(k.data(), {2, 2, 2}), View<const float, 3>(k.data(), {2, 2, 2}),
+                               View<const float, 2>(lb.data() + 4, {2, 2})),
+                  std::runtime_error);
+  CHECK(testing::snapshot(cache, {0}, false) == open);
+  cache.abort_step(0);
+  CHECK(testing::snapshot(cache, {0}, false) == before);
 }

@@ -149,7 +149,9 @@ void corrupt(std::mt19937_64& rng, StepData& d, Fault f) {
   };
   switch (f) {
     case Fault::nan_log_beta: pick(d.lb) = std::nanf(""); break;
-    case Fault::positive_log_beta: pick(d.lb) = 0.5f; break;
+    case Fault::positive_log_beta:
+      pick(d.lb) = std::uniform_int_distribution<int>(0, 1)(rng) ? 0.5f : std::numeric_limits<float>::infinity();
+      break;
     case Fault::inf_key: pick(d.k) = std::numeric_limits<float>::infinity(); break;
     case Fault::nan_value: pick(d.v) = std::nanf(""); break;
     case Fault::nan_query: pick(d.q) = std::nanf(""); break;
@@ -299,7 +301,7 @@ void run_stream(std::uint64_t seed, Policy policy, Make make) {
       corrupt(rng, d, fault);
       d.k.resize(static_cast<std::size_t>(L * H * T * Dv), 0.5f);
       d.v.resize(static_cast<std::size_t>(L * H * Tv * D), 0.5f);
-      const bool attend = uni(0, 1) == 0 || fault == Fault::nan_query;
+      const bool attend = uni(0, 1) == 0;  // a NaN query is refused only when there is attention
       auto call = [&] {
         return cache.step(id, View<const float, 4>(d.k.data(), {L, H, T, Dv}), View<const float, 4>(d.v.data(), {L, H, Tv, D}),
                           View<const float, 3>(d.lb.data(), {L, H, T}),
@@ -331,15 +333,19 @@ void run_stream(std::uint64_t seed, Policy policy, Make make) {
       const std::int64_t id2 = uni(0, kIds - 1);
       StepData d1 = make_step(rng, sh, T, sh.layers), d2 = make_step(rng, sh, 1, sh.layers);
       corrupt(rng, d2, fault == Fault::nan_query ? Fault::nan_log_beta : fault);
+      // the shape faults go to the second sequence's views
+      d2.k.resize(static_cast<std::size_t>(L * H * Dv), 0.5f);
+      d2.v.resize(static_cast<std::size_t>(L * H * (fault == Fault::wrong_tokens ? 2 : 1) * D), 0.5f);
       using Step = typename C::SequenceStep;
       const Step batch[2] = {
           Step{id, View<const float, 4>(d1.k.data(), {L, H, T, D}), View<const float, 4>(d1.v.data(), {L, H, T, D}),
                View<const float, 3>(d1.lb.data(), {L, H, T})},
-          Step{id2, View<const float, 4>(d2.k.data(), {L, H, 1, D}), View<const float, 4>(d2.v.data(), {L, H, 1, D}),
+          Step{id2, View<const float, 4>(d2.k.data(), {L, H, 1, Dv}),
+               View<const float, 4>(d2.v.data(), {L, H, fault == Fault::wrong_tokens ? 2 : 1, D}),
                View<const float, 3>(d2.lb.data(), {L, H, 1})}};
       const auto it2 = m.seqs.find(id2);
-      const bool shapes_ok = fault == Fault::none || fault == Fault::wrong_head_dim || fault == Fault::wrong_tokens;
-      bool ok = known && it2 != m.seqs.end() && id2 != id && shapes_ok && s->pending == 0 && it2->second.pending == 0;
+      bool ok = known && it2 != m.seqs.end() && id2 != id && fault == Fault::none && s->pending == 0 &&
+                it2->second.pending == 0;
       if (ok) ok = m.pages_needed(*s, T) + m.pages_needed(it2->second, 1) <= m.pages_free();
       if (!ok) {
         rejected([&] { cache.step_batch(batch); }, "step_batch");
@@ -392,8 +398,8 @@ void run_stream(std::uint64_t seed, Policy policy, Make make) {
         }
       s->pending = Tl;
       s->appended[static_cast<std::size_t>(layer)] = 1;
-    } else if (kind == 8) {  // layer API: attend one layer
-      const int layer = static_cast<int>(uni(0, sh.layers - 1));
+    } else if (kind == 8) {  // layer API: attend one layer (or a layer out of range)
+      const int layer = static_cast<int>(uni(0, 7) == 0 ? (uni(0, 1) ? -1 : sh.layers) : uni(0, sh.layers - 1));
       const std::int64_t Tq = known && s->pending > 0 ? s->pending : T;
       StepData d = make_step(rng, sh, Tq, 1);
       if (fault == Fault::nan_query) corrupt(rng, d, fault);
@@ -403,8 +409,9 @@ void run_stream(std::uint64_t seed, Policy policy, Make make) {
       auto call = [&] {
         cache.attend(id, layer, View<const float, 3>(d.q.data(), {Hq, Tq, Dq}), View<float, 3>(d.out.data(), {Hq, Tq, Dq}));
       };
-      const bool ok = known && s->pending > 0 && s->appended[static_cast<std::size_t>(layer)] &&
-                      fault != Fault::nan_query && fault != Fault::wrong_head_dim;
+      const bool ok = known && layer >= 0 && layer < sh.layers && s->pending > 0 &&
+                      s->appended[static_cast<std::size_t>(layer)] && fault != Fault::nan_query &&
+                      fault != Fault::wrong_head_dim;
       if (!ok) {
         rejected(call, "attend");
         continue;

@@ -54,7 +54,10 @@ class Tensor:
         if dtype == "F32":
             return Tensor("F32", self.shape, struct.pack("<%df" % len(values), *values))
         if dtype == "F16":
-            return Tensor("F16", self.shape, struct.pack("<%de" % len(values), *values))
+            try:
+                return Tensor("F16", self.shape, struct.pack("<%de" % len(values), *values))
+            except (OverflowError, struct.error):
+                raise ValueError("a value of magnitude %g does not fit in F16" % max(abs(v) for v in values))
         out = bytearray()
         for v in values:  # fp32 -> bf16, round to nearest even (NaN kept quiet)
             bits = struct.unpack("<I", struct.pack("<f", v))[0]
@@ -131,11 +134,13 @@ def _rebuild_tensor(storage, offset, size, stride, *unused):
 class _Unpickler(pickle.Unpickler):
     def __init__(self, archive, prefix, fp):
         super().__init__(fp)
-        self.archive, self.prefix = archive, prefix
+        self.archive, self.prefix, self.storages = archive, prefix, {}
 
     def find_class(self, module, name):
         if module == "torch._utils" and name == "_rebuild_tensor_v2":
             return _rebuild_tensor
+        if module == "torch._utils" and name == "_rebuild_parameter":  # nn.Parameter(data, ...)
+            return lambda data, *unused: data
         if module == "torch" and name.endswith("Storage"):
             return _StorageType(name)
         if module == "collections" and name == "OrderedDict":
@@ -146,8 +151,10 @@ class _Unpickler(pickle.Unpickler):
         kind, storage_type, key = pid[0], pid[1], pid[2]
         if kind != "storage":
             raise pickle.UnpicklingError("unsupported persistent id %r" % (pid,))
-        data = self.archive.read("%sdata/%s" % (self.prefix, key))
-        return _Storage(_STORAGE_DTYPES.get(storage_type.name), data)
+        if key not in self.storages:  # one read per storage, however many tensors view it
+            data = self.archive.read("%sdata/%s" % (self.prefix, key))
+            self.storages[key] = _Storage(_STORAGE_DTYPES.get(storage_type.name), data)
+        return self.storages[key]
 
 
 def read_without_torch(path):

@@ -101,7 +101,12 @@ class Cache {
     require(alloc_.can_append(seq, T, layer), "Cache::append: out of memory: sequence ", seq, " layer ", layer,
             " cannot take ", T, " more entries per head (", alloc_.pages_free(), " of ", alloc_.pages_total(),
             " pages free)");
-    write_layer(seq, st, layer, T, keys, values, log_beta);
+    try {
+      write_layer(seq, st, layer, T, keys, values, log_beta);
+    } catch (...) {  // an Admitter or an allocation failed midway: take back this layer's entries
+      drop_open_entries(seq, st, layer);
+      throw;
+    }
   }
 
   /// queries [Hq, T, d] of this step's T tokens at `layer` (appended already) -> out [Hq, T, d].
@@ -126,37 +131,22 @@ class Cache {
               " was not appended in this step");
     // Plan first (it may throw: a scorer that returns NaN), then change state: a commit that
     // throws leaves the step open and the cache as it was.
-    const std::int64_t n = st.n + st.pending;
-    EvictionPlan plan = plan_eviction(seq, n);
-    st.n = n;
-    st.pending = 0;
-    std::fill(st.appended.begin(), st.appended.end(), std::uint8_t{0});
-    return apply_eviction(seq, plan, evicted);
+    const EvictionPlan plan = plan_eviction(seq, st.n + st.pending);
+    return close_step(seq, st, plan, evicted);
   }
 
   /// Discards the open step of `seq`: the entries its append() calls stored are removed and their
   /// pages go back to the pool, as if the step had never started. For an engine whose forward pass
-  /// failed between append() and commit(). A sequence with no open step is left as it is.
+  /// failed between append() and commit(). A sequence with no open step is left as it is (the call
+  /// still scans its heads: O(entries)).
   void abort_step(std::int64_t seq) {
     SequenceState& st = state_of(seq);
-    if (st.pending == 0) return;
-    std::vector<std::uint8_t> keep;
-    for (int l = 0; l < shape_.layers; ++l) {
-      if (!st.appended[static_cast<std::size_t>(l)]) continue;
-      for (int h = 0; h < shape_.kv_heads; ++h) {
-        const auto head_layout = alloc_.layout(seq, l, h);
-        keep.resize(static_cast<std::size_t>(head_layout.length));
-        // this step's entries are the ones at positions >= n, appended after every older one
-        for (std::int64_t j = 0; j < head_layout.length; ++j)
-          keep[static_cast<std::size_t>(j)] = alloc_.pool().meta(head_layout.slot(j)).position < st.n;
-        alloc_.compact(seq, l, h, keep);
-      }
-    }
+    drop_open_entries(seq, st, -1);
     st.pending = 0;
     std::fill(st.appended.begin(), st.appended.end(), std::uint8_t{0});
   }
 
-  /// ---- one step, every layer at once -----------------------------------------------------------
+  // ---- one step, every layer at once -----------------------------------------------------------
   /// keys/values [L, Hkv, T, d], log_beta [L, Hkv, T]; queries/out [L, Hq, T, d], or empty views to
   /// skip attention. One sequence's whole forward step.
   struct SequenceStep {
@@ -182,9 +172,9 @@ class Cache {
   }
 
   /// A batch of sequences, each with its own ragged cache and its own T. The whole batch is
-  /// validated (distinct sequences, shapes, values, pool capacity for all of it) before any write.
-  /// The one failure validation cannot foresee, a user-defined Scorer returning NaN, stops the batch
-  /// at that sequence: its step is taken back, the steps before it stand.
+  /// validated (distinct sequences, shapes, values, pool capacity for all of it) before any write,
+  /// and every sequence's eviction is planned before any step closes: a failure validation cannot
+  /// foresee (a user-defined Scorer returning NaN) takes back every step of the batch.
   std::vector<EvictionReport> step_batch(std::span<const SequenceStep> batch) {
     std::int64_t pages_needed = 0;
     for (std::size_t i = 0; i < batch.size(); ++i) {
@@ -199,8 +189,26 @@ class Cache {
     }
     require(pages_needed <= alloc_.pages_free(), "Cache::step_batch: out of memory: the batch needs ", pages_needed,
             " pages, ", alloc_.pages_free(), " of ", alloc_.pages_total(), " are free");
+    std::vector<EvictionPlan> plans;
     std::vector<EvictionReport> reports;
-    for (const auto& s : batch) reports.push_back(run_step(s, nullptr));
+    std::size_t started = 0;
+    try {
+      plans.reserve(batch.size());
+      reports.reserve(batch.size());
+      for (const auto& s : batch) {
+        ++started;
+        write_and_attend(s);
+      }
+      for (const auto& s : batch) {
+        const SequenceState& st = state_of(s.seq);
+        plans.push_back(plan_eviction(s.seq, st.n + st.pending));
+      }
+    } catch (...) {
+      for (std::size_t i = 0; i < started; ++i) abort_step(batch[i].seq);
+      throw;
+    }
+    for (std::size_t i = 0; i < batch.size(); ++i)
+      reports.push_back(close_step(batch[i].seq, state_of(batch[i].seq), plans[i], nullptr));
     return reports;
   }
 
@@ -209,6 +217,15 @@ class Cache {
     std::int64_t n = 0;        // tokens processed by committed steps
     std::int64_t pending = 0;  // T of the open step, 0 when none
     std::vector<std::uint8_t> appended;
+  };
+
+  /// One eviction decided but not applied: the active heads' flattened scores and keep flags.
+  struct EvictionPlan {
+    bool triggered = false;
+    std::vector<std::int64_t> lengths, offsets;
+    std::vector<std::uint8_t> active, keep;
+    std::vector<std::int32_t> position;
+    std::int64_t evicted = 0;  // entries the plan removes
   };
 
   template <class T, int R>
@@ -237,7 +254,7 @@ class Cache {
       if (s.queries.data != nullptr) check_queries(layer_of(s.queries, l), l);
     }
   }
-  EvictionReport run_step(const SequenceStep& s, std::vector<EvictedEntry>* evicted) {
+  void write_and_attend(const SequenceStep& s) {
     SequenceState& st = state_of(s.seq);
     const std::int64_t T = s.keys.dim(2);
     const bool with_attention = s.queries.data != nullptr;
@@ -245,12 +262,47 @@ class Cache {
       write_layer(s.seq, st, l, T, layer_of(s.keys, l), layer_of(s.values, l), layer_of(s.log_beta, l));
       if (with_attention) attend_layer(s.seq, st, l, layer_of(s.queries, l), layer_of(s.out, l));
     }
+  }
+  EvictionReport run_step(const SequenceStep& s, std::vector<EvictedEntry>* evicted) {
     try {
+      write_and_attend(s);
       return commit(s.seq, evicted);
-    } catch (...) {  // commit changed nothing; take back the appends so the step leaves no trace
+    } catch (...) {  // whatever failed (a user Scorer, Admitter or Backend; an allocation), the step leaves no trace
       abort_step(s.seq);
       throw;
     }
+  }
+
+  // Removes the entries at positions >= n (the open step's) from every head of `layer` (every
+  // layer for -1), last head first, so that pages go back to the pool in the reverse of the order
+  // append took them and the free list is as it was.
+  void drop_open_entries(std::int64_t seq, const SequenceState& st, int layer) {
+    std::vector<std::uint8_t> keep;
+    for (int l = shape_.layers - 1; l >= 0; --l) {
+      if (layer >= 0 && l != layer) continue;
+      for (int h = shape_.kv_heads - 1; h >= 0; --h) {
+        const auto head_layout = alloc_.layout(seq, l, h);
+        keep.assign(static_cast<std::size_t>(head_layout.length), 1);
+        bool any = false;
+        for (std::int64_t j = 0; j < head_layout.length; ++j)
+          if (alloc_.pool().meta(head_layout.slot(j)).position >= st.n) {
+            keep[static_cast<std::size_t>(j)] = 0;
+            any = true;
+          }
+        if (any) alloc_.compact(seq, l, h, keep);
+      }
+    }
+  }
+
+  // The state change of a commit, after its eviction is planned: nothing in here can fail (the
+  // report vector is grown first).
+  EvictionReport close_step(std::int64_t seq, SequenceState& st, const EvictionPlan& plan,
+                            std::vector<EvictedEntry>* evicted) {
+    if (evicted != nullptr) evicted->reserve(evicted->size() + static_cast<std::size_t>(plan.evicted));
+    st.n += st.pending;
+    st.pending = 0;
+    std::fill(st.appended.begin(), st.appended.end(), std::uint8_t{0});
+    return apply_eviction(seq, plan, evicted);
   }
 
   const SequenceState& state_of(std::int64_t seq) const {
@@ -346,13 +398,6 @@ class Cache {
       Backend::attend(alloc_.pool(), alloc_.layout(seq, layer, h), h, shape_.group(), queries, q_pos, out);
   }
 
-  /// One eviction decided but not applied: the active heads' flattened scores and keep flags.
-  struct EvictionPlan {
-    bool triggered = false;
-    std::vector<std::int64_t> lengths, offsets;
-    std::vector<std::uint8_t> active, keep;
-    std::vector<std::int32_t> position;
-  };
 
   /// SPEC §1–2: trigger on the per-head lengths; score the active heads at step n; select. Changes
   /// nothing. A NaN score (only a user-defined Scorer can make one: the built-in scorers are finite
@@ -391,6 +436,7 @@ class Cache {
       }
     plan.keep.assign(score.size(), 1);
     evictor_.select(shape_, SegmentedScores{score, plan.position, plan.offsets}, plan.keep);
+    for (const std::uint8_t k : plan.keep) plan.evicted += k == 0;
     return plan;
   }
 

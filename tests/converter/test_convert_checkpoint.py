@@ -52,6 +52,10 @@ for l in range(L):
     state[p + "linear2.weight"] = (torch.randn(H, I) * 0.3).bfloat16()
     state[p + "bias"] = torch.full((H,), 2.0).bfloat16() + torch.randn(H).bfloat16()
 state["model.language_model.norm.weight"] = torch.ones(D).bfloat16()
+# views the zip reader must gather: a transposed (strided) weight and a slice at a storage offset
+state["model.language_model.layers.2.self_attn.retention_gate.linear2.weight"] = (torch.randn(I, H) * 0.3).bfloat16().T
+state["model.language_model.layers.2.self_attn.retention_gate.linear1.bias"] = (torch.randn(I + 5) * 0.1).bfloat16()[5:]
+assert not state["model.language_model.layers.2.self_attn.retention_gate.linear2.weight"].is_contiguous()
 ckpt = os.path.join(work, "trimkv_weights.pth")
 torch.save(state, ckpt)
 out_torch, out_zip = os.path.join(work, "trimkv_torch.safetensors"), os.path.join(work, "trimkv_zip.safetensors")
@@ -89,6 +93,24 @@ vals = struct.unpack("<%df" % (I * D), d3[b:e])
 ref = state["model.language_model.layers.1.self_attn.retention_gate.linear1.weight"].float().reshape(-1).tolist()
 assert list(vals) == ref
 
+# --dtype BF16 from F32 rounds to nearest even, as torch does; F16 refuses what it cannot hold
+f32 = {"model.layers.0.self_attn.retention_gate.linear1.weight": torch.randn(I, D) * 3,
+       "model.layers.0.self_attn.retention_gate.linear1.bias": torch.randn(I),
+       "model.layers.0.self_attn.retention_gate.linear2.weight": torch.randn(H, I),
+       "model.layers.0.self_attn.retention_gate.bias": torch.tensor([1e5, -3.0])}
+f32_ckpt = os.path.join(work, "f32.pth")
+torch.save(f32, f32_ckpt)
+out_bf16 = os.path.join(work, "bf16.safetensors")
+run("trimkv", f32_ckpt, out_bf16, "--dtype", "BF16", "--reader", "zip")
+hb, db = read_safetensors(out_bf16)
+for name, t in f32.items():
+    b, e = hb[name]["data_offsets"]
+    assert db[b:e] == bytes(t.bfloat16().view(torch.int16).reshape(-1).tolist() and
+                            b"".join(struct.pack("<h", v) for v in t.bfloat16().view(torch.int16).reshape(-1).tolist())), name
+msg = run("trimkv", f32_ckpt, os.path.join(work, "f16.safetensors"), "--dtype", "F16", ok=False)
+assert "does not fit in F16" in msg, msg
+print("dtypes: F32 -> BF16 bit-exact with torch, F16 overflow refused")
+
 # ---- WG-KV ----
 L, d, Hw, E = 2, 8, 2, 12
 wg = {}
@@ -96,7 +118,7 @@ for l in range(L):
     p = "model.layers.%d.self_attn.g_predictors." % l
     wg[p + "pre_key_norm.weight"] = torch.randn(d)
     wg[p + "post_key_norm.weight"] = torch.randn(d)
-    wg[p + "conv1.weight"] = torch.randn(Hw * E, 2 * d, 1)
+    wg[p + "conv1.weight"] = torch.nn.Parameter(torch.randn(Hw * E, 2 * d, 1))  # named_parameters() values
     wg[p + "conv1.bias"] = torch.randn(Hw * E)
     wg[p + "conv2.weight"] = torch.randn(Hw, E, 1)
     wg[p + "conv2.bias"] = torch.randn(Hw)
@@ -115,7 +137,7 @@ for reader in ("torch", "zip"):
 
         assert h[dst + "w1.weight"]["shape"] == [Hw, E, 2 * d]
         for head in range(Hw):  # grouped conv: head h's rows E*h .. E*h+E-1
-            assert torch.equal(tensor("w1.weight")[head], wg[src + "conv1.weight"][head * E:(head + 1) * E, :, 0])
+            assert torch.equal(tensor("w1.weight")[head], wg[src + "conv1.weight"].data[head * E:(head + 1) * E, :, 0])
             assert torch.equal(tensor("w2.weight")[head], wg[src + "conv2.weight"][head, :, 0])
         assert torch.equal(tensor("w1.bias").reshape(-1), wg[src + "conv1.bias"])
         assert torch.equal(tensor("pre_norm.weight"), wg[src + "pre_key_norm.weight"])

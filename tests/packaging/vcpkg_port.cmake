@@ -70,6 +70,20 @@ endfunction()
 
 include(${SOURCE_DIR}/ports/kvpolicy/portfile.cmake)
 
+# The port's features decide what it builds: [core] alone exports no cpu component.
+if(NOT EXISTS ${CURRENT_PACKAGES_DIR}/share/kvpolicy/kvpolicyCpuTargets.cmake)
+  message(FATAL_ERROR "the port with feature cpu did not install kvpolicy::cpu")
+endif()
+set(FEATURES core)
+set(port_cpu_packages ${CURRENT_PACKAGES_DIR})
+set(CURRENT_PACKAGES_DIR ${WORK_DIR}/vcpkg/packages-core)
+set(CURRENT_BUILDTREES_DIR ${WORK_DIR}/vcpkg/buildtrees-core)
+include(${SOURCE_DIR}/ports/kvpolicy/portfile.cmake)
+if(EXISTS ${CURRENT_PACKAGES_DIR}/share/kvpolicy/kvpolicyCpuTargets.cmake)
+  message(FATAL_ERROR "the port without feature cpu installed kvpolicy::cpu")
+endif()
+set(CURRENT_PACKAGES_DIR ${port_cpu_packages})
+
 # The plain install, with the options a user installing from source uses.
 run(${CMAKE_COMMAND} -S ${SOURCE_DIR} -B ${WORK_DIR}/plain/build -G ${GENERATOR} -DCMAKE_BUILD_TYPE=Release
     -DKVPOLICY_BUILD_TESTS=OFF -DKVPOLICY_BUILD_EXAMPLES=OFF -DKVPOLICY_BUILD_BENCHMARKS=OFF -DKVPOLICY_ENABLE_CUDA=OFF)
