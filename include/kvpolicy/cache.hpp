@@ -204,7 +204,7 @@ class Cache {
         plans.push_back(plan_eviction(s.seq, st.n + st.pending));
       }
     } catch (...) {
-      for (std::size_t i = 0; i < started; ++i) abort_step(batch[i].seq);
+      for (std::size_t i = started; i-- > 0;) abort_step(batch[i].seq);  // last first: pages return in reverse
       throw;
     }
     for (std::size_t i = 0; i < batch.size(); ++i)
