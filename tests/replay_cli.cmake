@@ -19,13 +19,19 @@ function(run_fails expected)
 endfunction()
 
 run_ok(${REPLAY} --help)
-foreach(p trimkv dbtrimkv)
+foreach(p trimkv dbtrimkv streamingllm knorm random)
   if(NOT OUT MATCHES "${p}")
     message(FATAL_ERROR "--help does not list policy ${p}")
   endif()
 endforeach()
 
 run_ok(${REPLAY} --write-synthetic ${WORK_DIR}/trace.safetensors --tokens 300)
+foreach(p streamingllm knorm random)
+  run_ok(${REPLAY} --trace ${WORK_DIR}/trace.safetensors --policy ${p} --budget 32 --buffer 8 --sinks 2 --seed 5
+         --out ${WORK_DIR}/${p}.safetensors)
+endforeach()
+run_fails("--window and --threshold apply to trimkv and dbtrimkv" ${REPLAY} --trace ${WORK_DIR}/trace.safetensors
+          --policy knorm --window 4 --out ${WORK_DIR}/x.safetensors)
 run_ok(${REPLAY} --trace ${WORK_DIR}/trace.safetensors --policy trimkv --budget 32 --buffer 8 --prefill 50
        --out ${WORK_DIR}/trimkv.safetensors --png ${WORK_DIR}/png --layers 0,1 --heads 1)
 run_ok(${REPLAY} --trace ${WORK_DIR}/trace.safetensors --policy dbtrimkv --budget 32 --buffer 8 --horizon 3 --floor 0.25

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kvpolicy/dbtrimkv.hpp"
+#include "kvpolicy/baselines.hpp"
 #include "kvpolicy/trimkv.hpp"
 #include "oracle.hpp"
 
@@ -279,4 +280,42 @@ TEST_CASE("oracle: TRIM-KV on the contiguous allocator") {
       12, 300, score::RetentionDecay{},
       [](const oracle::Params& p) { return trimkv_evictor({.budget = p.budget, .buffer = p.buffer, .window = p.window}); },
       [](auto&&... a) { oracle::per_head(a...); }, false, false, memory::Contiguous<float>(1, 1));
+}
+
+TEST_CASE("baseline scores by hand (SPEC §5): recency with sinks, negative key norm, seeded random") {
+  const StepContext c{100};
+  CHECK(score::Recency{4}(EntryMeta{3, 0.0f, 1.0f}, c) == std::numeric_limits<float>::infinity());
+  CHECK(score::Recency{4}(EntryMeta{4, 0.0f, 1.0f}, c) == 4.0f);
+  CHECK(score::Recency{0}(EntryMeta{0, 0.0f, 1.0f}, c) == 0.0f);
+  CHECK(score::NegKeyNorm{}(EntryMeta{9, -1.0f, 2.5f}, c) == -2.5f);
+  // seeded random: in [0, 1), a function of (seed, position) only, different across seeds
+  const score::SeededRandom r1{1}, r2{2};
+  double sum = 0;
+  int same = 0;
+  for (std::int32_t p = 0; p < 4000; ++p) {
+    const float a = r1(EntryMeta{p, 0.0f, 0.0f}, c);
+    CHECK(a >= 0.0f);
+    CHECK(a < 1.0f);
+    CHECK(a == r1(EntryMeta{p, -3.0f, 7.0f}, StepContext{5}));
+    same += a == r2(EntryMeta{p, 0.0f, 0.0f}, c);
+    sum += a;
+  }
+  CHECK(sum / 4000 == doctest::Approx(0.5).epsilon(0.05));
+  CHECK(same < 5);
+  CHECK_THROWS_AS(score::Recency{-1}.validate(), Error);
+}
+
+TEST_CASE("oracle: StreamingLLM, KNorm and Random baselines under the per-head budget") {
+  const auto evictor = [](const oracle::Params& p) {
+    return baseline_evictor({.budget = p.budget, .buffer = p.buffer});
+  };
+  const auto per_head_no_window = [](const CacheShape& s, oracle::Heads& h, std::int64_t n, const auto& sc,
+                                     oracle::Params p) {
+    p.window = 0;  // the baseline presets have no window
+    oracle::per_head(s, h, n, sc, p);
+  };
+  differential(11, 400, score::Recency{4}, evictor, per_head_no_window, false, false);
+  differential(12, 400, score::Recency{0}, evictor, per_head_no_window, false, false);
+  differential(13, 400, score::NegKeyNorm{}, evictor, per_head_no_window, false, false);
+  differential(14, 400, score::SeededRandom{99}, evictor, per_head_no_window, false, false);
 }

@@ -33,6 +33,9 @@ policies:
   trimkv     TRIM-KV: score log_beta*(n+1-p), per-head budget M, evict when a head reaches M+B
   dbtrimkv   DBTrimKV: lookahead score over horizon h, one global budget L*Hkv*M per sequence,
              optional floor_ratio f
+  streamingllm  StreamingLLM: the S first tokens (sinks) and the newest, per-head budget M
+  knorm      KNorm: keep the keys of smallest L2 norm, per-head budget M (needs keys in the trace)
+  random     Random: seeded uniform scores, per-head budget M
 
 options:
   --budget M       entries kept per (layer, kv head) (default 1024)
@@ -42,6 +45,8 @@ options:
   --window w       protect the w newest entries of every head (default 0)
   --threshold a    keep every entry scoring >= log(a) instead of a top-M (default off)
   --prefill P      append the first P tokens as one chunk (default 0: one token per step)
+  --sinks S        attention sinks, streamingllm only (default 4)
+  --seed N         random only (default 0)
   --png DIR        write retention and eviction heatmaps (TRIM-KV paper, Fig. 4)
   --layers, --heads  which heatmaps (default: layer 0, every kv head)
 
@@ -111,6 +116,9 @@ int demo(const std::string& png_dir) {
     rows.push_back({"trimkv", {"trimkv", M, M / 8, 2, 0.0, 0, 0.0, 0}});
     rows.push_back({"dbtrimkv h=2", {"dbtrimkv", M, M / 8, 2, 0.0, 0, 0.0, 0}});
     rows.push_back({"dbtrimkv f=0.5", {"dbtrimkv", M, M / 8, 2, 0.5, 0, 0.0, 0}});
+    rows.push_back({"streamingllm", {"streamingllm", M, M / 8, 2, 0.0, 0, 0.0, 0}});
+    rows.push_back({"knorm", {"knorm", M, M / 8, 2, 0.0, 0, 0.0, 0}});
+    rows.push_back({"random", {"random", M, M / 8, 2, 0.0, 0, 0.0, 0}});
   }
   rows.push_back({"full cache", {"trimkv", tr.tokens, 1, 2, 0.0, 0, 0.0, 0}});
   const double full_entries = static_cast<double>(tr.layers * tr.kv_heads * tr.tokens);
@@ -173,6 +181,8 @@ int main(int argc, char** argv) {
       else if (a == "--horizon") o.horizon = static_cast<int>(parse_int(a, value()));
       else if (a == "--floor") o.floor_ratio = parse_number(a, value());
       else if (a == "--window") o.window = parse_int(a, value());
+      else if (a == "--sinks") o.sinks = parse_int(a, value());
+      else if (a == "--seed") o.seed = static_cast<std::uint64_t>(parse_int(a, value()));
       else if (a == "--threshold") o.threshold = parse_number(a, value());
       else if (a == "--prefill") o.prefill = parse_int(a, value());
       else if (a == "--layers") layers = parse_list(value(), "--layers");

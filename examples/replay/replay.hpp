@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kvpolicy/cpu/attention.hpp"
+#include "kvpolicy/baselines.hpp"
 #include "kvpolicy/dbtrimkv.hpp"
 #include "kvpolicy/trimkv.hpp"
 #include "trace.hpp"
@@ -18,7 +19,7 @@
 namespace kvpolicy::replay {
 
 struct Options {
-  std::string policy = "trimkv";  // trimkv | dbtrimkv
+  std::string policy = "trimkv";  // trimkv | dbtrimkv | streamingllm | knorm | random
   std::int64_t budget = 1024;     // M
   std::int64_t buffer = 128;      // B
   int horizon = 2;                // h (dbtrimkv)
@@ -26,10 +27,12 @@ struct Options {
   std::int64_t window = 0;        // w
   double threshold = 0.0;         // alpha
   std::int64_t prefill = 0;       // P: the first P tokens as one chunk
+  std::int64_t sinks = 4;         // S (streamingllm)
+  std::uint64_t seed = 0;         // random
 };
 
 inline const std::vector<std::string>& policies() {
-  static const std::vector<std::string> names{"trimkv", "dbtrimkv"};
+  static const std::vector<std::string> names{"trimkv", "dbtrimkv", "streamingllm", "knorm", "random"};
   return names;
 }
 
@@ -174,7 +177,23 @@ inline Result replay(const Trace& tr, const Options& opt, const std::vector<floa
     DBTrimKVCache<> cache(shape, memory::Paged<16>(pages), dbtrimkv_evictor(c), dbtrimkv_scorer(c));
     return detail::run(cache, tr, opt, full);
   }
-  fail("replay: unknown policy '", opt.policy, "' (known: trimkv, dbtrimkv)");
+  if (opt.policy == "streamingllm" || opt.policy == "knorm" || opt.policy == "random") {
+    // SPEC §5 baselines: they score from position, key norm or a seed, and ignore log_beta
+    const auto evictor = baseline_evictor({opt.budget, opt.buffer});
+    if (opt.window != 0 || opt.threshold != 0.0)
+      fail("replay: --window and --threshold apply to trimkv and dbtrimkv, not to ", opt.policy);
+    if (opt.policy == "streamingllm") {
+      StreamingLLMCache<> cache(shape, memory::Paged<16>(pages), evictor, score::Recency{opt.sinks});
+      return detail::run(cache, tr, opt, full);
+    }
+    if (opt.policy == "knorm") {
+      KNormCache<> cache(shape, memory::Paged<16>(pages), evictor);
+      return detail::run(cache, tr, opt, full);
+    }
+    RandomCache<> cache(shape, memory::Paged<16>(pages), evictor, score::SeededRandom{opt.seed});
+    return detail::run(cache, tr, opt, full);
+  }
+  fail("replay: unknown policy '", opt.policy, "' (known: trimkv, dbtrimkv, streamingllm, knorm, random)");
 }
 
 }  // namespace kvpolicy::replay

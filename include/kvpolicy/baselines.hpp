@@ -1,0 +1,42 @@
+/// \file
+/// kvpolicy/baselines.hpp — presets for SPEC §5's training-free baselines that score from an
+/// entry's own metadata: StreamingLLM, KNorm and Random, each with a per-(layer, kv head) budget M
+/// and buffer B (the trigger of SPEC §1: a head that reaches M + B keeps its top M). They take
+/// log_beta like every cache and ignore it: pass zeros.
+///
+///   kvpolicy::StreamingLLMCache<> cache(shape, kvpolicy::memory::Paged<16>(pages),
+///                                       kvpolicy::baseline_evictor({.budget = 1024}),
+///                                       kvpolicy::score::Recency{.sinks = 4});
+#pragma once
+
+#include "kvpolicy/cache.hpp"
+#include "kvpolicy/cpu/backend.hpp"
+#include "kvpolicy/memory/paged.hpp"
+#include "kvpolicy/policy/admit.hpp"
+#include "kvpolicy/policy/baseline.hpp"
+#include "kvpolicy/policy/evict.hpp"
+
+namespace kvpolicy {
+
+struct BaselineConfig {
+  std::int64_t budget = 1024;  ///< M per (layer, kv head)
+  std::int64_t buffer = 128;   ///< B
+};
+
+inline evict::PerHead<trigger::Buffered> baseline_evictor(const BaselineConfig& c = {}) {
+  return evict::PerHead<trigger::Buffered>{trigger::Buffered{c.budget, c.buffer}, 0, 0.0};
+}
+
+template <class Backend = cpu_backend, class Storage = float, int PageSize = 16>
+using StreamingLLMCache =
+    Cache<score::Recency, admit::All, evict::PerHead<trigger::Buffered>, memory::Paged<PageSize, Storage>, Backend>;
+
+template <class Backend = cpu_backend, class Storage = float, int PageSize = 16>
+using KNormCache =
+    Cache<score::NegKeyNorm, admit::All, evict::PerHead<trigger::Buffered>, memory::Paged<PageSize, Storage>, Backend>;
+
+template <class Backend = cpu_backend, class Storage = float, int PageSize = 16>
+using RandomCache =
+    Cache<score::SeededRandom, admit::All, evict::PerHead<trigger::Buffered>, memory::Paged<PageSize, Storage>, Backend>;
+
+}  // namespace kvpolicy
