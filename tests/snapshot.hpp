@@ -36,8 +36,9 @@ std::vector<std::uint8_t> snapshot(const C& cache, const std::vector<std::int64_
     const bool has = cache.has_sequence(seq);
     put(out, &has);
     if (!has) continue;
-    const std::int64_t n = cache.tokens(seq);
+    const std::int64_t n = cache.tokens(seq), prompt = cache.prompt_tokens(seq);
     put(out, &n);
+    put(out, &prompt);
     for (int l = 0; l < s.layers; ++l)
       for (int h = 0; h < s.kv_heads; ++h) {
         const auto head = alloc.layout(seq, l, h);

@@ -1,8 +1,10 @@
 /// \file
-/// kvpolicy/baselines.hpp — presets for SPEC §5's training-free baselines that score from an
-/// entry's own metadata: StreamingLLM, KNorm and Random, each with a per-(layer, kv head) budget M
-/// and buffer B (the trigger of SPEC §1: a head that reaches M + B keeps its top M). They take
-/// log_beta like every cache and ignore it: pass zeros.
+/// kvpolicy/baselines.hpp — presets for SPEC §5's training-free baselines: StreamingLLM, H2O, KNorm,
+/// KeyDiff and Random, each with a per-(layer, kv head) budget M and buffer B (the trigger of
+/// SPEC §1: a head that reaches M + B keeps its top M; B = 1 evicts one entry per decode step, as
+/// H2O does). H2O protects the recent half of the budget (h2o_evictor). They take log_beta like
+/// every cache and ignore it: pass zeros. H2O ranks by the attention mass its attend() calls
+/// accumulate, so its steps must attend.
 ///
 ///   kvpolicy::StreamingLLMCache<> cache(shape, kvpolicy::memory::Paged<16>(pages),
 ///                                       kvpolicy::baseline_evictor({.budget = 1024}),
@@ -27,6 +29,11 @@ inline evict::PerHead<trigger::Buffered> baseline_evictor(const BaselineConfig& 
   return evict::PerHead<trigger::Buffered>{trigger::Buffered{c.budget, c.buffer}, 0, 0.0};
 }
 
+/// H2O, SPEC §5: the recent half of the budget (w = M / 2) is protected.
+inline evict::PerHead<trigger::Buffered> h2o_evictor(const BaselineConfig& c = {}) {
+  return evict::PerHead<trigger::Buffered>{trigger::Buffered{c.budget, c.buffer}, c.budget / 2, 0.0};
+}
+
 template <class Backend = cpu_backend, class Storage = float, int PageSize = 16>
 using StreamingLLMCache =
     Cache<score::Recency, admit::All, evict::PerHead<trigger::Buffered>, memory::Paged<PageSize, Storage>, Backend>;
@@ -38,5 +45,13 @@ using KNormCache =
 template <class Backend = cpu_backend, class Storage = float, int PageSize = 16>
 using RandomCache =
     Cache<score::SeededRandom, admit::All, evict::PerHead<trigger::Buffered>, memory::Paged<PageSize, Storage>, Backend>;
+
+template <class Backend = cpu_backend, class Storage = float, int PageSize = 16>
+using H2OCache = Cache<score::AttentionMass, admit::All, evict::PerHead<trigger::Buffered>,
+                       memory::Paged<PageSize, Storage>, Backend>;
+
+template <class Backend = cpu_backend, class Storage = float, int PageSize = 16>
+using KeyDiffCache =
+    Cache<score::KeyDiff, admit::All, evict::PerHead<trigger::Buffered>, memory::Paged<PageSize, Storage>, Backend>;
 
 }  // namespace kvpolicy

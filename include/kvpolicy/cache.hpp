@@ -14,6 +14,7 @@
 #include <limits>
 #include <map>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "kvpolicy/core/concepts.hpp"
@@ -39,6 +40,14 @@ struct EvictionReport {
 
 template <Scorer S, Admitter A, Evictor E, Allocator Alloc, class Backend>
 class Cache {
+  // Compositions that cannot work fail here, with one line each (DESIGN, "The four concepts").
+  static_assert(!scorer_needs_attention_mass<S> || backend_emits_attention_mass<Backend>,
+                "kvpolicy::Cache: this Scorer ranks by attention mass (H2O), which this Backend's attention does not emit");
+  static_assert(!scorer_needs_attention_mass<S> || requires(Alloc& a) { a.pool().add_attention_mass(0, 0.0f); },
+                "kvpolicy::Cache: this Scorer ranks by attention mass, and this Allocator's pool cannot accumulate it");
+  static_assert(!(scorer_static_score<S> && scorer_needs_attention_mass<S>),
+                "kvpolicy::Cache: a Scorer reads either a static score or the attention mass, not both");
+
  public:
   using scorer_type = S;
   using admitter_type = A;
@@ -60,9 +69,16 @@ class Cache {
   const Alloc& allocator() const { return alloc_; }
 
   /// ---- sequences -------------------------------------------------------------------------------
-  void add_sequence(std::int64_t seq) {
+  /// prompt_tokens: the length of the sequence's prompt, when the engine knows it; policies that
+  /// protect the prefill (EpiKV, SPEC §4) protect these positions. Left at -1, the prompt is every
+  /// token before the first single-token (decode) step.
+  void add_sequence(std::int64_t seq, std::int64_t prompt_tokens = -1) {
+    require(prompt_tokens >= -1 && prompt_tokens <= std::int64_t{std::numeric_limits<std::int32_t>::max()},
+            "Cache::add_sequence: prompt_tokens = ", prompt_tokens, " must be -1 (unknown) or in [0, 2^31 - 1]");
+    require(!has_sequence(seq), "Cache::add_sequence: sequence ", seq, " already exists");
     alloc_.add_sequence(seq);
-    state_.emplace(seq, SequenceState{0, 0, std::vector<std::uint8_t>(static_cast<std::size_t>(shape_.layers), 0)});
+    state_.emplace(seq, SequenceState{0, 0, prompt_tokens,
+                                      std::vector<std::uint8_t>(static_cast<std::size_t>(shape_.layers), 0)});
   }
   void remove_sequence(std::int64_t seq) {
     state_of(seq);
@@ -72,6 +88,12 @@ class Cache {
   bool has_sequence(std::int64_t seq) const { return state_.count(seq) != 0; }
   /// n: tokens of the sequence processed by committed steps.
   std::int64_t tokens(std::int64_t seq) const { return state_of(seq).n; }
+  /// The prompt length the policies see (declared, or detected at the first decode step; while the
+  /// sequence is still in its prefill, every committed token).
+  std::int64_t prompt_tokens(std::int64_t seq) const {
+    const SequenceState& st = state_of(seq);
+    return st.prompt >= 0 ? std::min(st.prompt, st.n) : st.n;
+  }
   std::int64_t length(std::int64_t seq, int layer, int head) const { return alloc_.length(seq, layer, head); }
   std::int64_t total_length(std::int64_t seq) const {
     std::int64_t total = 0;
@@ -110,7 +132,9 @@ class Cache {
   }
 
   /// queries [Hq, T, d] of this step's T tokens at `layer` (appended already) -> out [Hq, T, d].
-  void attend(std::int64_t seq, int layer, View<const float, 3> queries, View<float, 3> out) const {
+  /// For a Scorer that ranks by attention mass (H2O) it also adds each key's attention probability
+  /// from these queries to the key's metadata; an aborted step does not take that back.
+  void attend(std::int64_t seq, int layer, View<const float, 3> queries, View<float, 3> out) {
     const SequenceState& st = state_of(seq);
     check_layer(layer, "attend");
     require(st.appended[static_cast<std::size_t>(layer)], "Cache::attend: layer ", layer, " of sequence ", seq,
@@ -131,7 +155,7 @@ class Cache {
               " was not appended in this step");
     // Plan first (it may throw: a scorer that returns NaN), then change state: a commit that
     // throws leaves the step open and the cache as it was.
-    const EvictionPlan plan = plan_eviction(seq, st.n + st.pending);
+    const EvictionPlan plan = plan_eviction(seq, context(st));
     return close_step(seq, st, plan, evicted);
   }
 
@@ -201,7 +225,7 @@ class Cache {
       }
       for (const auto& s : batch) {
         const SequenceState& st = state_of(s.seq);
-        plans.push_back(plan_eviction(s.seq, st.n + st.pending));
+        plans.push_back(plan_eviction(s.seq, context(st)));
       }
     } catch (...) {
       for (std::size_t i = started; i-- > 0;) abort_step(batch[i].seq);  // last first: pages return in reverse
@@ -216,11 +240,13 @@ class Cache {
   struct SequenceState {
     std::int64_t n = 0;        // tokens processed by committed steps
     std::int64_t pending = 0;  // T of the open step, 0 when none
+    std::int64_t prompt = -1;  // declared or detected prompt length; -1 while unknown
     std::vector<std::uint8_t> appended;
   };
 
   /// One eviction decided but not applied: the active heads' flattened scores and keep flags.
   struct EvictionPlan {
+    StepContext context{};
     bool triggered = false;
     std::vector<std::int64_t> lengths, offsets;
     std::vector<std::uint8_t> active, keep;
@@ -299,10 +325,22 @@ class Cache {
   EvictionReport close_step(std::int64_t seq, SequenceState& st, const EvictionPlan& plan,
                             std::vector<EvictedEntry>* evicted) {
     if (evicted != nullptr) evicted->reserve(evicted->size() + static_cast<std::size_t>(plan.evicted));
+    // the first decode step fixes an undeclared prompt (SPEC §4 protects it from then on)
+    if (st.prompt < 0 && plan.context.prompt < plan.context.n) st.prompt = plan.context.prompt;
     st.n += st.pending;
     st.pending = 0;
     std::fill(st.appended.begin(), st.appended.end(), std::uint8_t{0});
     return apply_eviction(seq, plan, evicted);
+  }
+
+  /// The context the open step's eviction is planned in: n after the step, and the prompt (SPEC §4):
+  /// the declared length; else, at the first single-token step after some tokens, the tokens before
+  /// it; else (still prefilling) everything.
+  static StepContext context(const SequenceState& st) {
+    const std::int64_t n = st.n + st.pending;
+    if (st.prompt >= 0) return {n, std::min(st.prompt, n)};
+    if (st.pending == 1 && st.n > 0) return {n, st.n};
+    return {n, n};
   }
 
   const SequenceState& state_of(std::int64_t seq) const {
@@ -333,9 +371,13 @@ class Cache {
     for (std::int64_t h = 0; h < shape_.kv_heads; ++h)
       for (std::int64_t t = 0; t < T; ++t) {
         const float lb = log_beta(h, t);
-        // SPEC, Notation: beta in (0, 1] so log_beta <= 0; -inf (beta -> 0) ranks last; NaN never enters.
-        require(!std::isnan(lb) && lb <= 0.0f, "Cache::append: log_beta[layer ", layer, ", head ", h, ", token ", t,
-                " of the step (position ", first_position + t, ")] = ", lb, " is not in [-inf, 0]");
+        if constexpr (scorer_static_score<S>)  // SPEC §4: a frozen score; +inf is what protection ranks as
+          require(!std::isnan(lb) && lb != std::numeric_limits<float>::infinity(), "Cache::append: score[layer ",
+                  layer, ", head ", h, ", token ", t, " of the step (position ", first_position + t, ")] = ", lb,
+                  " must be finite or -inf");
+        else  // SPEC, Notation: beta in (0, 1] so log_beta <= 0; -inf (beta -> 0) ranks last; NaN never enters.
+          require(!std::isnan(lb) && lb <= 0.0f, "Cache::append: log_beta[layer ", layer, ", head ", h, ", token ", t,
+                  " of the step (position ", first_position + t, ")] = ", lb, " is not in [-inf, 0]");
       }
     // K/V must stay finite in the storage dtype (70000 is finite in fp32, +inf in fp16).
     for (std::int64_t i = 0; i < keys.size(); ++i)
@@ -391,26 +433,37 @@ class Cache {
   }
 
   void attend_layer(std::int64_t seq, const SequenceState& st, int layer, View<const float, 3> queries,
-                    View<float, 3> out) const {
+                    View<float, 3> out) {
     std::vector<std::int32_t> q_pos(static_cast<std::size_t>(st.pending));
     for (std::int64_t t = 0; t < st.pending; ++t) q_pos[static_cast<std::size_t>(t)] = static_cast<std::int32_t>(st.n + t);
-    for (int h = 0; h < shape_.kv_heads; ++h)
-      Backend::attend(alloc_.pool(), alloc_.layout(seq, layer, h), h, shape_.group(), queries, q_pos, out);
+    std::vector<float> mass;
+    for (int h = 0; h < shape_.kv_heads; ++h) {
+      const auto head_layout = alloc_.layout(seq, layer, h);
+      if constexpr (scorer_needs_attention_mass<S>) {  // H2O, SPEC §5: summed over every query so far
+        mass.assign(static_cast<std::size_t>(head_layout.length), 0.0f);
+        Backend::attend(alloc_.pool(), head_layout, h, shape_.group(), queries, q_pos, out, std::span<float>(mass));
+        for (std::int64_t j = 0; j < head_layout.length; ++j)
+          alloc_.pool().add_attention_mass(head_layout.slot(j), mass[static_cast<std::size_t>(j)]);
+      } else {
+        Backend::attend(std::as_const(alloc_).pool(), head_layout, h, shape_.group(), queries, q_pos, out);
+      }
+    }
   }
 
 
   /// SPEC §1–2: trigger on the per-head lengths; score the active heads at step n; select. Changes
   /// nothing. A NaN score (only a user-defined Scorer can make one: the built-in scorers are finite
   /// or -inf on every input append accepts, docs/numerics.md) is an error, never a ranking input.
-  EvictionPlan plan_eviction(std::int64_t seq, std::int64_t n) const {
+  EvictionPlan plan_eviction(std::int64_t seq, StepContext ctx) const {
     const auto heads = static_cast<std::size_t>(shape_.heads_total());
     EvictionPlan plan;
+    plan.context = ctx;
     plan.lengths.resize(heads);
     for (int l = 0; l < shape_.layers; ++l)
       for (int h = 0; h < shape_.kv_heads; ++h)
         plan.lengths[static_cast<std::size_t>(head_index(shape_, l, h))] = alloc_.length(seq, l, h);
     plan.active.assign(heads, 0);
-    if (!evictor_.trigger(shape_, plan.lengths, plan.active)) return plan;
+    if (!evictor_trigger(evictor_, shape_, ctx, plan.lengths, plan.active)) return plan;
     plan.triggered = true;
 
     plan.offsets.assign(heads + 1, 0);
@@ -418,24 +471,43 @@ class Cache {
       plan.offsets[i + 1] = plan.offsets[i] + (plan.active[i] ? plan.lengths[i] : 0);
     std::vector<float> score(static_cast<std::size_t>(plan.offsets.back()));
     plan.position.resize(score.size());
-    const StepContext ctx{n};
+    std::vector<EntryMeta> head_meta;
+    std::vector<float> head_keys;
     for (int l = 0; l < shape_.layers; ++l)
       for (int h = 0; h < shape_.kv_heads; ++h) {
         const auto i = static_cast<std::size_t>(head_index(shape_, l, h));
         if (!plan.active[i]) continue;
         const auto head_layout = alloc_.layout(seq, l, h);
-        for (std::int64_t j = 0; j < head_layout.length; ++j) {
-          const EntryMeta& m = alloc_.pool().meta(head_layout.slot(j));
-          const auto k = static_cast<std::size_t>(plan.offsets[i] + j);
-          score[k] = scorer_(m, ctx);
-          plan.position[k] = m.position;
-          require(!std::isnan(score[k]), "Cache::commit: the scorer returned NaN for sequence ", seq, " layer ", l,
-                  " head ", h, " position ", m.position, " (log_beta ", m.log_beta, ", key norm ", m.key_norm,
-                  ", n = ", n, "); a NaN score never enters a ranking");
+        const auto b = static_cast<std::size_t>(plan.offsets[i]);
+        const auto len = static_cast<std::size_t>(head_layout.length);
+        for (std::size_t j = 0; j < len; ++j)
+          plan.position[b + j] = alloc_.pool().meta(head_layout.slot(static_cast<std::int64_t>(j))).position;
+        if constexpr (scorer_needs_head_keys<S>) {  // KeyDiff: the head's keys, widened to fp32
+          const int d = shape_.head_dim;
+          head_meta.resize(len);
+          head_keys.resize(len * static_cast<std::size_t>(d));
+          for (std::size_t j = 0; j < len; ++j) {
+            const std::int64_t slot = head_layout.slot(static_cast<std::int64_t>(j));
+            head_meta[j] = alloc_.pool().meta(slot);
+            const storage_type* k = alloc_.pool().key(slot);
+            for (int c = 0; c < d; ++c) head_keys[j * static_cast<std::size_t>(d) + static_cast<std::size_t>(c)] = to_float(k[c]);
+          }
+          scorer_.score_head(View<const float, 2>{head_keys.data(), {static_cast<std::int64_t>(len), d}},
+                             std::span<const EntryMeta>(head_meta), ctx, std::span<float>(score).subspan(b, len));
+        } else {
+          for (std::size_t j = 0; j < len; ++j)
+            score[b + j] = scorer_(alloc_.pool().meta(head_layout.slot(static_cast<std::int64_t>(j))), ctx);
+        }
+        for (std::size_t j = 0; j < len; ++j) {
+          if (!std::isnan(score[b + j])) continue;
+          const EntryMeta& m = alloc_.pool().meta(head_layout.slot(static_cast<std::int64_t>(j)));
+          fail("Cache::commit: the scorer returned NaN for sequence ", seq, " layer ", l, " head ", h, " position ",
+               m.position, " (log_beta ", m.log_beta, ", key norm ", m.key_norm, ", attention mass ", m.attention_mass,
+               ", n = ", ctx.n, "); a NaN score never enters a ranking");
         }
       }
     plan.keep.assign(score.size(), 1);
-    evictor_.select(shape_, SegmentedScores{score, plan.position, plan.offsets}, plan.keep);
+    evictor_select(evictor_, shape_, ctx, SegmentedScores{score, plan.position, plan.offsets}, plan.keep);
     for (const std::uint8_t k : plan.keep) plan.evicted += k == 0;
     return plan;
   }

@@ -10,16 +10,25 @@
 
 #include "kvpolicy/core/entry.hpp"
 #include "kvpolicy/core/shape.hpp"
+#include "kvpolicy/core/view.hpp"
 
 namespace kvpolicy {
 
 /// Scorer: entry metadata + step context -> one fp32 score, higher = keep. Pure KVPOLICY_HD math.
+/// A scorer that needs the keys themselves (KeyDiff, SPEC §5) scores a whole head at once instead:
+/// score_head(keys [N, d] fp32, meta [N], ctx, out [N]).
 template <class S>
-concept Scorer = std::copyable<S> && requires(const S& s, EntryMeta m, StepContext c) {
+concept EntryScorer = requires(const S& s, EntryMeta m, StepContext c) {
   { s(m, c) } -> std::same_as<float>;
+};
+template <class S>
+concept HeadScorer = requires(const S& s, View<const float, 2> keys, std::span<const EntryMeta> meta, StepContext c,
+                              std::span<float> out) { s.score_head(keys, meta, c, out); };
+template <class S>
+concept Scorer = std::copyable<S> && requires(const S& s) {
   { S::needs_key_norm } -> std::convertible_to<bool>;
   s.validate();
-};
+} && (EntryScorer<S> || HeadScorer<S>);
 
 /// Admitter: decides at write time where a new entry goes.
 template <class A>
@@ -32,14 +41,59 @@ concept Admitter = std::copyable<A> && requires(const A& a, EntryMeta m) {
 ///   trigger(shape, lengths, active): lengths has one entry per (layer, kv head); marks in `active`
 ///     the heads whose entries take part in this eviction and returns whether any does.
 ///   select(shape, scores, keep): for the active heads' segments, sets keep[i] = 1 for survivors.
+/// An evictor whose rule depends on the sequence (EpiKV's budget over generated tokens, SPEC §4)
+/// takes the StepContext as a second argument of both instead.
 template <class E>
-concept Evictor = std::copyable<E> &&
+concept ContextFreeEvictor =
     requires(const E& e, const CacheShape& shape, std::span<const std::int64_t> lengths,
              std::span<std::uint8_t> active, const SegmentedScores& scores, std::span<std::uint8_t> keep) {
-      e.validate(shape);
       { e.trigger(shape, lengths, active) } -> std::same_as<bool>;
       e.select(shape, scores, keep);
     };
+template <class E>
+concept ContextEvictor =
+    requires(const E& e, const CacheShape& shape, StepContext c, std::span<const std::int64_t> lengths,
+             std::span<std::uint8_t> active, const SegmentedScores& scores, std::span<std::uint8_t> keep) {
+      { e.trigger(shape, c, lengths, active) } -> std::same_as<bool>;
+      e.select(shape, c, scores, keep);
+    };
+template <class E>
+concept Evictor = std::copyable<E> && requires(const E& e, const CacheShape& shape) { e.validate(shape); } &&
+                  (ContextFreeEvictor<E> || ContextEvictor<E>);
+
+/// The two calls of an Evictor, whichever form it has.
+template <Evictor E>
+bool evictor_trigger(const E& e, const CacheShape& shape, StepContext c, std::span<const std::int64_t> lengths,
+                     std::span<std::uint8_t> active) {
+  if constexpr (ContextEvictor<E>)
+    return e.trigger(shape, c, lengths, active);
+  else
+    return e.trigger(shape, lengths, active);
+}
+template <Evictor E>
+void evictor_select(const E& e, const CacheShape& shape, StepContext c, const SegmentedScores& scores,
+                    std::span<std::uint8_t> keep) {
+  if constexpr (ContextEvictor<E>)
+    e.select(shape, c, scores, keep);
+  else
+    e.select(shape, scores, keep);
+}
+
+/// ---- what a Scorer reads besides log_beta and position (each optional, default false) ----------
+/// static_score: the entry's metadata float is a score handed in at write time (EpiKV, the KV
+///   statistics, SPEC §4), any value but NaN, instead of a log_beta in [-inf, 0].
+/// needs_attention_mass: ranks by EntryMeta::attention_mass, which the Backend's attention must
+///   accumulate (H2O, SPEC §5).
+/// A HeadScorer reads the head's stored keys (KeyDiff, SPEC §5).
+template <class S>
+constexpr bool scorer_static_score = requires { requires S::static_score; };
+template <class S>
+constexpr bool scorer_needs_attention_mass = requires { requires S::needs_attention_mass; };
+template <class S>
+constexpr bool scorer_needs_head_keys = HeadScorer<S>;
+/// A Backend whose attention accumulates per-key attention mass into the entries' metadata.
+template <class B>
+constexpr bool backend_emits_attention_mass = requires { requires B::emits_attention_mass; };
 
 /// Allocator: owns where entries live. Appends whole steps of a head, reads them back through
 /// block tables, and compacts a head to its survivors, returning emptied pages to the pool.

@@ -7,18 +7,26 @@
 
 namespace kvpolicy {
 
-/// Written once when the token is appended, never changed (SPEC §1 "Each entry stores its
-/// position p and log_beta"). key_norm = ||k||_2 of the stored (post-RoPE) key, for KNorm scores.
+/// Written once when the token is appended (SPEC §1 "Each entry stores its position p and
+/// log_beta"). log_beta holds the static score instead for scorers that read one (EpiKV and the KV
+/// statistics, SPEC §4). key_norm = ||k||_2 of the stored (post-RoPE) key, for KNorm scores.
+/// attention_mass is the one field that changes: the attention mass the key has received from every
+/// query so far, accumulated by the attention when the Scorer asks for it (H2O, SPEC §5), else 0.
 struct EntryMeta {
   std::int32_t position = 0;
   float log_beta = 0.0f;
   float key_norm = 0.0f;
+  float attention_mass = 0.0f;
 };
 
 /// The step context a score is evaluated in: n = tokens of the sequence processed so far, after the
 /// current forward step appended to every layer (SPEC, Notation).
+/// prompt = how many leading positions of the sequence are its prompt (prefill) tokens, as far as
+/// known: the prompt length the engine declared, or while it is still being prefilled every token
+/// so far (SPEC §4 protects every prefill token).
 struct StepContext {
   std::int64_t n = 0;
+  std::int64_t prompt = 0;
 };
 
 /// Scores of the entries of one sequence, as ragged segments, one per (layer, kv head) in

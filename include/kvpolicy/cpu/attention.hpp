@@ -54,55 +54,70 @@ inline void attend_dense(View<const float, 2> q, View<const float, 2> keys, View
 /// One kv head of the cache against the G query heads of its group: queries [Hq, T, d] (the
 /// layer's), out the same shape; only query heads kv_head*G .. kv_head*G + G-1 are read and written.
 /// Entries stream in blocks; each block costs one rescale of the running (max, sum, acc) state.
+/// With key_mass (one float per entry of the head), a second pass adds to key_mass[i] the attention
+/// probability entry i received from every (query head of the group, query token) row — the H2O
+/// accumulation of SPEC §5, with no attention matrix: only the rows' final (max, sum) are kept.
 template <class Storage>
 void attend_paged(const memory::EntryPool<Storage>& pool, const memory::HeadLayout& head, int kv_head, int group,
-                  View<const float, 3> queries, std::span<const std::int32_t> q_pos, View<float, 3> out) {
+                  View<const float, 3> queries, std::span<const std::int32_t> q_pos, View<float, 3> out,
+                  std::span<float> key_mass = {}) {
   constexpr std::int64_t kBlock = 32;
   const std::int64_t T = queries.dim(1), d = queries.dim(2);
   const std::int64_t rows = std::int64_t{group} * T;  // (query head in group, query token)
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-  std::vector<float> m(static_cast<std::size_t>(rows), -std::numeric_limits<float>::infinity());
+  constexpr float kMasked = -std::numeric_limits<float>::infinity();
+  std::vector<float> m(static_cast<std::size_t>(rows), kMasked);
   std::vector<float> l(static_cast<std::size_t>(rows), 0.0f);
   std::vector<float> acc(static_cast<std::size_t>(rows * d), 0.0f);
   std::vector<float> kt(static_cast<std::size_t>(d * kBlock)), vf(static_cast<std::size_t>(kBlock * d));
   std::vector<std::int32_t> kpos(kBlock);
   std::vector<float> s(static_cast<std::size_t>(kBlock));
 
-  for (std::int64_t b0 = 0; b0 < head.length; b0 += kBlock) {
-    const std::int64_t nb = std::min(kBlock, head.length - b0);
-    for (std::int64_t j = 0; j < nb; ++j) {  // widen the block once, shared by the whole group
+  // Widens block [b0, b0 + nb) once, shared by the whole group (keys transposed: the logits loop
+  // runs along j).
+  const auto widen = [&](std::int64_t b0, std::int64_t nb, bool with_values) {
+    for (std::int64_t j = 0; j < nb; ++j) {
       const std::int64_t slot = head.slot(b0 + j);
       const Storage* k = pool.key(slot);
-      const Storage* v = pool.value(slot);
-      for (std::int64_t c = 0; c < d; ++c) {
-        kt[c * kBlock + j] = to_float(k[c]);  // transposed: the logits loop runs along j
-        vf[j * d + c] = to_float(v[c]);
+      for (std::int64_t c = 0; c < d; ++c) kt[c * kBlock + j] = to_float(k[c]);
+      if (with_values) {
+        const Storage* v = pool.value(slot);
+        for (std::int64_t c = 0; c < d; ++c) vf[j * d + c] = to_float(v[c]);
       }
       kpos[j] = pool.meta(slot).position;
     }
+  };
+  // s[j] = q . k_j * scale for the row's visible keys, kMasked for the others; returns the max.
+  const auto logits = [&](std::int64_t r, std::int64_t nb) {
+    const std::int64_t g = r / T, t = r % T;
+    const float* qv = &queries(std::int64_t{kv_head} * group + g, t, 0);
+    std::fill(s.begin(), s.end(), 0.0f);
+    for (std::int64_t c = 0; c < d; ++c) {  // accumulated along c so the j loop vectorizes
+      const float qc = qv[c];
+      const float* kc = &kt[c * kBlock];
+      for (std::int64_t j = 0; j < kBlock; ++j) s[j] += qc * kc[j];
+    }
+    float block_max = kMasked;
+    for (std::int64_t j = 0; j < nb; ++j) {
+      s[j] = kpos[j] > q_pos[t] ? kMasked : s[j] * scale;
+      block_max = std::max(block_max, s[j]);
+    }
+    return block_max;
+  };
+
+  for (std::int64_t b0 = 0; b0 < head.length; b0 += kBlock) {
+    const std::int64_t nb = std::min(kBlock, head.length - b0);
+    widen(b0, nb, true);
     for (std::int64_t r = 0; r < rows; ++r) {
-      const std::int64_t g = r / T, t = r % T;
-      const float* qv = &queries(std::int64_t{kv_head} * group + g, t, 0);
-      // logits of the block: s[j] = q . k_j, accumulated along c so the j loop vectorizes
-      std::fill(s.begin(), s.end(), 0.0f);
-      for (std::int64_t c = 0; c < d; ++c) {
-        const float qc = qv[c];
-        const float* kc = &kt[c * kBlock];
-        for (std::int64_t j = 0; j < kBlock; ++j) s[j] += qc * kc[j];
-      }
-      float block_max = -std::numeric_limits<float>::infinity();
-      for (std::int64_t j = 0; j < nb; ++j) {
-        s[j] = kpos[j] > q_pos[t] ? -std::numeric_limits<float>::infinity() : s[j] * scale;
-        block_max = std::max(block_max, s[j]);
-      }
-      if (block_max == -std::numeric_limits<float>::infinity()) continue;
+      const float block_max = logits(r, nb);
+      if (block_max == kMasked) continue;
       const float m_new = std::max(m[r], block_max);
       const float correction = std::exp(m[r] - m_new);  // 0 on the first visible block
       float* a = &acc[r * d];
       l[r] *= correction;
       for (std::int64_t c = 0; c < d; ++c) a[c] *= correction;
       for (std::int64_t j = 0; j < nb; ++j) {
-        if (s[j] == -std::numeric_limits<float>::infinity()) continue;
+        if (s[j] == kMasked) continue;
         const float w = std::exp(s[j] - m_new);
         l[r] += w;
         for (std::int64_t c = 0; c < d; ++c) a[c] += w * vf[j * d + c];
@@ -115,6 +130,17 @@ void attend_paged(const memory::EntryPool<Storage>& pool, const memory::HeadLayo
     float* o = &out(std::int64_t{kv_head} * group + g, t, 0);
     const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
     for (std::int64_t c = 0; c < d; ++c) o[c] = acc[r * d + c] * inv;
+  }
+  if (key_mass.empty()) return;
+  for (std::int64_t b0 = 0; b0 < head.length; b0 += kBlock) {  // p_rj = exp(s_rj - m_r) / l_r
+    const std::int64_t nb = std::min(kBlock, head.length - b0);
+    widen(b0, nb, false);
+    for (std::int64_t r = 0; r < rows; ++r) {
+      if (l[r] == 0.0f || logits(r, nb) == kMasked) continue;
+      const float inv = 1.0f / l[r];
+      for (std::int64_t j = 0; j < nb; ++j)
+        if (s[j] != kMasked) key_mass[static_cast<std::size_t>(b0 + j)] += std::exp(s[j] - m[r]) * inv;
+    }
   }
 }
 

@@ -90,6 +90,8 @@ class Contiguous {
   }
 
   const EntryPool<Storage>& pool() const { return pool_; }
+  /// Mutable only for the metadata the attention accumulates (EntryMeta::attention_mass).
+  EntryPool<Storage>& pool() { return pool_; }
   std::int64_t capacity() const { return capacity_; }
   /// One "page" per head region: the accounting matches the paged allocator's.
   std::int64_t pages_total() const { return max_sequences_ * tables_.shape().heads_total(); }

@@ -104,6 +104,8 @@ class Paged {
   }
 
   const EntryPool<Storage>& pool() const { return pool_; }
+  /// Mutable only for the metadata the attention accumulates (EntryMeta::attention_mass).
+  EntryPool<Storage>& pool() { return pool_; }
   std::int64_t pages_total() const { return pages_; }
   std::int64_t pages_free() const { return static_cast<std::int64_t>(free_.size()); }
   std::int64_t pages_used(std::int64_t seq) const {

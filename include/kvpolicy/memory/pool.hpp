@@ -44,6 +44,9 @@ class EntryPool {
   const Storage* value(std::int64_t slot) const { return values_.data() + slot * head_dim_; }
   const EntryMeta& meta(std::int64_t slot) const { return meta_[static_cast<std::size_t>(slot)]; }
 
+  /// H2O (SPEC §5): attention mass the entry's key received from this step's queries.
+  void add_attention_mass(std::int64_t slot, float mass) { meta_[static_cast<std::size_t>(slot)].attention_mass += mass; }
+
   /// Stores one entry, converting K/V from fp32 to the storage dtype.
   void write(std::int64_t slot, const float* k, const float* v, const EntryMeta& m) {
     Storage* kd = keys_.data() + slot * head_dim_;

@@ -1,16 +1,21 @@
 /// \file
-/// kvpolicy/policy/baseline.hpp — the static scores of SPEC §5's training-free baselines that need
-/// nothing but an entry's own metadata: StreamingLLM (recency with attention sinks), KNorm (low key
-/// norm first) and Random (seeded). Higher = keep, as every Scorer; they compose with any Evictor
-/// (the presets in baselines.hpp use the per-head buffered budget of SPEC §1).
+/// kvpolicy/policy/baseline.hpp — the scores of SPEC §5's training-free baselines: StreamingLLM
+/// (recency with attention sinks), KNorm (low key norm first) and Random (seeded) from an entry's
+/// own metadata; H2O from the attention mass the attention accumulates; KeyDiff from the head's
+/// keys. Higher = keep, as every Scorer; they compose with any Evictor (the presets in
+/// baselines.hpp use the per-head buffered budget of SPEC §1).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <limits>
+#include <span>
+#include <vector>
 
 #include "kvpolicy/core/concepts.hpp"
 #include "kvpolicy/core/error.hpp"
 #include "kvpolicy/core/math.hpp"
+#include "kvpolicy/core/view.hpp"
 
 namespace kvpolicy::score {
 
@@ -48,8 +53,53 @@ struct SeededRandom {
   }
 };
 
+/// H2O, SPEC §5: the attention mass the key has received, summed over every query so far (and over
+/// the query heads of its GQA group). The Backend's attention accumulates it into the entry's
+/// metadata; no attention matrix is formed.
+struct AttentionMass {
+  static constexpr bool needs_key_norm = false;
+  static constexpr bool needs_attention_mass = true;
+  void validate() const {}
+  KVPOLICY_HD float operator()(EntryMeta m, StepContext) const { return m.attention_mass; }
+};
+
+/// KeyDiff, SPEC §5: score_i = -cos(k_i, a) with a = the mean of the head's normalised keys
+/// (k_j / ||k_j||, over every entry of the head at eviction time): keys least like the head's
+/// average direction are kept. A zero key, or a zero anchor, has cosine 0; the anchor counts as
+/// zero when its norm is within rounding of it (keys that cancel exactly: ||sum|| <= 1e-12 N),
+/// where its direction would be noise. In double, then fp32.
+struct KeyDiff {
+  static constexpr bool needs_key_norm = false;
+  static constexpr double kZeroAnchor = 1e-12;
+  void validate() const {}
+  void score_head(View<const float, 2> keys, std::span<const EntryMeta>, StepContext, std::span<float> out) const {
+    const std::int64_t N = keys.dim(0), d = keys.dim(1);
+    std::vector<double> anchor(static_cast<std::size_t>(d), 0.0), norm(static_cast<std::size_t>(N), 0.0);
+    for (std::int64_t i = 0; i < N; ++i) {
+      double s = 0.0;
+      for (std::int64_t c = 0; c < d; ++c) s += static_cast<double>(keys(i, c)) * keys(i, c);
+      norm[static_cast<std::size_t>(i)] = std::sqrt(s);
+      if (s > 0.0)
+        for (std::int64_t c = 0; c < d; ++c) anchor[static_cast<std::size_t>(c)] += keys(i, c) / norm[static_cast<std::size_t>(i)];
+    }
+    // anchor holds the sum of the normalised keys: the mean's direction, which is all a cosine sees
+    double anchor_norm = 0.0;
+    for (std::int64_t c = 0; c < d; ++c) anchor_norm += anchor[static_cast<std::size_t>(c)] * anchor[static_cast<std::size_t>(c)];
+    anchor_norm = std::sqrt(anchor_norm);
+    for (std::int64_t i = 0; i < N; ++i) {
+      const double kn = norm[static_cast<std::size_t>(i)];
+      double dot = 0.0;
+      for (std::int64_t c = 0; c < d; ++c) dot += keys(i, c) * anchor[static_cast<std::size_t>(c)];
+      const double cosine = kn > 0.0 && anchor_norm > kZeroAnchor * static_cast<double>(N) ? dot / (kn * anchor_norm) : 0.0;
+      out[static_cast<std::size_t>(i)] = static_cast<float>(-cosine);
+    }
+  }
+};
+
 static_assert(Scorer<Recency>, "Recency must model kvpolicy::Scorer");
 static_assert(Scorer<NegKeyNorm>, "NegKeyNorm must model kvpolicy::Scorer");
 static_assert(Scorer<SeededRandom>, "SeededRandom must model kvpolicy::Scorer");
+static_assert(Scorer<AttentionMass>, "AttentionMass must model kvpolicy::Scorer");
+static_assert(Scorer<KeyDiff>, "KeyDiff must model kvpolicy::Scorer");
 
 }  // namespace kvpolicy::score

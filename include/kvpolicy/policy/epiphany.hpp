@@ -8,6 +8,7 @@
 /// score is computed once, when the token is produced, and then frozen.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <span>
@@ -108,6 +109,16 @@ class Signal {
 
   const SignalConfig& config() const { return config_; }
   std::int64_t tokens() const { return tokens_; }
+
+  /// The engine's hidden states of a step, [L + 1, T, D] in HF output_hidden_states indexing:
+  /// scores the T tokens from bands A and B.
+  void push_hidden(View<const float, 3> hidden, std::span<float> out) {
+    require(hidden.dim(0) > std::max(config_.band_a, config_.band_b), "epiphany::Signal: hidden states hold ",
+            hidden.dim(0), " layers; bands A = ", config_.band_a, " and B = ", config_.band_b, " need more");
+    const std::int64_t T = hidden.dim(1), D = hidden.dim(2);
+    const auto band = [&](int l) { return View<const float, 2>{hidden.data + std::int64_t{l} * T * D, {T, D}}; };
+    push(band(config_.band_a), band(config_.band_b), out);
+  }
 
   /// Scores T tokens: h_a, h_b [T, D] are the hidden states of layers A and B for positions
   /// tokens() .. tokens() + T - 1; out [T] receives their scores. Validated before anything changes.

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <numeric>
 #include <span>
 #include <vector>
@@ -216,9 +217,56 @@ struct Global {
   }
 };
 
+/// EpiKV and the KV statistics, SPEC §4, per (layer, kv head): a budget K over the head's generated
+/// entries (positions >= the prompt, StepContext::prompt). Every prompt entry is kept; so are the
+/// R = min(128, K / 4) newest generated ones. A head whose generated entries exceed K drops its
+/// lowest-scoring other generated entries down to K: one per decode step. The trigger counts the
+/// generated entries as length - prompt, exact when every prompt token was stored (admit::All).
+struct Generated {
+  std::int64_t budget = 2048;  // K
+  std::int64_t recency = -1;   // R; -1 = min(128, K / 4)
+
+  std::int64_t recent() const { return recency >= 0 ? recency : std::min<std::int64_t>(128, budget / 4); }
+
+  void validate(const CacheShape& shape) const {
+    shape.validate();
+    require(budget >= 1 && budget <= INT32_MAX, "evict::Generated: budget K = ", budget, " must be in [1, 2^31 - 1]");
+    require(recency >= -1 && recency <= budget, "evict::Generated: recency R = ", recency,
+            " must be -1 (min(128, K/4)) or in [0, budget K = ", budget, "]");
+  }
+  bool trigger(const CacheShape&, StepContext c, std::span<const std::int64_t> lengths,
+               std::span<std::uint8_t> active) const {
+    bool any = false;
+    for (std::size_t h = 0; h < lengths.size(); ++h) {
+      active[h] = lengths[h] - c.prompt > budget ? 1 : 0;
+      any = any || active[h];
+    }
+    return any;
+  }
+  void select(const CacheShape&, StepContext c, const SegmentedScores& s, std::span<std::uint8_t> keep) const {
+    std::vector<float> score(s.score.begin(), s.score.end());
+    for (std::int64_t h = 0; h < s.segments(); ++h) {
+      const auto b = static_cast<std::size_t>(s.offsets[h]);
+      const auto n = static_cast<std::size_t>(s.length(h));
+      const auto seg = std::span<float>(score).subspan(b, n);
+      const auto pos = s.position.subspan(b, n);
+      std::int64_t prompt = 0;
+      for (std::size_t i = 0; i < n; ++i)
+        if (pos[i] < c.prompt) {
+          seg[i] = std::numeric_limits<float>::infinity();
+          ++prompt;
+        }
+      // the R newest entries are generated ones whenever more than K >= R of them are present
+      if (static_cast<std::int64_t>(n) - prompt > budget) rank::protect_window(pos, recent(), seg);
+      rank::keep_top_k(seg, pos, prompt + budget, keep.subspan(b, n));
+    }
+  }
+};
+
 static_assert(Evictor<PerHead<>>, "evict::PerHead must model kvpolicy::Evictor");
 static_assert(Evictor<LayerWise>, "evict::LayerWise must model kvpolicy::Evictor");
 static_assert(Evictor<Global>, "evict::Global must model kvpolicy::Evictor");
+static_assert(Evictor<Generated>, "evict::Generated must model kvpolicy::Evictor");
 
 }  // namespace evict
 }  // namespace kvpolicy

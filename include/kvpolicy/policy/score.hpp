@@ -47,8 +47,19 @@ struct KNormRetention {
   }
 };
 
+/// A score handed in at write time and frozen (SPEC §4: "computed once when the token is produced,
+/// then frozen"): EpiKV, HS-var and the KV statistics. The entry's metadata float carries it in place
+/// of log_beta; higher = keep.
+struct Frozen {
+  static constexpr bool needs_key_norm = false;
+  static constexpr bool static_score = true;
+  void validate() const {}
+  KVPOLICY_HD float operator()(EntryMeta m, StepContext) const { return m.log_beta; }
+};
+
 static_assert(Scorer<RetentionDecay>, "RetentionDecay must model kvpolicy::Scorer");
 static_assert(Scorer<Lookahead>, "Lookahead must model kvpolicy::Scorer");
 static_assert(Scorer<KNormRetention>, "KNormRetention must model kvpolicy::Scorer");
+static_assert(Scorer<Frozen>, "Frozen must model kvpolicy::Scorer");
 
 }  // namespace kvpolicy::score
