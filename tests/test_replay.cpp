@@ -119,6 +119,15 @@ TEST_CASE("trace files: round trip and shape errors") {
   CHECK(back.q_heads == 4);
   CHECK(back.head_dim == 8);
   CHECK(back.tokens == 20);
+  CHECK(back.hidden == tr.hidden);
+  CHECK(back.hidden_layers == 2);
+  CHECK(back.hidden_size == tr.hidden_size);
+  safetensors::Writer w3;
+  w3.add_f32("log_beta", {1, 1, 3}, std::vector<float>(3, -0.1f));
+  w3.add_f32("hidden_states", {2, 4, 5}, std::vector<float>(40, 0.0f));
+  w3.write((dir / "bad3.safetensors").string());
+  CHECK_THROWS_WITH_AS(replay::read_trace((dir / "bad3.safetensors").string()), doctest::Contains("hidden_states has shape [2, 4, 5]"),
+                       Error);
   safetensors::Writer w;
   w.add_f32("log_beta", {2, 3}, std::vector<float>(6, -0.1f));
   w.write((dir / "bad.safetensors").string());
@@ -129,4 +138,54 @@ TEST_CASE("trace files: round trip and shape errors") {
   w2.write((dir / "bad2.safetensors").string());
   CHECK_THROWS_WITH_AS(replay::read_trace((dir / "bad2.safetensors").string()), doctest::Contains("come together"), Error);
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("replay: every policy runs on the synthetic trace within its budget, and evicted_at is consistent") {
+  const auto tr = replay::synthetic_trace(2, 2, 2, 16, 300);
+  const auto full = replay::full_attention(tr);
+  const std::int64_t M = 24, B = 4, P = 40;
+  for (const auto& policy : replay::policies()) {
+    CAPTURE(policy);
+    replay::Options o;
+    o.policy = policy;
+    o.budget = M;
+    o.buffer = B;
+    o.prefill = P;
+    o.band_a = 2;  // the synthetic hidden states jump at layer 2
+    o.band_b = 1;
+    const auto r = replay::replay(tr, o, &full);
+    const bool epikv_family = policy == "epikv" || policy == "hs-var" || policy == "kv-key" || policy == "kv-val" ||
+                              policy == "lag-kv";
+    // resident before an eviction: the prefill chunk, then the bound of the policy plus the new token
+    const std::int64_t bound = epikv_family ? P + M + 1 : policy == "dbtrimkv" ? 2 * 2 * (M + B) : M + B;
+    CHECK(r.peak_entries_per_head <= std::max(P, bound));
+    std::int64_t evicted = 0;
+    for (int l = 0; l < 2; ++l)
+      for (int h = 0; h < 2; ++h)
+        for (std::int64_t t = 0; t < tr.tokens; ++t) {
+          const auto e = r.evicted_at[static_cast<std::size_t>((l * 2 + h) * tr.tokens + t)];
+          REQUIRE((e == -1 || e > t));  // evicted after it was appended
+          if (epikv_family) REQUIRE_MESSAGE((t >= P || e == -1), "prompt token ", t, " evicted");  // SPEC §4
+          evicted += e != -1;
+        }
+    CHECK(evicted > 0);
+    for (float e : r.attn_rel_error) REQUIRE(std::isfinite(e));
+    if (policy == "epikv" || policy == "hs-var") {  // one score per token: every head evicts the same tokens
+      for (std::int64_t i = 1; i < 4; ++i)
+        for (std::int64_t t = 0; t < tr.tokens; ++t)
+          REQUIRE(r.evicted_at[static_cast<std::size_t>(i * tr.tokens + t)] == r.evicted_at[static_cast<std::size_t>(t)]);
+    }
+  }
+  replay::Trace bare = tr;
+  bare.hidden.clear();
+  replay::Options o;
+  o.policy = "epikv";
+  CHECK_THROWS_WITH_AS(replay::replay(bare, o), doctest::Contains("needs the trace's hidden_states"), Error);
+  bare.keys.clear();
+  bare.values.clear();
+  bare.queries.clear();
+  o.policy = "h2o";
+  CHECK_THROWS_WITH_AS(replay::replay(bare, o), doctest::Contains("needs the trace's keys, values and queries"), Error);
+  o.policy = "lru";
+  CHECK_THROWS_WITH_AS(replay::replay(bare, o), doctest::Contains("known: trimkv, dbtrimkv, epikv"), Error);
 }

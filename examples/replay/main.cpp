@@ -1,5 +1,5 @@
 // kvpolicy-replay — replay a recorded trace through a KV-cache policy and budget.
-//   kvpolicy-replay --trace IN.safetensors --policy trimkv|dbtrimkv --budget M --buffer B
+//   kvpolicy-replay --trace IN.safetensors --policy POLICY --budget M --buffer B
 //                   [--horizon h] [--floor f] [--window w] [--threshold a] [--prefill P]
 //                   --out OUT.safetensors [--png DIR --layers 0,1 --heads 0,2]
 //   kvpolicy-replay --demo [--png DIR]     the synthetic trace through every policy, as a table
@@ -33,8 +33,17 @@ policies:
   trimkv     TRIM-KV: score log_beta*(n+1-p), per-head budget M, evict when a head reaches M+B
   dbtrimkv   DBTrimKV: lookahead score over horizon h, one global budget L*Hkv*M per sequence,
              optional floor_ratio f
+  epikv      EpiKV: z-scored hidden-state change z_A - z_B (needs hidden_states), budget K = M
+             generated tokens per head, the --prefill prompt and R newest protected, 1 eviction/step
+  hs-var     HS-var: rolling mean of the hidden-state change, g_A - g_B (as epikv)
+  kv-key     rolling mean of the key's variance over its components (as epikv; needs keys)
+  kv-val     the same on values
+  lag-kv     kv-key + kv-val after lag-relative min-max normalisation per channel
   streamingllm  StreamingLLM: the S first tokens (sinks) and the newest, per-head budget M
+  h2o        H2O: accumulated attention mass, the newest M/2 protected, per-head budget M
+             (needs keys, values and queries)
   knorm      KNorm: keep the keys of smallest L2 norm, per-head budget M (needs keys in the trace)
+  keydiff    KeyDiff: keep keys least aligned with the head's mean key direction, per-head budget M
   random     Random: seeded uniform scores, per-head budget M
 
 options:
@@ -47,10 +56,13 @@ options:
   --prefill P      append the first P tokens as one chunk (default 0: one token per step)
   --sinks S        attention sinks, streamingllm only (default 4)
   --seed N         random only (default 0)
+  --band-a A, --band-b B  hidden-state layers of epikv and hs-var (default 10 and 21)
+  --recency R      newest generated tokens kept by the epikv family (default min(128, M/4))
   --png DIR        write retention and eviction heatmaps (TRIM-KV paper, Fig. 4)
   --layers, --heads  which heatmaps (default: layer 0, every kv head)
 
-input  (safetensors): log_beta [L,Hkv,T] f32; optional keys, values [L,Hkv,T,d], queries [L,Hq,T,d]
+input  (safetensors): log_beta [L,Hkv,T] f32; optional keys, values [L,Hkv,T,d], queries [L,Hq,T,d],
+                      hidden_states [L',T,D]
 output (safetensors): evicted_at [L,Hkv,T] i64 (n at eviction, -1 = survived), step_end [S] i64,
                       attn_rel_error [S] f32 (with keys/values/queries)
 )";
@@ -119,6 +131,12 @@ int demo(const std::string& png_dir) {
     rows.push_back({"streamingllm", {"streamingllm", M, M / 8, 2, 0.0, 0, 0.0, 0}});
     rows.push_back({"knorm", {"knorm", M, M / 8, 2, 0.0, 0, 0.0, 0}});
     rows.push_back({"random", {"random", M, M / 8, 2, 0.0, 0, 0.0, 0}});
+    rows.push_back({"h2o", {"h2o", M, M / 8, 2, 0.0, 0, 0.0, 0}});
+    rows.push_back({"keydiff", {"keydiff", M, M / 8, 2, 0.0, 0, 0.0, 0}});
+    // the EpiKV family: K = M generated tokens, one eviction per step (no buffer); bands 2 and 4 of
+    // the synthetic hidden states (the jumps are at layer 2)
+    for (const char* name : {"epikv", "hs-var", "kv-key", "kv-val", "lag-kv"})
+      rows.push_back({name, {name, M, 1, 2, 0.0, 0, 0.0, 0, 4, 0, 2, 4}});
   }
   rows.push_back({"full cache", {"trimkv", tr.tokens, 1, 2, 0.0, 0, 0.0, 0}});
   const double full_entries = static_cast<double>(tr.layers * tr.kv_heads * tr.tokens);
@@ -185,6 +203,9 @@ int main(int argc, char** argv) {
       else if (a == "--seed") o.seed = static_cast<std::uint64_t>(parse_int(a, value()));
       else if (a == "--threshold") o.threshold = parse_number(a, value());
       else if (a == "--prefill") o.prefill = parse_int(a, value());
+      else if (a == "--band-a") o.band_a = static_cast<int>(parse_int(a, value()));
+      else if (a == "--band-b") o.band_b = static_cast<int>(parse_int(a, value()));
+      else if (a == "--recency") o.recency = parse_int(a, value());
       else if (a == "--layers") layers = parse_list(value(), "--layers");
       else if (a == "--heads") heads = parse_list(value(), "--heads");
       else fail("unknown argument '", a, "' (see --help)");

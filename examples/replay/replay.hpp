@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -13,13 +14,14 @@
 #include "kvpolicy/cpu/attention.hpp"
 #include "kvpolicy/baselines.hpp"
 #include "kvpolicy/dbtrimkv.hpp"
+#include "kvpolicy/epikv.hpp"
 #include "kvpolicy/trimkv.hpp"
 #include "trace.hpp"
 
 namespace kvpolicy::replay {
 
 struct Options {
-  std::string policy = "trimkv";  // trimkv | dbtrimkv | streamingllm | knorm | random
+  std::string policy = "trimkv";  // one of policies()
   std::int64_t budget = 1024;     // M
   std::int64_t buffer = 128;      // B
   int horizon = 2;                // h (dbtrimkv)
@@ -29,11 +31,22 @@ struct Options {
   std::int64_t prefill = 0;       // P: the first P tokens as one chunk
   std::int64_t sinks = 4;         // S (streamingllm)
   std::uint64_t seed = 0;         // random
+  int band_a = 10, band_b = 21;   // epikv, hs-var: hidden-state layers A and B
+  std::int64_t recency = -1;      // R of the EpiKV family; -1 = min(128, K / 4)
 };
 
+// The EpiKV family (SPEC §4) takes --budget as K over the generated tokens of each head, protects
+// the first --prefill tokens (the prompt) and the R newest, and ignores --buffer.
 inline const std::vector<std::string>& policies() {
-  static const std::vector<std::string> names{"trimkv", "dbtrimkv", "streamingllm", "knorm", "random"};
+  static const std::vector<std::string> names{"trimkv", "dbtrimkv", "epikv", "hs-var", "kv-key", "kv-val", "lag-kv",
+                                              "streamingllm", "h2o", "knorm", "keydiff", "random"};
   return names;
+}
+
+inline std::string policy_list() {
+  std::string out;
+  for (const auto& p : policies()) out += (out.empty() ? "" : ", ") + p;
+  return out;
 }
 
 struct Result {
@@ -89,20 +102,25 @@ inline std::vector<float> slice(const std::vector<float>& src, int L, int H, std
   return out;
 }
 
+// The metadata float of a step's entries [L, Hkv, len]: log_beta, or a policy's frozen score.
+// Called once per step, in order, with the step's first position and its keys/values [L, Hkv, len, d].
+using Metadata = std::function<void(std::int64_t n, std::int64_t len, const std::vector<float>& keys,
+                                    const std::vector<float>& values, std::vector<float>& out)>;
+
 template <class C>
-Result run(C& cache, const Trace& tr, const Options& opt, const std::vector<float>* full) {
+Result run(C& cache, const Trace& tr, const Options& opt, const std::vector<float>* full, const Metadata& metadata = {}) {
   const int L = tr.layers, H = tr.kv_heads, Hq = tr.q_heads;
   const std::int64_t T = tr.tokens, d = std::max(tr.head_dim, 1);
   const bool attend = tr.has_attention();
   Result r;
   r.evicted_at.assign(static_cast<std::size_t>(L * H * T), -1);
-  cache.add_sequence(0);
+  cache.add_sequence(0, opt.prefill);  // the first P tokens are the prompt
   std::vector<EvictedEntry> evicted;
   double seconds = 0.0, entries_sum = 0.0;
   std::int64_t n = 0;
   const auto steps = step_sizes(T, opt.prefill);
   for (const std::int64_t len : steps) {
-    const auto lb = slice(tr.log_beta, L, H, T, 1, n, len);
+    auto lb = slice(tr.log_beta, L, H, T, 1, n, len);
     std::vector<float> k, v, q, out;
     if (attend) {
       k = slice(tr.keys, L, H, T, d, n, len);
@@ -113,6 +131,7 @@ Result run(C& cache, const Trace& tr, const Options& opt, const std::vector<floa
       k.assign(static_cast<std::size_t>(L * H * len), 0.0f);
       v = k;
     }
+    if (metadata) metadata(n, len, k, v, lb);
     // peak memory is before the step's eviction: what it appended is resident until then
     std::int64_t total_before = 0;
     for (int l = 0; l < L; ++l)
@@ -177,23 +196,66 @@ inline Result replay(const Trace& tr, const Options& opt, const std::vector<floa
     DBTrimKVCache<> cache(shape, memory::Paged<16>(pages), dbtrimkv_evictor(c), dbtrimkv_scorer(c));
     return detail::run(cache, tr, opt, full);
   }
-  if (opt.policy == "streamingllm" || opt.policy == "knorm" || opt.policy == "random") {
-    // SPEC §5 baselines: they score from position, key norm or a seed, and ignore log_beta
-    const auto evictor = baseline_evictor({opt.budget, opt.buffer});
-    if (opt.window != 0 || opt.threshold != 0.0)
-      fail("replay: --window and --threshold apply to trimkv and dbtrimkv, not to ", opt.policy);
-    if (opt.policy == "streamingllm") {
-      StreamingLLMCache<> cache(shape, memory::Paged<16>(pages), evictor, score::Recency{opt.sinks});
-      return detail::run(cache, tr, opt, full);
-    }
-    if (opt.policy == "knorm") {
-      KNormCache<> cache(shape, memory::Paged<16>(pages), evictor);
-      return detail::run(cache, tr, opt, full);
-    }
+  if (opt.window != 0 || opt.threshold != 0.0)
+    fail("replay: --window and --threshold apply to trimkv and dbtrimkv, not to ", opt.policy);
+  const bool needs_kv = opt.policy == "h2o" || opt.policy == "keydiff" || opt.policy == "kv-key" ||
+                        opt.policy == "kv-val" || opt.policy == "lag-kv";
+  require(!needs_kv || tr.has_attention(), "replay: policy ", opt.policy,
+          " needs the trace's keys, values and queries, and this trace has none");
+  if (opt.policy == "epikv" || opt.policy == "hs-var") {  // SPEC §4: one score per token from the hidden states
+    require(tr.has_hidden(), "replay: policy ", opt.policy, " needs the trace's hidden_states [L', T, D]");
+    epiphany::Signal signal({opt.band_a, opt.band_b, 64,
+                             opt.policy == "epikv" ? epiphany::Variant::epikv : epiphany::Variant::hs_var},
+                            tr.hidden_size);
+    const detail::Metadata scores = [&](std::int64_t n, std::int64_t len, const std::vector<float>&, const std::vector<float>&,
+                                std::vector<float>& out) {
+      const auto hidden = detail::slice(tr.hidden, tr.hidden_layers, 1, tr.tokens, tr.hidden_size, n, len);
+      std::vector<float> token_scores(static_cast<std::size_t>(len));
+      signal.push_hidden(View<const float, 3>(hidden.data(), {tr.hidden_layers, len, tr.hidden_size}), token_scores);
+      broadcast_token_scores(shape, token_scores, View<float, 3>(out.data(), {shape.layers, shape.kv_heads, len}));
+    };
+    EpiKVCache<> cache(shape, memory::Paged<16>(pages), epikv_evictor({opt.budget, opt.recency}));
+    return detail::run(cache, tr, opt, full, scores);
+  }
+  if (opt.policy == "kv-key" || opt.policy == "kv-val" || opt.policy == "lag-kv") {
+    const auto stat = opt.policy == "kv-key"   ? kvstats::Statistic::key
+                      : opt.policy == "kv-val" ? kvstats::Statistic::value
+                                               : kvstats::Statistic::lag;
+    kvstats::Tracker tracker(shape, {stat, 64});
+    const detail::Metadata scores = [&](std::int64_t, std::int64_t len, const std::vector<float>& k, const std::vector<float>& v,
+                                std::vector<float>& out) {
+      const std::int64_t layer_kv = std::int64_t{shape.kv_heads} * len * shape.head_dim;
+      for (int l = 0; l < shape.layers; ++l)
+        tracker.push(l, View<const float, 3>(k.data() + l * layer_kv, {shape.kv_heads, len, shape.head_dim}),
+                     View<const float, 3>(v.data() + l * layer_kv, {shape.kv_heads, len, shape.head_dim}),
+                     View<float, 2>(out.data() + std::int64_t{l} * shape.kv_heads * len, {shape.kv_heads, len}));
+    };
+    EpiKVCache<> cache(shape, memory::Paged<16>(pages), epikv_evictor({opt.budget, opt.recency}));
+    return detail::run(cache, tr, opt, full, scores);
+  }
+  // SPEC §5 baselines: they score from position, attention mass, key norm, keys or a seed, and ignore log_beta
+  const auto evictor = baseline_evictor({opt.budget, opt.buffer});
+  if (opt.policy == "streamingllm") {
+    StreamingLLMCache<> cache(shape, memory::Paged<16>(pages), evictor, score::Recency{opt.sinks});
+    return detail::run(cache, tr, opt, full);
+  }
+  if (opt.policy == "h2o") {
+    H2OCache<> cache(shape, memory::Paged<16>(pages), h2o_evictor({opt.budget, opt.buffer}));
+    return detail::run(cache, tr, opt, full);
+  }
+  if (opt.policy == "knorm") {
+    KNormCache<> cache(shape, memory::Paged<16>(pages), evictor);
+    return detail::run(cache, tr, opt, full);
+  }
+  if (opt.policy == "keydiff") {
+    KeyDiffCache<> cache(shape, memory::Paged<16>(pages), evictor);
+    return detail::run(cache, tr, opt, full);
+  }
+  if (opt.policy == "random") {
     RandomCache<> cache(shape, memory::Paged<16>(pages), evictor, score::SeededRandom{opt.seed});
     return detail::run(cache, tr, opt, full);
   }
-  fail("replay: unknown policy '", opt.policy, "' (known: trimkv, dbtrimkv, streamingllm, knorm, random)");
+  fail("replay: unknown policy '", opt.policy, "' (known: ", policy_list(), ")");
 }
 
 }  // namespace kvpolicy::replay

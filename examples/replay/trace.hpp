@@ -1,5 +1,7 @@
 // A recorded (or synthetic) decode trace for kvpolicy-replay — the file format is docs/replay.md:
-//   log_beta [L, Hkv, T] (required), keys/values [L, Hkv, T, d] and queries [L, Hq, T, d] (optional).
+//   log_beta [L, Hkv, T] (required), keys/values [L, Hkv, T, d] and queries [L, Hq, T, d] (optional),
+//   hidden_states [L', T, D] (optional: the model's hidden states in HF output_hidden_states indexing,
+//   for EpiKV and HS-var, SPEC §4).
 #pragma once
 
 #include <cmath>
@@ -19,8 +21,11 @@ struct Trace {
   std::int64_t tokens = 0;
   std::vector<float> log_beta;               // [L, Hkv, T]
   std::vector<float> keys, values, queries;  // empty unless has_attention()
+  int hidden_layers = 0, hidden_size = 0;    // L' and D of hidden_states
+  std::vector<float> hidden;                 // [L', T, D], empty unless has_hidden()
 
   bool has_attention() const { return !queries.empty(); }
+  bool has_hidden() const { return !hidden.empty(); }
   CacheShape shape() const { return {layers, kv_heads, q_heads, head_dim}; }
   float lb(int l, int h, std::int64_t t) const { return log_beta[static_cast<std::size_t>((l * kv_heads + h) * tokens + t)]; }
 };
@@ -38,6 +43,16 @@ inline Trace parse_trace(const safetensors::File& f) {
   tr.kv_heads = static_cast<int>(lb.shape[1]);
   tr.tokens = lb.shape[2];
   tr.log_beta = f.floats("log_beta");
+  if (f.contains("hidden_states")) {
+    const auto& hi = f.info("hidden_states");
+    require(hi.shape.size() == 3 && hi.shape[0] >= 1 && hi.shape[0] <= 4096 && hi.shape[1] == tr.tokens &&
+                hi.shape[2] >= 1 && hi.shape[2] <= std::int64_t{INT32_MAX},
+            "trace '", path, "': hidden_states has shape ", safetensors::shape_string(hi.shape),
+            ", expected [L', T = ", tr.tokens, ", D] with 1 <= L' <= 4096");
+    tr.hidden_layers = static_cast<int>(hi.shape[0]);
+    tr.hidden_size = static_cast<int>(hi.shape[2]);
+    tr.hidden = f.floats("hidden_states", {tr.hidden_layers, tr.tokens, tr.hidden_size});
+  }
   const bool k = f.contains("keys"), v = f.contains("values"), q = f.contains("queries");
   require(k == v && v == q, "trace '", path, "': keys, values and queries come together (found keys: ", k,
           ", values: ", v, ", queries: ", q, ")");
@@ -68,6 +83,7 @@ inline void write_trace(const Trace& tr, const std::string& path) {
     w.add_f32("values", {tr.layers, tr.kv_heads, tr.tokens, tr.head_dim}, tr.values);
     w.add_f32("queries", {tr.layers, tr.q_heads, tr.tokens, tr.head_dim}, tr.queries);
   }
+  if (tr.has_hidden()) w.add_f32("hidden_states", {tr.hidden_layers, tr.tokens, tr.hidden_size}, tr.hidden);
   w.write(path);
 }
 
@@ -78,6 +94,9 @@ inline void write_trace(const Trace& tr, const std::string& path) {
 //   kind 2, gist: sparse "period" tokens retain (log_beta ~ -1e-4), the rest decay.
 // Queries attend to what each kind keeps (sinks, recent tokens, earlier gist tokens), so a policy
 // that keeps the right tokens has a small attention error.
+// Hidden states [L + 1, T, 32] (drawn after everything else, from their own generator): a slow
+// random walk in every layer, with a jump at layer 2 on each token that some gist
+// head retains — the "epiphany" EpiKV's score looks for (SPEC §4); use --band-a 2 --band-b 4.
 inline Trace synthetic_trace(int layers = 4, int kv_heads = 2, int group = 4, int head_dim = 64, std::int64_t tokens = 1536,
                              std::uint64_t seed = 2026) {
   Trace tr;
@@ -122,6 +141,29 @@ inline Trace synthetic_trace(int layers = 4, int kv_heads = 2, int group = 4, in
         }
       }
     }
+  // hidden states: every gist token of any head is an epiphany at the band layer
+  std::vector<std::uint8_t> epiphany(static_cast<std::size_t>(T), 0);
+  for (int l = 0; l < layers; ++l)
+    for (int h = 0; h < kv_heads; ++h)
+      if ((l * kv_heads + h) % 3 == 2)
+        for (std::int64_t t = 0; t < T; ++t)
+          epiphany[static_cast<std::size_t>(t)] |= tr.log_beta[static_cast<std::size_t>((l * kv_heads + h) * T + t)] > -1e-3f;
+  std::mt19937_64 hidden_rng(seed + 1);
+  std::normal_distribution<float> hidden_normal;
+  constexpr int kHidden = 32, kBand = 2;
+  tr.hidden_layers = layers + 1;
+  tr.hidden_size = kHidden;
+  tr.hidden.resize(static_cast<std::size_t>(tr.hidden_layers * T * kHidden));
+  for (int l = 0; l < tr.hidden_layers; ++l) {
+    std::vector<float> h(kHidden, 0.0f);
+    for (std::int64_t t = 0; t < T; ++t) {
+      const float jump = l == kBand && epiphany[static_cast<std::size_t>(t)] ? 3.0f : 0.0f;
+      for (int c = 0; c < kHidden; ++c) {
+        h[static_cast<std::size_t>(c)] += 0.1f * hidden_normal(hidden_rng) + jump * hidden_normal(hidden_rng);
+        tr.hidden[static_cast<std::size_t>((l * T + t) * kHidden + c)] = h[static_cast<std::size_t>(c)];
+      }
+    }
+  }
   return tr;
 }
 
