@@ -20,6 +20,7 @@
 #include "kvpolicy/core/concepts.hpp"
 #include "kvpolicy/core/dtype.hpp"
 #include "kvpolicy/core/error.hpp"
+#include "kvpolicy/core/mask.hpp"
 #include "kvpolicy/core/shape.hpp"
 #include "kvpolicy/core/view.hpp"
 #include "kvpolicy/memory/pool.hpp"
@@ -437,13 +438,19 @@ class Cache {
     std::vector<std::int32_t> q_pos(static_cast<std::size_t>(st.pending));
     for (std::int64_t t = 0; t < st.pending; ++t) q_pos[static_cast<std::size_t>(t)] = static_cast<std::int32_t>(st.n + t);
     std::vector<float> mass;
+    constexpr bool masked = requires { evictor_.attention_mask(); };  // WG-KV's vertical-slash mask, SPEC §3
+    AttentionMask mask{};
+    if constexpr (masked) mask = evictor_.attention_mask();
     for (int h = 0; h < shape_.kv_heads; ++h) {
       const auto head_layout = alloc_.layout(seq, layer, h);
       if constexpr (scorer_needs_attention_mass<S>) {  // H2O, SPEC §5: summed over every query so far
         mass.assign(static_cast<std::size_t>(head_layout.length), 0.0f);
-        Backend::attend(alloc_.pool(), head_layout, h, shape_.group(), queries, q_pos, out, std::span<float>(mass));
+        Backend::attend(alloc_.pool(), head_layout, h, shape_.group(), queries, q_pos, out, std::span<float>(mass), mask);
         for (std::int64_t j = 0; j < head_layout.length; ++j)
           alloc_.pool().add_attention_mass(head_layout.slot(j), mass[static_cast<std::size_t>(j)]);
+      } else if constexpr (masked) {
+        Backend::attend(std::as_const(alloc_).pool(), head_layout, h, shape_.group(), queries, q_pos, out,
+                        std::span<float>{}, mask);
       } else {
         Backend::attend(std::as_const(alloc_).pool(), head_layout, h, shape_.group(), queries, q_pos, out);
       }

@@ -13,8 +13,8 @@ struct backend_without_mass {
   static void attend(const kvpolicy::memory::EntryPool<Storage>& pool, const kvpolicy::memory::HeadLayout& head,
                      int kv_head, int group, kvpolicy::View<const float, 3> queries,
                      std::span<const std::int32_t> q_pos, kvpolicy::View<float, 3> out,
-                     std::span<float> key_mass = {}) {
-    kvpolicy::cpu::attend_paged(pool, head, kv_head, group, queries, q_pos, out, key_mass);
+                     std::span<float> key_mass = {}, kvpolicy::AttentionMask mask = {}) {
+    kvpolicy::cpu::attend_paged(pool, head, kv_head, group, queries, q_pos, out, key_mass, mask);
   }
 };
 

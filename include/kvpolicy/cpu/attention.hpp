@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "kvpolicy/core/dtype.hpp"
+#include "kvpolicy/core/mask.hpp"
 #include "kvpolicy/core/view.hpp"
 #include "kvpolicy/memory/pool.hpp"
 
@@ -57,10 +58,11 @@ inline void attend_dense(View<const float, 2> q, View<const float, 2> keys, View
 /// With key_mass (one float per entry of the head), a second pass adds to key_mass[i] the attention
 /// probability entry i received from every (query head of the group, query token) row — the H2O
 /// accumulation of SPEC §5, with no attention matrix: only the rows' final (max, sum) are kept.
+/// `mask` adds WG-KV's vertical-slash rule to causality (SPEC §3).
 template <class Storage>
 void attend_paged(const memory::EntryPool<Storage>& pool, const memory::HeadLayout& head, int kv_head, int group,
                   View<const float, 3> queries, std::span<const std::int32_t> q_pos, View<float, 3> out,
-                  std::span<float> key_mass = {}) {
+                  std::span<float> key_mass = {}, AttentionMask mask = {}) {
   constexpr std::int64_t kBlock = 32;
   const std::int64_t T = queries.dim(1), d = queries.dim(2);
   const std::int64_t rows = std::int64_t{group} * T;  // (query head in group, query token)
@@ -71,7 +73,7 @@ void attend_paged(const memory::EntryPool<Storage>& pool, const memory::HeadLayo
   std::vector<float> acc(static_cast<std::size_t>(rows * d), 0.0f);
   std::vector<float> kt(static_cast<std::size_t>(d * kBlock)), vf(static_cast<std::size_t>(kBlock * d));
   std::vector<std::int32_t> kpos(kBlock);
-  std::vector<float> s(static_cast<std::size_t>(kBlock));
+  std::vector<float> kgate(static_cast<std::size_t>(kBlock)), s(static_cast<std::size_t>(kBlock));
 
   // Widens block [b0, b0 + nb) once, shared by the whole group (keys transposed: the logits loop
   // runs along j).
@@ -85,6 +87,7 @@ void attend_paged(const memory::EntryPool<Storage>& pool, const memory::HeadLayo
         for (std::int64_t c = 0; c < d; ++c) vf[j * d + c] = to_float(v[c]);
       }
       kpos[j] = pool.meta(slot).position;
+      kgate[static_cast<std::size_t>(j)] = pool.meta(slot).log_beta;
     }
   };
   // s[j] = q . k_j * scale for the row's visible keys, kMasked for the others; returns the max.
@@ -99,7 +102,7 @@ void attend_paged(const memory::EntryPool<Storage>& pool, const memory::HeadLayo
     }
     float block_max = kMasked;
     for (std::int64_t j = 0; j < nb; ++j) {
-      s[j] = kpos[j] > q_pos[t] ? kMasked : s[j] * scale;
+      s[j] = mask.visible(kpos[j], kgate[static_cast<std::size_t>(j)], q_pos[t]) ? s[j] * scale : kMasked;
       block_max = std::max(block_max, s[j]);
     }
     return block_max;

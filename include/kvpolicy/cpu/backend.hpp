@@ -14,8 +14,8 @@ struct cpu_backend {
   template <class Storage>
   static void attend(const memory::EntryPool<Storage>& pool, const memory::HeadLayout& head, int kv_head, int group,
                      View<const float, 3> queries, std::span<const std::int32_t> q_pos, View<float, 3> out,
-                     std::span<float> key_mass = {}) {
-    cpu::attend_paged(pool, head, kv_head, group, queries, q_pos, out, key_mass);
+                     std::span<float> key_mass = {}, AttentionMask mask = {}) {
+    cpu::attend_paged(pool, head, kv_head, group, queries, q_pos, out, key_mass, mask);
   }
 };
 

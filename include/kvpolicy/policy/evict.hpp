@@ -14,6 +14,7 @@
 
 #include "kvpolicy/core/concepts.hpp"
 #include "kvpolicy/core/error.hpp"
+#include "kvpolicy/core/mask.hpp"
 #include "kvpolicy/policy/rank.hpp"
 
 namespace kvpolicy {
@@ -263,10 +264,51 @@ struct Generated {
   }
 };
 
+/// WG-KV's dual cache (SPEC §3) as a rule on a head's entries, with g, the write-gate value, as the
+/// entry's frozen score: a head keeps its W_local newest entries (the local ring) and, of the older
+/// ones, those with g >= tau (the global cache); any other leaves for good. Run after every step,
+/// this keeps exactly what the ring with lazy promotion keeps: on decode the token the ring
+/// displaces is promoted iff g >= tau; on a prefill of T tokens the last min(T, W_local) stay local
+/// and each earlier one is kept iff g >= tau. attention_mask() gives the attention the matching
+/// vertical-slash mask (core/mask.hpp), so a query never sees a token its ring has displaced.
+/// Cost per step: one pass over the metadata of the heads longer than W_local.
+struct WriteGated {
+  std::int64_t local = 256;  // W_local
+  double tau = 0.1;          // admission threshold
+
+  AttentionMask attention_mask() const { return {local, static_cast<float>(tau)}; }
+
+  void validate(const CacheShape& shape) const {
+    shape.validate();
+    require(local >= 1 && local <= INT32_MAX, "evict::WriteGated: W_local = ", local, " must be in [1, 2^31 - 1]");
+    require(std::isfinite(tau) && tau > 0.0 && tau <= 1.0, "evict::WriteGated: tau = ", tau, " must be in (0, 1]");
+  }
+  bool trigger(const CacheShape&, std::span<const std::int64_t> lengths, std::span<std::uint8_t> active) const {
+    bool any = false;
+    for (std::size_t h = 0; h < lengths.size(); ++h) {
+      active[h] = lengths[h] > local ? 1 : 0;
+      any = any || active[h];
+    }
+    return any;
+  }
+  void select(const CacheShape&, const SegmentedScores& s, std::span<std::uint8_t> keep) const {
+    std::vector<float> score(s.score.begin(), s.score.end());
+    const auto gate = static_cast<float>(tau);
+    for (std::int64_t h = 0; h < s.segments(); ++h) {
+      const auto b = static_cast<std::size_t>(s.offsets[h]);
+      const auto n = static_cast<std::size_t>(s.length(h));
+      const auto seg = std::span<float>(score).subspan(b, n);
+      rank::protect_window(s.position.subspan(b, n), local, seg);  // the ring
+      rank::keep_at_least(seg, gate, keep.subspan(b, n));          // promoted: g >= tau
+    }
+  }
+};
+
 static_assert(Evictor<PerHead<>>, "evict::PerHead must model kvpolicy::Evictor");
 static_assert(Evictor<LayerWise>, "evict::LayerWise must model kvpolicy::Evictor");
 static_assert(Evictor<Global>, "evict::Global must model kvpolicy::Evictor");
 static_assert(Evictor<Generated>, "evict::Generated must model kvpolicy::Evictor");
+static_assert(Evictor<WriteGated>, "evict::WriteGated must model kvpolicy::Evictor");
 
 }  // namespace evict
 }  // namespace kvpolicy

@@ -1,0 +1,25 @@
+/// \file
+/// kvpolicy/core/mask.hpp — which cached keys a query may see (SPEC §6: causal), and WG-KV's
+/// vertical-slash mask (SPEC §3): with local = W_local > 0, query i sees key j iff j <= i and
+/// (i - j < W_local or g_j >= tau), g_j being the key's write-gate value (its metadata float). The
+/// same rule is the ring's lazy promotion seen from a decode token: the token its ring slot
+/// displaces is already promoted or gone.
+#pragma once
+
+#include <cstdint>
+
+#include "kvpolicy/core/math.hpp"
+
+namespace kvpolicy {
+
+struct AttentionMask {
+  std::int64_t local = 0;  ///< W_local; 0 = causal only
+  float tau = 0.0f;        ///< admission threshold
+
+  KVPOLICY_HD bool visible(std::int32_t key_pos, float key_gate, std::int32_t query_pos) const {
+    return key_pos <= query_pos &&
+           (local == 0 || std::int64_t{query_pos} - key_pos < local || key_gate >= tau);
+  }
+};
+
+}  // namespace kvpolicy

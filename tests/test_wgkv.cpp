@@ -1,0 +1,277 @@
+// WG-KV (SPEC §3): the write gate against a naive forward in double; the dual cache against a
+// simulated ring with lazy promotion (decode, prefill shorter and longer than W_local, ring
+// wrap-around, chunks that straddle it); the vertical-slash mask against a dense masked reference.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <deque>
+#include <random>
+#include <set>
+#include <vector>
+
+#include "kvpolicy/gate/write_gate.hpp"
+#include "kvpolicy/wgkv.hpp"
+#include "snapshot.hpp"
+
+using namespace kvpolicy;
+
+namespace {
+
+struct GateWeights {
+  int L, H, d, E;
+  std::vector<std::vector<float>> pre, post, w1, b1, w2, b2;  // per layer
+};
+
+GateWeights random_gate(std::mt19937_64& rng, int L, int H, int d, int E) {
+  GateWeights w{L, H, d, E, {}, {}, {}, {}, {}, {}};
+  std::normal_distribution<float> normal;
+  auto fill = [&](std::size_t n, float scale) {
+    std::vector<float> v(n);
+    for (auto& x : v) x = scale * normal(rng);
+    return v;
+  };
+  for (int l = 0; l < L; ++l) {
+    w.pre.push_back(fill(static_cast<std::size_t>(d), 1.0f));
+    w.post.push_back(fill(static_cast<std::size_t>(d), 1.0f));
+    w.w1.push_back(fill(static_cast<std::size_t>(H * E * 2 * d), 0.5f));
+    w.b1.push_back(fill(static_cast<std::size_t>(H * E), 0.5f));
+    w.w2.push_back(fill(static_cast<std::size_t>(H * E), 0.5f));
+    w.b2.push_back(fill(static_cast<std::size_t>(H), 1.0f));
+  }
+  return w;
+}
+
+safetensors::File gate_file(const GateWeights& w, safetensors::DType dtype = safetensors::DType::F32) {
+  safetensors::Writer out;
+  for (int l = 0; l < w.L; ++l) {
+    const auto p = gate::WriteGate::prefix(l);
+    const auto L = static_cast<std::size_t>(l);
+    out.add_f32_as(p + "pre_norm.weight", dtype, {w.d}, w.pre[L]);
+    out.add_f32_as(p + "post_norm.weight", dtype, {w.d}, w.post[L]);
+    out.add_f32_as(p + "w1.weight", dtype, {w.H, w.E, 2 * w.d}, w.w1[L]);
+    out.add_f32_as(p + "w1.bias", dtype, {w.H, w.E}, w.b1[L]);
+    out.add_f32_as(p + "w2.weight", dtype, {w.H, w.E}, w.w2[L]);
+    out.add_f32_as(p + "w2.bias", dtype, {w.H}, w.b2[L]);
+  }
+  return safetensors::File::parse(out.bytes());
+}
+
+// SPEC §3 in double, the obvious way.
+double naive_gate(const GateWeights& w, int l, int h, const float* kpre, const float* kpost) {
+  const auto L = static_cast<std::size_t>(l);
+  std::vector<double> f;
+  for (const auto& [k, norm] : {std::pair{kpre, &w.pre[L]}, std::pair{kpost, &w.post[L]}}) {
+    double ss = 0;
+    for (int i = 0; i < w.d; ++i) ss += double(k[i]) * k[i];
+    const double inv = 1.0 / std::sqrt(ss / w.d + 1e-6);
+    for (int i = 0; i < w.d; ++i) f.push_back(k[i] * inv * (*norm)[static_cast<std::size_t>(i)]);
+  }
+  double z = w.b2[L][static_cast<std::size_t>(h)];
+  for (int e = 0; e < w.E; ++e) {
+    double a = w.b1[L][static_cast<std::size_t>(h * w.E + e)];
+    for (int c = 0; c < 2 * w.d; ++c) a += w.w1[L][static_cast<std::size_t>((h * w.E + e) * 2 * w.d + c)] * f[static_cast<std::size_t>(c)];
+    const double gelu = 0.5 * a * (1.0 + std::erf(a / std::sqrt(2.0)));
+    z += w.w2[L][static_cast<std::size_t>(h * w.E + e)] * gelu;
+  }
+  return std::max(1.0 / (1.0 + std::exp(-z)), 1e-3);
+}
+
+}  // namespace
+
+TEST_CASE("WG-KV write gate equals a naive forward (SPEC §3), with E from the file, and refuses bad input") {
+  std::mt19937_64 rng(3);
+  double worst = 0;
+  int clamped = 0;
+  for (int trial = 0; trial < 20; ++trial) {
+    const int L = 2, H = 1 + trial % 3, d = 4 + 4 * (trial % 2), E = trial % 4 == 0 ? 4 * d : 6;
+    const auto w = random_gate(rng, L, H, d, E);
+    const auto gate = gate::WriteGate::load(gate_file(w), {.layers = L, .kv_heads = H, .head_dim = d});
+    CHECK(gate.config().expansion == E);
+    const std::int64_t T = 1 + trial % 7;
+    std::vector<float> kpre(static_cast<std::size_t>(H * T * d)), kpost(kpre.size()), g(static_cast<std::size_t>(H * T));
+    for (int l = 0; l < L; ++l) {
+      for (auto* v : {&kpre, &kpost})
+        for (auto& x : *v) x = 2.0f * std::normal_distribution<float>()(rng);
+      gate.forward(l, View<const float, 3>(kpre.data(), {H, T, d}), View<const float, 3>(kpost.data(), {H, T, d}),
+                   View<float, 2>(g.data(), {H, T}));
+      for (int h = 0; h < H; ++h)
+        for (std::int64_t t = 0; t < T; ++t) {
+          const double want = naive_gate(w, l, h, &kpre[static_cast<std::size_t>((h * T + t) * d)],
+                                         &kpost[static_cast<std::size_t>((h * T + t) * d)]);
+          const float got = g[static_cast<std::size_t>(h * T + t)];
+          worst = std::max(worst, std::abs(got - want) / want);
+          REQUIRE(got == doctest::Approx(want).epsilon(1e-4));
+          REQUIRE(got >= 1e-3f);
+          REQUIRE(got <= 1.0f);
+          clamped += got == 1e-3f;
+        }
+    }
+  }
+  MESSAGE("worst relative error of g vs naive: ", worst, "; clamped at 1e-3: ", clamped);
+  // a strongly negative logit clamps at 1e-3 exactly
+  auto low = random_gate(rng, 1, 1, 4, 16);
+  low.b2[0][0] = -40.0f;
+  std::vector<float> k4(4, 1.0f);
+  float g_low = 0.0f;
+  gate::WriteGate::load(gate_file(low), {.layers = 1, .kv_heads = 1, .head_dim = 4})
+      .forward(0, View<const float, 3>(k4.data(), {1, 1, 4}), View<const float, 3>(k4.data(), {1, 1, 4}),
+               View<float, 2>(&g_low, {1, 1}));
+  CHECK(g_low == 1e-3f);
+  // BF16 weights load too; errors name what is wrong
+  const auto w = random_gate(rng, 1, 2, 4, 16);
+  CHECK_NOTHROW(gate::WriteGate::load(gate_file(w, safetensors::DType::BF16), {.layers = 1, .kv_heads = 2, .head_dim = 4}));
+  CHECK_THROWS_WITH_AS(gate::WriteGate::load(gate_file(w), {.layers = 2, .kv_heads = 2, .head_dim = 4}),
+                       doctest::Contains("model.layers.1.self_attn.write_gate"), Error);
+  CHECK_THROWS_WITH_AS(gate::WriteGate::load(gate_file(w), {.layers = 1, .kv_heads = 2, .head_dim = 4, .expansion = 8}),
+                       doctest::Contains("w1.weight"), Error);
+  CHECK_THROWS_AS(gate::WriteGate::load(gate_file(w), {.layers = 1, .kv_heads = 3, .head_dim = 4}), Error);
+  const auto gate = gate::WriteGate::load(gate_file(w), {.layers = 1, .kv_heads = 2, .head_dim = 4});
+  std::vector<float> k(8, 1.0f), g(2);
+  k[3] = std::numeric_limits<float>::quiet_NaN();
+  CHECK_THROWS_AS(gate.forward(0, View<const float, 3>(k.data(), {2, 1, 4}), View<const float, 3>(k.data(), {2, 1, 4}),
+                               View<float, 2>(g.data(), {2, 1})),
+                  Error);
+  CHECK_THROWS_WITH_AS(gate.forward(1, View<const float, 3>(k.data(), {2, 1, 4}), View<const float, 3>(k.data(), {2, 1, 4}),
+                                    View<float, 2>(g.data(), {2, 1})),
+                       doctest::Contains("layer 1 out of range"), Error);
+}
+
+TEST_CASE("oracle: the WG-KV dual cache keeps exactly what a ring with lazy promotion keeps") {
+  std::mt19937_64 rng(17);
+  std::int64_t promoted_total = 0, dropped_total = 0;
+  for (int trial = 0; trial < 1200; ++trial) {
+    const int kv_heads = std::uniform_int_distribution<int>(1, 3)(rng);
+    const CacheShape shape{std::uniform_int_distribution<int>(1, 2)(rng), kv_heads, kv_heads, 2};
+    const std::int64_t W = std::uniform_int_distribution<int>(1, 12)(rng);
+    const double tau = trial % 5 == 0 ? 0.5 : 0.1;
+    WGKVCache<cpu_backend, float, 4> cache(shape, memory::Paged<4>(4096), wgkv_evictor({W, tau}));
+    cache.add_sequence(9);
+    // per head: the ring (oldest first) and the global cache
+    std::vector<std::deque<std::pair<std::int32_t, float>>> ring(static_cast<std::size_t>(shape.heads_total()));
+    std::vector<std::set<std::int32_t>> global(ring.size());
+    std::int64_t n = 0;
+    const int steps = std::uniform_int_distribution<int>(1, 40)(rng);
+    for (int step = 0; step < steps; ++step) {
+      // prefill chunks shorter and longer than W_local, decode tokens, chunks after decode
+      const std::int64_t T = step == 0 || rng() % 6 == 0 ? std::uniform_int_distribution<int>(1, 3 * static_cast<int>(W))(rng) : 1;
+      const auto L = shape.layers, H = shape.kv_heads;
+      std::vector<float> kv(static_cast<std::size_t>(L * H * T * 2), 0.5f), g(static_cast<std::size_t>(L * H * T));
+      for (auto& x : g) {  // gate values on both sides of tau, exactly tau too
+        const int kind = std::uniform_int_distribution<int>(0, 4)(rng);
+        x = kind == 0 ? static_cast<float>(tau) : kind == 1 ? 1e-3f : std::uniform_real_distribution<float>(1e-3f, 1.0f)(rng);
+      }
+      cache.step(9, View<const float, 4>(kv.data(), {L, H, T, 2}), View<const float, 4>(kv.data(), {L, H, T, 2}),
+                 View<const float, 3>(g.data(), {L, H, T}));
+      for (std::size_t i = 0; i < ring.size(); ++i) {
+        for (std::int64_t t = 0; t < T; ++t) {  // each token enters the ring; the one it displaces is promoted or dropped
+          ring[i].push_back({static_cast<std::int32_t>(n + t), g[i * static_cast<std::size_t>(T) + static_cast<std::size_t>(t)]});
+          if (static_cast<std::int64_t>(ring[i].size()) > W) {
+            const auto [pos, gate] = ring[i].front();
+            ring[i].pop_front();
+            if (gate >= static_cast<float>(tau)) {
+              global[i].insert(pos);
+              ++promoted_total;
+            } else {
+              ++dropped_total;
+            }
+          }
+        }
+        std::set<std::int32_t> want = global[i];
+        for (const auto& [pos, gate] : ring[i]) want.insert(pos);
+        std::set<std::int32_t> got;
+        const int l = static_cast<int>(i) / H, h = static_cast<int>(i) % H;
+        for (std::int64_t j = 0; j < cache.length(9, l, h); ++j) got.insert(cache.entry(9, l, h, j).position);
+        REQUIRE_MESSAGE(got == want, "trial ", trial, " step ", step, " head ", i, " W ", W, " T ", T);
+      }
+      n += T;
+    }
+  }
+  CHECK(promoted_total > 1000);
+  CHECK(dropped_total > 1000);
+}
+
+TEST_CASE("WG-KV attention applies the vertical-slash mask, in prefill chunks and decode, like a dense masked reference") {
+  std::mt19937_64 rng(23);
+  double worst = 0;
+  for (int trial = 0; trial < 60; ++trial) {
+    const int H = 1 + trial % 2, G = 1 + trial % 3, d = 8;
+    const std::int64_t W = 1 + trial % 9;
+    const CacheShape shape{1, H, H * G, d};
+    WGKVCache<cpu_backend, float, 4> cache(shape, memory::Paged<4>(1024), wgkv_evictor({W, 0.3}));
+    cache.add_sequence(1);
+    std::vector<std::vector<float>> all_k(static_cast<std::size_t>(H)), all_v(all_k.size()), all_g(all_k.size());
+    std::int64_t n = 0;
+    for (int step = 0; step < 12; ++step) {
+      const std::int64_t T = step < 2 ? std::uniform_int_distribution<int>(1, 30)(rng) : 1;
+      std::vector<float> k(static_cast<std::size_t>(H * T * d)), v(k.size()), g(static_cast<std::size_t>(H * T));
+      std::vector<float> q(static_cast<std::size_t>(H * G * T * d)), out(q.size(), std::nanf(""));
+      for (auto* b : {&k, &v, &q})
+        for (auto& x : *b) x = std::normal_distribution<float>()(rng);
+      for (auto& x : g) x = std::uniform_real_distribution<float>(0.0f, 1.0f)(rng) < 0.4f ? 0.9f : 0.05f;
+      cache.append(1, 0, View<const float, 3>(k.data(), {H, T, d}), View<const float, 3>(v.data(), {H, T, d}),
+                   View<const float, 2>(g.data(), {H, T}));
+      cache.attend(1, 0, View<const float, 3>(q.data(), {H * G, T, d}), View<float, 3>(out.data(), {H * G, T, d}));
+      cache.commit(1);
+      for (int h = 0; h < H; ++h) {
+        auto& K = all_k[static_cast<std::size_t>(h)];
+        auto& V = all_v[static_cast<std::size_t>(h)];
+        auto& Gt = all_g[static_cast<std::size_t>(h)];
+        K.insert(K.end(), k.begin() + h * T * d, k.begin() + (h + 1) * T * d);
+        V.insert(V.end(), v.begin() + h * T * d, v.begin() + (h + 1) * T * d);
+        Gt.insert(Gt.end(), g.begin() + h * T, g.begin() + (h + 1) * T);
+        for (int gq = 0; gq < G; ++gq)
+          for (std::int64_t t = 0; t < T; ++t) {  // dense over every token so far, masked by SPEC §3's rule
+            const std::int64_t i = n + t;
+            const float* qv = &q[static_cast<std::size_t>(((h * G + gq) * T + t) * d)];
+            std::vector<double> w;
+            double mx = -INFINITY;
+            for (std::int64_t j = 0; j <= i; ++j) {
+              const bool visible = i - j < W || Gt[static_cast<std::size_t>(j)] >= 0.3f;
+              double s = -INFINITY;
+              if (visible) {
+                s = 0;
+                for (int c = 0; c < d; ++c) s += double(qv[c]) * K[static_cast<std::size_t>(j * d + c)];
+                s /= std::sqrt(double(d));
+              }
+              w.push_back(s);
+              mx = std::max(mx, s);
+            }
+            double sum = 0, err = 0, ref = 0;
+            for (double& x : w) sum += x = x == -INFINITY ? 0.0 : std::exp(x - mx);
+            for (int c = 0; c < d; ++c) {
+              double o = 0;
+              for (std::size_t j = 0; j < w.size(); ++j) o += w[j] * V[j * static_cast<std::size_t>(d) + static_cast<std::size_t>(c)];
+              o /= sum;
+              const float got = out[static_cast<std::size_t>(((h * G + gq) * T + t) * d + c)];
+              err += (got - o) * (got - o);
+              ref += o * o;
+            }
+            worst = std::max(worst, std::sqrt(err / ref));
+            REQUIRE(std::sqrt(err / ref) <= 1e-5);
+          }
+      }
+      n += T;
+    }
+  }
+  MESSAGE("worst relative error vs the dense masked reference: ", worst);
+}
+
+TEST_CASE("WG-KV refuses a bad W_local or tau, and a refused step changes nothing") {
+  const CacheShape shape{1, 1, 1, 2};
+  CHECK_THROWS_AS(WGKVCache<>(shape, memory::Paged<16>(4), wgkv_evictor({0, 0.1})), Error);
+  CHECK_THROWS_AS(WGKVCache<>(shape, memory::Paged<16>(4), wgkv_evictor({4, 0.0})), Error);
+  CHECK_THROWS_AS(WGKVCache<>(shape, memory::Paged<16>(4), wgkv_evictor({4, 1.5})), Error);
+  WGKVCache<> cache(shape, memory::Paged<16>(4), wgkv_evictor({2, 0.1}));
+  cache.add_sequence(0);
+  std::vector<float> kv(2, 1.0f);
+  float g = 0.5f;
+  cache.step(0, View<const float, 4>(kv.data(), {1, 1, 1, 2}), View<const float, 4>(kv.data(), {1, 1, 1, 2}),
+             View<const float, 3>(&g, {1, 1, 1}));
+  const auto before = testing::snapshot(cache, {0});
+  g = std::nanf("");
+  CHECK_THROWS_AS(cache.step(0, View<const float, 4>(kv.data(), {1, 1, 1, 2}), View<const float, 4>(kv.data(), {1, 1, 1, 2}),
+                             View<const float, 3>(&g, {1, 1, 1})),
+                  Error);
+  CHECK(testing::snapshot(cache, {0}) == before);
+}
