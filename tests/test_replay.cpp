@@ -122,6 +122,7 @@ TEST_CASE("trace files: round trip and shape errors") {
   CHECK(back.hidden == tr.hidden);
   CHECK(back.hidden_layers == 2);
   CHECK(back.hidden_size == tr.hidden_size);
+  CHECK(back.write_gate == tr.write_gate);
   safetensors::Writer w3;
   w3.add_f32("log_beta", {1, 1, 3}, std::vector<float>(3, -0.1f));
   w3.add_f32("hidden_states", {2, 4, 5}, std::vector<float>(40, 0.0f));
@@ -153,12 +154,13 @@ TEST_CASE("replay: every policy runs on the synthetic trace within its budget, a
     o.prefill = P;
     o.band_a = 2;  // the synthetic hidden states jump at layer 2
     o.band_b = 1;
+    o.local = 12;  // wgkv's ring
     const auto r = replay::replay(tr, o, &full);
     const bool epikv_family = policy == "epikv" || policy == "hs-var" || policy == "kv-key" || policy == "kv-val" ||
                               policy == "lag-kv";
     // resident before an eviction: the prefill chunk, then the bound of the policy plus the new token
     const std::int64_t bound = epikv_family ? P + M + 1 : policy == "dbtrimkv" ? 2 * 2 * (M + B) : M + B;
-    CHECK(r.peak_entries_per_head <= std::max(P, bound));
+    if (policy != "wgkv") CHECK(r.peak_entries_per_head <= std::max(P, bound));  // wgkv holds what its gate admits
     std::int64_t evicted = 0;
     for (int l = 0; l < 2; ++l)
       for (int h = 0; h < 2; ++h)
@@ -166,6 +168,10 @@ TEST_CASE("replay: every policy runs on the synthetic trace within its budget, a
           const auto e = r.evicted_at[static_cast<std::size_t>((l * 2 + h) * tr.tokens + t)];
           REQUIRE((e == -1 || e > t));  // evicted after it was appended
           if (epikv_family) REQUIRE_MESSAGE((t >= P || e == -1), "prompt token ", t, " evicted");  // SPEC §4
+          if (policy == "wgkv" && e != -1) {  // SPEC §3: dropped only once out of the ring, and only if g < tau
+            REQUIRE(e >= t + o.local + 1);
+            REQUIRE(tr.write_gate[static_cast<std::size_t>((l * 2 + h) * tr.tokens + t)] < 0.1f);
+          }
           evicted += e != -1;
         }
     CHECK(evicted > 0);
@@ -187,5 +193,5 @@ TEST_CASE("replay: every policy runs on the synthetic trace within its budget, a
   o.policy = "h2o";
   CHECK_THROWS_WITH_AS(replay::replay(bare, o), doctest::Contains("needs the trace's keys, values and queries"), Error);
   o.policy = "lru";
-  CHECK_THROWS_WITH_AS(replay::replay(bare, o), doctest::Contains("known: trimkv, dbtrimkv, epikv"), Error);
+  CHECK_THROWS_WITH_AS(replay::replay(bare, o), doctest::Contains("known: trimkv, dbtrimkv, wgkv, epikv"), Error);
 }

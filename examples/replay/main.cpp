@@ -33,6 +33,8 @@ policies:
   trimkv     TRIM-KV: score log_beta*(n+1-p), per-head budget M, evict when a head reaches M+B
   dbtrimkv   DBTrimKV: lookahead score over horizon h, one global budget L*Hkv*M per sequence,
              optional floor_ratio f
+  wgkv       WG-KV: the W_local newest tokens of every head and the older ones with write gate
+             g >= tau (from the trace's write_gate, or --gate on its keys_pre_rope and keys)
   epikv      EpiKV: z-scored hidden-state change z_A - z_B (needs hidden_states), budget K = M
              generated tokens per head, the --prefill prompt and R newest protected, 1 eviction/step
   hs-var     HS-var: rolling mean of the hidden-state change, g_A - g_B (as epikv)
@@ -58,11 +60,14 @@ options:
   --seed N         random only (default 0)
   --band-a A, --band-b B  hidden-state layers of epikv and hs-var (default 10 and 21)
   --recency R      newest generated tokens kept by the epikv family (default min(128, M/4))
+  --local W        W_local, wgkv only (default 256)
+  --tau t          admission threshold, wgkv only (default 0.1)
+  --gate FILE      wgkv: write-gate weights (docs/formats.md) to run on the trace's keys
   --png DIR        write retention and eviction heatmaps (TRIM-KV paper, Fig. 4)
   --layers, --heads  which heatmaps (default: layer 0, every kv head)
 
 input  (safetensors): log_beta [L,Hkv,T] f32; optional keys, values [L,Hkv,T,d], queries [L,Hq,T,d],
-                      hidden_states [L',T,D]
+                      hidden_states [L',T,D], write_gate [L,Hkv,T], keys_pre_rope [L,Hkv,T,d]
 output (safetensors): evicted_at [L,Hkv,T] i64 (n at eviction, -1 = survived), step_end [S] i64,
                       attn_rel_error [S] f32 (with keys/values/queries)
 )";
@@ -124,21 +129,31 @@ int demo(const std::string& png_dir) {
     replay::Options o;
   };
   std::vector<Row> rows;
+  const auto options = [](const char* policy, std::int64_t M, std::int64_t B) {
+    replay::Options o;
+    o.policy = policy;
+    o.budget = M;
+    o.buffer = B;
+    return o;
+  };
   for (std::int64_t M : {64, 128, 256}) {
-    rows.push_back({"trimkv", {"trimkv", M, M / 8, 2, 0.0, 0, 0.0, 0}});
-    rows.push_back({"dbtrimkv h=2", {"dbtrimkv", M, M / 8, 2, 0.0, 0, 0.0, 0}});
-    rows.push_back({"dbtrimkv f=0.5", {"dbtrimkv", M, M / 8, 2, 0.5, 0, 0.0, 0}});
-    rows.push_back({"streamingllm", {"streamingllm", M, M / 8, 2, 0.0, 0, 0.0, 0}});
-    rows.push_back({"knorm", {"knorm", M, M / 8, 2, 0.0, 0, 0.0, 0}});
-    rows.push_back({"random", {"random", M, M / 8, 2, 0.0, 0, 0.0, 0}});
-    rows.push_back({"h2o", {"h2o", M, M / 8, 2, 0.0, 0, 0.0, 0}});
-    rows.push_back({"keydiff", {"keydiff", M, M / 8, 2, 0.0, 0, 0.0, 0}});
+    for (const char* name : {"trimkv", "dbtrimkv"}) rows.push_back({name, options(name, M, M / 8)});
+    rows.back().label = "dbtrimkv h=2";
+    rows.push_back({"dbtrimkv f=0.5", options("dbtrimkv", M, M / 8)});
+    rows.back().o.floor_ratio = 0.5;
+    // WG-KV: a ring of W_local = M / 2 and every older token its gate admitted (memory not fixed)
+    rows.push_back({"wgkv", options("wgkv", M, 1)});
+    rows.back().o.local = M / 2;
     // the EpiKV family: K = M generated tokens, one eviction per step (no buffer); bands 2 and 4 of
     // the synthetic hidden states (the jumps are at layer 2)
-    for (const char* name : {"epikv", "hs-var", "kv-key", "kv-val", "lag-kv"})
-      rows.push_back({name, {name, M, 1, 2, 0.0, 0, 0.0, 0, 4, 0, 2, 4}});
+    for (const char* name : {"epikv", "hs-var", "kv-key", "kv-val", "lag-kv"}) {
+      rows.push_back({name, options(name, M, 1)});
+      rows.back().o.band_a = 2;
+      rows.back().o.band_b = 4;
+    }
+    for (const char* name : {"streamingllm", "h2o", "knorm", "keydiff", "random"}) rows.push_back({name, options(name, M, M / 8)});
   }
-  rows.push_back({"full cache", {"trimkv", tr.tokens, 1, 2, 0.0, 0, 0.0, 0}});
+  rows.push_back({"full cache", options("trimkv", tr.tokens, 1)});
   const double full_entries = static_cast<double>(tr.layers * tr.kv_heads * tr.tokens);
   std::printf("%-16s %7s %6s %11s %11s %11s %12s %12s %11s\n", "policy", "budget", "buffer", "peak/head", "peak mem",
               "mean mem", "attn err", "attn err", "us/step");
@@ -206,6 +221,9 @@ int main(int argc, char** argv) {
       else if (a == "--band-a") o.band_a = static_cast<int>(parse_int(a, value()));
       else if (a == "--band-b") o.band_b = static_cast<int>(parse_int(a, value()));
       else if (a == "--recency") o.recency = parse_int(a, value());
+      else if (a == "--local") o.local = parse_int(a, value());
+      else if (a == "--tau") o.tau = parse_number(a, value());
+      else if (a == "--gate") o.gate = value();
       else if (a == "--layers") layers = parse_list(value(), "--layers");
       else if (a == "--heads") heads = parse_list(value(), "--heads");
       else fail("unknown argument '", a, "' (see --help)");

@@ -15,6 +15,8 @@
 #include "kvpolicy/baselines.hpp"
 #include "kvpolicy/dbtrimkv.hpp"
 #include "kvpolicy/epikv.hpp"
+#include "kvpolicy/gate/write_gate.hpp"
+#include "kvpolicy/wgkv.hpp"
 #include "kvpolicy/trimkv.hpp"
 #include "trace.hpp"
 
@@ -33,12 +35,15 @@ struct Options {
   std::uint64_t seed = 0;         // random
   int band_a = 10, band_b = 21;   // epikv, hs-var: hidden-state layers A and B
   std::int64_t recency = -1;      // R of the EpiKV family; -1 = min(128, K / 4)
+  std::int64_t local = 256;       // W_local (wgkv)
+  double tau = 0.1;               // admission threshold (wgkv)
+  std::string gate;               // wgkv: a write-gate safetensors file, run on the trace's keys_pre_rope and keys
 };
 
 // The EpiKV family (SPEC §4) takes --budget as K over the generated tokens of each head, protects
 // the first --prefill tokens (the prompt) and the R newest, and ignores --buffer.
 inline const std::vector<std::string>& policies() {
-  static const std::vector<std::string> names{"trimkv", "dbtrimkv", "epikv", "hs-var", "kv-key", "kv-val", "lag-kv",
+  static const std::vector<std::string> names{"trimkv", "dbtrimkv", "wgkv", "epikv", "hs-var", "kv-key", "kv-val", "lag-kv",
                                               "streamingllm", "h2o", "knorm", "keydiff", "random"};
   return names;
 }
@@ -202,6 +207,31 @@ inline Result replay(const Trace& tr, const Options& opt, const std::vector<floa
                         opt.policy == "kv-val" || opt.policy == "lag-kv";
   require(!needs_kv || tr.has_attention(), "replay: policy ", opt.policy,
           " needs the trace's keys, values and queries, and this trace has none");
+  if (opt.policy == "wgkv") {  // SPEC §3: g from the trace's write_gate, or the gate run on its keys
+    detail::Metadata gates;
+    std::vector<float> computed;
+    if (!opt.gate.empty()) {
+      require(tr.has_attention() && !tr.keys_pre_rope.empty(), "replay: --gate needs the trace's keys_pre_rope and keys");
+      const auto g = gate::WriteGate::load(safetensors::File::read(opt.gate),
+                                           {.layers = tr.layers, .kv_heads = tr.kv_heads, .head_dim = tr.head_dim});
+      computed.resize(tr.log_beta.size());
+      const std::int64_t T = tr.tokens, d = tr.head_dim;
+      for (int l = 0; l < tr.layers; ++l) {
+        const auto at = static_cast<std::size_t>(std::int64_t{l} * tr.kv_heads * T);
+        g.forward(l, View<const float, 3>(tr.keys_pre_rope.data() + at * d, {tr.kv_heads, T, d}),
+                  View<const float, 3>(tr.keys.data() + at * d, {tr.kv_heads, T, d}),
+                  View<float, 2>(computed.data() + at, {tr.kv_heads, T}));
+      }
+    } else {
+      require(!tr.write_gate.empty(), "replay: policy wgkv needs the trace's write_gate, or --gate with keys_pre_rope");
+    }
+    const std::vector<float>& source = opt.gate.empty() ? tr.write_gate : computed;
+    gates = [&](std::int64_t n, std::int64_t len, const std::vector<float>&, const std::vector<float>&, std::vector<float>& out) {
+      out = detail::slice(source, tr.layers, tr.kv_heads, tr.tokens, 1, n, len);
+    };
+    WGKVCache<> cache(shape, memory::Paged<16>(pages), wgkv_evictor({opt.local, opt.tau}));
+    return detail::run(cache, tr, opt, full, gates);
+  }
   if (opt.policy == "epikv" || opt.policy == "hs-var") {  // SPEC §4: one score per token from the hidden states
     require(tr.has_hidden(), "replay: policy ", opt.policy, " needs the trace's hidden_states [L', T, D]");
     epiphany::Signal signal({opt.band_a, opt.band_b, 64,

@@ -1,7 +1,8 @@
 // A recorded (or synthetic) decode trace for kvpolicy-replay — the file format is docs/replay.md:
 //   log_beta [L, Hkv, T] (required), keys/values [L, Hkv, T, d] and queries [L, Hq, T, d] (optional),
 //   hidden_states [L', T, D] (optional: the model's hidden states in HF output_hidden_states indexing,
-//   for EpiKV and HS-var, SPEC §4).
+//   for EpiKV and HS-var, SPEC §4), write_gate [L, Hkv, T] (optional: recorded WG-KV gate values g,
+//   SPEC §3) or keys_pre_rope [L, Hkv, T, d] (optional, with keys: the gate's input, for --gate).
 #pragma once
 
 #include <cmath>
@@ -23,6 +24,8 @@ struct Trace {
   std::vector<float> keys, values, queries;  // empty unless has_attention()
   int hidden_layers = 0, hidden_size = 0;    // L' and D of hidden_states
   std::vector<float> hidden;                 // [L', T, D], empty unless has_hidden()
+  std::vector<float> write_gate;             // [L, Hkv, T] or empty
+  std::vector<float> keys_pre_rope;          // [L, Hkv, T, d] or empty
 
   bool has_attention() const { return !queries.empty(); }
   bool has_hidden() const { return !hidden.empty(); }
@@ -53,6 +56,11 @@ inline Trace parse_trace(const safetensors::File& f) {
     tr.hidden_size = static_cast<int>(hi.shape[2]);
     tr.hidden = f.floats("hidden_states", {tr.hidden_layers, tr.tokens, tr.hidden_size});
   }
+  if (f.contains("write_gate")) {
+    tr.write_gate = f.floats("write_gate", {tr.layers, tr.kv_heads, tr.tokens}, /*finite=*/true);
+    for (const float g : tr.write_gate)
+      require(g >= 0.0f && g <= 1.0f, "trace '", path, "': write_gate holds ", g, ", outside [0, 1]");
+  }
   const bool k = f.contains("keys"), v = f.contains("values"), q = f.contains("queries");
   require(k == v && v == q, "trace '", path, "': keys, values and queries come together (found keys: ", k,
           ", values: ", v, ", queries: ", q, ")");
@@ -70,6 +78,8 @@ inline Trace parse_trace(const safetensors::File& f) {
   tr.keys = f.floats("keys", {tr.layers, tr.kv_heads, tr.tokens, tr.head_dim});
   tr.values = f.floats("values", {tr.layers, tr.kv_heads, tr.tokens, tr.head_dim});
   tr.queries = f.floats("queries", {tr.layers, tr.q_heads, tr.tokens, tr.head_dim});
+  if (f.contains("keys_pre_rope"))
+    tr.keys_pre_rope = f.floats("keys_pre_rope", {tr.layers, tr.kv_heads, tr.tokens, tr.head_dim}, /*finite=*/true);
   return tr;
 }
 
@@ -84,6 +94,9 @@ inline void write_trace(const Trace& tr, const std::string& path) {
     w.add_f32("queries", {tr.layers, tr.q_heads, tr.tokens, tr.head_dim}, tr.queries);
   }
   if (tr.has_hidden()) w.add_f32("hidden_states", {tr.hidden_layers, tr.tokens, tr.hidden_size}, tr.hidden);
+  if (!tr.write_gate.empty()) w.add_f32("write_gate", {tr.layers, tr.kv_heads, tr.tokens}, tr.write_gate);
+  if (!tr.keys_pre_rope.empty())
+    w.add_f32("keys_pre_rope", {tr.layers, tr.kv_heads, tr.tokens, tr.head_dim}, tr.keys_pre_rope);
   w.write(path);
 }
 
@@ -97,6 +110,8 @@ inline void write_trace(const Trace& tr, const std::string& path) {
 // Hidden states [L + 1, T, 32] (drawn after everything else, from their own generator): a slow
 // random walk in every layer, with a jump at layer 2 on each token that some gist
 // head retains — the "epiphany" EpiKV's score looks for (SPEC §4); use --band-a 2 --band-b 4.
+// A write gate [L, Hkv, T] as a trained WG-KV gate would open it (SPEC §3): 0.9 on the tokens a head
+// retains (sinks and gist tokens, log_beta > -1e-3), 0.05 elsewhere.
 inline Trace synthetic_trace(int layers = 4, int kv_heads = 2, int group = 4, int head_dim = 64, std::int64_t tokens = 1536,
                              std::uint64_t seed = 2026) {
   Trace tr;
@@ -141,6 +156,8 @@ inline Trace synthetic_trace(int layers = 4, int kv_heads = 2, int group = 4, in
         }
       }
     }
+  tr.write_gate.resize(tr.log_beta.size());
+  for (std::size_t i = 0; i < tr.log_beta.size(); ++i) tr.write_gate[i] = tr.log_beta[i] > -1e-3f ? 0.9f : 0.05f;
   // hidden states: every gist token of any head is an epiphany at the band layer
   std::vector<std::uint8_t> epiphany(static_cast<std::size_t>(T), 0);
   for (int l = 0; l < layers; ++l)
