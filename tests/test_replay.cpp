@@ -160,7 +160,12 @@ TEST_CASE("replay: every policy runs on the synthetic trace within its budget, a
                               policy == "lag-kv";
     // resident before an eviction: the prefill chunk, then the bound of the policy plus the new token
     const std::int64_t bound = epikv_family ? P + M + 1 : policy == "dbtrimkv" ? 2 * 2 * (M + B) : M + B;
-    if (policy != "wgkv") CHECK(r.peak_entries_per_head <= std::max(P, bound));  // wgkv holds what its gate admits
+    if (policy == "snapkv") {  // the prompt compressed to M once, then every decode token kept
+      CHECK(r.peak_entries_per_head == std::max(P, M + tr.tokens - P));
+      for (std::int64_t t = 0; t < tr.tokens; ++t)
+        REQUIRE((r.evicted_at[static_cast<std::size_t>(t)] == -1 || r.evicted_at[static_cast<std::size_t>(t)] == P));
+    }
+    if (policy != "wgkv" && policy != "snapkv") CHECK(r.peak_entries_per_head <= std::max(P, bound));  // wgkv holds what its gate admits
     std::int64_t evicted = 0;
     for (int l = 0; l < 2; ++l)
       for (int h = 0; h < 2; ++h)

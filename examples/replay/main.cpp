@@ -44,6 +44,8 @@ policies:
   streamingllm  StreamingLLM: the S first tokens (sinks) and the newest, per-head budget M
   h2o        H2O: accumulated attention mass, the newest M/2 protected, per-head budget M
              (needs keys, values and queries)
+  snapkv     SnapKV: compress the --prefill prompt once to M per head by the attention of its
+             last 32 queries (max-pool 7, GQA max); decode tokens stay (needs keys and queries)
   knorm      KNorm: keep the keys of smallest L2 norm, per-head budget M (needs keys in the trace)
   keydiff    KeyDiff: keep keys least aligned with the head's mean key direction, per-head budget M
   random     Random: seeded uniform scores, per-head budget M
@@ -152,6 +154,9 @@ int demo(const std::string& png_dir) {
       rows.back().o.band_b = 4;
     }
     for (const char* name : {"streamingllm", "h2o", "knorm", "keydiff", "random"}) rows.push_back({name, options(name, M, M / 8)});
+    // SnapKV compresses a prompt: the first 1024 tokens as one chunk, then the rest is kept
+    rows.push_back({"snapkv P=1024", options("snapkv", M, 1)});
+    rows.back().o.prefill = 1024;
   }
   rows.push_back({"full cache", options("trimkv", tr.tokens, 1)});
   const double full_entries = static_cast<double>(tr.layers * tr.kv_heads * tr.tokens);

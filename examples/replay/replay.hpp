@@ -44,7 +44,7 @@ struct Options {
 // the first --prefill tokens (the prompt) and the R newest, and ignores --buffer.
 inline const std::vector<std::string>& policies() {
   static const std::vector<std::string> names{"trimkv", "dbtrimkv", "wgkv", "epikv", "hs-var", "kv-key", "kv-val", "lag-kv",
-                                              "streamingllm", "h2o", "knorm", "keydiff", "random"};
+                                              "streamingllm", "h2o", "snapkv", "knorm", "keydiff", "random"};
   return names;
 }
 
@@ -203,7 +203,7 @@ inline Result replay(const Trace& tr, const Options& opt, const std::vector<floa
   }
   if (opt.window != 0 || opt.threshold != 0.0)
     fail("replay: --window and --threshold apply to trimkv and dbtrimkv, not to ", opt.policy);
-  const bool needs_kv = opt.policy == "h2o" || opt.policy == "keydiff" || opt.policy == "kv-key" ||
+  const bool needs_kv = opt.policy == "h2o" || opt.policy == "snapkv" || opt.policy == "keydiff" || opt.policy == "kv-key" ||
                         opt.policy == "kv-val" || opt.policy == "lag-kv";
   require(!needs_kv || tr.has_attention(), "replay: policy ", opt.policy,
           " needs the trace's keys, values and queries, and this trace has none");
@@ -271,6 +271,12 @@ inline Result replay(const Trace& tr, const Options& opt, const std::vector<floa
   }
   if (opt.policy == "h2o") {
     H2OCache<> cache(shape, memory::Paged<16>(pages), h2o_evictor({opt.budget, opt.buffer}));
+    return detail::run(cache, tr, opt, full);
+  }
+  if (opt.policy == "snapkv") {  // compresses the --prefill prompt to M per head once
+    require(opt.prefill > 0, "replay: snapkv compresses the prompt: give its length with --prefill P");
+    const SnapKVConfig c{opt.budget, std::min<std::int64_t>(32, opt.budget), 7};
+    SnapKVCache<> cache(shape, memory::Paged<16>(pages), snapkv_evictor(c), snapkv_scorer(c));
     return detail::run(cache, tr, opt, full);
   }
   if (opt.policy == "knorm") {

@@ -17,6 +17,7 @@
 #include "kvpolicy/policy/admit.hpp"
 #include "kvpolicy/policy/baseline.hpp"
 #include "kvpolicy/policy/evict.hpp"
+#include "kvpolicy/policy/observed_attention.hpp"
 
 namespace kvpolicy {
 
@@ -32,6 +33,17 @@ inline evict::PerHead<trigger::Buffered> baseline_evictor(const BaselineConfig& 
 /// H2O, SPEC §5: the recent half of the budget (w = M / 2) is protected.
 inline evict::PerHead<trigger::Buffered> h2o_evictor(const BaselineConfig& c = {}) {
   return evict::PerHead<trigger::Buffered>{trigger::Buffered{c.budget, c.buffer}, c.budget / 2, 0.0};
+}
+
+/// SnapKV, SPEC §5: W_obs = 32 observed queries, max-pool 7, compress the prompt to M per head once.
+struct SnapKVConfig {
+  std::int64_t budget = 1024;  ///< M per (layer, kv head), after the prompt
+  std::int64_t window = 32;    ///< W_obs
+  int pool_kernel = 7;
+};
+inline evict::PromptEnd snapkv_evictor(const SnapKVConfig& c = {}) { return evict::PromptEnd{c.budget, c.window}; }
+inline score::ObservedAttention snapkv_scorer(const SnapKVConfig& c = {}) {
+  return score::ObservedAttention{c.window, c.pool_kernel};
 }
 
 template <class Backend = cpu_backend, class Storage = float, int PageSize = 16>
@@ -53,5 +65,10 @@ using H2OCache = Cache<score::AttentionMass, admit::All, evict::PerHead<trigger:
 template <class Backend = cpu_backend, class Storage = float, int PageSize = 16>
 using KeyDiffCache =
     Cache<score::KeyDiff, admit::All, evict::PerHead<trigger::Buffered>, memory::Paged<PageSize, Storage>, Backend>;
+
+/// SnapKV: declare the prompt length at add_sequence(seq, prompt_tokens), and attend every step.
+template <class Backend = cpu_backend, class Storage = float, int PageSize = 16>
+using SnapKVCache =
+    Cache<score::ObservedAttention, admit::All, evict::PromptEnd, memory::Paged<PageSize, Storage>, Backend>;
 
 }  // namespace kvpolicy

@@ -24,6 +24,7 @@
 #include "kvpolicy/core/shape.hpp"
 #include "kvpolicy/core/view.hpp"
 #include "kvpolicy/memory/pool.hpp"
+#include "kvpolicy/memory/query_window.hpp"
 
 namespace kvpolicy {
 
@@ -78,8 +79,11 @@ class Cache {
             "Cache::add_sequence: prompt_tokens = ", prompt_tokens, " must be -1 (unknown) or in [0, 2^31 - 1]");
     require(!has_sequence(seq), "Cache::add_sequence: sequence ", seq, " already exists");
     alloc_.add_sequence(seq);
-    state_.emplace(seq, SequenceState{0, 0, prompt_tokens,
-                                      std::vector<std::uint8_t>(static_cast<std::size_t>(shape_.layers), 0)});
+    SequenceState st{0, 0, prompt_tokens, std::vector<std::uint8_t>(static_cast<std::size_t>(shape_.layers), 0), {}};
+    if constexpr (WindowScorer<S>)  // SnapKV: the last W queries of every layer
+      st.windows.assign(static_cast<std::size_t>(shape_.layers),
+                        memory::QueryWindow(scorer_.observation_window, shape_.q_heads, shape_.head_dim));
+    state_.emplace(seq, std::move(st));
   }
   void remove_sequence(std::int64_t seq) {
     state_of(seq);
@@ -136,7 +140,7 @@ class Cache {
   /// For a Scorer that ranks by attention mass (H2O) it also adds each key's attention probability
   /// from these queries to the key's metadata; an aborted step does not take that back.
   void attend(std::int64_t seq, int layer, View<const float, 3> queries, View<float, 3> out) {
-    const SequenceState& st = state_of(seq);
+    SequenceState& st = state_of(seq);
     check_layer(layer, "attend");
     require(st.appended[static_cast<std::size_t>(layer)], "Cache::attend: layer ", layer, " of sequence ", seq,
             " has not been appended in this step");
@@ -243,6 +247,7 @@ class Cache {
     std::int64_t pending = 0;  // T of the open step, 0 when none
     std::int64_t prompt = -1;  // declared or detected prompt length; -1 while unknown
     std::vector<std::uint8_t> appended;
+    std::vector<memory::QueryWindow> windows;  // per layer, for a WindowScorer only
   };
 
   /// One eviction decided but not applied: the active heads' flattened scores and keep flags.
@@ -339,9 +344,9 @@ class Cache {
   /// it; else (still prefilling) everything.
   static StepContext context(const SequenceState& st) {
     const std::int64_t n = st.n + st.pending;
-    if (st.prompt >= 0) return {n, std::min(st.prompt, n)};
-    if (st.pending == 1 && st.n > 0) return {n, st.n};
-    return {n, n};
+    if (st.prompt >= 0) return {n, std::min(st.prompt, n), st.n < st.prompt && n >= st.prompt};
+    if (st.pending == 1 && st.n > 0) return {n, st.n, false};
+    return {n, n, false};
   }
 
   const SequenceState& state_of(std::int64_t seq) const {
@@ -433,8 +438,9 @@ class Cache {
     st.appended[static_cast<std::size_t>(layer)] = 1;
   }
 
-  void attend_layer(std::int64_t seq, const SequenceState& st, int layer, View<const float, 3> queries,
+  void attend_layer(std::int64_t seq, SequenceState& st, int layer, View<const float, 3> queries,
                     View<float, 3> out) {
+    if constexpr (WindowScorer<S>) st.windows[static_cast<std::size_t>(layer)].push(queries, st.n);
     std::vector<std::int32_t> q_pos(static_cast<std::size_t>(st.pending));
     for (std::int64_t t = 0; t < st.pending; ++t) q_pos[static_cast<std::size_t>(t)] = static_cast<std::int32_t>(st.n + t);
     std::vector<float> mass;
@@ -479,7 +485,8 @@ class Cache {
     std::vector<float> score(static_cast<std::size_t>(plan.offsets.back()));
     plan.position.resize(score.size());
     std::vector<EntryMeta> head_meta;
-    std::vector<float> head_keys;
+    std::vector<float> head_keys, window_buffer;
+    std::vector<std::int32_t> window_positions;
     for (int l = 0; l < shape_.layers; ++l)
       for (int h = 0; h < shape_.kv_heads; ++h) {
         const auto i = static_cast<std::size_t>(head_index(shape_, l, h));
@@ -489,7 +496,7 @@ class Cache {
         const auto len = static_cast<std::size_t>(head_layout.length);
         for (std::size_t j = 0; j < len; ++j)
           plan.position[b + j] = alloc_.pool().meta(head_layout.slot(static_cast<std::int64_t>(j))).position;
-        if constexpr (scorer_needs_head_keys<S>) {  // KeyDiff: the head's keys, widened to fp32
+        if constexpr (scorer_needs_head_keys<S> || WindowScorer<S>) {  // KeyDiff, SnapKV: the head's keys in fp32
           const int d = shape_.head_dim;
           head_meta.resize(len);
           head_keys.resize(len * static_cast<std::size_t>(d));
@@ -499,8 +506,14 @@ class Cache {
             const storage_type* k = alloc_.pool().key(slot);
             for (int c = 0; c < d; ++c) head_keys[j * static_cast<std::size_t>(d) + static_cast<std::size_t>(c)] = to_float(k[c]);
           }
-          scorer_.score_head(View<const float, 2>{head_keys.data(), {static_cast<std::int64_t>(len), d}},
-                             std::span<const EntryMeta>(head_meta), ctx, std::span<float>(score).subspan(b, len));
+          const View<const float, 2> keys{head_keys.data(), {static_cast<std::int64_t>(len), d}};
+          if constexpr (WindowScorer<S>)
+            scorer_.score_window(keys, std::span<const EntryMeta>(head_meta), ctx,
+                                 state_of(seq).windows[static_cast<std::size_t>(l)].ordered(h, shape_.group(), window_buffer,
+                                                                                           window_positions),
+                                 std::span<float>(score).subspan(b, len));
+          else
+            scorer_.score_head(keys, std::span<const EntryMeta>(head_meta), ctx, std::span<float>(score).subspan(b, len));
         } else {
           for (std::size_t j = 0; j < len; ++j)
             score[b + j] = scorer_(alloc_.pool().meta(head_layout.slot(static_cast<std::int64_t>(j))), ctx);

@@ -24,11 +24,20 @@ concept EntryScorer = requires(const S& s, EntryMeta m, StepContext c) {
 template <class S>
 concept HeadScorer = requires(const S& s, View<const float, 2> keys, std::span<const EntryMeta> meta, StepContext c,
                               std::span<float> out) { s.score_head(keys, meta, c, out); };
+/// A scorer that ranks by the attention of the sequence's last queries (SnapKV, SPEC §5) keeps a
+/// window of observation_window queries per layer in the Cache and scores a head from it:
+/// score_window(keys [N, d], meta [N], ctx, queries, out [N]).
+template <class S>
+concept WindowScorer = requires(const S& s, View<const float, 2> keys, std::span<const EntryMeta> meta, StepContext c,
+                                ObservedQueries q, std::span<float> out) {
+  { s.observation_window } -> std::convertible_to<std::int64_t>;
+  s.score_window(keys, meta, c, q, out);
+};
 template <class S>
 concept Scorer = std::copyable<S> && requires(const S& s) {
   { S::needs_key_norm } -> std::convertible_to<bool>;
   s.validate();
-} && (EntryScorer<S> || HeadScorer<S>);
+} && (EntryScorer<S> || HeadScorer<S> || WindowScorer<S>);
 
 /// Admitter: decides at write time where a new entry goes.
 template <class A>

@@ -24,9 +24,21 @@ struct EntryMeta {
 /// prompt = how many leading positions of the sequence are its prompt (prefill) tokens, as far as
 /// known: the prompt length the engine declared, or while it is still being prefilled every token
 /// so far (SPEC §4 protects every prefill token).
+/// prompt_ends: this step reaches the prompt length the engine declared (SnapKV compresses then).
 struct StepContext {
   std::int64_t n = 0;
   std::int64_t prompt = 0;
+  bool prompt_ends = false;
+};
+
+/// The last queries a sequence attended with at one layer (oldest first), for scorers that rank
+/// by observed attention (SnapKV, SPEC §5): queries [G, W, d] of one kv head's query group, and
+/// the positions [W] of the W tokens.
+struct ObservedQueries {
+  const float* data = nullptr;
+  std::int64_t group = 0, window = 0, head_dim = 0;
+  std::span<const std::int32_t> position;
+  const float* query(std::int64_t g, std::int64_t w) const { return data + (g * window + w) * head_dim; }
 };
 
 /// Scores of the entries of one sequence, as ragged segments, one per (layer, kv head) in

@@ -304,11 +304,45 @@ struct WriteGated {
   }
 };
 
+/// SnapKV, SPEC §5: once, when the step that reaches the prompt length the engine declared commits
+/// (StepContext::prompt_ends), every head longer than M keeps its W_obs newest entries (the
+/// observation window) and its best M - W_obs others. Decode tokens are never evicted (SnapKV
+/// compresses the prompt); a sequence whose prompt length was not declared is never compressed.
+struct PromptEnd {
+  std::int64_t budget = 1024;  // M per (layer, kv head)
+  std::int64_t window = 32;    // W_obs
+
+  void validate(const CacheShape& shape) const {
+    shape.validate();
+    require(budget >= 1 && budget <= INT32_MAX, "evict::PromptEnd: budget M = ", budget, " must be in [1, 2^31 - 1]");
+    require(window >= 0 && window <= budget, "evict::PromptEnd: window W_obs = ", window, " must be in [0, budget M = ",
+            budget, "]");
+  }
+  bool trigger(const CacheShape&, StepContext c, std::span<const std::int64_t> lengths,
+               std::span<std::uint8_t> active) const {
+    bool any = false;
+    for (std::size_t h = 0; h < lengths.size(); ++h) {
+      active[h] = c.prompt_ends && lengths[h] > budget ? 1 : 0;
+      any = any || active[h];
+    }
+    return any;
+  }
+  void select(const CacheShape&, StepContext, const SegmentedScores& s, std::span<std::uint8_t> keep) const {
+    const auto score = detail::protected_scores(s, window);
+    for (std::int64_t h = 0; h < s.segments(); ++h) {
+      const auto b = static_cast<std::size_t>(s.offsets[h]);
+      const auto n = static_cast<std::size_t>(s.length(h));
+      rank::keep_top_k(std::span<const float>(score).subspan(b, n), s.position.subspan(b, n), budget, keep.subspan(b, n));
+    }
+  }
+};
+
 static_assert(Evictor<PerHead<>>, "evict::PerHead must model kvpolicy::Evictor");
 static_assert(Evictor<LayerWise>, "evict::LayerWise must model kvpolicy::Evictor");
 static_assert(Evictor<Global>, "evict::Global must model kvpolicy::Evictor");
 static_assert(Evictor<Generated>, "evict::Generated must model kvpolicy::Evictor");
 static_assert(Evictor<WriteGated>, "evict::WriteGated must model kvpolicy::Evictor");
+static_assert(Evictor<PromptEnd>, "evict::PromptEnd must model kvpolicy::Evictor");
 
 }  // namespace evict
 }  // namespace kvpolicy
