@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <deque>
+#include <map>
 #include <random>
 #include <set>
 #include <vector>
@@ -274,4 +275,130 @@ TEST_CASE("WG-KV refuses a bad W_local or tau, and a refused step changes nothin
                              View<const float, 3>(&g, {1, 1, 1})),
                   Error);
   CHECK(testing::snapshot(cache, {0}) == before);
+}
+
+namespace {
+// Appendix K's score for one head, densely: S_j = MaxPool_5(sum_w max_g softmax(q_gw K^T / sqrt d)_j)
+// over the head's entries in position order (keys by position).
+std::map<std::int32_t, double> naive_appendix_k(const std::map<std::int32_t, std::vector<float>>& keys,
+                                                const std::vector<std::vector<std::vector<float>>>& q,  // [G][W][d]
+                                                const std::vector<std::int32_t>& qpos, int kernel) {
+  std::vector<std::int32_t> pos;
+  for (const auto& [p, k] : keys) pos.push_back(p);
+  const std::size_t N = pos.size();
+  std::vector<double> raw(N, 0.0);
+  for (std::size_t w = 0; w < qpos.size(); ++w) {
+    std::vector<double> best(N, 0.0);
+    for (const auto& group : q) {
+      std::vector<double> e(N, -INFINITY);
+      double mx = -INFINITY;
+      for (std::size_t j = 0; j < N; ++j) {
+        if (pos[j] > qpos[w]) continue;
+        double s = 0;
+        const auto& k = keys.at(pos[j]);
+        for (std::size_t c = 0; c < k.size(); ++c) s += double(group[w][c]) * k[c];
+        e[j] = s / std::sqrt(double(k.size()));
+        mx = std::max(mx, e[j]);
+      }
+      double z = 0;
+      for (double& x : e) z += x = x == -INFINITY ? 0.0 : std::exp(x - mx);
+      for (std::size_t j = 0; j < N; ++j) best[j] = std::max(best[j], e[j] / z);
+    }
+    for (std::size_t j = 0; j < N; ++j) raw[j] += best[j];
+  }
+  std::map<std::int32_t, double> out;
+  for (std::size_t i = 0; i < N; ++i) {
+    double v = raw[i];
+    for (std::size_t k = i >= static_cast<std::size_t>(kernel / 2) ? i - kernel / 2 : 0; k <= std::min(N - 1, i + kernel / 2); ++k)
+      v = std::max(v, raw[k]);
+    out[pos[i]] = v;
+  }
+  return out;
+}
+}  // namespace
+
+TEST_CASE("oracle: WG-KV under a hard budget (appendix K): the ring rule every step, the bottom 10% of each global cache by attention past the budget") {
+  std::mt19937_64 rng(29);
+  int pressured = 0;
+  for (int trial = 0; trial < 80; ++trial) {
+    const int H = 1 + trial % 2, G = 1 + trial % 3, d = 4, L = 2;
+    const CacheShape shape{L, H, H * G, d};
+    const WGKVBudgetConfig cfg{std::uniform_int_distribution<int>(1, 6)(rng), 0.3, std::uniform_int_distribution<int>(4, 12)(rng),
+                               std::uniform_int_distribution<int>(1, 8)(rng), trial % 2 == 0 ? 5 : 1, 0.1};
+    WGKVBudgetCache<cpu_backend, float, 4> cache(shape, memory::Paged<4>(4096), wgkv_budget_evictor(shape, cfg),
+                                                 wgkv_budget_scorer(shape, cfg));
+    cache.add_sequence(0);
+    std::map<std::pair<int, int>, std::map<std::int32_t, std::vector<float>>> keys;  // (layer, kv head) -> position -> key
+    std::map<std::pair<int, int>, std::map<std::int32_t, float>> gates;
+    std::map<std::pair<int, int>, std::vector<std::vector<float>>> queries;  // (layer, q head) -> every token's query
+    std::int64_t n = 0;
+    for (int step = 0; step < 40; ++step) {
+      const std::int64_t T = step == 0 ? std::uniform_int_distribution<int>(1, 12)(rng) : 1;
+      std::vector<float> k(static_cast<std::size_t>(L * H * T * d)), q(static_cast<std::size_t>(L * H * G * T * d)), out(q.size()),
+          g(static_cast<std::size_t>(L * H * T));
+      for (auto* b : {&k, &q})
+        for (auto& x : *b) x = std::normal_distribution<float>(0.0f, 1.5f)(rng);
+      for (auto& x : g) x = std::uniform_real_distribution<float>(0.0f, 1.0f)(rng) < 0.7f ? 0.8f : 0.05f;
+      // entries held before the step (what the model expects), then the step
+      std::map<std::pair<int, int>, std::set<std::int32_t>> before;
+      for (int l = 0; l < L; ++l)
+        for (int h = 0; h < H; ++h)
+          for (std::int64_t j = 0; j < cache.length(0, l, h); ++j) before[{l, h}].insert(cache.entry(0, l, h, j).position);
+      cache.step(0, View<const float, 4>(k.data(), {L, H, T, d}), View<const float, 4>(k.data(), {L, H, T, d}),
+                 View<const float, 3>(g.data(), {L, H, T}), View<const float, 4>(q.data(), {L, H * G, T, d}),
+                 View<float, 4>(out.data(), {L, H * G, T, d}));
+      // the model: append, the ring rule, then the budget on what is held
+      std::map<std::pair<int, int>, std::set<std::int32_t>> held;
+      std::int64_t total = 0;
+      for (int l = 0; l < L; ++l) {
+        for (int h = 0; h < H; ++h) {
+          auto& set = held[{l, h}] = before[{l, h}];
+          for (std::int64_t t = 0; t < T; ++t) {
+            const auto p = static_cast<std::int32_t>(n + t);
+            set.insert(p);
+            keys[{l, h}][p] = std::vector<float>(k.begin() + ((l * H + h) * T + t) * d, k.begin() + ((l * H + h) * T + t + 1) * d);
+            gates[{l, h}][p] = g[static_cast<std::size_t>((l * H + h) * T + t)];
+          }
+          for (auto it = set.begin(); it != set.end();)  // outside the ring and refused by the gate: gone
+            it = n + T - *it > cfg.local && gates[{l, h}][*it] < 0.3f ? set.erase(it) : std::next(it);
+          total += static_cast<std::int64_t>(set.size());
+        }
+        for (int qh = 0; qh < H * G; ++qh)
+          for (std::int64_t t = 0; t < T; ++t)
+            queries[{l, qh}].emplace_back(q.begin() + ((l * H * G + qh) * T + t) * d, q.begin() + ((l * H * G + qh) * T + t + 1) * d);
+      }
+      n += T;
+      const bool pressure = total > shape.heads_total() * cfg.average_budget;
+      pressured += pressure;
+      for (int l = 0; l < L; ++l)
+        for (int h = 0; h < H; ++h) {
+          std::set<std::int32_t> got;
+          for (std::int64_t j = 0; j < cache.length(0, l, h); ++j) got.insert(cache.entry(0, l, h, j).position);
+          const auto& want = held[{l, h}];
+          for (std::int32_t p : got) REQUIRE(want.count(p) == 1);  // never more than the ring rule keeps
+          for (std::int32_t p : want)  // the ring is never touched
+            if (n - p <= cfg.local) REQUIRE(got.count(p) == 1);
+          std::vector<std::int32_t> global;
+          for (std::int32_t p : want)
+            if (n - p > cfg.local) global.push_back(p);
+          const auto drop = pressure ? static_cast<std::size_t>(std::ceil(0.1 * static_cast<double>(global.size()))) : 0;
+          REQUIRE_MESSAGE(got.size() == want.size() - drop, "trial ", trial, " step ", step, " pressure ", pressure);
+          if (drop == 0) continue;
+          // the dropped ones score lowest (by the naive score over what the head held, up to rounding)
+          std::map<std::int32_t, std::vector<float>> head_keys;
+          for (std::int32_t p : want) head_keys[p] = keys[{l, h}][p];
+          const std::int64_t W = std::min<std::int64_t>(cfg.observation_window, n);
+          std::vector<std::vector<std::vector<float>>> qw;
+          std::vector<std::int32_t> qpos;
+          for (std::int64_t w = n - W; w < n; ++w) qpos.push_back(static_cast<std::int32_t>(w));
+          for (int gq = 0; gq < G; ++gq) qw.emplace_back(queries[{l, h * G + gq}].end() - W, queries[{l, h * G + gq}].end());
+          const auto score = naive_appendix_k(head_keys, qw, qpos, cfg.pool_kernel);
+          for (std::int32_t a : global)
+            for (std::int32_t b : global)
+              if (got.count(a) && !got.count(b))
+                REQUIRE_MESSAGE(score.at(a) >= score.at(b) - 1e-9, "trial ", trial, " kept ", a, " over ", b);
+        }
+    }
+  }
+  CHECK(pressured > 200);
 }

@@ -475,6 +475,8 @@ class Cache {
     for (int l = 0; l < shape_.layers; ++l)
       for (int h = 0; h < shape_.kv_heads; ++h)
         plan.lengths[static_cast<std::size_t>(head_index(shape_, l, h))] = alloc_.length(seq, l, h);
+    for (const std::int64_t len : plan.lengths) ctx.entries += len;
+    plan.context = ctx;
     plan.active.assign(heads, 0);
     if (!evictor_trigger(evictor_, shape_, ctx, plan.lengths, plan.active)) return plan;
     plan.triggered = true;

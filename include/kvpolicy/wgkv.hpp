@@ -11,9 +11,12 @@
 ///                 cache.attend(seq, l, queries, out);
 ///   cache.commit(seq);                                           // tokens that left the ring with g < tau go
 ///
-/// Not in this release: the appendix-K SnapKV-style eviction of the global cache under a hard
-/// budget, and a physically separate ring (the paged allocator holds both parts; the rule above
-/// keeps exactly the ring's survivors, and compaction moves O(dropped) entries per step).
+/// With a hard budget (SPEC §3 "Admission with eviction", paper appendix K): WGKVBudgetCache, whose
+/// scorer keeps the last W_obs = 256 queries of every layer and, once the sequence holds more than
+/// L * Hkv * M_avg entries, drops the bottom 10% of each head's global cache by their attention.
+///
+/// The ring is not a physically separate buffer: the paged allocator holds both parts, the rule
+/// above keeps exactly the ring's survivors, and compaction moves O(dropped) entries per step.
 #pragma once
 
 #include "kvpolicy/cache.hpp"
@@ -21,6 +24,7 @@
 #include "kvpolicy/memory/paged.hpp"
 #include "kvpolicy/policy/admit.hpp"
 #include "kvpolicy/policy/evict.hpp"
+#include "kvpolicy/policy/observed_attention.hpp"
 #include "kvpolicy/policy/score.hpp"
 
 namespace kvpolicy {
@@ -34,5 +38,28 @@ inline evict::WriteGated wgkv_evictor(const WGKVConfig& c = {}) { return evict::
 
 template <class Backend = cpu_backend, class Storage = float, int PageSize = 16>
 using WGKVCache = Cache<score::Frozen, admit::All, evict::WriteGated, memory::Paged<PageSize, Storage>, Backend>;
+
+/// SPEC §3 "Admission with eviction": M_avg = 4096 entries per (layer, kv head) on average.
+struct WGKVBudgetConfig {
+  std::int64_t local = 256;
+  double tau = 0.1;
+  std::int64_t average_budget = 4096;     ///< M_avg
+  std::int64_t observation_window = 256;  ///< W_obs
+  int pool_kernel = 5;
+  double fraction = 0.1;                  ///< of each head's global cache, per eviction
+};
+
+inline evict::WriteGatedBudget wgkv_budget_evictor(const CacheShape& shape, const WGKVBudgetConfig& c = {}) {
+  return evict::WriteGatedBudget{c.local, c.tau, shape.heads_total() * c.average_budget, c.fraction};
+}
+inline score::GatedObservedAttention wgkv_budget_scorer(const CacheShape& shape, const WGKVBudgetConfig& c = {}) {
+  return score::GatedObservedAttention{c.tau, c.local, shape.heads_total() * c.average_budget, c.observation_window,
+                                       c.pool_kernel};
+}
+
+/// WG-KV admission under a hard budget: attend every step (the scorer observes the queries).
+template <class Backend = cpu_backend, class Storage = float, int PageSize = 16>
+using WGKVBudgetCache = Cache<score::GatedObservedAttention, admit::All, evict::WriteGatedBudget,
+                              memory::Paged<PageSize, Storage>, Backend>;
 
 }  // namespace kvpolicy

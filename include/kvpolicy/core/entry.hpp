@@ -25,10 +25,13 @@ struct EntryMeta {
 /// known: the prompt length the engine declared, or while it is still being prefilled every token
 /// so far (SPEC §4 protects every prefill token).
 /// prompt_ends: this step reaches the prompt length the engine declared (SnapKV compresses then).
+/// entries: the sequence's entries over every layer and head after the step, before its eviction
+/// (WG-KV's hard budget, SPEC §3 appendix K).
 struct StepContext {
   std::int64_t n = 0;
   std::int64_t prompt = 0;
   bool prompt_ends = false;
+  std::int64_t entries = 0;
 };
 
 /// The last queries a sequence attended with at one layer (oldest first), for scorers that rank

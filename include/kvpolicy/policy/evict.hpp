@@ -304,6 +304,61 @@ struct WriteGated {
   }
 };
 
+/// WG-KV's admission under a hard budget (SPEC §3 "Admission with eviction", paper appendix K), with
+/// score::GatedObservedAttention: every step, each head keeps its W_local newest entries (the ring)
+/// and drops the older ones its gate refused (scored -inf), as evict::WriteGated; and when the
+/// sequence holds more than budget_entries = L * Hkv * M_avg entries (counted after the gate's
+/// refusals are gone, as a ring that drops them on the spot would count), each head also drops the
+/// bottom `fraction` (10%) of its remaining global entries by score, rounded up so that a small
+/// head still gives one (SPEC says "bottom 10%" and no rounding), ties going to the newer entry.
+struct WriteGatedBudget {
+  std::int64_t local = 256;         // W_local
+  double tau = 0.1;                 // for the attention mask; the scorer applies it to the ranking
+  std::int64_t budget_entries = 0;  // L * Hkv * M_avg; 0 = no budget
+  double fraction = 0.1;
+
+  AttentionMask attention_mask() const { return {local, static_cast<float>(tau)}; }
+
+  void validate(const CacheShape& shape) const {
+    WriteGated{local, tau}.validate(shape);
+    require(budget_entries >= 0, "evict::WriteGatedBudget: budget = ", budget_entries, " must be >= 0 (0: none)");
+    require(fraction > 0.0 && fraction <= 1.0, "evict::WriteGatedBudget: fraction = ", fraction, " must be in (0, 1]");
+  }
+  bool trigger(const CacheShape&, StepContext, std::span<const std::int64_t> lengths, std::span<std::uint8_t> active) const {
+    bool any = false;
+    for (std::size_t h = 0; h < lengths.size(); ++h) {  // only a head past its ring has entries to drop
+      active[h] = lengths[h] > local ? 1 : 0;
+      any = any || active[h];
+    }
+    return any;
+  }
+  void select(const CacheShape&, StepContext c, const SegmentedScores& s, std::span<std::uint8_t> keep) const {
+    std::vector<float> score(s.score.begin(), s.score.end());
+    std::vector<std::int64_t> ring(static_cast<std::size_t>(s.segments())), admitted(ring.size());
+    std::int64_t held = c.entries;  // what the ring and the global cache hold once the gate's refusals are gone
+    for (std::int64_t h = 0; h < s.segments(); ++h) {
+      const auto b = static_cast<std::size_t>(s.offsets[h]);
+      const auto n = static_cast<std::size_t>(s.length(h));
+      const auto seg = std::span<float>(score).subspan(b, n);
+      rank::protect_window(s.position.subspan(b, n), local, seg);
+      for (const float v : seg) {  // the ring (+inf), the admitted global entries (finite), the refused (-inf)
+        ring[static_cast<std::size_t>(h)] += v == std::numeric_limits<float>::infinity();
+        admitted[static_cast<std::size_t>(h)] += std::isfinite(v);
+        held -= v == -std::numeric_limits<float>::infinity();
+      }
+    }
+    const bool pressure = budget_entries > 0 && held > budget_entries;
+    for (std::int64_t h = 0; h < s.segments(); ++h) {
+      const auto b = static_cast<std::size_t>(s.offsets[h]);
+      const auto n = static_cast<std::size_t>(s.length(h));
+      const auto a = admitted[static_cast<std::size_t>(h)];
+      const auto drop = pressure ? static_cast<std::int64_t>(std::ceil(fraction * static_cast<double>(a))) : 0;
+      rank::keep_top_k(std::span<const float>(score).subspan(b, n), s.position.subspan(b, n),
+                       ring[static_cast<std::size_t>(h)] + a - drop, keep.subspan(b, n));
+    }
+  }
+};
+
 /// SnapKV, SPEC §5: once, when the step that reaches the prompt length the engine declared commits
 /// (StepContext::prompt_ends), every head longer than M keeps its W_obs newest entries (the
 /// observation window) and its best M - W_obs others. Decode tokens are never evicted (SnapKV
@@ -343,6 +398,7 @@ static_assert(Evictor<Global>, "evict::Global must model kvpolicy::Evictor");
 static_assert(Evictor<Generated>, "evict::Generated must model kvpolicy::Evictor");
 static_assert(Evictor<WriteGated>, "evict::WriteGated must model kvpolicy::Evictor");
 static_assert(Evictor<PromptEnd>, "evict::PromptEnd must model kvpolicy::Evictor");
+static_assert(Evictor<WriteGatedBudget>, "evict::WriteGatedBudget must model kvpolicy::Evictor");
 
 }  // namespace evict
 }  // namespace kvpolicy

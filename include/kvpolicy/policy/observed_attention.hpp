@@ -78,6 +78,85 @@ struct ObservedAttention {
   }
 };
 
+/// WG-KV's admission with a hard budget (SPEC §3, paper appendix K): the entry's metadata float is
+/// its write-gate value g. The head holds its W_local newest entries (the ring) and the older ones
+/// with g >= tau; an older entry with g < tau scores -inf (a ring would have dropped it already, so
+/// it takes no part in what follows). While the sequence holds at most budget_entries, every held
+/// entry scores 0 (no attention is computed). Above it, S_j = MaxPool_5(sum over the last W_obs =
+/// 256 queries of the max over the kv head's query group of softmax(q k^T / sqrt(d))_j), softmax
+/// and pooling along positions over the held entries. In double, then fp32.
+struct GatedObservedAttention {
+  static constexpr bool needs_key_norm = false;
+  static constexpr bool static_score = true;  // the metadata float is g, in [0, 1]
+  double tau = 0.1;
+  std::int64_t local = 256;               ///< W_local
+  std::int64_t budget_entries = 0;        ///< L * Hkv * M_avg; 0 = no budget
+  std::int64_t observation_window = 256;  ///< W_obs
+  int pool_kernel = 5;
+
+  void validate() const {
+    require(std::isfinite(tau) && tau > 0.0 && tau <= 1.0, "score::GatedObservedAttention: tau = ", tau,
+            " must be in (0, 1]");
+    require(local >= 1, "score::GatedObservedAttention: W_local = ", local, " must be >= 1");
+    require(budget_entries >= 0, "score::GatedObservedAttention: budget = ", budget_entries, " must be >= 0");
+    ObservedAttention{observation_window, pool_kernel}.validate();
+  }
+
+  void score_window(View<const float, 2> keys, std::span<const EntryMeta> meta, StepContext c, ObservedQueries q,
+                    std::span<float> out) const {
+    const std::int64_t N = keys.dim(0), d = keys.dim(1);
+    std::vector<std::int64_t> held;  // by position: the ring (the W_local newest) and the admitted older ones
+    {
+      std::vector<std::int64_t> order(static_cast<std::size_t>(N));
+      std::iota(order.begin(), order.end(), std::int64_t{0});
+      std::sort(order.begin(), order.end(), [&](std::int64_t a, std::int64_t b) { return meta[a].position < meta[b].position; });
+      for (std::int64_t i = 0; i < N; ++i) {
+        const std::int64_t j = order[static_cast<std::size_t>(i)];
+        if (N - i <= local || meta[j].log_beta >= static_cast<float>(tau))
+          held.push_back(j);
+        else
+          out[static_cast<std::size_t>(j)] = -std::numeric_limits<float>::infinity();
+      }
+    }
+    const auto M = static_cast<std::int64_t>(held.size());
+    std::vector<double> raw(static_cast<std::size_t>(M), 0.0);
+    if (budget_entries > 0 && c.entries > budget_entries) {
+      const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+      std::vector<double> best(static_cast<std::size_t>(M)), logit(static_cast<std::size_t>(M));
+      for (std::int64_t w = 0; w < q.window; ++w) {
+        std::fill(best.begin(), best.end(), 0.0);
+        for (std::int64_t g = 0; g < q.group; ++g) {
+          const float* qv = q.query(g, w);
+          double mx = -std::numeric_limits<double>::infinity();
+          for (std::int64_t i = 0; i < M; ++i) {
+            const std::int64_t j = held[static_cast<std::size_t>(i)];
+            double s = -std::numeric_limits<double>::infinity();
+            if (meta[j].position <= q.position[w]) {
+              s = 0.0;
+              for (std::int64_t x = 0; x < d; ++x) s += static_cast<double>(qv[x]) * keys(j, x);
+              s *= scale;
+            }
+            logit[static_cast<std::size_t>(i)] = s;
+            mx = std::max(mx, s);
+          }
+          if (mx == -std::numeric_limits<double>::infinity()) continue;
+          double total = 0.0;
+          for (double& s : logit) total += s = std::exp(s - mx);
+          for (std::size_t i = 0; i < best.size(); ++i) best[i] = std::max(best[i], logit[i] / total);  // max over the group
+        }
+        for (std::size_t i = 0; i < raw.size(); ++i) raw[i] += best[i];  // summed over the window
+      }
+    }
+    const std::int64_t r = pool_kernel / 2;
+    for (std::int64_t i = 0; i < M; ++i) {  // max-pool along positions
+      double v = raw[static_cast<std::size_t>(i)];
+      for (std::int64_t k = std::max<std::int64_t>(0, i - r); k <= std::min(M - 1, i + r); ++k) v = std::max(v, raw[static_cast<std::size_t>(k)]);
+      out[static_cast<std::size_t>(held[static_cast<std::size_t>(i)])] = static_cast<float>(v);
+    }
+  }
+};
+
 static_assert(Scorer<ObservedAttention>, "ObservedAttention must model kvpolicy::Scorer");
+static_assert(Scorer<GatedObservedAttention>, "GatedObservedAttention must model kvpolicy::Scorer");
 
 }  // namespace kvpolicy::score
