@@ -187,6 +187,17 @@ TEST_CASE("replay: every policy runs on the synthetic trace within its budget, a
           REQUIRE(r.evicted_at[static_cast<std::size_t>(i * tr.tokens + t)] == r.evicted_at[static_cast<std::size_t>(t)]);
     }
   }
+  {  // wgkv under a hard budget: what it holds stays near L * Hkv * M_avg
+    replay::Options o;
+    o.policy = "wgkv";
+    o.local = 8;
+    o.average_budget = 10;
+    const auto r = replay::replay(tr, o, &full);
+    CHECK(r.peak_entries_total <= 2 * 2 * 10 + 2 * 2 * 2);  // at most one eviction's worth above it
+    replay::Options unbounded = o;
+    unbounded.average_budget = 0;
+    CHECK(replay::replay(tr, unbounded, &full).peak_entries_total > r.peak_entries_total);
+  }
   replay::Trace bare = tr;
   bare.hidden.clear();
   replay::Options o;

@@ -65,6 +65,8 @@ options:
   --local W        W_local, wgkv only (default 256)
   --tau t          admission threshold, wgkv only (default 0.1)
   --gate FILE      wgkv: write-gate weights (docs/formats.md) to run on the trace's keys
+  --avg-budget M   wgkv: hard budget of L*Hkv*M entries; past it each head drops the bottom 10% of
+                   its global cache by the attention of the last 256 queries (default 0: none)
   --png DIR        write retention and eviction heatmaps (TRIM-KV paper, Fig. 4)
   --layers, --heads  which heatmaps (default: layer 0, every kv head)
 
@@ -144,8 +146,12 @@ int demo(const std::string& png_dir) {
     rows.push_back({"dbtrimkv f=0.5", options("dbtrimkv", M, M / 8)});
     rows.back().o.floor_ratio = 0.5;
     // WG-KV: a ring of W_local = M / 2 and every older token its gate admitted (memory not fixed)
-    rows.push_back({"wgkv", options("wgkv", M, 1)});
+    rows.push_back({"wgkv W=M/2", options("wgkv", M, 1)});
     rows.back().o.local = M / 2;
+    // appendix K: a hard budget M_avg (the budget column) with a ring of half of it
+    rows.push_back({"wgkv+budget W=M/2", options("wgkv", M / 2, 1)});
+    rows.back().o.local = M / 4;
+    rows.back().o.average_budget = M / 2;
     // the EpiKV family: K = M generated tokens, one eviction per step (no buffer); bands 2 and 4 of
     // the synthetic hidden states (the jumps are at layer 2)
     for (const char* name : {"epikv", "hs-var", "kv-key", "kv-val", "lag-kv"}) {
@@ -160,9 +166,9 @@ int demo(const std::string& png_dir) {
   }
   rows.push_back({"full cache", options("trimkv", tr.tokens, 1)});
   const double full_entries = static_cast<double>(tr.layers * tr.kv_heads * tr.tokens);
-  std::printf("%-16s %7s %6s %11s %11s %11s %12s %12s %11s\n", "policy", "budget", "buffer", "peak/head", "peak mem",
+  std::printf("%-18s %7s %6s %11s %11s %11s %12s %12s %11s\n", "policy", "budget", "buffer", "peak/head", "peak mem",
               "mean mem", "attn err", "attn err", "us/step");
-  std::printf("%-16s %7s %6s %11s %11s %11s %12s %12s %11s\n", "", "M", "B", "entries", "vs full", "vs full", "mean",
+  std::printf("%-18s %7s %6s %11s %11s %11s %12s %12s %11s\n", "", "M", "B", "entries", "vs full", "vs full", "mean",
               "last 256", "");
   for (const auto& row : rows) {
     const auto r = replay::replay(tr, row.o, &full);
@@ -172,7 +178,7 @@ int demo(const std::string& png_dir) {
     const std::size_t tail = std::min<std::size_t>(256, r.attn_rel_error.size());
     for (std::size_t i = r.attn_rel_error.size() - tail; i < r.attn_rel_error.size(); ++i) tail_err += r.attn_rel_error[i];
     tail_err /= static_cast<double>(tail);
-    std::printf("%-16s %7lld %6lld %11lld %10.1f%% %10.1f%% %12.4f %12.4f %11.1f\n", row.label,
+    std::printf("%-18s %7lld %6lld %11lld %10.1f%% %10.1f%% %12.4f %12.4f %11.1f\n", row.label,
                 static_cast<long long>(row.o.budget), static_cast<long long>(row.o.buffer),
                 static_cast<long long>(r.peak_entries_per_head), 100.0 * r.peak_entries_total / full_entries,
                 100.0 * r.mean_entries_total / full_entries, mean_err, tail_err, 1e6 * r.seconds_per_step);
@@ -229,6 +235,7 @@ int main(int argc, char** argv) {
       else if (a == "--local") o.local = parse_int(a, value());
       else if (a == "--tau") o.tau = parse_number(a, value());
       else if (a == "--gate") o.gate = value();
+      else if (a == "--avg-budget") o.average_budget = parse_int(a, value());
       else if (a == "--layers") layers = parse_list(value(), "--layers");
       else if (a == "--heads") heads = parse_list(value(), "--heads");
       else fail("unknown argument '", a, "' (see --help)");

@@ -38,6 +38,7 @@ struct Options {
   std::int64_t local = 256;       // W_local (wgkv)
   double tau = 0.1;               // admission threshold (wgkv)
   std::string gate;               // wgkv: a write-gate safetensors file, run on the trace's keys_pre_rope and keys
+  std::int64_t average_budget = 0;  // wgkv: M_avg of the hard budget (appendix K); 0 = none
 };
 
 // The EpiKV family (SPEC §4) takes --budget as K over the generated tokens of each head, protects
@@ -229,6 +230,12 @@ inline Result replay(const Trace& tr, const Options& opt, const std::vector<floa
     gates = [&](std::int64_t n, std::int64_t len, const std::vector<float>&, const std::vector<float>&, std::vector<float>& out) {
       out = detail::slice(source, tr.layers, tr.kv_heads, tr.tokens, 1, n, len);
     };
+    if (opt.average_budget > 0) {  // SPEC §3 "Admission with eviction"
+      require(tr.has_attention(), "replay: wgkv with --avg-budget needs the trace's keys, values and queries");
+      const WGKVBudgetConfig c{opt.local, opt.tau, opt.average_budget, 256, 5, 0.1};
+      WGKVBudgetCache<> cache(shape, memory::Paged<16>(pages), wgkv_budget_evictor(shape, c), wgkv_budget_scorer(shape, c));
+      return detail::run(cache, tr, opt, full, gates);
+    }
     WGKVCache<> cache(shape, memory::Paged<16>(pages), wgkv_evictor({opt.local, opt.tau}));
     return detail::run(cache, tr, opt, full, gates);
   }
