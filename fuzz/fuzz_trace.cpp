@@ -4,7 +4,9 @@
 // replay without error, within the budget (TRIM-KV: at most M + B entries per head while a step
 // is open; DBTrimKV: at most L Hkv (M + B) - 1 + L Hkv in the sequence), with every eviction time
 // inside the trace; a trace with values the cache refuses (NaN or positive log_beta, non-finite
-// K/V/queries) must be refused with kvpolicy::Error.
+// K/V/queries) must be refused with kvpolicy::Error. A trace with a write gate is replayed through
+// WG-KV (nothing leaves the ring of W_local newest, nothing with g >= tau ever leaves), one with
+// hidden states through EpiKV (the prompt is never evicted, K generated entries at most).
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -34,11 +36,51 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   check(tr->layers >= 1 && tr->kv_heads >= 1 && tr->tokens >= 1);
   check(static_cast<std::int64_t>(tr->log_beta.size()) == std::int64_t{tr->layers} * tr->kv_heads * tr->tokens);
   if (std::int64_t{tr->layers} * tr->kv_heads * tr->tokens > 4096 || tr->q_heads > 64 || tr->head_dim > 64) return 0;
-  bool accepted = true;  // what Cache::append and attend accept (fp32 storage)
-  for (float x : tr->log_beta) accepted = accepted && !std::isnan(x) && x <= 0.0f;
+  bool kv_ok = true;  // what Cache::append and attend accept (fp32 storage)
   for (const auto* v : {&tr->keys, &tr->values, &tr->queries})
-    for (float x : *v) accepted = accepted && std::isfinite(x);
+    for (float x : *v) kv_ok = kv_ok && std::isfinite(x);
+  bool accepted = kv_ok;  // and, for the policies that read it, log_beta
+  for (float x : tr->log_beta) accepted = accepted && !std::isnan(x) && x <= 0.0f;
   const std::int64_t heads = std::int64_t{tr->layers} * tr->kv_heads;
+  if (!tr->write_gate.empty()) {  // SPEC §3
+    replay::Options opt;
+    opt.policy = "wgkv";
+    opt.local = 2;
+    opt.tau = 0.5;
+    try {
+      const auto r = replay::replay(*tr, opt);
+      check(kv_ok);  // the gate takes log_beta's place: only K/V/queries can be refused
+      for (std::size_t i = 0; i < r.evicted_at.size(); ++i) {
+        const auto t = static_cast<std::int64_t>(i) % tr->tokens;
+        check(r.evicted_at[i] == -1 || (r.evicted_at[i] > t + opt.local && tr->write_gate[i] < 0.5f));
+      }
+    } catch (const Error&) {
+      check(!kv_ok);
+    }
+  }
+  if (tr->has_hidden() && std::int64_t{tr->hidden_layers} * tr->tokens * tr->hidden_size <= 65536) {  // SPEC §4
+    bool hidden_ok = kv_ok;  // the scores take log_beta's place; only the two band layers are read
+    const std::size_t band = static_cast<std::size_t>(tr->tokens * tr->hidden_size);
+    for (std::size_t i = 0; i < tr->hidden.size(); ++i)
+      if (i < band || i >= tr->hidden.size() - band) hidden_ok = hidden_ok && std::isfinite(tr->hidden[i]);
+    replay::Options opt;
+    opt.policy = "epikv";
+    opt.budget = 3;
+    opt.prefill = tr->tokens > 2 ? 2 : 0;
+    opt.band_a = 0;
+    opt.band_b = tr->hidden_layers - 1;
+    try {
+      const auto r = replay::replay(*tr, opt);
+      check(hidden_ok);
+      for (std::size_t i = 0; i < r.evicted_at.size(); ++i) {
+        const auto t = static_cast<std::int64_t>(i) % tr->tokens;
+        check(r.evicted_at[i] == -1 || (t >= opt.prefill && r.evicted_at[i] > t));
+      }
+      check(r.peak_entries_per_head <= std::max<std::int64_t>(opt.prefill + opt.budget + 1, opt.prefill));
+    } catch (const Error&) {
+      check(!hidden_ok);
+    }
+  }
   for (const char* policy : {"trimkv", "dbtrimkv"}) {
     replay::Options opt;
     opt.policy = policy;

@@ -136,6 +136,18 @@ def trace_seeds():
                                               ("values", "F32", [Lt, Ht, T, d], kv),
                                               ("queries", "F32", [Lt, Ht * G, T, d], q)]))
     write("trace", "log_beta_f16", tensors([("log_beta", "F16", [Lt, Ht, T], lb)]))
+    gate = [0.9 if i % 3 == 0 else 0.05 for i in range(Lt * Ht * T)]
+    hidden = ramp(3 * T * 5, 0.2)
+    write("trace", "with_everything", tensors([("log_beta", "F32", [Lt, Ht, T], lb), ("keys", "F32", [Lt, Ht, T, d], kv),
+                                               ("values", "F32", [Lt, Ht, T, d], kv),
+                                               ("queries", "F32", [Lt, Ht * G, T, d], q),
+                                               ("keys_pre_rope", "F32", [Lt, Ht, T, d], kv),
+                                               ("write_gate", "F32", [Lt, Ht, T], gate),
+                                               ("hidden_states", "F32", [3, T, 5], hidden)]))
+    write("trace", "write_gate_above_one", tensors([("log_beta", "F32", [1, 1, 2], [0.0, -1.0]),
+                                                    ("write_gate", "F32", [1, 1, 2], [0.5, 1.5])]))
+    write("trace", "hidden_wrong_tokens", tensors([("log_beta", "F32", [1, 1, 2], [0.0, -1.0]),
+                                                   ("hidden_states", "F32", [2, 3, 1], [0.0] * 6)]))
     write("trace", "log_beta_positive", tensors([("log_beta", "F32", [1, 1, 4], [0.0, 0.5, -1.0, -2.0])]))
     write("trace", "log_beta_nan", tensors([("log_beta", "F32", [1, 1, 4], [0.0, math.nan, -1.0, -2.0])]))
     write("trace", "log_beta_wrong_rank", tensors([("log_beta", "F32", [4], [0.0, -0.5, -1.0, -2.0])]))
