@@ -21,6 +21,59 @@
 
 namespace kvpolicy::score {
 
+namespace detail {
+
+/// Indices of a head's entries in position order.
+inline std::vector<std::int64_t> by_position(std::span<const EntryMeta> meta) {
+  std::vector<std::int64_t> order(meta.size());
+  std::iota(order.begin(), order.end(), std::int64_t{0});
+  std::sort(order.begin(), order.end(), [&](std::int64_t a, std::int64_t b) { return meta[a].position < meta[b].position; });
+  return order;
+}
+
+/// p[i] = softmax(q k_{rows[i]} / sqrt(d)) over the listed keys query q (at position q_pos) may see
+/// (causal), 0 for the others. False, with p all 0, when it sees none.
+inline bool observed_softmax(const float* q, std::int32_t q_pos, View<const float, 2> keys, std::span<const EntryMeta> meta,
+                             std::span<const std::int64_t> rows, std::vector<double>& p) {
+  const std::int64_t d = keys.dim(1);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  p.assign(rows.size(), 0.0);
+  double mx = -std::numeric_limits<double>::infinity();
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const std::int64_t j = rows[i];
+    if (meta[j].position > q_pos) {
+      p[i] = -std::numeric_limits<double>::infinity();
+      continue;
+    }
+    double s = 0.0;
+    for (std::int64_t c = 0; c < d; ++c) s += static_cast<double>(q[c]) * keys(j, c);
+    p[i] = s * scale;
+    mx = std::max(mx, p[i]);
+  }
+  if (mx == -std::numeric_limits<double>::infinity()) {
+    std::fill(p.begin(), p.end(), 0.0);
+    return false;
+  }
+  double total = 0.0;
+  for (double& x : p) total += x = std::exp(x - mx);  // exp(-inf) = 0 for the keys it may not see
+  for (double& x : p) x /= total;
+  return true;
+}
+
+/// Max-pool with stride 1 and -inf padding (the length is kept): out[i] = max v[i - k/2 .. i + k/2].
+inline std::vector<double> max_pool(std::span<const double> v, int kernel) {
+  const auto n = static_cast<std::int64_t>(v.size()), r = std::int64_t{kernel / 2};
+  std::vector<double> out(v.size());
+  for (std::int64_t i = 0; i < n; ++i) {
+    double m = v[static_cast<std::size_t>(i)];
+    for (std::int64_t k = std::max<std::int64_t>(0, i - r); k <= std::min(n - 1, i + r); ++k) m = std::max(m, v[static_cast<std::size_t>(k)]);
+    out[static_cast<std::size_t>(i)] = m;
+  }
+  return out;
+}
+
+}  // namespace detail
+
 struct ObservedAttention {
   static constexpr bool needs_key_norm = false;
   std::int64_t observation_window = 32;  ///< W_obs
@@ -35,46 +88,23 @@ struct ObservedAttention {
 
   void score_window(View<const float, 2> keys, std::span<const EntryMeta> meta, StepContext, ObservedQueries q,
                     std::span<float> out) const {
-    const std::int64_t N = keys.dim(0), d = keys.dim(1);
-    std::vector<std::int64_t> order(static_cast<std::size_t>(N));  // entries by position
-    std::iota(order.begin(), order.end(), std::int64_t{0});
-    std::sort(order.begin(), order.end(), [&](std::int64_t a, std::int64_t b) { return meta[a].position < meta[b].position; });
+    const auto order = detail::by_position(meta);
+    const auto N = static_cast<std::int64_t>(order.size());
     const std::int64_t prefix = std::max<std::int64_t>(0, N - observation_window);
-    const double scale = 1.0 / std::sqrt(static_cast<double>(d));
-    std::vector<double> best(static_cast<std::size_t>(N), -std::numeric_limits<double>::infinity());
-    std::vector<double> sum(static_cast<std::size_t>(N)), logit(static_cast<std::size_t>(N));
-    for (std::int64_t g = 0; g < q.group; ++g) {
+    std::vector<double> best(order.size(), -std::numeric_limits<double>::infinity()), sum(order.size()), p;
+    for (std::int64_t g = 0; g < q.group; ++g) {  // in position order: sum over the window, pool the prefix
       std::fill(sum.begin(), sum.end(), 0.0);
-      for (std::int64_t w = 0; w < q.window; ++w) {
-        const float* qv = q.query(g, w);
-        double mx = -std::numeric_limits<double>::infinity();
-        for (std::int64_t j = 0; j < N; ++j) {
-          double s = -std::numeric_limits<double>::infinity();
-          if (meta[j].position <= q.position[w]) {
-            s = 0.0;
-            for (std::int64_t c = 0; c < d; ++c) s += static_cast<double>(qv[c]) * keys(j, c);
-            s *= scale;
-          }
-          logit[static_cast<std::size_t>(j)] = s;
-          mx = std::max(mx, s);
-        }
-        if (mx == -std::numeric_limits<double>::infinity()) continue;  // a query that sees nothing
-        double total = 0.0;
-        for (double& s : logit) total += s = std::exp(s - mx);
-        for (std::int64_t j = 0; j < N; ++j) sum[static_cast<std::size_t>(j)] += logit[static_cast<std::size_t>(j)] / total;
-      }
-      const std::int64_t r = pool_kernel / 2;
+      for (std::int64_t w = 0; w < q.window; ++w)
+        if (detail::observed_softmax(q.query(g, w), q.position[static_cast<std::size_t>(w)], keys, meta, order, p))
+          for (std::size_t i = 0; i < sum.size(); ++i) sum[i] += p[i];
+      const auto pooled = detail::max_pool(std::span<const double>(sum).first(static_cast<std::size_t>(prefix)), pool_kernel);
       for (std::int64_t i = 0; i < N; ++i) {
-        double v = sum[static_cast<std::size_t>(order[static_cast<std::size_t>(i)])];
-        if (i < prefix)  // max-pool along positions, over the prefix only
-          for (std::int64_t k = std::max<std::int64_t>(0, i - r); k <= std::min(prefix - 1, i + r); ++k)
-            v = std::max(v, sum[static_cast<std::size_t>(order[static_cast<std::size_t>(k)])]);
-        auto& b = best[static_cast<std::size_t>(order[static_cast<std::size_t>(i)])];
-        b = std::max(b, v);  // GQA: the max over the group
+        const double v = i < prefix ? pooled[static_cast<std::size_t>(i)] : sum[static_cast<std::size_t>(i)];
+        best[static_cast<std::size_t>(i)] = std::max(best[static_cast<std::size_t>(i)], v);  // GQA: the max over the group
       }
     }
-    for (std::int64_t j = 0; j < N; ++j)
-      out[static_cast<std::size_t>(j)] = q.group > 0 ? static_cast<float>(best[static_cast<std::size_t>(j)]) : 0.0f;
+    for (std::int64_t i = 0; i < N; ++i)
+      out[static_cast<std::size_t>(order[static_cast<std::size_t>(i)])] = q.group > 0 ? static_cast<float>(best[static_cast<std::size_t>(i)]) : 0.0f;
   }
 };
 
@@ -104,55 +134,27 @@ struct GatedObservedAttention {
 
   void score_window(View<const float, 2> keys, std::span<const EntryMeta> meta, StepContext c, ObservedQueries q,
                     std::span<float> out) const {
-    const std::int64_t N = keys.dim(0), d = keys.dim(1);
-    std::vector<std::int64_t> held;  // by position: the ring (the W_local newest) and the admitted older ones
-    {
-      std::vector<std::int64_t> order(static_cast<std::size_t>(N));
-      std::iota(order.begin(), order.end(), std::int64_t{0});
-      std::sort(order.begin(), order.end(), [&](std::int64_t a, std::int64_t b) { return meta[a].position < meta[b].position; });
-      for (std::int64_t i = 0; i < N; ++i) {
-        const std::int64_t j = order[static_cast<std::size_t>(i)];
-        if (N - i <= local || meta[j].log_beta >= static_cast<float>(tau))
-          held.push_back(j);
-        else
-          out[static_cast<std::size_t>(j)] = -std::numeric_limits<float>::infinity();
-      }
+    const auto order = detail::by_position(meta);
+    const auto N = static_cast<std::int64_t>(order.size());
+    std::vector<std::int64_t> held;  // in position order: the ring (the W_local newest) and the admitted older ones
+    for (std::int64_t i = 0; i < N; ++i) {
+      const std::int64_t j = order[static_cast<std::size_t>(i)];
+      if (N - i <= local || meta[j].log_beta >= static_cast<float>(tau))
+        held.push_back(j);
+      else
+        out[static_cast<std::size_t>(j)] = -std::numeric_limits<float>::infinity();
     }
-    const auto M = static_cast<std::int64_t>(held.size());
-    std::vector<double> raw(static_cast<std::size_t>(M), 0.0);
-    if (budget_entries > 0 && c.entries > budget_entries) {
-      const double scale = 1.0 / std::sqrt(static_cast<double>(d));
-      std::vector<double> best(static_cast<std::size_t>(M)), logit(static_cast<std::size_t>(M));
+    std::vector<double> raw(held.size(), 0.0), best(held.size()), p;
+    if (budget_entries > 0 && c.entries > budget_entries)
       for (std::int64_t w = 0; w < q.window; ++w) {
         std::fill(best.begin(), best.end(), 0.0);
-        for (std::int64_t g = 0; g < q.group; ++g) {
-          const float* qv = q.query(g, w);
-          double mx = -std::numeric_limits<double>::infinity();
-          for (std::int64_t i = 0; i < M; ++i) {
-            const std::int64_t j = held[static_cast<std::size_t>(i)];
-            double s = -std::numeric_limits<double>::infinity();
-            if (meta[j].position <= q.position[w]) {
-              s = 0.0;
-              for (std::int64_t x = 0; x < d; ++x) s += static_cast<double>(qv[x]) * keys(j, x);
-              s *= scale;
-            }
-            logit[static_cast<std::size_t>(i)] = s;
-            mx = std::max(mx, s);
-          }
-          if (mx == -std::numeric_limits<double>::infinity()) continue;
-          double total = 0.0;
-          for (double& s : logit) total += s = std::exp(s - mx);
-          for (std::size_t i = 0; i < best.size(); ++i) best[i] = std::max(best[i], logit[i] / total);  // max over the group
-        }
-        for (std::size_t i = 0; i < raw.size(); ++i) raw[i] += best[i];  // summed over the window
+        for (std::int64_t g = 0; g < q.group; ++g)
+          if (detail::observed_softmax(q.query(g, w), q.position[static_cast<std::size_t>(w)], keys, meta, held, p))
+            for (std::size_t i = 0; i < best.size(); ++i) best[i] = std::max(best[i], p[i]);  // max over the group
+        for (std::size_t i = 0; i < raw.size(); ++i) raw[i] += best[i];                     // summed over the window
       }
-    }
-    const std::int64_t r = pool_kernel / 2;
-    for (std::int64_t i = 0; i < M; ++i) {  // max-pool along positions
-      double v = raw[static_cast<std::size_t>(i)];
-      for (std::int64_t k = std::max<std::int64_t>(0, i - r); k <= std::min(M - 1, i + r); ++k) v = std::max(v, raw[static_cast<std::size_t>(k)]);
-      out[static_cast<std::size_t>(held[static_cast<std::size_t>(i)])] = static_cast<float>(v);
-    }
+    const auto pooled = detail::max_pool(raw, pool_kernel);  // along positions
+    for (std::size_t i = 0; i < held.size(); ++i) out[static_cast<std::size_t>(held[i])] = static_cast<float>(pooled[i]);
   }
 };
 
