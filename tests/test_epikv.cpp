@@ -275,6 +275,15 @@ TEST_CASE("kv-key, kv-val and lag-kv equal a naive recomputation over the window
     }
 }
 
+TEST_CASE("kv-key on keys past fp32's variance saturates at FLT_MAX instead of +inf") {
+  const CacheShape shape{1, 1, 1, 2};
+  kvstats::Tracker tracker(shape, {kvstats::Statistic::key, 4});
+  std::vector<float> k{2e19f, -2e19f}, v{1, 2};
+  float out = 0;
+  tracker.push(0, View<const float, 3>(k.data(), {1, 1, 2}), View<const float, 3>(v.data(), {1, 1, 2}), View<float, 2>(&out, {1, 1}));
+  CHECK(out == std::numeric_limits<float>::max());
+}
+
 TEST_CASE("kvstats::Tracker refuses bad input and changes nothing") {
   const CacheShape shape{1, 1, 1, 2};
   kvstats::Tracker tracker(shape, {kvstats::Statistic::lag, 4});

@@ -240,3 +240,66 @@ TEST_CASE("composition: a Scorer of one family with an Evictor of another runs w
       shape, memory::Paged<4>(256), dbtrimkv_layerwise_evictor({.budget = 5, .buffer = 3}));
   run(trim_layerwise, [](const auto& c) { CHECK(c.length(0, 0, 0) + c.length(0, 0, 1) <= 2 * (5 + 3)); });
 }
+
+TEST_CASE("H2O: a step taken back leaves the mass as it was; attend once per layer, and every layer, per step") {
+  const CacheShape shape{2, 1, 2, 4};
+  std::mt19937_64 rng(8);
+  H2OCache<cpu_backend, float, 4> a(shape, memory::Paged<4>(256), h2o_evictor({6, 2})), b = a;
+  a.add_sequence(0);
+  b.add_sequence(0);
+  auto draw = [&](std::int64_t T) {
+    std::vector<float> v(static_cast<std::size_t>(2 * 2 * T * 4));
+    for (auto& x : v) x = std::normal_distribution<float>()(rng);
+    return v;
+  };
+  for (int step = 0; step < 30; ++step) {
+    const std::int64_t T = step == 0 ? 5 : 1;
+    const auto k = draw(T), q = draw(T);
+    std::vector<float> lb(static_cast<std::size_t>(2 * T), 0.0f), out(q.size());
+    const View<const float, 4> K(k.data(), {2, 1, T, 4}), Q(q.data(), {2, 2, T, 4});
+    if (step % 3 == 1) {  // a: the step is attended, then taken back, then run again
+      for (int l = 0; l < 2; ++l) {
+        a.append(0, l, View<const float, 3>(k.data() + l * T * 4, {1, T, 4}), View<const float, 3>(k.data() + l * T * 4, {1, T, 4}),
+                 View<const float, 2>(lb.data() + l * T, {1, T}));
+        a.attend(0, l, View<const float, 3>(q.data() + l * 2 * T * 4, {2, T, 4}), View<float, 3>(out.data() + l * 2 * T * 4, {2, T, 4}));
+        CHECK_THROWS_WITH_AS(a.attend(0, l, View<const float, 3>(q.data() + l * 2 * T * 4, {2, T, 4}),
+                                      View<float, 3>(out.data() + l * 2 * T * 4, {2, T, 4})),
+                             doctest::Contains("already attended"), Error);
+      }
+      a.abort_step(0);
+    }
+    if (step % 3 == 2) {  // a commit with a layer not attended, and a step without queries, are refused
+      a.append(0, 0, View<const float, 3>(k.data(), {1, T, 4}), View<const float, 3>(k.data(), {1, T, 4}),
+               View<const float, 2>(lb.data(), {1, T}));
+      a.append(0, 1, View<const float, 3>(k.data(), {1, T, 4}), View<const float, 3>(k.data(), {1, T, 4}),
+               View<const float, 2>(lb.data(), {1, T}));
+      CHECK_THROWS_WITH_AS(a.commit(0), doctest::Contains("was not attended"), Error);
+      a.abort_step(0);
+      CHECK_THROWS_WITH_AS(a.step(0, K, K, View<const float, 3>(lb.data(), {2, 1, T})), doctest::Contains("needs queries"), Error);
+    }
+    a.step(0, K, K, View<const float, 3>(lb.data(), {2, 1, T}), Q, View<float, 4>(out.data(), {2, 2, T, 4}));
+    b.step(0, K, K, View<const float, 3>(lb.data(), {2, 1, T}), Q, View<float, 4>(out.data(), {2, 2, T, 4}));
+    for (int l = 0; l < 2; ++l) {
+      const auto ea = head_entries(a, 0, l, 0), eb = head_entries(b, 0, l, 0);
+      REQUIRE(ea.size() == eb.size());
+      for (std::size_t j = 0; j < ea.size(); ++j) {
+        REQUIRE(ea[j].position == eb[j].position);
+        REQUIRE(ea[j].attention_mass == eb[j].attention_mass);  // bit for bit
+      }
+    }
+  }
+}
+
+TEST_CASE("H2O: a logit past fp32 adds no NaN to the mass, and eviction goes on") {
+  const CacheShape shape{1, 1, 1, 1};
+  H2OCache<> cache(shape, memory::Paged<16>(8), h2o_evictor({2, 1}));
+  cache.add_sequence(0);
+  for (int step = 0; step < 6; ++step) {
+    float k = step == 1 ? 2e19f : 1.0f, q = 2e19f, lb = 0.0f, out = 0.0f;
+    const View<const float, 4> K(&k, {1, 1, 1, 1});
+    CHECK_NOTHROW(cache.step(0, K, K, View<const float, 3>(&lb, {1, 1, 1}), View<const float, 4>(&q, {1, 1, 1, 1}),
+                             View<float, 4>(&out, {1, 1, 1, 1})));
+    for (std::int64_t j = 0; j < cache.length(0, 0, 0); ++j) CHECK(std::isfinite(cache.entry(0, 0, 0, j).attention_mass));
+  }
+  CHECK(cache.length(0, 0, 0) <= 2);
+}

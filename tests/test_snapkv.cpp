@@ -158,3 +158,63 @@ TEST_CASE("SnapKV without a declared prompt never compresses") {
   }
   CHECK(cache.length(0, 0, 0) == 20);
 }
+
+TEST_CASE("QueryWindow: the last W tokens' queries, the open step's pending until commit, gone on discard") {
+  memory::QueryWindow w(3, 2, 1);  // W = 3, Hq = 2, d = 1
+  auto push = [&](std::vector<float> q, std::int64_t first) {  // q [Hq = 2, T, 1]
+    const auto T = static_cast<std::int64_t>(q.size() / 2);
+    w.push(View<const float, 3>(q.data(), {2, T, 1}), first);
+  };
+  std::vector<float> buf;
+  std::vector<std::int32_t> pos;
+  auto group1 = [&] {  // kv head 1 of group size 1: query head 1
+    const auto o = w.ordered(1, 1, buf, pos);
+    return std::make_pair(std::vector<float>(o.data, o.data + o.window), std::vector<std::int32_t>(pos));
+  };
+  push({0, 1, 10, 11}, 0);  // tokens 0, 1: head 0 -> 0, 1; head 1 -> 10, 11
+  CHECK(group1().first == std::vector<float>{10, 11});  // pending is seen
+  w.discard();
+  CHECK(w.size() == 0);
+  push({0, 1, 10, 11}, 0);
+  w.commit();
+  push({2, 3, 12, 13}, 2);
+  CHECK(group1() == std::make_pair(std::vector<float>{11, 12, 13}, std::vector<std::int32_t>{1, 2, 3}));
+  w.discard();  // taken back: the ring alone
+  CHECK(group1() == std::make_pair(std::vector<float>{10, 11}, std::vector<std::int32_t>{0, 1}));
+  push({2, 3, 4, 5, 12, 13, 14, 15}, 2);  // a step longer than W keeps its last W
+  w.commit();
+  CHECK(group1() == std::make_pair(std::vector<float>{13, 14, 15}, std::vector<std::int32_t>{3, 4, 5}));
+  push({6, 16}, 6);
+  w.commit();  // the ring wraps
+  CHECK(group1() == std::make_pair(std::vector<float>{14, 15, 16}, std::vector<std::int32_t>{4, 5, 6}));
+}
+
+TEST_CASE("SnapKV: a prefill chunk taken back leaves the query window as it was") {
+  const CacheShape shape{1, 1, 2, 2};
+  const SnapKVConfig cfg{6, 3, 3};
+  SnapKVCache<cpu_backend, float, 4> a(shape, memory::Paged<4>(64), snapkv_evictor(cfg), snapkv_scorer(cfg)), b = a;
+  a.add_sequence(0, 24);
+  b.add_sequence(0, 24);
+  std::mt19937_64 rng(2);
+  for (const std::int64_t T : {10, 10, 2, 2}) {  // the window of 3 spans the last two chunks
+    std::vector<float> k(static_cast<std::size_t>(T * 2)), q(static_cast<std::size_t>(2 * T * 2)), out(q.size()),
+        lb(static_cast<std::size_t>(T), 0.0f);
+    for (auto* v : {&k, &q})
+      for (auto& x : *v) x = std::normal_distribution<float>()(rng);
+    const View<const float, 4> K(k.data(), {1, 1, T, 2}), Q(q.data(), {1, 2, T, 2});
+    if (T == 2) {  // attended with other queries, then taken back
+      std::vector<float> junk(q.size(), 5.0f);
+      a.append(0, 0, View<const float, 3>(k.data(), {1, T, 2}), View<const float, 3>(k.data(), {1, T, 2}),
+               View<const float, 2>(lb.data(), {1, T}));
+      a.attend(0, 0, View<const float, 3>(junk.data(), {2, T, 2}), View<float, 3>(out.data(), {2, T, 2}));
+      a.abort_step(0);
+    }
+    a.step(0, K, K, View<const float, 3>(lb.data(), {1, 1, T}), Q, View<float, 4>(out.data(), {1, 2, T, 2}));
+    b.step(0, K, K, View<const float, 3>(lb.data(), {1, 1, T}), Q, View<float, 4>(out.data(), {1, 2, T, 2}));
+  }
+  std::set<std::int32_t> pa, pb;
+  for (std::int64_t j = 0; j < a.length(0, 0, 0); ++j) pa.insert(a.entry(0, 0, 0, j).position);
+  for (std::int64_t j = 0; j < b.length(0, 0, 0); ++j) pb.insert(b.entry(0, 0, 0, j).position);
+  CHECK(pa.size() == 6);
+  CHECK(pa == pb);
+}

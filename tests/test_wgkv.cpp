@@ -402,3 +402,13 @@ TEST_CASE("oracle: WG-KV under a hard budget (appendix K): the ring rule every s
   }
   CHECK(pressured > 200);
 }
+
+TEST_CASE("WG-KV budget: the scorer and the evictor must draw the same ring, gate and budget") {
+  const CacheShape shape{1, 1, 1, 2};
+  const WGKVBudgetConfig cfg{4, 0.2, 8, 4, 5, 0.1};
+  auto scorer = wgkv_budget_scorer(shape, cfg);
+  scorer.local = 5;
+  CHECK_THROWS_WITH_AS(WGKVBudgetCache<>(shape, memory::Paged<16>(4), wgkv_budget_evictor(shape, cfg), scorer),
+                       doctest::Contains("differ from the evictor"), Error);
+  CHECK_NOTHROW(WGKVBudgetCache<>(shape, memory::Paged<16>(4), wgkv_budget_evictor(shape, cfg), wgkv_budget_scorer(shape, cfg)));
+}

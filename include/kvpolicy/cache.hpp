@@ -49,6 +49,8 @@ class Cache {
                 "kvpolicy::Cache: this Scorer ranks by attention mass, and this Allocator's pool cannot accumulate it");
   static_assert(!(scorer_static_score<S> && scorer_needs_attention_mass<S>),
                 "kvpolicy::Cache: a Scorer reads either a static score or the attention mass, not both");
+  // H2O's mass and SnapKV's query window: the attention feeds the policy, so every step attends
+  static constexpr bool observes_attention = scorer_needs_attention_mass<S> || WindowScorer<S>;
 
  public:
   using scorer_type = S;
@@ -62,6 +64,7 @@ class Cache {
       : shape_(shape), alloc_(std::move(allocator)), evictor_(evictor), scorer_(scorer), admitter_(admitter) {
     evictor_.validate(shape_);
     scorer_.validate();
+    if constexpr (requires { evictor_.validate_scorer(scorer_); }) evictor_.validate_scorer(scorer_);
     alloc_.bind(shape_);
   }
 
@@ -78,11 +81,14 @@ class Cache {
     require(prompt_tokens >= -1 && prompt_tokens <= std::int64_t{std::numeric_limits<std::int32_t>::max()},
             "Cache::add_sequence: prompt_tokens = ", prompt_tokens, " must be -1 (unknown) or in [0, 2^31 - 1]");
     require(!has_sequence(seq), "Cache::add_sequence: sequence ", seq, " already exists");
-    alloc_.add_sequence(seq);
-    SequenceState st{0, 0, prompt_tokens, std::vector<std::uint8_t>(static_cast<std::size_t>(shape_.layers), 0), {}};
+    SequenceState st;
+    st.prompt = prompt_tokens;
+    st.appended.assign(static_cast<std::size_t>(shape_.layers), 0);
+    st.attended.assign(static_cast<std::size_t>(shape_.layers), 0);
     if constexpr (WindowScorer<S>)  // SnapKV: the last W queries of every layer
       st.windows.assign(static_cast<std::size_t>(shape_.layers),
                         memory::QueryWindow(scorer_.observation_window, shape_.q_heads, shape_.head_dim));
+    alloc_.add_sequence(seq);  // last of what can throw: a failed call registers nothing
     state_.emplace(seq, std::move(st));
   }
   void remove_sequence(std::int64_t seq) {
@@ -144,6 +150,9 @@ class Cache {
     check_layer(layer, "attend");
     require(st.appended[static_cast<std::size_t>(layer)], "Cache::attend: layer ", layer, " of sequence ", seq,
             " has not been appended in this step");
+    if constexpr (observes_attention)  // the attention adds to the policy's state: once per layer and step
+      require(!st.attended[static_cast<std::size_t>(layer)], "Cache::attend: layer ", layer, " of sequence ", seq,
+              " was already attended in this step; this policy ranks by attention and counts each query once");
     const std::array<std::int64_t, 3> qshape{shape_.q_heads, st.pending, shape_.head_dim};
     require_shape(queries, qshape, "Cache::attend: queries");
     require_shape(View<const float, 3>(out), qshape, "Cache::attend: out");
@@ -155,9 +164,13 @@ class Cache {
   EvictionReport commit(std::int64_t seq, std::vector<EvictedEntry>* evicted = nullptr) {
     SequenceState& st = state_of(seq);
     require(st.pending > 0, "Cache::commit: sequence ", seq, " has no open step");
-    for (int l = 0; l < shape_.layers; ++l)
+    for (int l = 0; l < shape_.layers; ++l) {
       require(st.appended[static_cast<std::size_t>(l)], "Cache::commit: layer ", l, " of sequence ", seq,
               " was not appended in this step");
+      if constexpr (observes_attention)
+        require(st.attended[static_cast<std::size_t>(l)], "Cache::commit: layer ", l, " of sequence ", seq,
+                " was not attended in this step; this policy ranks by attention");
+    }
     // Plan first (it may throw: a scorer that returns NaN), then change state: a commit that
     // throws leaves the step open and the cache as it was.
     const EvictionPlan plan = plan_eviction(seq, context(st));
@@ -170,9 +183,12 @@ class Cache {
   /// still scans its heads: O(entries)).
   void abort_step(std::int64_t seq) {
     SequenceState& st = state_of(seq);
+    if constexpr (scorer_needs_attention_mass<S>)
+      for (auto it = st.mass_undo.rbegin(); it != st.mass_undo.rend(); ++it)  // H2O: the mass as it was
+        alloc_.pool().set_attention_mass(it->first, it->second);
+    for (auto& w : st.windows) w.discard();  // SnapKV: the queries as they were
     drop_open_entries(seq, st, -1);
-    st.pending = 0;
-    std::fill(st.appended.begin(), st.appended.end(), std::uint8_t{0});
+    end_step(st);
   }
 
   // ---- one step, every layer at once -----------------------------------------------------------
@@ -246,8 +262,9 @@ class Cache {
     std::int64_t n = 0;        // tokens processed by committed steps
     std::int64_t pending = 0;  // T of the open step, 0 when none
     std::int64_t prompt = -1;  // declared or detected prompt length; -1 while unknown
-    std::vector<std::uint8_t> appended;
+    std::vector<std::uint8_t> appended, attended;
     std::vector<memory::QueryWindow> windows;  // per layer, for a WindowScorer only
+    std::vector<std::pair<std::int64_t, float>> mass_undo;  // (slot, mass before) of the open step, H2O only
   };
 
   /// One eviction decided but not applied: the active heads' flattened scores and keep flags.
@@ -277,6 +294,9 @@ class Cache {
     require_shape(s.keys, {shape_.layers, shape_.kv_heads, T, shape_.head_dim}, "Cache::step: keys");
     require_shape(s.values, {shape_.layers, shape_.kv_heads, T, shape_.head_dim}, "Cache::step: values");
     require_shape(s.log_beta, {shape_.layers, shape_.kv_heads, T}, "Cache::step: log_beta");
+    if constexpr (observes_attention)
+      require(s.queries.data != nullptr, "Cache::step: sequence ", s.seq,
+              ": this policy ranks by attention; a step needs queries and out");
     if (s.queries.data != nullptr || s.out.data != nullptr) {
       require_shape(s.queries, {shape_.layers, shape_.q_heads, T, shape_.head_dim}, "Cache::step: queries");
       require_shape(View<const float, 4>(s.out), {shape_.layers, shape_.q_heads, T, shape_.head_dim}, "Cache::step: out");
@@ -334,9 +354,16 @@ class Cache {
     // the first decode step fixes an undeclared prompt (SPEC §4 protects it from then on)
     if (st.prompt < 0 && plan.context.prompt < plan.context.n) st.prompt = plan.context.prompt;
     st.n += st.pending;
+    for (auto& w : st.windows) w.commit();
+    end_step(st);
+    return apply_eviction(seq, plan, evicted);
+  }
+
+  static void end_step(SequenceState& st) {
     st.pending = 0;
     std::fill(st.appended.begin(), st.appended.end(), std::uint8_t{0});
-    return apply_eviction(seq, plan, evicted);
+    std::fill(st.attended.begin(), st.attended.end(), std::uint8_t{0});
+    st.mass_undo.clear();
   }
 
   /// The context the open step's eviction is planned in: n after the step, and the prompt (SPEC §4):
@@ -441,6 +468,7 @@ class Cache {
   void attend_layer(std::int64_t seq, SequenceState& st, int layer, View<const float, 3> queries,
                     View<float, 3> out) {
     if constexpr (WindowScorer<S>) st.windows[static_cast<std::size_t>(layer)].push(queries, st.n);
+    st.attended[static_cast<std::size_t>(layer)] = 1;
     std::vector<std::int32_t> q_pos(static_cast<std::size_t>(st.pending));
     for (std::int64_t t = 0; t < st.pending; ++t) q_pos[static_cast<std::size_t>(t)] = static_cast<std::int32_t>(st.n + t);
     std::vector<float> mass;
@@ -452,8 +480,11 @@ class Cache {
       if constexpr (scorer_needs_attention_mass<S>) {  // H2O, SPEC §5: summed over every query so far
         mass.assign(static_cast<std::size_t>(head_layout.length), 0.0f);
         Backend::attend(alloc_.pool(), head_layout, h, shape_.group(), queries, q_pos, out, std::span<float>(mass), mask);
-        for (std::int64_t j = 0; j < head_layout.length; ++j)
-          alloc_.pool().add_attention_mass(head_layout.slot(j), mass[static_cast<std::size_t>(j)]);
+        for (std::int64_t j = 0; j < head_layout.length; ++j) {
+          const std::int64_t slot = head_layout.slot(j);
+          st.mass_undo.emplace_back(slot, alloc_.pool().meta(slot).attention_mass);
+          alloc_.pool().add_attention_mass(slot, mass[static_cast<std::size_t>(j)]);
+        }
       } else if constexpr (masked) {
         Backend::attend(std::as_const(alloc_).pool(), head_layout, h, shape_.group(), queries, q_pos, out,
                         std::span<float>{}, mask);

@@ -46,4 +46,11 @@ KVPOLICY_HD float lookahead_log_ratio(float log_beta, int horizon) {
   return static_cast<float>(log(num / den));
 }
 
+/// A score computed in double, as fp32: finite values beyond fp32's range saturate at +-FLT_MAX
+/// instead of becoming +-inf (a frozen score may not be +inf, and +-inf would tie with protection).
+KVPOLICY_HD float saturate_to_float(double x) {
+  constexpr double kMax = 3.4028234663852886e38;  // FLT_MAX
+  return static_cast<float>(x > kMax ? kMax : x < -kMax ? -kMax : x);
+}
+
 }  // namespace kvpolicy::math

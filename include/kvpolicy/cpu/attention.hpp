@@ -141,8 +141,11 @@ void attend_paged(const memory::EntryPool<Storage>& pool, const memory::HeadLayo
     for (std::int64_t r = 0; r < rows; ++r) {
       if (l[r] == 0.0f || logits(r, nb) == kMasked) continue;
       const float inv = 1.0f / l[r];
-      for (std::int64_t j = 0; j < nb; ++j)
-        if (s[j] != kMasked) key_mass[static_cast<std::size_t>(b0 + j)] += std::exp(s[j] - m[r]) * inv;
+      for (std::int64_t j = 0; j < nb; ++j) {
+        if (s[j] == kMasked) continue;
+        const float p = std::exp(s[j] - m[r]) * inv;
+        if (std::isfinite(p)) key_mass[static_cast<std::size_t>(b0 + j)] += p;  // a logit past fp32 adds nothing
+      }
     }
   }
 }

@@ -46,6 +46,8 @@ class EntryPool {
 
   /// H2O (SPEC §5): attention mass the entry's key received from this step's queries.
   void add_attention_mass(std::int64_t slot, float mass) { meta_[static_cast<std::size_t>(slot)].attention_mass += mass; }
+  /// Puts back the mass a step taken back had added.
+  void set_attention_mass(std::int64_t slot, float mass) { meta_[static_cast<std::size_t>(slot)].attention_mass = mass; }
 
   /// Stores one entry, converting K/V from fp32 to the storage dtype.
   void write(std::int64_t slot, const float* k, const float* v, const EntryMeta& m) {

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "kvpolicy/core/error.hpp"
+#include "kvpolicy/core/math.hpp"
 #include "kvpolicy/core/view.hpp"
 
 namespace kvpolicy::epiphany {
@@ -135,7 +136,7 @@ class Signal {
       const double gb = step(prev_b_, &h_b(t, 0));
       a_.push(ga);
       b_.push(gb);
-      out[static_cast<std::size_t>(t)] = static_cast<float>(
+      out[static_cast<std::size_t>(t)] = math::saturate_to_float(
           config_.variant == Variant::epikv ? zscore(ga, a_) - zscore(gb, b_) : a_.mean() - b_.mean());
       ++tokens_;
     }

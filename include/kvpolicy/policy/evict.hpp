@@ -324,6 +324,14 @@ struct WriteGatedBudget {
     require(budget_entries >= 0, "evict::WriteGatedBudget: budget = ", budget_entries, " must be >= 0 (0: none)");
     require(fraction > 0.0 && fraction <= 1.0, "evict::WriteGatedBudget: fraction = ", fraction, " must be in (0, 1]");
   }
+  /// The scorer must draw the same ring, gate and budget (the Cache calls this at construction).
+  template <class Scorer>
+  void validate_scorer(const Scorer& s) const {
+    if constexpr (requires { s.local; s.tau; s.budget_entries; })
+      require(s.local == local && s.tau == tau && s.budget_entries == budget_entries,
+              "evict::WriteGatedBudget: the scorer's W_local = ", s.local, ", tau = ", s.tau, ", budget = ",
+              s.budget_entries, " differ from the evictor's ", local, ", ", tau, ", ", budget_entries);
+  }
   bool trigger(const CacheShape&, StepContext, std::span<const std::int64_t> lengths, std::span<std::uint8_t> active) const {
     bool any = false;
     for (std::size_t h = 0; h < lengths.size(); ++h) {  // only a head past its ring has entries to drop

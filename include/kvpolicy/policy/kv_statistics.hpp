@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "kvpolicy/core/error.hpp"
+#include "kvpolicy/core/math.hpp"
 #include "kvpolicy/core/shape.hpp"
 #include "kvpolicy/core/view.hpp"
 #include "kvpolicy/policy/epiphany.hpp"
@@ -110,7 +111,7 @@ class Tracker {
     const int d = shape_.head_dim;
     for (int h = 0; h < shape_.kv_heads; ++h) {
       Head& head = heads_[static_cast<std::size_t>(head_index(shape_, layer, h))];
-      for (std::int64_t t = 0; t < T; ++t) out(h, t) = static_cast<float>(head.push(config_, &keys(h, t, 0), &values(h, t, 0), d));
+      for (std::int64_t t = 0; t < T; ++t) out(h, t) = math::saturate_to_float(head.push(config_, &keys(h, t, 0), &values(h, t, 0), d));
     }
   }
 
