@@ -241,7 +241,7 @@ TEST_CASE("composition: a Scorer of one family with an Evictor of another runs w
   run(trim_layerwise, [](const auto& c) { CHECK(c.length(0, 0, 0) + c.length(0, 0, 1) <= 2 * (5 + 3)); });
 }
 
-TEST_CASE("H2O: a step taken back leaves the mass as it was; attend once per layer, and every layer, per step") {
+TEST_CASE("H2O: a step taken back leaves the mass as it was, attend once per layer and every layer per step") {
   const CacheShape shape{2, 1, 2, 4};
   std::mt19937_64 rng(8);
   H2OCache<cpu_backend, float, 4> a(shape, memory::Paged<4>(256), h2o_evictor({6, 2})), b = a;

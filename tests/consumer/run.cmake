@@ -20,4 +20,4 @@ step(${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/consumer -B ${WORK_DIR}/build -G ${
 step(${CMAKE_COMMAND} --build ${WORK_DIR}/build)
 step(${WORK_DIR}/build/consumer)
 step(${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/consumer -B ${WORK_DIR}/build-components -G ${GENERATOR}
-     -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix -DCONSUMER_ASKS_COMPONENTS=ON)
+     -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix -DCONSUMER_ASKS_COMPONENTS=ON -DCONSUMER_VERSION=${MAJOR_MINOR})
