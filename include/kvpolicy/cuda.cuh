@@ -1,0 +1,20 @@
+/// \file
+/// kvpolicy/cuda.cuh — the CUDA path (DESIGN, Device path): views over engine-owned device memory
+/// and the kernels every policy step is made of — append, scoring, per-head and pooled top-K,
+/// compaction, paged decode attention, the retention gate. Every entry point takes a cudaStream_t,
+/// sizes its scratch in two phases, never allocates or synchronises, and checks every launch.
+/// Needs nvcc (C++20) and links CUDA::cudart and CUDA::cublas (the target kvpolicy::cuda).
+#pragma once
+
+#include "kvpolicy/cuda/append.cuh"
+#include "kvpolicy/cuda/attention.cuh"
+#include "kvpolicy/cuda/check.cuh"
+#include "kvpolicy/cuda/compact.cuh"
+#include "kvpolicy/cuda/dispatch.cuh"
+#include "kvpolicy/cuda/dtype.cuh"
+#include "kvpolicy/cuda/evict_step.cuh"
+#include "kvpolicy/cuda/pooled_topk.cuh"
+#include "kvpolicy/cuda/retention_gate.cuh"
+#include "kvpolicy/cuda/score.cuh"
+#include "kvpolicy/cuda/segmented_topk.cuh"
+#include "kvpolicy/cuda/views.cuh"

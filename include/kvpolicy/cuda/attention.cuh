@@ -1,0 +1,248 @@
+/// \file
+/// kvpolicy/cuda/attention.cuh — paged ragged decode attention (SPEC §6; DESIGN, Device path), the
+/// CUDA twin of cpu::attend_paged for one decode token per sequence:
+///   o = softmax(q K^T / sqrt(d)) V over every entry of the head (a decode query sees them all).
+/// kv heads are folded into the grid with the batch; the G query heads of a group share one pass
+/// over their kv head's pages (GQA); a long head is split along the cache into chunks whose partial
+/// (max, sum, acc) a merge pass combines (flash-decoding); online softmax in fp32 whatever the
+/// storage dtype. One warp per entry: lanes hold HEAD_DIM / 32 contiguous elements of the key.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "kvpolicy/cuda/check.cuh"
+#include "kvpolicy/cuda/dispatch.cuh"
+#include "kvpolicy/cuda/dtype.cuh"
+#include "kvpolicy/cuda/views.cuh"
+
+namespace kvpolicy::cuda {
+
+/// One decode step of one layer: queries [batch, Hq, d] fp32; sequence b's kv head h is segment
+/// segment_base[b] + h; out [batch, Hq, d] fp32. A head with no entries gives zeros.
+struct DecodeBatch {
+  const float* queries = nullptr;
+  const std::int32_t* segment_base = nullptr;
+  std::int32_t batch = 0;
+  std::int32_t q_heads = 0;
+  std::int32_t kv_heads = 0;
+  float* out = nullptr;
+};
+
+namespace detail {
+
+inline constexpr int kAttnWarps = 4;
+inline constexpr int kGroupTile = 8;  // query heads of a group one block serves
+
+struct DecodePlan {
+  int splits = 1;               // chunks a head is split into
+  std::int64_t chunk = 0;       // entries per chunk (the last chunk takes whatever is beyond)
+  int group_tiles = 1;          // blocks per kv head along its query group
+};
+
+inline DecodePlan plan_decode(const DecodeBatch& a, std::int64_t max_length, int page_size, int sm_count) {
+  DecodePlan p;
+  const int group = a.q_heads / a.kv_heads;
+  p.group_tiles = (group + kGroupTile - 1) / kGroupTile;
+  const std::int64_t heads = std::int64_t{a.batch} * a.kv_heads * p.group_tiles;
+  const std::int64_t want = std::max<std::int64_t>(1, (2 * std::int64_t{sm_count} + heads - 1) / heads);
+  const std::int64_t most = std::max<std::int64_t>(1, (max_length + 255) / 256);  // chunks of >= 256 entries
+  p.splits = static_cast<int>(std::min<std::int64_t>({want, most, 1024}));
+  const std::int64_t per = (max_length + p.splits - 1) / p.splits;
+  p.chunk = std::max<std::int64_t>(page_size, (per + page_size - 1) / page_size * page_size);
+  return p;
+}
+
+/// grid (splits, kv_heads * group_tiles, batch). Writes the chunk's (max, sum, acc) per query head.
+template <class T, int HEAD_DIM, int PAGE_SIZE>
+__global__ void __launch_bounds__(kAttnWarps * 32)
+    decode_partial_kernel(PagedKV<T> kv, BlockTables t, DecodeBatch a, std::int64_t chunk, int group_tiles,
+                          float* part_max, float* part_sum, float* part_acc) {
+  constexpr int VEC = HEAD_DIM / 32;
+  __shared__ float q_s[kGroupTile][HEAD_DIM];
+  __shared__ float m_w[kAttnWarps][kGroupTile], l_w[kAttnWarps][kGroupTile];
+  __shared__ float acc_w[kAttnWarps][kGroupTile][HEAD_DIM];
+
+  const int split = static_cast<int>(blockIdx.x), splits = static_cast<int>(gridDim.x);
+  const int h = static_cast<int>(blockIdx.y) / group_tiles, tile = static_cast<int>(blockIdx.y) % group_tiles;
+  const int b = static_cast<int>(blockIdx.z);
+  const int group = a.q_heads / a.kv_heads;
+  const int g0 = tile * kGroupTile;
+  const int gn = min(kGroupTile, group - g0);
+  const int seg = a.segment_base[b] + h;
+  const std::int64_t n = t.length[seg];
+  const std::int64_t begin = std::int64_t{split} * chunk;
+  const std::int64_t end = split == splits - 1 ? n : min(n, begin + chunk);
+  const float scale = rsqrtf(static_cast<float>(HEAD_DIM));
+
+  for (int i = threadIdx.x; i < kGroupTile * HEAD_DIM; i += blockDim.x) {
+    const int g = i / HEAD_DIM, c = i % HEAD_DIM;
+    q_s[g][c] = g < gn ? a.queries[(std::int64_t{b} * a.q_heads + h * group + g0 + g) * HEAD_DIM + c] * scale : 0.0f;
+  }
+  __syncthreads();
+
+  const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
+  float m[kGroupTile], l[kGroupTile], acc[kGroupTile][VEC];
+#pragma unroll
+  for (int g = 0; g < kGroupTile; ++g) {
+    m[g] = -INFINITY;
+    l[g] = 0.0f;
+#pragma unroll
+    for (int v = 0; v < VEC; ++v) acc[g][v] = 0.0f;
+  }
+  const std::int32_t* row = t.table + std::int64_t{seg} * t.max_pages;
+  for (std::int64_t e = begin + warp; e < end; e += kAttnWarps) {
+    const std::int64_t slot = std::int64_t{row[e / PAGE_SIZE]} * PAGE_SIZE + e % PAGE_SIZE;
+    const T* kp = kv.keys + slot * HEAD_DIM + lane * VEC;
+    const T* vp = kv.values + slot * HEAD_DIM + lane * VEC;
+    float k[VEC], v[VEC];
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) {
+      k[i] = to_float(kp[i]);
+      v[i] = to_float(vp[i]);
+    }
+#pragma unroll
+    for (int g = 0; g < kGroupTile; ++g) {
+      if (g >= gn) break;
+      float s = 0.0f;
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) s += q_s[g][lane * VEC + i] * k[i];
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+      const float m_new = fmaxf(m[g], s);
+      const float corr = __expf(m[g] - m_new);  // 0 on the first entry (m = -inf)
+      const float p = __expf(s - m_new);
+      l[g] = l[g] * corr + p;
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) acc[g][i] = acc[g][i] * corr + p * v[i];
+      m[g] = m_new;
+    }
+  }
+#pragma unroll
+  for (int g = 0; g < kGroupTile; ++g) {
+    if (lane == 0) {
+      m_w[warp][g] = m[g];
+      l_w[warp][g] = l[g];
+    }
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) acc_w[warp][g][lane * VEC + i] = acc[g][i];
+  }
+  __syncthreads();
+  // combine the warps: one thread per (query head of the tile, element)
+  for (int i = threadIdx.x; i < gn * HEAD_DIM; i += blockDim.x) {
+    const int g = i / HEAD_DIM, c = i % HEAD_DIM;
+    float mx = -INFINITY;
+    for (int w = 0; w < kAttnWarps; ++w) mx = fmaxf(mx, m_w[w][g]);
+    float sum = 0.0f, out = 0.0f;
+    if (mx != -INFINITY)
+      for (int w = 0; w < kAttnWarps; ++w) {
+        const float f = __expf(m_w[w][g] - mx);
+        sum += l_w[w][g] * f;
+        out += acc_w[w][g][c] * f;
+      }
+    const std::int64_t qh = std::int64_t{b} * a.q_heads + h * group + g0 + g;
+    const std::int64_t at = qh * splits + split;
+    part_acc[at * HEAD_DIM + c] = out;
+    if (c == 0) {
+      part_max[at] = mx;
+      part_sum[at] = sum;
+    }
+  }
+}
+
+/// grid (batch * Hq): out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s.
+template <int HEAD_DIM>
+__global__ void decode_merge_kernel(DecodeBatch a, int splits, const float* part_max, const float* part_sum,
+                                    const float* part_acc) {
+  const std::int64_t qh = blockIdx.x;
+  float mx = -INFINITY;
+  for (int s = 0; s < splits; ++s) mx = fmaxf(mx, part_max[qh * splits + s]);
+  for (int c = threadIdx.x; c < HEAD_DIM; c += blockDim.x) {
+    float sum = 0.0f, out = 0.0f;
+    if (mx != -INFINITY)
+      for (int s = 0; s < splits; ++s) {
+        const float f = __expf(part_max[qh * splits + s] - mx);
+        sum += part_sum[qh * splits + s] * f;
+        out += part_acc[(qh * splits + s) * HEAD_DIM + c] * f;
+      }
+    a.out[qh * HEAD_DIM + c] = sum > 0.0f ? out / sum : 0.0f;
+  }
+}
+
+inline int sm_count_of_current_device() {
+  int device = 0, sms = 0;
+  KVPOLICY_CUDA_CHECK(cudaGetDevice(&device), "querying the current device");
+  KVPOLICY_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "device ", device);
+  return sms;
+}
+
+}  // namespace detail
+
+/// Workspace for decode_attention with these shapes: the partials of every split.
+/// max_length (the longest head, or a bound such as M + B) only balances the split; any length is
+/// attended. sm_count: the device's multiprocessors (0: ask the current device).
+inline std::size_t decode_attention_workspace_bytes(const DecodeBatch& a, std::int64_t max_length, int page_size,
+                                                    int sm_count) {
+  const detail::DecodePlan p = detail::plan_decode(a, max_length, page_size, sm_count);
+  WorkspaceLayout layout;
+  const std::int64_t rows = std::int64_t{a.batch} * a.q_heads * p.splits;
+  layout.take<float>(nullptr, rows);
+  layout.take<float>(nullptr, rows);
+  layout.take<float>(nullptr, rows * 256);  // the largest HEAD_DIM
+  return layout.bytes();
+}
+
+/// Decode attention of one layer over the paged cache. Two-phase: with workspace == nullptr sets
+/// workspace_bytes and returns. Asynchronous on `stream`; no allocation.
+template <class T>
+void decode_attention(void* workspace, std::size_t& workspace_bytes, const PagedKV<T>& kv, const BlockTables& t,
+                      const DecodeBatch& a, std::int64_t max_length, cudaStream_t stream, int sm_count = 0) {
+  static_assert(is_device_storage_v<T>, "cuda::decode_attention: K/V storage must be float, __half or __nv_bfloat16");
+  constexpr const char* who = "cuda::decode_attention";
+  require(a.batch >= 0, who, ": batch = ", a.batch, " must be >= 0");
+  require(a.kv_heads >= 1 && a.q_heads >= a.kv_heads && a.q_heads % a.kv_heads == 0, who, ": q_heads = ", a.q_heads,
+          " must be a positive multiple of kv_heads = ", a.kv_heads);
+  require(max_length >= 0, who, ": max_length = ", max_length, " must be >= 0");
+  kv.validate(who);
+  dispatch_head_dim(kv.head_dim, who, [](auto) {});
+  dispatch_page_size(kv.page_size, who, [](auto) {});
+  if (sm_count <= 0) sm_count = detail::sm_count_of_current_device();
+  if (size_query(workspace, workspace_bytes, decode_attention_workspace_bytes(a, max_length, kv.page_size, sm_count),
+                 who))
+    return;
+  t.validate(who);
+  if (a.batch == 0) return;
+  require(a.queries && a.segment_base && a.out, who, ": queries, segment_base and out must be device pointers");
+  const detail::DecodePlan p = detail::plan_decode(a, max_length, kv.page_size, sm_count);
+  WorkspaceLayout layout;
+  const std::int64_t rows = std::int64_t{a.batch} * a.q_heads * p.splits;
+  float* part_max = layout.take<float>(workspace, rows);
+  float* part_sum = layout.take<float>(workspace, rows);
+  float* part_acc = layout.take<float>(workspace, rows * 256);
+  const std::string shapes = "batch = " + std::to_string(a.batch) + ", q_heads = " + std::to_string(a.q_heads) +
+                             ", kv_heads = " + std::to_string(a.kv_heads) + ", head_dim = " + std::to_string(kv.head_dim) +
+                             ", page_size = " + std::to_string(kv.page_size) + ", dtype = " + dtype_name<T> +
+                             ", splits = " + std::to_string(p.splits);
+  require(a.batch <= 65535 && std::int64_t{a.kv_heads} * p.group_tiles <= 65535, who, ": grid too large (", shapes, ")");
+  dispatch_head_dim(kv.head_dim, who, [&](auto dim) {
+    constexpr int D = decltype(dim)::value;
+    dispatch_page_size(kv.page_size, who, [&](auto page) {
+      constexpr int P = decltype(page)::value;
+      const dim3 grid(static_cast<unsigned>(p.splits), static_cast<unsigned>(a.kv_heads * p.group_tiles),
+                      static_cast<unsigned>(a.batch));
+      detail::decode_partial_kernel<T, D, P><<<grid, detail::kAttnWarps * 32, 0, stream>>>(
+          kv, t, a, p.chunk, p.group_tiles, part_max, part_sum, part_acc);
+      check_launch("decode_partial_kernel", shapes);
+    });
+    detail::decode_merge_kernel<D><<<static_cast<unsigned>(std::int64_t{a.batch} * a.q_heads), 128, 0, stream>>>(
+        a, p.splits, part_max, part_sum, part_acc);
+    check_launch("decode_merge_kernel", shapes);
+  });
+}
+
+}  // namespace kvpolicy::cuda

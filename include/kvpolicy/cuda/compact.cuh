@@ -1,0 +1,148 @@
+/// \file
+/// kvpolicy/cuda/compact.cuh — compaction by hole filling (DESIGN, Device path): each head keeps
+/// the entries its keep flags mark; the j-th survivor at or above the new length moves into the
+/// j-th evicted slot below it (the pairing memory::compact_head makes, so both paths leave the same
+/// layout); emptied pages go back to the free list in the order memory::Paged returns them.
+/// Data movement is O(evicted) per head: survivors below the new length never move.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "kvpolicy/cuda/block_select.cuh"
+#include "kvpolicy/cuda/check.cuh"
+#include "kvpolicy/cuda/views.cuh"
+
+namespace kvpolicy::cuda {
+
+namespace detail {
+
+KVPOLICY_HD std::int64_t pages_for(std::int64_t entries, std::int32_t page_size) {
+  return (entries + page_size - 1) / page_size;
+}
+
+struct CompactWork {
+  std::int32_t* hole;        // [entries] index of the r-th hole of a segment, at offsets[seg] + r
+  std::int32_t* new_length;  // [segments]
+};
+
+/// One block per segment: pairs holes with movers in index order, then moves the pairs (a warp per
+/// entry, lanes along head_dim).
+template <class T>
+__global__ void __launch_bounds__(kSelectThreads)
+    compact_kernel(PagedKV<T> kv, BlockTables t, const std::int64_t* offsets, const std::uint8_t* keep,
+                   const std::uint8_t* active, CompactWork w) {
+  __shared__ typename BlockScanI64::TempStorage scan;
+  __shared__ long long survivors;
+  const int seg = static_cast<int>(blockIdx.x);
+  const std::int32_t n = t.length[seg];
+  if (active && !active[seg]) {
+    if (threadIdx.x == 0) w.new_length[seg] = n;
+    return;
+  }
+  const long long begin = offsets[seg];
+  const std::uint8_t* k = keep + begin;
+  std::int32_t* hole = w.hole + begin;
+  const long long kept = block_enumerate(n, [&](long long i) { return k[i] != 0; }, [](long long, long long) {}, scan);
+  if (threadIdx.x == 0) survivors = kept;
+  __syncthreads();
+  const long long m = survivors;
+  block_enumerate(m, [&](long long i) { return k[i] == 0; },
+                  [&](long long i, long long r) { hole[r] = static_cast<std::int32_t>(i); }, scan);
+  // movers: survivors at index >= m, paired with the hole of the same rank
+  const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
+  const int warps = static_cast<int>(blockDim.x / 32);
+  __shared__ std::int32_t mover_of[kSelectThreads];
+  long long base_rank = 0;
+  for (long long base = m; base < n; base += blockDim.x) {
+    const long long i = base + threadIdx.x;
+    const long long f = (i < n && k[i]) ? 1 : 0;
+    long long r = 0, total = 0;
+    BlockScanI64(scan).ExclusiveSum(f, r, total);
+    mover_of[threadIdx.x] = -1;
+    __syncthreads();
+    if (f) mover_of[r] = static_cast<std::int32_t>(i);
+    __syncthreads();
+    for (long long j = warp; j < total; j += warps) {
+      const std::int64_t src = t.slot(seg, mover_of[j], kv.page_size);
+      const std::int64_t dst = t.slot(seg, hole[base_rank + j], kv.page_size);
+      for (int c = lane; c < kv.head_dim; c += 32) {
+        kv.keys[dst * kv.head_dim + c] = kv.keys[src * kv.head_dim + c];
+        kv.values[dst * kv.head_dim + c] = kv.values[src * kv.head_dim + c];
+      }
+      if (lane == 0) {
+        kv.position[dst] = kv.position[src];
+        kv.meta[dst] = kv.meta[src];
+        if (kv.key_norm) kv.key_norm[dst] = kv.key_norm[src];
+        if (kv.attention_mass) kv.attention_mass[dst] = kv.attention_mass[src];
+      }
+    }
+    base_rank += total;
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) w.new_length[seg] = static_cast<std::int32_t>(m);
+}
+
+/// One block: returns each segment's emptied pages to the free list in segment order, the last page
+/// of a head first (memory::Paged::compact's order), and sets the new lengths.
+template <int = 0>  // header-only: a template kernel links once across translation units
+__global__ void __launch_bounds__(kSelectThreads)
+    release_pages_kernel(BlockTables t, std::int32_t page_size, FreeList free, CompactWork w, std::int64_t* evicted) {
+  __shared__ typename BlockScanI64::TempStorage scan;
+  const std::int32_t base = *free.count;
+  __syncthreads();
+  const long long released = block_exclusive_scan(
+      t.segments,
+      [&](long long s) { return pages_for(t.length[s], page_size) - pages_for(w.new_length[s], page_size); },
+      [&](long long s, long long before, long long count) {
+        const long long old_pages = pages_for(t.length[s], page_size);
+        const std::int32_t* row = t.table + s * t.max_pages;
+        for (long long j = 0; j < count; ++j) free.pages[base + before + j] = row[old_pages - 1 - j];
+        if (evicted) evicted[s] = t.length[s] - w.new_length[s];
+        t.length[s] = w.new_length[s];
+      },
+      scan);
+  if (threadIdx.x == 0) *free.count = base + static_cast<std::int32_t>(released);
+}
+
+}  // namespace detail
+
+/// Bytes of workspace compact() needs for `entries` entries in the segments being compacted.
+inline std::size_t compact_workspace_bytes(std::int64_t entries, std::int32_t segments) {
+  WorkspaceLayout layout;
+  layout.take<std::int32_t>(nullptr, entries);
+  layout.take<std::int32_t>(nullptr, segments);
+  return layout.bytes();
+}
+
+/// Compacts every segment with active[s] != 0 (all when active is null) to the entries keep marks.
+/// keep is flat: segment s's flags are keep[offsets[s] .. offsets[s] + length[s]), offsets as
+/// segment_offsets() builds them (inactive segments may have 0 flags). evicted (optional, device,
+/// [segments]) receives each segment's evicted count. `entries` bounds offsets[segments]: the
+/// pool's slots always do. Two-phase (workspace == nullptr: sets workspace_bytes and returns).
+template <class T>
+void compact(void* workspace, std::size_t& workspace_bytes, const PagedKV<T>& kv, const BlockTables& t,
+             const std::int64_t* offsets, const std::uint8_t* keep, const std::uint8_t* active, FreeList free,
+             std::int64_t* evicted, std::int64_t entries, cudaStream_t stream) {
+  constexpr const char* who = "cuda::compact";
+  require(entries >= 0, who, ": entries = ", entries, " must be >= 0");
+  if (size_query(workspace, workspace_bytes, compact_workspace_bytes(entries, t.segments), who)) return;
+  kv.validate(who);
+  t.validate(who);
+  free.validate(who);
+  require(offsets && keep, who, ": offsets and keep must be device pointers");
+  WorkspaceLayout layout;
+  detail::CompactWork w{layout.take<std::int32_t>(workspace, entries), layout.take<std::int32_t>(workspace, t.segments)};
+  const std::string shapes = "segments = " + std::to_string(t.segments) + ", page_size = " +
+                             std::to_string(kv.page_size) + ", head_dim = " + std::to_string(kv.head_dim);
+  detail::compact_kernel<T><<<static_cast<unsigned>(t.segments), detail::kSelectThreads, 0, stream>>>(kv, t, offsets,
+                                                                                                        keep, active, w);
+  check_launch("compact_kernel", shapes);
+  detail::release_pages_kernel<><<<1, detail::kSelectThreads, 0, stream>>>(t, kv.page_size, free, w, evicted);
+  check_launch("release_pages_kernel", shapes);
+}
+
+}  // namespace kvpolicy::cuda

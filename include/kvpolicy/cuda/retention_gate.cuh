@@ -1,0 +1,111 @@
+/// \file
+/// kvpolicy/cuda/retention_gate.cuh — the TRIM-KV retention gate on the device (SPEC §1), the CUDA
+/// twin of gate::RetentionGate::forward for a prefill chunk or a decode token (T = 1):
+///   U = act(X W1^T + b1)   [T, I]   cuBLAS SGEMM, then a fused bias + activation kernel
+///   Z = U W2^T             [T, Hkv] cuBLAS SGEMM
+///   log_beta[h, t] = logsigmoid(Z[t, h] + b[h])   [Hkv, T]  (the layout append takes)
+/// fp32 throughout (no TF32: the handle's math mode is left to the engine, whose default is exact
+/// fp32). The activation and logsigmoid are the KVPOLICY_HD functions the CPU gate calls.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "kvpolicy/cuda/check.cuh"
+#include "kvpolicy/cuda/views.cuh"
+#include "kvpolicy/gate/activation.hpp"
+
+namespace kvpolicy::cuda {
+
+/// One layer's gate weights in device memory, row-major as the checkpoint stores them
+/// (model.layers.{l}.self_attn.retention_gate.*, SPEC §1): w1 [I, D], b1 [I], w2 [Hkv, I], b [Hkv].
+struct RetentionGateWeights {
+  const float* w1 = nullptr;
+  const float* b1 = nullptr;
+  const float* w2 = nullptr;
+  const float* b = nullptr;
+  std::int32_t hidden = 0;        // D
+  std::int32_t intermediate = 0;  // I
+  std::int32_t kv_heads = 0;      // Hkv
+  gate::Activation activation = gate::Activation::silu;
+};
+
+inline void check_cublas(cublasStatus_t status, const char* what, const std::string& shapes) {
+  if (status == CUBLAS_STATUS_SUCCESS) return;
+  fail("cuda: ", what, " failed: cuBLAS status ", static_cast<int>(status), " (", cublasGetStatusString(status), ") (",
+       shapes, ")");
+}
+
+namespace detail {
+
+template <int = 0>  // header-only: a template kernel links once across translation units
+__global__ void bias_activation_kernel(float* u, const float* b1, std::int64_t tokens, std::int32_t intermediate,
+                                       gate::Activation act) {
+  const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= tokens * intermediate) return;
+  u[i] = gate::activate(act, u[i] + b1[i % intermediate]);
+}
+
+template <int = 0>  // header-only: a template kernel links once across translation units
+__global__ void bias_logsigmoid_kernel(const float* z, const float* b, std::int64_t tokens, std::int32_t kv_heads,
+                                       float* log_beta) {
+  const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= tokens * kv_heads) return;
+  const std::int64_t t = i / kv_heads, h = i % kv_heads;
+  log_beta[h * tokens + t] = math::logsigmoid(z[i] + b[h]);
+}
+
+}  // namespace detail
+
+inline std::size_t retention_gate_workspace_bytes(const RetentionGateWeights& w, std::int64_t tokens) {
+  WorkspaceLayout layout;
+  layout.take<float>(nullptr, tokens * w.intermediate);
+  layout.take<float>(nullptr, tokens * w.kv_heads);
+  return layout.bytes();
+}
+
+/// x [tokens, D] fp32 (the attention block's normalised input) -> log_beta [Hkv, tokens] fp32, on
+/// `stream` (set on the handle for these calls). Two-phase: workspace == nullptr sets
+/// workspace_bytes and returns.
+inline void retention_gate_forward(void* workspace, std::size_t& workspace_bytes, cublasHandle_t handle,
+                                   const RetentionGateWeights& w, const float* x, std::int64_t tokens,
+                                   float* log_beta, cudaStream_t stream) {
+  constexpr const char* who = "cuda::retention_gate_forward";
+  require(w.hidden >= 1 && w.intermediate >= 1 && w.kv_heads >= 1, who, ": hidden = ", w.hidden,
+          ", intermediate = ", w.intermediate, ", kv_heads = ", w.kv_heads, " must all be >= 1");
+  require(tokens >= 0 && tokens <= INT32_MAX, who, ": tokens = ", tokens, " must be in [0, 2^31 - 1]");
+  if (size_query(workspace, workspace_bytes, retention_gate_workspace_bytes(w, tokens), who)) return;
+  if (tokens == 0) return;
+  require(handle && w.w1 && w.b1 && w.w2 && w.b && x && log_beta, who,
+          ": the handle, weights, x and log_beta must be set");
+  WorkspaceLayout layout;
+  float* u = layout.take<float>(workspace, tokens * w.intermediate);
+  float* z = layout.take<float>(workspace, tokens * w.kv_heads);
+  const std::string shapes = "tokens = " + std::to_string(tokens) + ", D = " + std::to_string(w.hidden) +
+                             ", I = " + std::to_string(w.intermediate) + ", Hkv = " + std::to_string(w.kv_heads);
+  const int T = static_cast<int>(tokens);
+  const float one = 1.0f, zero = 0.0f;
+  check_cublas(cublasSetStream(handle, stream), "cublasSetStream", shapes);
+  // row-major C[M, N] = A[M, K] B[N, K]^T is column-major C^T[N, M] = op_T(B) A: B, A are read as
+  // column-major [K, N] and [K, M] with leading dimension K
+  check_cublas(cublasSgemm(handle, CUBLAS_OP_T, CUBLAS_OP_N, w.intermediate, T, w.hidden, &one, w.w1, w.hidden, x,
+                           w.hidden, &zero, u, w.intermediate),
+               "cublasSgemm (X W1^T)", shapes);
+  const std::int64_t nu = tokens * w.intermediate;
+  detail::bias_activation_kernel<><<<blocks_for(nu, 256, "bias_activation_kernel"), 256, 0, stream>>>(
+      u, w.b1, tokens, w.intermediate, w.activation);
+  check_launch("bias_activation_kernel", shapes);
+  check_cublas(cublasSgemm(handle, CUBLAS_OP_T, CUBLAS_OP_N, w.kv_heads, T, w.intermediate, &one, w.w2,
+                           w.intermediate, u, w.intermediate, &zero, z, w.kv_heads),
+               "cublasSgemm (U W2^T)", shapes);
+  const std::int64_t nz = tokens * w.kv_heads;
+  detail::bias_logsigmoid_kernel<><<<blocks_for(nz, 256, "bias_logsigmoid_kernel"), 256, 0, stream>>>(
+      z, w.b, tokens, w.kv_heads, log_beta);
+  check_launch("bias_logsigmoid_kernel", shapes);
+}
+
+}  // namespace kvpolicy::cuda

@@ -1,0 +1,140 @@
+/// \file
+/// kvpolicy/cuda/segmented_topk.cuh — per-head selection (SPEC §1 "Trigger and survivors"): for
+/// every segment (one per (sequence, layer, kv head), ragged), mark the survivors the CPU's
+/// evict::PerHead::select marks — the top k by (score, larger position on ties), the window's
+/// newest w entries protected (+inf), or with the threshold variant every entry scoring >= log alpha.
+///
+/// One block per segment (cub::BlockScan / radix histograms in shared memory). A segment of up to
+/// kTile entries is keyed once into shared memory and selected there; a longer one is selected in
+/// the multi-pass path, which re-reads its keys from global memory on each of the 8 histogram
+/// passes. Either way the result is exact and deterministic; O(8 n) work per segment.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <climits>
+
+#include "kvpolicy/core/rank_key.hpp"
+#include "kvpolicy/cuda/block_select.cuh"
+#include "kvpolicy/cuda/check.cuh"
+#include "kvpolicy/cuda/views.cuh"
+
+namespace kvpolicy::cuda {
+
+/// Ragged segments in flat device arrays: segment s is [offsets[s], offsets[s + 1]) of score,
+/// position and keep — the layout of kvpolicy::SegmentedScores. Positions are unique within a
+/// segment (as in every cache); scores are never NaN.
+struct DeviceSegments {
+  const float* score = nullptr;
+  const std::int32_t* position = nullptr;
+  const std::int64_t* offsets = nullptr;  // segments + 1
+  std::int32_t segments = 0;
+};
+
+/// What a per-segment selection keeps.
+struct SegmentRule {
+  std::int64_t k = 0;                     // survivors per segment (top-k variant)
+  const std::int64_t* k_of = nullptr;     // or one k per segment (device), when set
+  std::int64_t window = 0;                // the w newest entries of a segment score +inf (SPEC §1)
+  bool threshold = false;                 // keep score >= log_alpha instead of a top-k
+  float log_alpha = 0.0f;
+  const std::uint8_t* active = nullptr;   // segments with active[s / active_stride] == 0 keep everything
+  std::int32_t active_stride = 1;         // (null: all active)
+};
+
+namespace detail {
+
+inline constexpr int kTile = 2048;  // entries keyed into shared memory (16 KiB of keys)
+
+struct TopKShared {
+  SelectShared select;
+  std::uint64_t keys[kTile];
+};
+
+/// The smallest position of the `window` newest entries of a segment (they score +inf), as int64:
+/// INT64_MAX protects nothing, INT64_MIN everything.
+__device__ inline long long window_cut(const std::int32_t* position, long long n, long long window,
+                                       SelectShared& sh) {
+  if (window <= 0 || n == 0) return LLONG_MAX;
+  if (window >= n) return LLONG_MIN;
+  const auto get = [&](long long i) { return rank::ordered_position(position[i]); };
+  const std::uint32_t cut = block_radix_select<std::uint32_t>(get, n, window, sh);
+  return static_cast<long long>(static_cast<std::int32_t>(cut ^ 0x80000000u));
+}
+
+__device__ inline float protected_score(float score, std::int32_t position, long long cut) {
+  return position >= cut ? __int_as_float(0x7f800000) : score;
+}
+
+template <int = 0>  // header-only: a template kernel links once across translation units
+__global__ void __launch_bounds__(kSelectThreads)
+    segmented_select_kernel(DeviceSegments s, SegmentRule rule, std::uint8_t* keep) {
+  __shared__ TopKShared sh;
+  const int seg = static_cast<int>(blockIdx.x);
+  const long long begin = s.offsets[seg];
+  const long long n = s.offsets[seg + 1] - begin;
+  const float* score = s.score + begin;
+  const std::int32_t* position = s.position + begin;
+  std::uint8_t* out = keep + begin;
+  const long long k = rule.k_of ? rule.k_of[seg] : rule.k;
+
+  const auto fill = [&](std::uint8_t v) {
+    for (long long i = threadIdx.x; i < n; i += blockDim.x) out[i] = v;
+  };
+  if (rule.active && !rule.active[seg / rule.active_stride]) return fill(1);
+  if (!rule.threshold && k >= n) return fill(1);
+  if (!rule.threshold && k <= 0) return fill(0);
+
+  const long long cut = window_cut(position, n, rule.window, sh.select);
+  if (rule.threshold) {
+    for (long long i = threadIdx.x; i < n; i += blockDim.x)
+      out[i] = protected_score(score[i], position[i], cut) >= rule.log_alpha ? 1 : 0;
+    return;
+  }
+  const auto key_at = [&](long long i) {
+    return rank::entry_key(protected_score(score[i], position[i], cut), position[i]);
+  };
+  std::uint64_t kth;
+  if (n <= kTile) {  // keyed once, selected in shared memory
+    for (long long i = threadIdx.x; i < n; i += blockDim.x) sh.keys[i] = key_at(i);
+    __syncthreads();
+    kth = block_radix_select<std::uint64_t>([&](long long i) { return sh.keys[i]; }, n, k, sh.select);
+  } else {  // multi-pass: every histogram pass reads the segment again
+    kth = block_radix_select<std::uint64_t>(key_at, n, k, sh.select);
+  }
+  const long long take_equal = sh.select.k;  // keys == kth the top k takes (1 when positions are unique)
+  const auto key_of = [&](long long i) { return n <= kTile ? sh.keys[i] : key_at(i); };
+  for (long long i = threadIdx.x; i < n; i += blockDim.x) out[i] = key_of(i) > kth ? 1 : 0;
+  __syncthreads();
+  block_enumerate(
+      n, [&](long long i) { return key_of(i) == kth; },
+      [&](long long i, long long rank) { out[i] = rank < take_equal ? 1 : 0; }, sh.select.scan);
+}
+
+}  // namespace detail
+
+inline void validate_segments(const DeviceSegments& s, const std::uint8_t* keep, const char* who) {
+  require(s.segments >= 0, who, ": segments = ", s.segments, " must be >= 0");
+  require(s.segments == 0 || (s.score && s.position && s.offsets && keep), who,
+          ": score, position, offsets and keep must be device pointers");
+}
+
+/// Marks keep[i] for every entry of every segment by `rule` (see SegmentRule), on `stream`.
+/// Needs no workspace; asynchronous; an invalid argument throws before anything is launched.
+inline void segmented_select(const DeviceSegments& s, const SegmentRule& rule, std::uint8_t* keep,
+                             cudaStream_t stream) {
+  constexpr const char* who = "cuda::segmented_select";
+  validate_segments(s, keep, who);
+  require(rule.threshold || rule.k_of || rule.k >= 0, who, ": k = ", rule.k, " must be >= 0");
+  require(rule.active_stride >= 1, who, ": active_stride = ", rule.active_stride, " must be >= 1");
+  require(rule.window >= 0, who, ": window w = ", rule.window, " must be >= 0");
+  require(!rule.threshold || rule.log_alpha == rule.log_alpha, who, ": log_alpha is NaN");
+  if (s.segments == 0) return;
+  detail::segmented_select_kernel<><<<static_cast<unsigned>(s.segments), detail::kSelectThreads, 0, stream>>>(s, rule,
+                                                                                                            keep);
+  check_launch("segmented_select_kernel", "segments = ", s.segments, ", k = ", rule.k, ", window = ", rule.window);
+}
+
+}  // namespace kvpolicy::cuda

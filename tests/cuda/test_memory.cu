@@ -1,0 +1,315 @@
+// Append, compaction and the whole eviction step on the device against memory::Paged and the CPU
+// evictors (SPEC §1–2; DESIGN, Device path): after every operation the device's lengths, block
+// tables, free-page count, metadata and K/V bits equal the CPU's — the same page ids, since both
+// pop and push their free lists in the same order.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <span>
+#include <vector>
+
+#include "device_buffer.hpp"
+#include "kvpolicy/cuda/append.cuh"
+#include "kvpolicy/cuda/compact.cuh"
+#include "kvpolicy/cuda/evict_step.cuh"
+#include "kvpolicy/memory/paged.hpp"
+#include "kvpolicy/policy/evict.hpp"
+#include "kvpolicy/policy/score.hpp"
+
+namespace kp = kvpolicy;
+namespace kc = kvpolicy::cuda;
+using cudatest::DeviceBuffer;
+
+namespace {
+
+constexpr int kPage = 16;
+
+/// One pool twice: memory::Paged on the host, the device views over device buffers.
+struct Twin {
+  kp::CacheShape shape;
+  int sequences, pages, segments;
+  kp::memory::Paged<kPage, float> cpu;
+  DeviceBuffer<float> keys, values, meta;
+  DeviceBuffer<std::int32_t> position, table, length, free_pages, free_count;
+  DeviceBuffer<kc::Status> status;
+
+  Twin(kp::CacheShape s, int seqs, int pool_pages)
+      : shape(s), sequences(seqs), pages(pool_pages), segments(seqs * static_cast<int>(s.heads_total())),
+        cpu(pool_pages), keys(std::size_t(pool_pages) * kPage * s.head_dim), values(keys.size()),
+        meta(std::size_t(pool_pages) * kPage), position(meta.size()), table(std::size_t(segments) * pool_pages),
+        length(std::vector<std::int32_t>(segments, 0)), free_pages(pool_pages),
+        free_count(std::vector<std::int32_t>{pool_pages}), status(std::vector<kc::Status>{kc::Status{}}) {
+    cpu.bind(shape);
+    for (int q = 0; q < seqs; ++q) cpu.add_sequence(q);
+    std::vector<std::int32_t> free(pool_pages);
+    for (int i = 0; i < pool_pages; ++i) free[i] = pool_pages - 1 - i;  // page 0 on top, as memory::Paged
+    free_pages.upload(free);
+    table.upload(std::vector<std::int32_t>(table.size(), 0));
+  }
+  kc::PagedKV<float> kv() const {
+    return {keys.get(), values.get(), position.get(), meta.get(), nullptr, nullptr, pages, kPage, shape.head_dim};
+  }
+  kc::BlockTables tables() const { return {table.get(), length.get(), segments, pages}; }
+  kc::FreeList free() const { return {free_pages.get(), free_count.get(), pages}; }
+  int seq_of(int seg) const { return seg / static_cast<int>(shape.heads_total()); }
+  int layer_of(int seg) const { return (seg % static_cast<int>(shape.heads_total())) / shape.kv_heads; }
+  int head_of(int seg) const { return seg % shape.kv_heads; }
+
+  /// `tokens` entries to every head of every sequence, positions from `first`.
+  void append(std::mt19937_64& rng, int tokens, std::int32_t first) {
+    const int d = shape.head_dim;
+    std::vector<float> k(std::size_t(segments) * tokens * d), v(k.size()), lb(std::size_t(segments) * tokens);
+    std::vector<std::int32_t> pos(lb.size()), seg(segments);
+    std::normal_distribution<float> normal;
+    static const float betas[] = {0.0f, -0.25f, -0.5f, -1.0f, -std::numeric_limits<float>::infinity()};
+    for (auto& x : k) x = normal(rng);
+    for (auto& x : v) x = normal(rng);
+    for (std::size_t i = 0; i < lb.size(); ++i) {
+      lb[i] = i % 3 == 0 ? betas[std::uniform_int_distribution<int>(0, 4)(rng)]
+                         : -std::uniform_real_distribution<float>(0.0f, 1.0f)(rng);
+      pos[i] = first + static_cast<std::int32_t>(i % tokens);
+    }
+    for (int s = 0; s < segments; ++s) {
+      seg[s] = s;
+      std::vector<kp::EntryMeta> m(tokens);
+      for (int t = 0; t < tokens; ++t) m[t] = kp::EntryMeta{pos[s * tokens + t], lb[s * tokens + t], 0.0f, 0.0f};
+      cpu.append(seq_of(s), layer_of(s), head_of(s), tokens, &k[std::size_t(s) * tokens * d],
+                 &v[std::size_t(s) * tokens * d], m.data());
+    }
+    DeviceBuffer<float> dk(k), dv(v), dlb(lb);
+    DeviceBuffer<std::int32_t> dpos(pos), dseg(seg);
+    kc::AppendRows<float> rows{dseg.get(), segments, tokens, dk.get(), dv.get(), dpos.get(), dlb.get()};
+    std::size_t bytes = 0;
+    kc::append(nullptr, bytes, kv(), tables(), free(), rows, status.get(), nullptr);
+    DeviceBuffer<unsigned char> ws(bytes);
+    kc::append(ws.get(), bytes, kv(), tables(), free(), rows, status.get(), nullptr);
+    cudatest::sync();
+  }
+
+  /// Every length, table row, free count, metadata and K/V row equal to the CPU's.
+  void compare(const char* when, int step) const {
+    const auto len = length.download(), tab = table.download(), pos = position.download();
+    const auto lb = meta.download(), k = keys.download(), v = values.download();
+    REQUIRE(status.download()[0].code == kc::Status::ok);
+    REQUIRE_MESSAGE(free_count.download()[0] == cpu.pages_free(), when, " step ", step);
+    const int d = shape.head_dim;
+    for (int s = 0; s < segments; ++s) {
+      const auto layout = cpu.layout(seq_of(s), layer_of(s), head_of(s));
+      REQUIRE_MESSAGE(len[s] == layout.length, when, " step ", step, " segment ", s);
+      for (std::size_t p = 0; p < layout.block_table.size(); ++p)
+        REQUIRE_MESSAGE(tab[std::size_t(s) * pages + p] == layout.block_table[p], when, " step ", step, " segment ", s);
+      for (std::int64_t i = 0; i < layout.length; ++i) {
+        const std::int64_t slot = layout.slot(i);
+        const auto& m = cpu.pool().meta(slot);
+        REQUIRE_MESSAGE(pos[slot] == m.position, when, " step ", step, " segment ", s, " entry ", i);
+        REQUIRE(std::memcmp(&lb[slot], &m.log_beta, sizeof(float)) == 0);
+        REQUIRE(std::memcmp(&k[slot * d], cpu.pool().key(slot), sizeof(float) * d) == 0);
+        REQUIRE(std::memcmp(&v[slot * d], cpu.pool().value(slot), sizeof(float) * d) == 0);
+      }
+    }
+  }
+};
+
+/// The CPU side of one eviction step, as Cache::commit plans and applies it: per sequence, trigger
+/// on the head lengths, score the active heads at n, select, compact the active heads in order.
+template <class Evictor>
+void cpu_evict(Twin& tw, const Evictor& e, std::int64_t n) {
+  const kp::CacheShape& shape = tw.shape;
+  for (int q = 0; q < tw.sequences; ++q) {
+    const auto heads = static_cast<std::size_t>(shape.heads_total());
+    std::vector<std::int64_t> lengths(heads), offsets{0};
+    std::vector<std::uint8_t> active(heads);
+    for (int l = 0; l < shape.layers; ++l)
+      for (int h = 0; h < shape.kv_heads; ++h) lengths[kp::head_index(shape, l, h)] = tw.cpu.length(q, l, h);
+    const kp::StepContext ctx{n, 0, false, 0};
+    if (!kp::evictor_trigger(e, shape, ctx, lengths, active)) continue;
+    std::vector<float> score;
+    std::vector<std::int32_t> position;
+    for (std::size_t i = 0; i < heads; ++i) {
+      if (active[i]) {
+        const auto layout = tw.cpu.layout(q, static_cast<int>(i) / shape.kv_heads, static_cast<int>(i) % shape.kv_heads);
+        for (std::int64_t j = 0; j < layout.length; ++j) {
+          const auto& m = tw.cpu.pool().meta(layout.slot(j));
+          score.push_back(kp::score::RetentionDecay{}(m, ctx));
+          position.push_back(m.position);
+        }
+      }
+      offsets.push_back(static_cast<std::int64_t>(score.size()));
+    }
+    std::vector<std::uint8_t> keep(score.size());
+    kp::evictor_select(e, shape, ctx, kp::SegmentedScores{score, position, offsets}, keep);
+    for (std::size_t i = 0; i < heads; ++i)
+      if (active[i])
+        tw.cpu.compact(q, static_cast<int>(i) / shape.kv_heads, static_cast<int>(i) % shape.kv_heads,
+                       std::span<const std::uint8_t>(keep).subspan(offsets[i], offsets[i + 1] - offsets[i]));
+  }
+}
+
+void device_evict(Twin& tw, const kc::EvictionRule& r, std::int64_t n) {
+  DeviceBuffer<kp::StepContext> ctx(std::vector<kp::StepContext>(tw.sequences, kp::StepContext{n, 0, false, 0}));
+  std::size_t bytes = 0;
+  kc::evict_step(nullptr, bytes, kp::score::RetentionDecay{}, r, tw.kv(), tw.tables(), tw.free(), ctx.get(), nullptr,
+                 nullptr);
+  DeviceBuffer<unsigned char> ws(bytes);
+  kc::evict_step(ws.get(), bytes, kp::score::RetentionDecay{}, r, tw.kv(), tw.tables(), tw.free(), ctx.get(), nullptr,
+                 nullptr);
+  cudatest::sync();
+}
+
+}  // namespace
+
+TEST_CASE("append and compact leave the pool as memory::Paged leaves it") {
+  for (std::uint64_t seed = 1; seed <= 40; ++seed) {
+    std::mt19937_64 rng(seed);
+    const kp::CacheShape shape{2, 3, 6, 64};
+    Twin tw(shape, 3, 600);
+    std::int32_t n = 0;
+    for (int round = 0; round < 12; ++round) {
+      const int tokens = round % 3 == 0 ? std::uniform_int_distribution<int>(1, 40)(rng) : 1;
+      tw.append(rng, tokens, n);
+      n += tokens;
+      tw.compare("append", round);
+      // random survivors on a random subset of heads
+      std::vector<std::uint8_t> active(tw.segments), keep;
+      std::vector<std::int64_t> offsets{0};
+      for (int s = 0; s < tw.segments; ++s) {
+        active[s] = std::uniform_int_distribution<int>(0, 2)(rng) != 0;
+        const auto len = active[s] ? tw.cpu.length(tw.seq_of(s), tw.layer_of(s), tw.head_of(s)) : 0;
+        const double p = std::uniform_real_distribution<double>(0.0, 1.0)(rng);
+        for (std::int64_t i = 0; i < len; ++i) keep.push_back(std::bernoulli_distribution(p)(rng));
+        offsets.push_back(static_cast<std::int64_t>(keep.size()));
+      }
+      for (int s = 0; s < tw.segments; ++s)
+        if (active[s])
+          tw.cpu.compact(tw.seq_of(s), tw.layer_of(s), tw.head_of(s),
+                         std::span<const std::uint8_t>(keep).subspan(offsets[s], offsets[s + 1] - offsets[s]));
+      DeviceBuffer<std::uint8_t> dactive(active), dkeep(keep.empty() ? std::vector<std::uint8_t>{0} : keep);
+      DeviceBuffer<std::int64_t> doffsets(tw.segments + 1);
+      kc::segment_offsets(tw.tables(), dactive.get(), doffsets.get(), nullptr);
+      DeviceBuffer<std::int64_t> evicted(tw.segments);
+      std::size_t bytes = 0;
+      kc::compact(nullptr, bytes, tw.kv(), tw.tables(), doffsets.get(), dkeep.get(), dactive.get(), tw.free(),
+                  evicted.get(), tw.kv().slots(), nullptr);
+      DeviceBuffer<unsigned char> ws(bytes);
+      kc::compact(ws.get(), bytes, tw.kv(), tw.tables(), doffsets.get(), dkeep.get(), dactive.get(), tw.free(),
+                  evicted.get(), tw.kv().slots(), nullptr);
+      cudatest::sync();
+      REQUIRE(doffsets.download() == offsets);
+      tw.compare("compact", round);
+    }
+  }
+}
+
+TEST_CASE("evict_step keeps what the CPU evictors keep, step after step") {
+  struct Case {
+    kc::Scope scope;
+    std::int64_t budget, buffer, window;
+    double threshold, floor_ratio;
+  };
+  const Case cases[] = {{kc::Scope::per_head, 24, 4, 0, 0.0, 0.0},    {kc::Scope::per_head, 17, 1, 5, 0.0, 0.0},
+                        {kc::Scope::per_head, 30, 8, 3, 0.6, 0.0},    {kc::Scope::global, 20, 6, 0, 0.0, 0.0},
+                        {kc::Scope::global, 20, 6, 4, 0.0, 0.3},      {kc::Scope::global, 12, 2, 2, 0.5, 0.0},
+                        {kc::Scope::layer_wise, 16, 4, 0, 0.0, 0.0},  {kc::Scope::layer_wise, 16, 4, 2, 0.0, 0.5}};
+  std::uint64_t seed = 0;
+  for (const Case& c : cases) {
+    std::mt19937_64 rng(++seed);
+    const kp::CacheShape shape{3, 2, 4, 64};
+    Twin tw(shape, 3, 3 * 6 * 8);
+    kc::EvictionRule r;
+    r.scope = c.scope;
+    r.layers = shape.layers;
+    r.kv_heads = shape.kv_heads;
+    r.budget = c.budget;
+    r.buffer = c.buffer;
+    r.window = c.window;
+    r.threshold = c.threshold;
+    r.floor_ratio = c.floor_ratio;
+    std::int64_t n = 0;
+    for (int step = 0; step < 160; ++step) {
+      const int tokens = step == 0 ? 21 : 1;  // a prompt chunk, then decode
+      tw.append(rng, tokens, static_cast<std::int32_t>(n));
+      n += tokens;
+      if (c.scope == kc::Scope::per_head) {
+        kp::evict::PerHead<> e;
+        e.rule = {c.budget, c.buffer};
+        e.window = c.window;
+        e.threshold = c.threshold;
+        cpu_evict(tw, e, n);
+      } else if (c.scope == kc::Scope::global) {
+        cpu_evict(tw, kp::evict::Global{c.budget, c.buffer, c.floor_ratio, c.window, c.threshold}, n);
+      } else {
+        cpu_evict(tw, kp::evict::LayerWise{c.budget, c.buffer, c.window, c.threshold, c.floor_ratio}, n);
+      }
+      device_evict(tw, r, n);
+      tw.compare("evict_step", step);
+    }
+  }
+}
+
+TEST_CASE("append that does not fit reports it and changes nothing") {
+  std::mt19937_64 rng(3);
+  const kp::CacheShape shape{1, 2, 2, 64};
+  Twin tw(shape, 1, 3);  // 2 heads, 3 pages of 16
+  tw.append(rng, 16, 0);  // one page each
+  const auto before_len = tw.length.download(), before_table = tw.table.download();
+  const auto before_free = tw.free_count.download();
+  std::vector<float> k(2 * 20 * 64, 1.0f), lb(2 * 20, -0.5f);
+  std::vector<std::int32_t> pos(2 * 20, 99), seg{0, 1};
+  DeviceBuffer<float> dk(k), dv(k), dlb(lb);
+  DeviceBuffer<std::int32_t> dpos(pos), dseg(seg);
+  kc::AppendRows<float> rows{dseg.get(), 2, 20, dk.get(), dv.get(), dpos.get(), dlb.get()};  // needs 4 pages, 1 free
+  std::size_t bytes = 0;
+  kc::append(nullptr, bytes, tw.kv(), tw.tables(), tw.free(), rows, tw.status.get(), nullptr);
+  DeviceBuffer<unsigned char> ws(bytes);
+  kc::append(ws.get(), bytes, tw.kv(), tw.tables(), tw.free(), rows, tw.status.get(), nullptr);
+  cudatest::sync();
+  const kc::Status st = tw.status.download()[0];
+  CHECK(st.code == kc::Status::out_of_pages);
+  CHECK(st.needed == 4);
+  CHECK(st.available == 1);
+  CHECK(tw.length.download() == before_len);
+  CHECK(tw.table.download() == before_table);
+  CHECK(tw.free_count.download() == before_free);
+}
+
+TEST_CASE("memory and eviction arguments are checked before any launch" * doctest::test_suite("host")) {
+  kc::PagedKV<float> kv;
+  kc::BlockTables t;
+  kc::FreeList f;
+  kc::AppendRows<float> rows;
+  rows.tokens = -1;
+  std::size_t bytes = 0;
+  CHECK_THROWS_WITH(kc::append(nullptr, bytes, kv, t, f, rows, nullptr, nullptr), doctest::Contains("tokens = -1"));
+  rows.tokens = 1;
+  rows.rows = 5;
+  kc::append(nullptr, bytes, kv, t, f, rows, nullptr, nullptr);  // a size query needs no device
+  CHECK(bytes > 0);
+  CHECK_THROWS_WITH(kc::append(reinterpret_cast<void*>(256), bytes, kv, t, f, rows, nullptr, nullptr),
+                    doctest::Contains("the K/V pool needs keys, values, position and meta"));
+
+  kc::EvictionRule r;
+  r.layers = 2;
+  r.kv_heads = 2;
+  r.budget = 8;
+  r.window = 9;
+  CHECK_THROWS_WITH(kc::evict_step(nullptr, bytes, kp::score::RetentionDecay{}, r, kv, t, f, nullptr, nullptr, nullptr),
+                    doctest::Contains("window w = 9 must be in [0, budget M = 8]"));
+  r.window = 0;
+  r.floor_ratio = 0.5;
+  CHECK_THROWS_WITH(kc::evict_step(nullptr, bytes, kp::score::RetentionDecay{}, r, kv, t, f, nullptr, nullptr, nullptr),
+                    doctest::Contains("floor_ratio applies to the pooled scopes only"));
+  r.scope = kc::Scope::global;
+  float dummy = 0.0f;
+  std::int32_t idummy = 0;
+  kv = kc::PagedKV<float>{&dummy, &dummy, &idummy, &dummy, nullptr, nullptr, 10, 16, 64};
+  t = kc::BlockTables{&idummy, &idummy, 6, 10};
+  CHECK_THROWS_WITH(kc::evict_step(nullptr, bytes, kp::score::RetentionDecay{}, r, kv, t, f, nullptr, nullptr, nullptr),
+                    doctest::Contains("segments = 6 is not a multiple of L x Hkv = 4"));
+  t.segments = 8;
+  kc::evict_step(nullptr, bytes, kp::score::RetentionDecay{}, r, kv, t, f, nullptr, nullptr, nullptr);
+  CHECK(bytes >= 160 * (sizeof(float) + sizeof(std::int32_t) + 1));
+}
