@@ -224,14 +224,14 @@ void BM_evict_step(benchmark::State& state) {
   EvictSetup s(static_cast<int>(state.range(0)));
   std::size_t bytes = 0;
   kc::evict_step(nullptr, bytes, kp::score::RetentionDecay{}, s.rule(), s.kv(), s.tables_view(), s.free(),
-                 s.context.p, nullptr, nullptr);
+                 s.context.p, nullptr, nullptr, nullptr);
   Buffer<char> ws(bytes);
   Timer timer;
   for (auto _ : state) {
     s.restore(nullptr);
     timer.begin(nullptr);
     kc::evict_step(ws.p, bytes, kp::score::RetentionDecay{}, s.rule(), s.kv(), s.tables_view(), s.free(), s.context.p,
-                   nullptr, nullptr);
+                   nullptr, nullptr, nullptr);
     state.SetIterationTime(timer.end_seconds(nullptr));
   }
   state.counters["entries"] = double(s.segments) * EvictSetup::kLength;

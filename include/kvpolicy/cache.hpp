@@ -9,7 +9,9 @@
 /// anything: a call that throws leaves the cache exactly as it was (SPEC §7).
 #pragma once
 
+#include <algorithm>
 #include <cmath>
+#include <functional>
 #include <cstdint>
 #include <limits>
 #include <map>
@@ -49,6 +51,8 @@ class Cache {
                 "kvpolicy::Cache: this Scorer ranks by attention mass, and this Allocator's pool cannot accumulate it");
   static_assert(!(scorer_static_score<S> && scorer_needs_attention_mass<S>),
                 "kvpolicy::Cache: a Scorer reads either a static score or the attention mass, not both");
+  static_assert(!(admitter_has_ring<A> && requires(const E& e) { e.attention_mask(); }),
+                "kvpolicy::Cache: the Admitter's ring and the Evictor both mask the attention; compose one of them");
   // H2O's mass and SnapKV's query window: the attention feeds the policy, so every step attends
   static constexpr bool observes_attention = scorer_needs_attention_mass<S> || WindowScorer<S>;
 
@@ -64,6 +68,7 @@ class Cache {
       : shape_(shape), alloc_(std::move(allocator)), evictor_(evictor), scorer_(scorer), admitter_(admitter) {
     evictor_.validate(shape_);
     scorer_.validate();
+    if constexpr (requires { admitter_.validate(); }) admitter_.validate();
     if constexpr (requires { evictor_.validate_scorer(scorer_); }) evictor_.validate_scorer(scorer_);
     alloc_.bind(shape_);
   }
@@ -122,20 +127,22 @@ class Cache {
   /// ---- one step, layer by layer ----------------------------------------------------------------
   /// keys/values [Hkv, T, d] post-RoPE, log_beta [Hkv, T] in [-inf, 0]. Every layer of a step appends
   /// the same T, once.
+  /// gate [Hkv, T]: WG-KV's write gate g of each token (SPEC §3), for an Admitter that decides by
+  /// it (admit::WriteGate); optional otherwise (every entry's g is then 1).
   void append(std::int64_t seq, int layer, View<const float, 3> keys, View<const float, 3> values,
-              View<const float, 2> log_beta) {
+              View<const float, 2> log_beta, View<const float, 2> gate = {}) {
     SequenceState& st = state_of(seq);
     check_layer(layer, "append");
     const std::int64_t T = keys.dim(1);
     check_step_tokens(seq, st, T);
     require(!st.appended[static_cast<std::size_t>(layer)], "Cache::append: layer ", layer, " of sequence ", seq,
             " was already appended in this step; call commit() first");
-    check_layer_inputs(layer, T, st.n, keys, values, log_beta);
+    check_layer_inputs(layer, T, st.n, keys, values, log_beta, gate);
     require(alloc_.can_append(seq, T, layer), "Cache::append: out of memory: sequence ", seq, " layer ", layer,
             " cannot take ", T, " more entries per head (", alloc_.pages_free(), " of ", alloc_.pages_total(),
             " pages free)");
     try {
-      write_layer(seq, st, layer, T, keys, values, log_beta);
+      write_layer(seq, st, layer, T, keys, values, log_beta, gate);
     } catch (...) {  // an Admitter or an allocation failed midway: take back this layer's entries
       drop_open_entries(seq, st, layer);
       throw;
@@ -200,6 +207,7 @@ class Cache {
     View<const float, 3> log_beta;
     View<const float, 4> queries{};
     View<float, 4> out{};
+    View<const float, 3> gate{};  ///< [L, Hkv, T] write gates, for an Admitter that reads them
   };
 
   /// Validated whole before anything is written.
@@ -294,6 +302,7 @@ class Cache {
     require_shape(s.keys, {shape_.layers, shape_.kv_heads, T, shape_.head_dim}, "Cache::step: keys");
     require_shape(s.values, {shape_.layers, shape_.kv_heads, T, shape_.head_dim}, "Cache::step: values");
     require_shape(s.log_beta, {shape_.layers, shape_.kv_heads, T}, "Cache::step: log_beta");
+    if (s.gate.data != nullptr) require_shape(s.gate, {shape_.layers, shape_.kv_heads, T}, "Cache::step: gate");
     if constexpr (observes_attention)
       require(s.queries.data != nullptr, "Cache::step: sequence ", s.seq,
               ": this policy ranks by attention; a step needs queries and out");
@@ -302,7 +311,8 @@ class Cache {
       require_shape(View<const float, 4>(s.out), {shape_.layers, shape_.q_heads, T, shape_.head_dim}, "Cache::step: out");
     }
     for (int l = 0; l < shape_.layers; ++l) {
-      check_layer_inputs(l, T, st.n, layer_of(s.keys, l), layer_of(s.values, l), layer_of(s.log_beta, l));
+      check_layer_inputs(l, T, st.n, layer_of(s.keys, l), layer_of(s.values, l), layer_of(s.log_beta, l),
+                         layer_of(s.gate, l));
       if (s.queries.data != nullptr) check_queries(layer_of(s.queries, l), l);
     }
   }
@@ -311,7 +321,8 @@ class Cache {
     const std::int64_t T = s.keys.dim(2);
     const bool with_attention = s.queries.data != nullptr;
     for (int l = 0; l < shape_.layers; ++l) {
-      write_layer(s.seq, st, l, T, layer_of(s.keys, l), layer_of(s.values, l), layer_of(s.log_beta, l));
+      write_layer(s.seq, st, l, T, layer_of(s.keys, l), layer_of(s.values, l), layer_of(s.log_beta, l),
+                  layer_of(s.gate, l));
       if (with_attention) attend_layer(s.seq, st, l, layer_of(s.queries, l), layer_of(s.out, l));
     }
   }
@@ -397,10 +408,21 @@ class Cache {
             st.n, " cannot take ", T, " more tokens: positions must stay below 2^31 - 1");
   }
   void check_layer_inputs(int layer, std::int64_t T, std::int64_t first_position, View<const float, 3> keys,
-                          View<const float, 3> values, View<const float, 2> log_beta) const {
+                          View<const float, 3> values, View<const float, 2> log_beta, View<const float, 2> gate) const {
     require_shape(keys, {shape_.kv_heads, T, shape_.head_dim}, "Cache::append: keys");
     require_shape(values, {shape_.kv_heads, T, shape_.head_dim}, "Cache::append: values");
     require_shape(log_beta, {shape_.kv_heads, T}, "Cache::append: log_beta");
+    if constexpr (admitter_reads_gate<A>)
+      require(gate.data != nullptr, "Cache::append: layer ", layer,
+              ": this Admitter decides by the write gate g; append needs gate [Hkv, T]");
+    if (gate.data != nullptr) {  // SPEC §3: g = sigmoid(...) is in [0, 1]
+      require_shape(gate, {shape_.kv_heads, T}, "Cache::append: gate");
+      for (std::int64_t h = 0; h < shape_.kv_heads; ++h)
+        for (std::int64_t t = 0; t < T; ++t)
+          require(gate(h, t) >= 0.0f && gate(h, t) <= 1.0f, "Cache::append: gate[layer ", layer, ", head ", h,
+                  ", token ", t, " of the step (position ", first_position + t, ")] = ", gate(h, t),
+                  " is not in [0, 1]");
+    }
     for (std::int64_t h = 0; h < shape_.kv_heads; ++h)
       for (std::int64_t t = 0; t < T; ++t) {
         const float lb = log_beta(h, t);
@@ -431,7 +453,7 @@ class Cache {
   }
 
   void write_layer(std::int64_t seq, SequenceState& st, int layer, std::int64_t T, View<const float, 3> keys,
-                   View<const float, 3> values, View<const float, 2> log_beta) {
+                   View<const float, 3> values, View<const float, 2> log_beta, View<const float, 2> gate) {
     const int d = shape_.head_dim;
     std::vector<EntryMeta> meta;
     std::vector<float> k_kept, v_kept;
@@ -440,7 +462,8 @@ class Cache {
       bool dropped = false;
       for (std::int64_t t = 0; t < T; ++t) {
         const EntryMeta m{static_cast<std::int32_t>(st.n + t), log_beta(h, t),
-                          S::needs_key_norm ? memory::key_norm(&keys(h, t, 0), d) : 0.0f};
+                          S::needs_key_norm ? memory::key_norm(&keys(h, t, 0), d) : 0.0f, 0.0f,
+                          gate.data != nullptr ? gate(h, t) : 1.0f};
         // keep (and local, for allocators without a ring) store the entry; drop never does
         if (admitter_.admit(m) == Admission::drop) {
           dropped = true;
@@ -472,9 +495,13 @@ class Cache {
     std::vector<std::int32_t> q_pos(static_cast<std::size_t>(st.pending));
     for (std::int64_t t = 0; t < st.pending; ++t) q_pos[static_cast<std::size_t>(t)] = static_cast<std::int32_t>(st.n + t);
     std::vector<float> mass;
-    constexpr bool masked = requires { evictor_.attention_mask(); };  // WG-KV's vertical-slash mask, SPEC §3
+    // WG-KV's vertical-slash mask, SPEC §3: from its Evictor, or from an Admitter with a ring
+    constexpr bool masked = requires { evictor_.attention_mask(); } || requires { admitter_.attention_mask(); };
     AttentionMask mask{};
-    if constexpr (masked) mask = evictor_.attention_mask();
+    if constexpr (requires { evictor_.attention_mask(); })
+      mask = evictor_.attention_mask();
+    else if constexpr (masked)
+      mask = admitter_.attention_mask();
     for (int h = 0; h < shape_.kv_heads; ++h) {
       const auto head_layout = alloc_.layout(seq, layer, h);
       if constexpr (scorer_needs_attention_mass<S>) {  // H2O, SPEC §5: summed over every query so far
@@ -495,46 +522,93 @@ class Cache {
   }
 
 
+  /// The ring of an Admitter with one (WG-KV, SPEC §3): per head, the stored entries that stay —
+  /// all but the Admission::local ones older than the head's W_local newest. Empty for a head that
+  /// drops none. Returns the entries dropped over every head.
+  std::int64_t ring_survivors(std::int64_t seq, const std::vector<std::int64_t>& lengths,
+                              std::vector<std::vector<std::uint8_t>>& kept) const {
+    std::int64_t dropped_total = 0;
+    if constexpr (admitter_has_ring<A>) {
+      const std::int64_t ring = admitter_.ring();
+      kept.assign(lengths.size(), {});
+      std::vector<std::int32_t> position;
+      for (int l = 0; l < shape_.layers; ++l)
+        for (int h = 0; h < shape_.kv_heads; ++h) {
+          const auto i = static_cast<std::size_t>(head_index(shape_, l, h));
+          if (lengths[i] <= ring) continue;
+          const auto head_layout = alloc_.layout(seq, l, h);
+          position.resize(static_cast<std::size_t>(lengths[i]));
+          for (std::int64_t j = 0; j < lengths[i]; ++j) position[static_cast<std::size_t>(j)] = alloc_.pool().meta(head_layout.slot(j)).position;
+          std::nth_element(position.begin(), position.begin() + (ring - 1), position.end(), std::greater<>());
+          const std::int32_t newest = position[static_cast<std::size_t>(ring - 1)];  // the ring: positions >= newest
+          std::vector<std::uint8_t> keep(static_cast<std::size_t>(lengths[i]), 1);
+          std::int64_t dropped = 0;
+          for (std::int64_t j = 0; j < lengths[i]; ++j) {
+            const EntryMeta& m = alloc_.pool().meta(head_layout.slot(j));
+            if (m.position < newest && admitter_.admit(m) == Admission::local) {
+              keep[static_cast<std::size_t>(j)] = 0;
+              ++dropped;
+            }
+          }
+          if (dropped > 0) kept[i] = std::move(keep);
+          dropped_total += dropped;
+        }
+    }
+    return dropped_total;
+  }
+
   /// SPEC §1–2: trigger on the per-head lengths; score the active heads at step n; select. Changes
   /// nothing. A NaN score (only a user-defined Scorer can make one: the built-in scorers are finite
   /// or -inf on every input append accepts, docs/numerics.md) is an error, never a ranking input.
+  /// With an Admitter's ring (SPEC §3) the ring's departures go first, and the Evictor triggers on,
+  /// scores and selects among what stays.
   EvictionPlan plan_eviction(std::int64_t seq, StepContext ctx) const {
     const auto heads = static_cast<std::size_t>(shape_.heads_total());
     EvictionPlan plan;
-    plan.context = ctx;
     plan.lengths.resize(heads);
     for (int l = 0; l < shape_.layers; ++l)
       for (int h = 0; h < shape_.kv_heads; ++h)
         plan.lengths[static_cast<std::size_t>(head_index(shape_, l, h))] = alloc_.length(seq, l, h);
-    for (const std::int64_t len : plan.lengths) ctx.entries += len;
+    std::vector<std::vector<std::uint8_t>> ring_kept;  // per head; empty: the ring drops nothing there
+    std::vector<std::int64_t> lengths = plan.lengths;  // what the Evictor sees
+    const bool ring_drops = ring_survivors(seq, plan.lengths, ring_kept) > 0;
+    if (ring_drops)
+      for (std::size_t i = 0; i < heads; ++i)
+        if (!ring_kept[i].empty())
+          lengths[i] = std::count(ring_kept[i].begin(), ring_kept[i].end(), std::uint8_t{1});
+    for (const std::int64_t len : lengths) ctx.entries += len;
     plan.context = ctx;
     plan.active.assign(heads, 0);
-    if (!evictor_trigger(evictor_, shape_, ctx, plan.lengths, plan.active)) return plan;
+    const bool fires = evictor_trigger(evictor_, shape_, ctx, lengths, plan.active);
+    if (!fires && !ring_drops) return plan;
     plan.triggered = true;
 
-    plan.offsets.assign(heads + 1, 0);
-    for (std::size_t i = 0; i < heads; ++i)
-      plan.offsets[i + 1] = plan.offsets[i] + (plan.active[i] ? plan.lengths[i] : 0);
-    std::vector<float> score(static_cast<std::size_t>(plan.offsets.back()));
-    plan.position.resize(score.size());
+    std::vector<std::int64_t> offsets(heads + 1, 0);
+    for (std::size_t i = 0; i < heads; ++i) offsets[i + 1] = offsets[i] + (plan.active[i] ? lengths[i] : 0);
+    std::vector<float> score(static_cast<std::size_t>(offsets.back()));
+    std::vector<std::int32_t> position(score.size());
     std::vector<EntryMeta> head_meta;
     std::vector<float> head_keys, window_buffer;
     std::vector<std::int32_t> window_positions;
+    std::vector<std::int64_t> stored;  // the head's entries the Evictor sees, as stored indices
     for (int l = 0; l < shape_.layers; ++l)
       for (int h = 0; h < shape_.kv_heads; ++h) {
         const auto i = static_cast<std::size_t>(head_index(shape_, l, h));
         if (!plan.active[i]) continue;
         const auto head_layout = alloc_.layout(seq, l, h);
-        const auto b = static_cast<std::size_t>(plan.offsets[i]);
-        const auto len = static_cast<std::size_t>(head_layout.length);
-        for (std::size_t j = 0; j < len; ++j)
-          plan.position[b + j] = alloc_.pool().meta(head_layout.slot(static_cast<std::int64_t>(j))).position;
+        stored.clear();
+        for (std::int64_t j = 0; j < head_layout.length; ++j)
+          if (ring_kept.empty() || ring_kept[i].empty() || ring_kept[i][static_cast<std::size_t>(j)]) stored.push_back(j);
+        const auto b = static_cast<std::size_t>(offsets[i]);
+        const std::size_t len = stored.size();
+        const auto meta_of = [&](std::size_t j) -> const EntryMeta& { return alloc_.pool().meta(head_layout.slot(stored[j])); };
+        for (std::size_t j = 0; j < len; ++j) position[b + j] = meta_of(j).position;
         if constexpr (scorer_needs_head_keys<S> || WindowScorer<S>) {  // KeyDiff, SnapKV: the head's keys in fp32
           const int d = shape_.head_dim;
           head_meta.resize(len);
           head_keys.resize(len * static_cast<std::size_t>(d));
           for (std::size_t j = 0; j < len; ++j) {
-            const std::int64_t slot = head_layout.slot(static_cast<std::int64_t>(j));
+            const std::int64_t slot = head_layout.slot(stored[j]);
             head_meta[j] = alloc_.pool().meta(slot);
             const storage_type* k = alloc_.pool().key(slot);
             for (int c = 0; c < d; ++c) head_keys[j * static_cast<std::size_t>(d) + static_cast<std::size_t>(c)] = to_float(k[c]);
@@ -548,19 +622,47 @@ class Cache {
           else
             scorer_.score_head(keys, std::span<const EntryMeta>(head_meta), ctx, std::span<float>(score).subspan(b, len));
         } else {
-          for (std::size_t j = 0; j < len; ++j)
-            score[b + j] = scorer_(alloc_.pool().meta(head_layout.slot(static_cast<std::int64_t>(j))), ctx);
+          for (std::size_t j = 0; j < len; ++j) score[b + j] = scorer_(meta_of(j), ctx);
         }
         for (std::size_t j = 0; j < len; ++j) {
           if (!std::isnan(score[b + j])) continue;
-          const EntryMeta& m = alloc_.pool().meta(head_layout.slot(static_cast<std::int64_t>(j)));
+          const EntryMeta& m = meta_of(j);
           fail("Cache::commit: the scorer returned NaN for sequence ", seq, " layer ", l, " head ", h, " position ",
                m.position, " (log_beta ", m.log_beta, ", key norm ", m.key_norm, ", attention mass ", m.attention_mass,
                ", n = ", ctx.n, "); a NaN score never enters a ranking");
         }
       }
-    plan.keep.assign(score.size(), 1);
-    evictor_select(evictor_, shape_, ctx, SegmentedScores{score, plan.position, plan.offsets}, plan.keep);
+    std::vector<std::uint8_t> keep(score.size(), 1);
+    if (fires) evictor_select(evictor_, shape_, ctx, SegmentedScores{score, position, offsets}, keep);
+    if (!ring_drops) {
+      plan.offsets = std::move(offsets);
+      plan.keep = std::move(keep);
+      plan.position = std::move(position);
+    } else {  // the heads either part touched, with keep flags over every stored entry
+      plan.offsets.assign(heads + 1, 0);
+      for (std::size_t i = 0; i < heads; ++i) {
+        const bool touched = plan.active[i] || !ring_kept[i].empty();
+        plan.offsets[i + 1] = plan.offsets[i] + (touched ? plan.lengths[i] : 0);
+      }
+      plan.keep.assign(static_cast<std::size_t>(plan.offsets.back()), 1);
+      plan.position.assign(plan.keep.size(), 0);
+      for (int l = 0; l < shape_.layers; ++l)
+        for (int h = 0; h < shape_.kv_heads; ++h) {
+          const auto i = static_cast<std::size_t>(head_index(shape_, l, h));
+          if (plan.offsets[i + 1] == plan.offsets[i]) continue;
+          const auto head_layout = alloc_.layout(seq, l, h);
+          std::int64_t seen = 0;  // rank among the Evictor's entries of this head
+          for (std::int64_t j = 0; j < plan.lengths[i]; ++j) {
+            const auto at = static_cast<std::size_t>(plan.offsets[i] + j);
+            plan.position[at] = alloc_.pool().meta(head_layout.slot(j)).position;
+            const bool in_ring = ring_kept[i].empty() || ring_kept[i][static_cast<std::size_t>(j)];
+            std::uint8_t k = in_ring ? 1 : 0;
+            if (in_ring && plan.active[i]) k = keep[static_cast<std::size_t>(offsets[i] + seen++)];
+            plan.keep[at] = k;
+          }
+          plan.active[i] = 1;
+        }
+    }
     for (const std::uint8_t k : plan.keep) plan.evicted += k == 0;
     return plan;
   }

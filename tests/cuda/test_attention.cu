@@ -9,12 +9,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <vector>
 
 #include "device_buffer.hpp"
-#include "kvpolicy/cpu/attention.hpp"
 #include "kvpolicy/cuda/attention.cuh"
 
 namespace kp = kvpolicy;
@@ -28,6 +28,28 @@ double tolerance() {
   if constexpr (std::is_same_v<T, float>) return 1e-5;
   else if constexpr (std::is_same_v<T, __half>) return 2e-3;
   else return 1e-2;
+}
+
+/// softmax(q k^T / sqrt(d)) v over n entries, in double (the reference's own error stays far below
+/// the fp32 tolerance even at 64K entries); zeros for n = 0.
+void reference_attention(const float* q, const std::vector<float>& k, const std::vector<float>& v, std::int64_t n, int d,
+                         float* out) {
+  std::vector<double> logit(static_cast<std::size_t>(n));
+  double m = -std::numeric_limits<double>::infinity();
+  for (std::int64_t i = 0; i < n; ++i) {
+    double s = 0.0;
+    for (int c = 0; c < d; ++c) s += double(q[c]) * k[i * d + c];
+    logit[i] = s / std::sqrt(double(d));
+    m = std::max(m, logit[i]);
+  }
+  std::vector<double> acc(d, 0.0);
+  double sum = 0.0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const double w = std::exp(logit[i] - m);
+    sum += w;
+    for (int c = 0; c < d; ++c) acc[c] += w * v[i * d + c];
+  }
+  for (int c = 0; c < d; ++c) out[c] = n == 0 ? 0.0f : static_cast<float>(acc[c] / sum);
 }
 
 struct AttnCase {
@@ -70,24 +92,23 @@ double run_case(const AttnCase& c, std::uint64_t seed) {
   std::vector<float> q(std::size_t(c.batch) * q_heads * d);
   for (auto& x : q) x = normal(rng);
 
-  // reference: dense attention over each head's entries in order
+  // reference: dense attention over each head's entries in order, in double
   std::vector<float> ref(q.size());
   for (int b = 0; b < c.batch; ++b)
     for (int h = 0; h < c.kv_heads; ++h) {
       const int s = b * c.kv_heads + h;
       const std::int64_t n = c.lengths[s];
       std::vector<float> k(std::size_t(n) * d), v(k.size());
-      std::vector<std::int32_t> kpos(n, 0), qpos(c.group, 1);
       for (std::int64_t i = 0; i < n; ++i) {
         const std::int64_t slot = std::int64_t{table[std::size_t(s) * max_pages + i / P]} * P + i % P;
         std::copy_n(&kf[slot * d], d, &k[i * d]);
         std::copy_n(&vf[slot * d], d, &v[i * d]);
       }
-      const float* qh = &q[(std::size_t(b) * q_heads + h * c.group) * d];
-      float* oh = &ref[(std::size_t(b) * q_heads + h * c.group) * d];
-      kp::cpu::attend_dense(kp::View<const float, 2>(qh, {c.group, d}), kp::View<const float, 2>(k.data(), {n, d}),
-                            kp::View<const float, 2>(v.data(), {n, d}), kpos, qpos,
-                            kp::View<float, 2>(oh, {c.group, d}));
+      for (int g = 0; g < c.group; ++g) {
+        const float* qh = &q[(std::size_t(b) * q_heads + h * c.group + g) * d];
+        float* oh = &ref[(std::size_t(b) * q_heads + h * c.group + g) * d];
+        reference_attention(qh, k, v, n, d, oh);
+      }
     }
 
   DeviceBuffer<T> dk(keys), dv(values);
@@ -168,6 +189,15 @@ TEST_CASE("decode attention arguments are checked before any launch" * doctest::
   a.q_heads = 8;
   kc::decode_attention(nullptr, bytes, kv, t, a, 100000, nullptr, 132);  // a size query needs no device
   CHECK(bytes > 0);
+  kc::DecodeBatch empty = a;
+  empty.batch = 0;  // nothing to attend: sized and run without a device
+  CHECK(kc::decode_attention_workspace_bytes(empty, 100, 16, 132) > 0);
+  kc::decode_attention(nullptr, bytes, kv, t, empty, 100, nullptr, 132);
+  kc::decode_attention(reinterpret_cast<void*>(256), bytes, kv, t, empty, 100, nullptr, 132);
+  kc::DecodeBatch no_heads = a;
+  no_heads.kv_heads = 0;
+  CHECK_THROWS_WITH(kc::decode_attention_workspace_bytes(no_heads, 100, 16, 132),
+                    doctest::Contains("must be a positive multiple of kv_heads = 0"));
   // the split plan covers every entry: chunks of whole pages, at least 256 entries unless the head is shorter
   for (std::int64_t len : {0, 1, 255, 256, 257, 4096, 70001, 1 << 22}) {
     const auto p = kc::detail::plan_decode(a, len, 16, 132);

@@ -15,6 +15,7 @@
 #include "device_buffer.hpp"
 #include "kvpolicy/cuda/append.cuh"
 #include "kvpolicy/cuda/compact.cuh"
+#include "kvpolicy/core/dtype.hpp"
 #include "kvpolicy/cuda/evict_step.cuh"
 #include "kvpolicy/memory/paged.hpp"
 #include "kvpolicy/policy/evict.hpp"
@@ -153,10 +154,10 @@ void device_evict(Twin& tw, const kc::EvictionRule& r, std::int64_t n) {
   DeviceBuffer<kp::StepContext> ctx(std::vector<kp::StepContext>(tw.sequences, kp::StepContext{n, 0, false, 0}));
   std::size_t bytes = 0;
   kc::evict_step(nullptr, bytes, kp::score::RetentionDecay{}, r, tw.kv(), tw.tables(), tw.free(), ctx.get(), nullptr,
-                 nullptr);
+                 tw.status.get(), nullptr);
   DeviceBuffer<unsigned char> ws(bytes);
   kc::evict_step(ws.get(), bytes, kp::score::RetentionDecay{}, r, tw.kv(), tw.tables(), tw.free(), ctx.get(), nullptr,
-                 nullptr);
+                 tw.status.get(), nullptr);
   cudatest::sync();
 }
 
@@ -250,6 +251,44 @@ TEST_CASE("evict_step keeps what the CPU evictors keep, step after step") {
   }
 }
 
+/// RetentionDecay, except NaN at one position: what only a user-defined Scorer can return.
+struct NaNAt {
+  static constexpr bool needs_key_norm = false;
+  std::int32_t position = 0;
+  void validate() const {}
+  KVPOLICY_HD float operator()(kp::EntryMeta m, kp::StepContext c) const {
+    return m.position == position ? kp::dtype::bits_float(0x7fc00000u) : kp::score::RetentionDecay{}(m, c);
+  }
+};
+
+TEST_CASE("an eviction step meeting a NaN score reports it and changes nothing") {
+  std::mt19937_64 rng(9);
+  const kp::CacheShape shape{2, 2, 2, 64};
+  Twin tw(shape, 2, 64);
+  tw.append(rng, 40, 0);
+  const auto before_len = tw.length.download(), before_table = tw.table.download();
+  const auto before_free = tw.free_count.download();
+  const auto before_meta = tw.meta.download();
+  kc::EvictionRule r;
+  r.layers = 2;
+  r.kv_heads = 2;
+  r.budget = 8;
+  r.buffer = 1;
+  DeviceBuffer<kp::StepContext> ctx(std::vector<kp::StepContext>(2, kp::StepContext{40, 0, false, 0}));
+  std::size_t bytes = 0;
+  kc::evict_step(nullptr, bytes, NaNAt{7}, r, tw.kv(), tw.tables(), tw.free(), ctx.get(), nullptr, tw.status.get(),
+                 nullptr);
+  DeviceBuffer<unsigned char> ws(bytes);
+  kc::evict_step(ws.get(), bytes, NaNAt{7}, r, tw.kv(), tw.tables(), tw.free(), ctx.get(), nullptr, tw.status.get(),
+                 nullptr);
+  cudatest::sync();
+  CHECK(tw.status.download()[0].code == kc::Status::nan_score);
+  CHECK(tw.length.download() == before_len);
+  CHECK(tw.table.download() == before_table);
+  CHECK(tw.free_count.download() == before_free);
+  CHECK(std::memcmp(tw.meta.download().data(), before_meta.data(), before_meta.size() * sizeof(float)) == 0);
+}
+
 TEST_CASE("append that does not fit reports it and changes nothing") {
   std::mt19937_64 rng(3);
   const kp::CacheShape shape{1, 2, 2, 64};
@@ -296,20 +335,20 @@ TEST_CASE("memory and eviction arguments are checked before any launch" * doctes
   r.kv_heads = 2;
   r.budget = 8;
   r.window = 9;
-  CHECK_THROWS_WITH(kc::evict_step(nullptr, bytes, kp::score::RetentionDecay{}, r, kv, t, f, nullptr, nullptr, nullptr),
+  CHECK_THROWS_WITH(kc::evict_step(nullptr, bytes, kp::score::RetentionDecay{}, r, kv, t, f, nullptr, nullptr, nullptr, nullptr),
                     doctest::Contains("window w = 9 must be in [0, budget M = 8]"));
   r.window = 0;
   r.floor_ratio = 0.5;
-  CHECK_THROWS_WITH(kc::evict_step(nullptr, bytes, kp::score::RetentionDecay{}, r, kv, t, f, nullptr, nullptr, nullptr),
+  CHECK_THROWS_WITH(kc::evict_step(nullptr, bytes, kp::score::RetentionDecay{}, r, kv, t, f, nullptr, nullptr, nullptr, nullptr),
                     doctest::Contains("floor_ratio applies to the pooled scopes only"));
   r.scope = kc::Scope::global;
   float dummy = 0.0f;
   std::int32_t idummy = 0;
   kv = kc::PagedKV<float>{&dummy, &dummy, &idummy, &dummy, nullptr, nullptr, 10, 16, 64};
   t = kc::BlockTables{&idummy, &idummy, 6, 10};
-  CHECK_THROWS_WITH(kc::evict_step(nullptr, bytes, kp::score::RetentionDecay{}, r, kv, t, f, nullptr, nullptr, nullptr),
+  CHECK_THROWS_WITH(kc::evict_step(nullptr, bytes, kp::score::RetentionDecay{}, r, kv, t, f, nullptr, nullptr, nullptr, nullptr),
                     doctest::Contains("segments = 6 is not a multiple of L x Hkv = 4"));
   t.segments = 8;
-  kc::evict_step(nullptr, bytes, kp::score::RetentionDecay{}, r, kv, t, f, nullptr, nullptr, nullptr);
+  kc::evict_step(nullptr, bytes, kp::score::RetentionDecay{}, r, kv, t, f, nullptr, nullptr, nullptr, nullptr);
   CHECK(bytes >= 160 * (sizeof(float) + sizeof(std::int32_t) + 1));
 }

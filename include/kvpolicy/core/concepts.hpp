@@ -44,6 +44,15 @@ template <class A>
 concept Admitter = std::copyable<A> && requires(const A& a, EntryMeta m) {
   { a.admit(m) } -> std::same_as<Admission>;
 };
+/// An Admitter with a local ring (WG-KV, SPEC §3): ring() = W_local, the newest entries of a head
+/// in which Admission::local entries live; the Cache drops them once they are older.
+template <class A>
+constexpr bool admitter_has_ring = requires(const A& a) {
+  { a.ring() } -> std::convertible_to<std::int64_t>;
+};
+/// An Admitter that decides by EntryMeta::gate, which append must then be given.
+template <class A>
+constexpr bool admitter_reads_gate = requires { requires A::reads_gate; };
 
 /// Evictor: a trigger over per-head lengths, then a selection over segmented scores that marks the
 /// survivors. It never moves data.

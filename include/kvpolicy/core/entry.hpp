@@ -12,11 +12,14 @@ namespace kvpolicy {
 /// statistics, SPEC §4). key_norm = ||k||_2 of the stored (post-RoPE) key, for KNorm scores.
 /// attention_mass is the one field that changes: the attention mass the key has received from every
 /// query so far, accumulated by the attention when the Scorer asks for it (H2O, SPEC §5), else 0.
+/// gate is WG-KV's write gate g in [0, 1] (SPEC §3) when the engine hands one to append beside
+/// log_beta (an Admitter that decides by it, admit::WriteGate); 1 when it does not.
 struct EntryMeta {
   std::int32_t position = 0;
   float log_beta = 0.0f;
   float key_norm = 0.0f;
   float attention_mass = 0.0f;
+  float gate = 1.0f;
 };
 
 /// The step context a score is evaluated in: n = tokens of the sequence processed so far, after the

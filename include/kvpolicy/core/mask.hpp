@@ -15,6 +15,9 @@ namespace kvpolicy {
 struct AttentionMask {
   std::int64_t local = 0;  ///< W_local; 0 = causal only
   float tau = 0.0f;        ///< admission threshold
+  /// where a key's g is: EntryMeta::gate (an Admitter's ring, admit::WriteGate) when true, else the
+  /// metadata float (WG-KV's own cache, where g is the frozen score)
+  bool reads_gate = false;
 
   KVPOLICY_HD bool visible(std::int32_t key_pos, float key_gate, std::int32_t query_pos) const {
     return key_pos <= query_pos &&

@@ -15,6 +15,27 @@
 
 namespace kvpolicy::math {
 
+/// a * b and a + b, each rounded once, on every backend. nvcc contracts a * b + c into one fused
+/// multiply-add (rounded once) where the host rounds twice; the scores the CPU and the CUDA kernels
+/// rank must agree bit for bit, so the scorers compose these instead of writing a * b + c.
+KVPOLICY_HD float mul_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+KVPOLICY_HD float add_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+/// log(x) in fp32 through a double log: fp32 logf differs between libm and CUDA in the last bit,
+/// the double logs agree to well within what the rounding to fp32 keeps.
+KVPOLICY_HD float log_via_double(float x) { return static_cast<float>(log(static_cast<double>(x))); }
+
 /// log(sigmoid(z)) = -softplus(-z), stable for every finite z and for ±inf (SPEC §1):
 /// for z >= 0 it is -log1p(exp(-z)); for z < 0 it is z - log1p(exp(z)). exp never overflows.
 KVPOLICY_HD float logsigmoid(float z) {

@@ -8,6 +8,7 @@
 
 #include <cuda_runtime.h>
 
+#include <climits>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -42,8 +43,8 @@ __global__ void __launch_bounds__(kSelectThreads)
     reserve_pages_kernel(AppendRows<T> a, BlockTables t, std::int32_t page_size, FreeList free, Status* status,
                          std::int32_t* first, std::int32_t* ok) {
   __shared__ typename BlockScanI64::TempStorage scan;
-  __shared__ int table_full;
-  if (threadIdx.x == 0) table_full = -1;
+  __shared__ int table_full;  // the lowest row that overflows its block table, INT_MAX if none
+  if (threadIdx.x == 0) table_full = INT_MAX;
   __syncthreads();
   const std::int32_t available = *free.count;
   const auto need = [&](long long r) {
@@ -52,19 +53,18 @@ __global__ void __launch_bounds__(kSelectThreads)
   };
   for (long long r = threadIdx.x; r < a.rows; r += blockDim.x) {
     const std::int64_t after = std::int64_t{t.length[a.segment[r]]} + a.tokens;
-    if (after > INT32_MAX || pages_for(after, page_size) > t.max_pages) atomicCAS(&table_full, -1, static_cast<int>(r));
+    if (after > INT32_MAX || pages_for(after, page_size) > t.max_pages) atomicMin(&table_full, static_cast<int>(r));
   }
   __syncthreads();
   const long long total = block_exclusive_scan(a.rows, need, [](long long, long long, long long) {}, scan);
-  const bool fits = table_full < 0 && total <= available;
+  const bool full = table_full != INT_MAX;
+  const bool fits = !full && total <= available;
   if (threadIdx.x == 0) {
     *ok = fits ? 1 : 0;
-    if (!fits && atomicCAS(&status->code, Status::ok, table_full >= 0 ? Status::table_full : Status::out_of_pages) ==
-                     Status::ok) {
-      status->segment = table_full >= 0 ? a.segment[table_full] : -1;
-      status->needed = table_full >= 0 ? pages_for(std::int64_t{t.length[a.segment[table_full]]} + a.tokens, page_size)
-                                       : total;
-      status->available = table_full >= 0 ? t.max_pages : available;
+    if (!fits && atomicCAS(&status->code, Status::ok, full ? Status::table_full : Status::out_of_pages) == Status::ok) {
+      status->segment = full ? a.segment[table_full] : -1;
+      status->needed = full ? pages_for(std::int64_t{t.length[a.segment[table_full]]} + a.tokens, page_size) : total;
+      status->available = full ? t.max_pages : available;
     }
   }
   if (!fits) return;
@@ -83,7 +83,9 @@ __global__ void __launch_bounds__(kSelectThreads)
   if (threadIdx.x == 0) *free.count = available - static_cast<std::int32_t>(total);
 }
 
-/// One block per (row, token): K/V row, metadata, and ||k||_2 of the stored key when kept.
+/// One block per (row, token): K/V row, metadata, and ||k||_2 of the stored key when kept —
+/// accumulated in double in index order, as memory::key_norm does (for fp32 storage both give the
+/// same bits; for fp16/bf16 the device's is the norm of the rounded key the pool holds).
 template <class T>
 __global__ void write_entries_kernel(PagedKV<T> kv, BlockTables t, AppendRows<T> a, const std::int32_t* first,
                                      const std::int32_t* ok) {
@@ -92,21 +94,19 @@ __global__ void write_entries_kernel(PagedKV<T> kv, BlockTables t, AppendRows<T>
   const std::int32_t seg = a.segment[r];
   const std::int64_t slot = t.slot(seg, std::int64_t{first[r]} + tok, kv.page_size);
   const long long src = (r * a.tokens + tok) * kv.head_dim;
-  float sq = 0.0f;
   for (int c = threadIdx.x; c < kv.head_dim; c += blockDim.x) {
-    const T key = a.keys[src + c];
-    kv.keys[slot * kv.head_dim + c] = key;
+    kv.keys[slot * kv.head_dim + c] = a.keys[src + c];
     kv.values[slot * kv.head_dim + c] = a.values[src + c];
-    const float f = to_float(key);
-    sq += f * f;
-  }
-  if (kv.key_norm) {
-    using Reduce = cub::BlockReduce<float, 128>;
-    __shared__ typename Reduce::TempStorage reduce;
-    const float total = Reduce(reduce).Sum(sq);
-    if (threadIdx.x == 0) kv.key_norm[slot] = sqrtf(total);
   }
   if (threadIdx.x == 0) {
+    if (kv.key_norm) {
+      double sq = 0.0;
+      for (int c = 0; c < kv.head_dim; ++c) {
+        const double f = to_float(a.keys[src + c]);
+        sq = __dadd_rn(sq, __dmul_rn(f, f));
+      }
+      kv.key_norm[slot] = static_cast<float>(sqrt(sq));
+    }
     kv.position[slot] = a.position[r * a.tokens + tok];
     kv.meta[slot] = a.meta[r * a.tokens + tok];
     if (kv.attention_mass) kv.attention_mass[slot] = 0.0f;

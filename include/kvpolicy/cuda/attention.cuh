@@ -45,11 +45,12 @@ struct DecodePlan {
   int group_tiles = 1;          // blocks per kv head along its query group
 };
 
+/// Preconditions (checked by the callers): kv_heads >= 1, q_heads a multiple of it, page_size >= 1.
 inline DecodePlan plan_decode(const DecodeBatch& a, std::int64_t max_length, int page_size, int sm_count) {
   DecodePlan p;
   const int group = a.q_heads / a.kv_heads;
   p.group_tiles = (group + kGroupTile - 1) / kGroupTile;
-  const std::int64_t heads = std::int64_t{a.batch} * a.kv_heads * p.group_tiles;
+  const std::int64_t heads = std::max<std::int64_t>(1, std::int64_t{a.batch} * a.kv_heads * p.group_tiles);
   const std::int64_t want = std::max<std::int64_t>(1, (2 * std::int64_t{sm_count} + heads - 1) / heads);
   const std::int64_t most = std::max<std::int64_t>(1, (max_length + 255) / 256);  // chunks of >= 256 entries
   p.splits = static_cast<int>(std::min<std::int64_t>({want, most, 1024}));
@@ -115,8 +116,8 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
 #pragma unroll
       for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
       const float m_new = fmaxf(m[g], s);
-      const float corr = __expf(m[g] - m_new);  // 0 on the first entry (m = -inf)
-      const float p = __expf(s - m_new);
+      const float corr = expf(m[g] - m_new);  // 0 on the first entry (m = -inf)
+      const float p = expf(s - m_new);
       l[g] = l[g] * corr + p;
 #pragma unroll
       for (int i = 0; i < VEC; ++i) acc[g][i] = acc[g][i] * corr + p * v[i];
@@ -141,7 +142,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
     float sum = 0.0f, out = 0.0f;
     if (mx != -INFINITY)
       for (int w = 0; w < kAttnWarps; ++w) {
-        const float f = __expf(m_w[w][g] - mx);
+        const float f = expf(m_w[w][g] - mx);
         sum += l_w[w][g] * f;
         out += acc_w[w][g][c] * f;
       }
@@ -166,7 +167,7 @@ __global__ void decode_merge_kernel(DecodeBatch a, int splits, const float* part
     float sum = 0.0f, out = 0.0f;
     if (mx != -INFINITY)
       for (int s = 0; s < splits; ++s) {
-        const float f = __expf(part_max[qh * splits + s] - mx);
+        const float f = expf(part_max[qh * splits + s] - mx);
         sum += part_sum[qh * splits + s] * f;
         out += part_acc[(qh * splits + s) * HEAD_DIM + c] * f;
       }
@@ -183,11 +184,21 @@ inline int sm_count_of_current_device() {
 
 }  // namespace detail
 
+inline void validate_decode(const DecodeBatch& a, std::int64_t max_length, int page_size, const char* who) {
+  require(a.batch >= 0, who, ": batch = ", a.batch, " must be >= 0");
+  require(a.kv_heads >= 1 && a.q_heads >= a.kv_heads && a.q_heads % a.kv_heads == 0, who, ": q_heads = ", a.q_heads,
+          " must be a positive multiple of kv_heads = ", a.kv_heads);
+  require(max_length >= 0, who, ": max_length = ", max_length, " must be >= 0");
+  dispatch_page_size(page_size, who, [](auto) {});
+}
+
 /// Workspace for decode_attention with these shapes: the partials of every split.
 /// max_length (the longest head, or a bound such as M + B) only balances the split; any length is
 /// attended. sm_count: the device's multiprocessors (0: ask the current device).
 inline std::size_t decode_attention_workspace_bytes(const DecodeBatch& a, std::int64_t max_length, int page_size,
-                                                    int sm_count) {
+                                                    int sm_count = 0) {
+  validate_decode(a, max_length, page_size, "cuda::decode_attention_workspace_bytes");
+  if (sm_count <= 0) sm_count = detail::sm_count_of_current_device();
   const detail::DecodePlan p = detail::plan_decode(a, max_length, page_size, sm_count);
   WorkspaceLayout layout;
   const std::int64_t rows = std::int64_t{a.batch} * a.q_heads * p.splits;
@@ -204,13 +215,9 @@ void decode_attention(void* workspace, std::size_t& workspace_bytes, const Paged
                       const DecodeBatch& a, std::int64_t max_length, cudaStream_t stream, int sm_count = 0) {
   static_assert(is_device_storage_v<T>, "cuda::decode_attention: K/V storage must be float, __half or __nv_bfloat16");
   constexpr const char* who = "cuda::decode_attention";
-  require(a.batch >= 0, who, ": batch = ", a.batch, " must be >= 0");
-  require(a.kv_heads >= 1 && a.q_heads >= a.kv_heads && a.q_heads % a.kv_heads == 0, who, ": q_heads = ", a.q_heads,
-          " must be a positive multiple of kv_heads = ", a.kv_heads);
-  require(max_length >= 0, who, ": max_length = ", max_length, " must be >= 0");
   kv.validate(who);
   dispatch_head_dim(kv.head_dim, who, [](auto) {});
-  dispatch_page_size(kv.page_size, who, [](auto) {});
+  validate_decode(a, max_length, kv.page_size, who);
   if (sm_count <= 0) sm_count = detail::sm_count_of_current_device();
   if (size_query(workspace, workspace_bytes, decode_attention_workspace_bytes(a, max_length, kv.page_size, sm_count),
                  who))

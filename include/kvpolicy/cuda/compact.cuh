@@ -34,12 +34,12 @@ struct CompactWork {
 template <class T>
 __global__ void __launch_bounds__(kSelectThreads)
     compact_kernel(PagedKV<T> kv, BlockTables t, const std::int64_t* offsets, const std::uint8_t* keep,
-                   const std::uint8_t* active, CompactWork w) {
+                   const std::uint8_t* active, const int* skip, CompactWork w) {
   __shared__ typename BlockScanI64::TempStorage scan;
   __shared__ long long survivors;
   const int seg = static_cast<int>(blockIdx.x);
   const std::int32_t n = t.length[seg];
-  if (active && !active[seg]) {
+  if ((active && !active[seg]) || (skip && *skip)) {
     if (threadIdx.x == 0) w.new_length[seg] = n;
     return;
   }
@@ -90,8 +90,10 @@ __global__ void __launch_bounds__(kSelectThreads)
 /// of a head first (memory::Paged::compact's order), and sets the new lengths.
 template <int = 0>  // header-only: a template kernel links once across translation units
 __global__ void __launch_bounds__(kSelectThreads)
-    release_pages_kernel(BlockTables t, std::int32_t page_size, FreeList free, CompactWork w, std::int64_t* evicted) {
+    release_pages_kernel(BlockTables t, std::int32_t page_size, FreeList free, CompactWork w, std::int64_t* evicted,
+                         const int* skip) {
   __shared__ typename BlockScanI64::TempStorage scan;
+  if (skip && *skip) return;
   const std::int32_t base = *free.count;
   __syncthreads();
   const long long released = block_exclusive_scan(
@@ -122,11 +124,12 @@ inline std::size_t compact_workspace_bytes(std::int64_t entries, std::int32_t se
 /// keep is flat: segment s's flags are keep[offsets[s] .. offsets[s] + length[s]), offsets as
 /// segment_offsets() builds them (inactive segments may have 0 flags). evicted (optional, device,
 /// [segments]) receives each segment's evicted count. `entries` bounds offsets[segments]: the
-/// pool's slots always do. Two-phase (workspace == nullptr: sets workspace_bytes and returns).
+/// pool's slots always do. With skip set (device) and *skip != 0 nothing changes (evict_step's
+/// NaN guard). Two-phase (workspace == nullptr: sets workspace_bytes and returns).
 template <class T>
 void compact(void* workspace, std::size_t& workspace_bytes, const PagedKV<T>& kv, const BlockTables& t,
              const std::int64_t* offsets, const std::uint8_t* keep, const std::uint8_t* active, FreeList free,
-             std::int64_t* evicted, std::int64_t entries, cudaStream_t stream) {
+             std::int64_t* evicted, std::int64_t entries, cudaStream_t stream, const int* skip = nullptr) {
   constexpr const char* who = "cuda::compact";
   require(entries >= 0, who, ": entries = ", entries, " must be >= 0");
   if (size_query(workspace, workspace_bytes, compact_workspace_bytes(entries, t.segments), who)) return;
@@ -139,9 +142,9 @@ void compact(void* workspace, std::size_t& workspace_bytes, const PagedKV<T>& kv
   const std::string shapes = "segments = " + std::to_string(t.segments) + ", page_size = " +
                              std::to_string(kv.page_size) + ", head_dim = " + std::to_string(kv.head_dim);
   detail::compact_kernel<T><<<static_cast<unsigned>(t.segments), detail::kSelectThreads, 0, stream>>>(kv, t, offsets,
-                                                                                                        keep, active, w);
+                                                                                                        keep, active, skip, w);
   check_launch("compact_kernel", shapes);
-  detail::release_pages_kernel<><<<1, detail::kSelectThreads, 0, stream>>>(t, kv.page_size, free, w, evicted);
+  detail::release_pages_kernel<><<<1, detail::kSelectThreads, 0, stream>>>(t, kv.page_size, free, w, evicted, skip);
   check_launch("release_pages_kernel", shapes);
 }
 

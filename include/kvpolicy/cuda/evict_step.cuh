@@ -76,6 +76,7 @@ __global__ void __launch_bounds__(kSelectThreads)
 }
 
 struct EvictWork {
+  int* failed;  // a NaN score: the step compacts nothing
   std::uint8_t* group_active;
   std::uint8_t* active;
   std::int64_t* offsets;
@@ -93,6 +94,7 @@ EvictWork carve_evict(WorkspaceLayout& layout, void* base, const EvictionRule& r
                       const BlockTables& t) {
   EvictWork w{};
   const std::int32_t groups = t.segments / r.segments_per_group();
+  w.failed = layout.take<int>(base, 1);
   w.group_active = layout.take<std::uint8_t>(base, groups);
   w.active = layout.take<std::uint8_t>(base, t.segments);
   w.offsets = layout.take<std::int64_t>(base, std::int64_t{t.segments} + 1);
@@ -117,12 +119,14 @@ EvictWork carve_evict(WorkspaceLayout& layout, void* base, const EvictionRule& r
 /// One eviction step over every sequence slot of the tables (segments = slots * L * Hkv): the
 /// heads the rule triggers for are scored by `scorer` at their sequence's context (context[slot]),
 /// their survivors selected, and compacted; emptied pages return to the free list. evicted
-/// (optional, device, [segments]) receives each head's evicted count. Two-phase: with
+/// (optional, device, [segments]) receives each head's evicted count. A NaN score (only a
+/// user-defined Scorer makes one) is never ranked: the step then changes nothing and reports
+/// Status::nan_score in *status (optional, device). Two-phase: with
 /// workspace == nullptr sets workspace_bytes (it grows with the pool's slots) and returns.
 template <class Scorer, class T>
 void evict_step(void* workspace, std::size_t& workspace_bytes, const Scorer& scorer, const EvictionRule& r,
                 const PagedKV<T>& kv, const BlockTables& t, FreeList free, const StepContext* context,
-                std::int64_t* evicted, cudaStream_t stream) {
+                std::int64_t* evicted, Status* status, cudaStream_t stream) {
   constexpr const char* who = "cuda::evict_step";
   r.validate(who);
   kv.validate(who);
@@ -139,13 +143,14 @@ void evict_step(void* workspace, std::size_t& workspace_bytes, const Scorer& sco
   const detail::EvictWork w = detail::carve_evict(carve, workspace, r, kv, t);
   const std::int32_t groups = t.segments / r.segments_per_group();
   const std::int64_t max_length = r.budget + r.buffer;  // a grid hint: longer heads are strided over
+  KVPOLICY_CUDA_CHECK(cudaMemsetAsync(w.failed, 0, sizeof(int), stream), "cuda::evict_step: clearing its NaN flag");
 
   detail::trigger_kernel<><<<static_cast<unsigned>(groups), detail::kSelectThreads, 0, stream>>>(t, r, w.group_active,
                                                                                                  w.active);
   check_launch("trigger_kernel", "segments = ", t.segments, ", groups = ", groups);
   segment_offsets(t, w.active, w.offsets, stream);
   score_segments(scorer, kv.metadata(), t, kv.page_size, context, per_sequence, w.active, w.offsets, w.score,
-                 w.position, max_length, stream);
+                 w.position, max_length, stream, w.failed, status);
   DeviceSegments s{w.score, w.position, w.offsets, t.segments};
   const bool threshold = r.threshold > 0.0;
   const auto log_alpha = static_cast<float>(std::log(r.threshold));
@@ -171,7 +176,7 @@ void evict_step(void* workspace, std::size_t& workspace_bytes, const Scorer& sco
     pooled_select(w.pooled, bytes, s, pr, w.keep, max_length, stream);
   }
   std::size_t bytes = w.compact_bytes;
-  compact(w.compact, bytes, kv, t, w.offsets, w.keep, w.active, free, evicted, kv.slots(), stream);
+  compact(w.compact, bytes, kv, t, w.offsets, w.keep, w.active, free, evicted, kv.slots(), stream, w.failed);
 }
 
 }  // namespace kvpolicy::cuda

@@ -92,20 +92,20 @@ __global__ void pool_init_kernel(DeviceSegments s, PooledRule r, long long k_poo
   for (int b = 0; b < kRadixBins; ++b) w.hist[static_cast<long long>(g) * kRadixBins + b] = 0ull;
 }
 
-/// One histogram pass: grid (chunks, segments); blocks stride over a segment's chunks.
+/// One histogram pass: grid (segments, chunks); blocks stride over a segment's chunks.
 template <int = 0>  // header-only: a template kernel links once across translation units
 __global__ void __launch_bounds__(kSelectThreads)
     pool_histogram_kernel(DeviceSegments s, PooledRule r, PoolWork w, int shift) {
   __shared__ unsigned int hist[kRadixBins];
-  const int seg = static_cast<int>(blockIdx.y);
+  const int seg = static_cast<int>(blockIdx.x);
   const int g = seg / r.segments_per_group;
   const PoolState st = w.state[g];
   if (st.mode != 0) return;
   const long long n = s.offsets[seg + 1] - s.offsets[seg];
   for (int b = threadIdx.x; b < kRadixBins; b += blockDim.x) hist[b] = 0;
   __syncthreads();
-  for (long long base = static_cast<long long>(blockIdx.x) * kPoolChunk; base < n;
-       base += static_cast<long long>(gridDim.x) * kPoolChunk) {
+  for (long long base = static_cast<long long>(blockIdx.y) * kPoolChunk; base < n;
+       base += static_cast<long long>(gridDim.y) * kPoolChunk) {
     const long long end = base + kPoolChunk < n ? base + kPoolChunk : n;
     for (long long i = base + threadIdx.x; i < end; i += blockDim.x) {
       const std::uint64_t key = pool_key(s, w, seg, i);
@@ -141,13 +141,13 @@ template <int = 0>  // header-only: a template kernel links once across translat
 __global__ void __launch_bounds__(kSelectThreads) pool_count_kernel(DeviceSegments s, PooledRule r, PoolWork w) {
   using Reduce = BlockReduceI64;
   __shared__ typename Reduce::TempStorage reduce;
-  const int seg = static_cast<int>(blockIdx.y);
+  const int seg = static_cast<int>(blockIdx.x);
   const PoolState st = w.state[seg / r.segments_per_group];
   const long long n = s.offsets[seg + 1] - s.offsets[seg];
   long long above = 0, equal = 0;
   if (st.mode == 0) {
-    for (long long base = static_cast<long long>(blockIdx.x) * kPoolChunk; base < n;
-         base += static_cast<long long>(gridDim.x) * kPoolChunk) {
+    for (long long base = static_cast<long long>(blockIdx.y) * kPoolChunk; base < n;
+         base += static_cast<long long>(gridDim.y) * kPoolChunk) {
       const long long end = base + kPoolChunk < n ? base + kPoolChunk : n;
       for (long long i = base + threadIdx.x; i < end; i += blockDim.x) {
         const std::uint64_t key = pool_key(s, w, seg, i);
@@ -155,7 +155,7 @@ __global__ void __launch_bounds__(kSelectThreads) pool_count_kernel(DeviceSegmen
         equal += key == st.prefix;
       }
     }
-  } else if (st.mode == 1 && blockIdx.x == 0 && threadIdx.x == 0) {
+  } else if (st.mode == 1 && blockIdx.y == 0 && threadIdx.x == 0) {
     above = n;
   }
   const long long a = Reduce(reduce).Sum(above);
@@ -192,12 +192,12 @@ __global__ void __launch_bounds__(kSelectThreads)
 template <int = 0>  // header-only: a template kernel links once across translation units
 __global__ void __launch_bounds__(kSelectThreads)
     pool_mark_kernel(DeviceSegments s, PooledRule r, PoolWork w, std::uint8_t* keep) {
-  const int seg = static_cast<int>(blockIdx.y);
+  const int seg = static_cast<int>(blockIdx.x);
   const PoolState st = w.state[seg / r.segments_per_group];
   const long long begin = s.offsets[seg];
   const long long n = s.offsets[seg + 1] - begin;
-  for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += static_cast<long long>(gridDim.x) * blockDim.x) {
+  for (long long i = static_cast<long long>(blockIdx.y) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<long long>(gridDim.y) * blockDim.x) {
     std::uint8_t k = st.mode == 1 ? 1 : 0;
     if (st.mode == 0) {
       const std::uint64_t key = pool_key(s, w, seg, i);
@@ -260,7 +260,7 @@ inline void pooled_select(void* workspace, std::size_t& workspace_bytes, const D
   const auto floor_quota = static_cast<long long>(std::floor(static_cast<double>(r.per_head_budget) * r.floor_ratio));
   const auto chunks = static_cast<unsigned>(
       std::min<std::int64_t>(std::max<std::int64_t>((max_segment_length + detail::kPoolChunk - 1) / detail::kPoolChunk, 1), 65535));
-  const dim3 pass_grid(chunks, static_cast<unsigned>(s.segments));
+  const dim3 pass_grid(static_cast<unsigned>(s.segments), chunks);
   const auto shapes = [&] { return " (segments = " + std::to_string(s.segments) + ", groups = " + std::to_string(groups) + ")"; };
 
   detail::window_cut_kernel<><<<static_cast<unsigned>(s.segments), detail::kSelectThreads, 0, stream>>>(s, r.window, w);

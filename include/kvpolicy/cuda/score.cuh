@@ -29,22 +29,27 @@ __global__ void __launch_bounds__(kSelectThreads)
   if (threadIdx.x == 0) offsets[t.segments] = total;
 }
 
-/// grid (chunks, segments): score and position of every entry of the active segments, flat.
+/// grid (segments, chunks): score and position of every entry of the active segments, flat.
 template <class Scorer>
 __global__ void score_kernel(Scorer scorer, EntryMetaView meta, BlockTables t, std::int32_t page_size,
                              const StepContext* context, std::int32_t segments_per_sequence,
                              const std::uint8_t* active, const std::int64_t* offsets, float* score,
-                             std::int32_t* position) {
-  const int seg = static_cast<int>(blockIdx.y);
+                             std::int32_t* position, int* failed, Status* status) {
+  const int seg = static_cast<int>(blockIdx.x);
   if (active && !active[seg]) return;
   const StepContext c = context[seg / segments_per_sequence];
   const long long begin = offsets[seg];
   const long long n = t.length[seg];
-  for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += static_cast<long long>(gridDim.x) * blockDim.x) {
+  for (long long i = static_cast<long long>(blockIdx.y) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<long long>(gridDim.y) * blockDim.x) {
     const EntryMeta m = meta.entry(t.slot(seg, i, page_size));
-    score[begin + i] = scorer(m, c);
+    const float s = scorer(m, c);
+    score[begin + i] = s;
     position[begin + i] = m.position;
+    if (isnan(s)) {  // never ranked: the step that reads `failed` compacts nothing
+      if (failed) atomicExch(failed, 1);
+      if (status && atomicCAS(&status->code, Status::ok, Status::nan_score) == Status::ok) status->segment = seg;
+    }
   }
 }
 
@@ -61,12 +66,14 @@ inline void segment_offsets(const BlockTables& t, const std::uint8_t* active, st
 
 /// Scores every entry of the active segments at their sequence's step context (context[s /
 /// segments_per_sequence]) into score/position at offsets. max_segment_length bounds the grid
-/// only. The Scorer must be an EntryScorer whose operator() is KVPOLICY_HD.
+/// only. The Scorer must be an EntryScorer whose operator() is KVPOLICY_HD. A NaN score (only a
+/// user-defined Scorer makes one) sets *failed and, if status is given, Status::nan_score.
 template <class Scorer>
 void score_segments(const Scorer& scorer, const EntryMetaView& meta, const BlockTables& t, std::int32_t page_size,
                     const StepContext* context, std::int32_t segments_per_sequence, const std::uint8_t* active,
                     const std::int64_t* offsets, float* score, std::int32_t* position,
-                    std::int64_t max_segment_length, cudaStream_t stream) {
+                    std::int64_t max_segment_length, cudaStream_t stream, int* failed = nullptr,
+                    Status* status = nullptr) {
   static_assert(EntryScorer<Scorer>, "cuda::score_segments scores entry by entry: the Scorer must be an EntryScorer");
   constexpr const char* who = "cuda::score_segments";
   scorer.validate();
@@ -81,8 +88,8 @@ void score_segments(const Scorer& scorer, const EntryMetaView& meta, const Block
   const auto chunks = static_cast<unsigned>(
       max_segment_length <= 0 ? 1 : (max_segment_length + threads - 1) / threads > 1024 ? 1024
                                                                                          : (max_segment_length + threads - 1) / threads);
-  detail::score_kernel<Scorer><<<dim3(chunks, static_cast<unsigned>(t.segments)), threads, 0, stream>>>(
-      scorer, meta, t, page_size, context, segments_per_sequence, active, offsets, score, position);
+  detail::score_kernel<Scorer><<<dim3(static_cast<unsigned>(t.segments), chunks), threads, 0, stream>>>(
+      scorer, meta, t, page_size, context, segments_per_sequence, active, offsets, score, position, failed, status);
   check_launch("score_kernel", "segments = ", t.segments, ", max_segment_length = ", max_segment_length);
 }
 

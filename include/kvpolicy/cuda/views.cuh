@@ -102,9 +102,9 @@ struct FreeList {
 /// synchronises anyway). code == 0: every call since the last reset succeeded. The first failure
 /// sticks; a failed call changed nothing.
 struct Status {
-  enum Code : std::int32_t { ok = 0, out_of_pages = 1, table_full = 2 };
+  enum Code : std::int32_t { ok = 0, out_of_pages = 1, table_full = 2, nan_score = 3 };
   std::int32_t code = ok;
-  std::int32_t segment = -1;   // the segment that failed (table_full) or the first row short of pages
+  std::int32_t segment = -1;   // the segment that failed (table_full, nan_score); -1 for out_of_pages
   std::int64_t needed = 0;     // pages the call needed
   std::int64_t available = 0;  // free pages (out_of_pages) or the table's max_pages (table_full)
 };

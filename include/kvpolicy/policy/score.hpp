@@ -16,9 +16,9 @@ namespace kvpolicy::score {
 /// from an exact int64 difference, so large positions lose nothing before the product.
 KVPOLICY_HD float exponent(EntryMeta m, StepContext c) { return static_cast<float>(c.n + 1 - m.position); }
 
-/// log of beta^e: e * log_beta, with log_beta == 0 (beta == 1) scoring exactly 0 for every e
+/// log of beta^e: e * log_beta (one rounding on every backend, core/math.hpp), with log_beta == 0 (beta == 1) scoring exactly 0 for every e
 /// (0 * e) and log_beta == -inf scoring -inf.
-KVPOLICY_HD float retention(float log_beta, float e) { return log_beta * e; }
+KVPOLICY_HD float retention(float log_beta, float e) { return math::mul_rn(log_beta, e); }
 
 /// TRIM-KV, SPEC §1: score(p) = log_beta * (n + 1 - p).
 struct RetentionDecay {
@@ -34,7 +34,7 @@ struct Lookahead {
   int horizon = 2;
   void validate() const { require(horizon >= 1, "Lookahead: horizon h = ", horizon, " must be >= 1"); }
   KVPOLICY_HD float operator()(EntryMeta m, StepContext c) const {
-    return retention(m.log_beta, exponent(m, c)) + math::lookahead_log_ratio(m.log_beta, horizon);
+    return math::add_rn(retention(m.log_beta, exponent(m, c)), math::lookahead_log_ratio(m.log_beta, horizon));
   }
 };
 
@@ -43,7 +43,7 @@ struct KNormRetention {
   static constexpr bool needs_key_norm = true;
   void validate() const {}
   KVPOLICY_HD float operator()(EntryMeta m, StepContext c) const {
-    return retention(m.log_beta, exponent(m, c)) + logf(fmaxf(m.key_norm, 1e-12f));
+    return math::add_rn(retention(m.log_beta, exponent(m, c)), math::log_via_double(fmaxf(m.key_norm, 1e-12f)));
   }
 };
 
