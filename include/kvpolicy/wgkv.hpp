@@ -15,6 +15,15 @@
 /// scorer keeps the last W_obs = 256 queries of every layer and, once the sequence holds more than
 /// L * Hkv * M_avg entries, drops the bottom 10% of each head's global cache by their attention.
 ///
+/// WG-KV admission composed with TRIM-KV retention eviction (any Admitter with any Evictor): the
+/// gate decides at write time (admit::WriteGate: g >= tau is admitted, any other token lives in the
+/// ring only), the engine's log_beta ranks what is admitted under a per-head budget M:
+///   kvpolicy::WGKVRetentionCache<> cache(shape, memory::Paged<16>(pages), trimkv_evictor({.budget = 1024}),
+///                                        {}, wgkv_admitter());
+///   cache.append(seq, l, k_post, values, log_beta, g);   // both per (kv head, token)
+/// Each commit first drops the tokens that left their ring unadmitted, then TRIM-KV evicts among
+/// what stays (its budget counts the ring's tokens too).
+///
 /// The ring is not a physically separate buffer: the paged allocator holds both parts, the rule
 /// above keeps exactly the ring's survivors, and compaction moves O(dropped) entries per step.
 #pragma once
@@ -35,9 +44,15 @@ struct WGKVConfig {
 };
 
 inline evict::WriteGated wgkv_evictor(const WGKVConfig& c = {}) { return evict::WriteGated{c.local, c.tau}; }
+inline admit::WriteGate wgkv_admitter(const WGKVConfig& c = {}) { return admit::WriteGate{c.local, c.tau}; }
 
 template <class Backend = cpu_backend, class Storage = float, int PageSize = 16>
 using WGKVCache = Cache<score::Frozen, admit::All, evict::WriteGated, memory::Paged<PageSize, Storage>, Backend>;
+
+/// WG-KV admission + TRIM-KV retention eviction (see above); g goes to append's `gate`.
+template <class Backend = cpu_backend, class Storage = float, int PageSize = 16>
+using WGKVRetentionCache = Cache<score::RetentionDecay, admit::WriteGate, evict::PerHead<trigger::Buffered>,
+                                 memory::Paged<PageSize, Storage>, Backend>;
 
 /// SPEC §3 "Admission with eviction": M_avg = 4096 entries per (layer, kv head) on average.
 struct WGKVBudgetConfig {

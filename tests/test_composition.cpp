@@ -1,0 +1,219 @@
+// Composition (issue: any Admitter with any Evictor): WG-KV's write-time admission (admit::WriteGate,
+// SPEC §3) with TRIM-KV's per-head and DBTrimKV's global retention eviction (SPEC §1–2). A hand case;
+// random streams against a model that applies the ring and then the brute-force oracle; equality
+// with WG-KV's own cache when nothing else evicts; attention with the vertical-slash mask; errors.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <random>
+#include <vector>
+
+#include "kvpolicy/dbtrimkv.hpp"
+#include "kvpolicy/trimkv.hpp"
+#include "kvpolicy/wgkv.hpp"
+#include "oracle.hpp"
+
+using namespace kvpolicy;
+
+namespace {
+
+template <class C>
+std::vector<EntryMeta> survivors(const C& cache, std::int64_t seq, int l, int h) {
+  std::vector<EntryMeta> out;
+  for (std::int64_t i = 0; i < cache.length(seq, l, h); ++i) out.push_back(cache.entry(seq, l, h, i));
+  std::sort(out.begin(), out.end(), [](const EntryMeta& a, const EntryMeta& b) { return a.position < b.position; });
+  return out;
+}
+
+/// SPEC §3 ring: a head keeps its `local` newest entries and, of the older, those with g >= tau.
+void ring(oracle::Heads& heads, std::int64_t local, double tau) {
+  for (auto& head : heads) {
+    std::vector<std::int32_t> pos;
+    for (const auto& e : head) pos.push_back(e.position);
+    std::sort(pos.rbegin(), pos.rend());
+    if (static_cast<std::int64_t>(pos.size()) <= local) continue;
+    const std::int32_t newest = pos[static_cast<std::size_t>(local - 1)];
+    std::vector<EntryMeta> kept;
+    for (const auto& e : head)
+      if (e.position >= newest || e.gate >= static_cast<float>(tau)) kept.push_back(e);
+    head = kept;
+  }
+}
+
+struct Stream {
+  std::vector<float> k, v, lb, g;
+};
+
+Stream random_tokens(std::mt19937_64& rng, const CacheShape& s, std::int64_t T, double admit_share) {
+  Stream t;
+  std::normal_distribution<float> normal;
+  t.k.resize(static_cast<std::size_t>(s.kv_heads * T * s.head_dim));
+  t.v.resize(t.k.size());
+  for (auto& x : t.k) x = normal(rng);
+  for (auto& x : t.v) x = normal(rng);
+  for (std::int64_t i = 0; i < s.kv_heads * T; ++i) {
+    t.lb.push_back(oracle::tie_prone_log_beta(rng));
+    const bool admitted = std::bernoulli_distribution(admit_share)(rng);
+    t.g.push_back(admitted ? std::uniform_real_distribution<float>(0.1f, 1.0f)(rng)
+                           : std::uniform_real_distribution<float>(0.001f, 0.0999f)(rng));
+  }
+  return t;
+}
+
+}  // namespace
+
+TEST_CASE("WG-KV admission + TRIM-KV: a hand case") {
+  const CacheShape shape{1, 1, 1, 2};
+  WGKVRetentionCache<cpu_backend, float, 4> cache(shape, memory::Paged<4>(16), trimkv_evictor({.budget = 3, .buffer = 1}), {},
+                             wgkv_admitter({.local = 2, .tau = 0.5}));
+  cache.add_sequence(0);
+  // position:          0     1     2     3     4     5
+  const float g[] = {0.9f, 0.1f, 0.2f, 0.8f, 0.05f, 0.6f};
+  const float lb[] = {-0.1f, 0.0f, 0.0f, -2.0f, 0.0f, -0.5f};
+  const std::vector<std::vector<std::int32_t>> want = {{0}, {0, 1}, {0, 1, 2}, {0, 2, 3}, {0, 3, 4}, {0, 4, 5}};
+  for (int n = 0; n < 6; ++n) {
+    const float kv[2] = {1.0f, static_cast<float>(n)};
+    cache.append(0, 0, View<const float, 3>(kv, {1, 1, 2}), View<const float, 3>(kv, {1, 1, 2}),
+                 View<const float, 2>(&lb[n], {1, 1}), View<const float, 2>(&g[n], {1, 1}));
+    cache.commit(0);
+    std::vector<std::int32_t> got;
+    for (const auto& e : survivors(cache, 0, 0, 0)) got.push_back(e.position);
+    INFO("after position ", n);
+    CHECK(got == want[static_cast<std::size_t>(n)]);
+  }
+  // n = 3: the ring {2, 3} pushes out 1 (g = 0.1 < 0.5); 4 entries would be M + B = 4, but 3 stay.
+  // n = 4: ring {3, 4}: 2 leaves (g = 0.2); 0 is admitted. n = 5: ring {4, 5}; 3 (g = 0.8) is
+  // admitted, and with 0, 3, 4, 5 = M + B the TRIM-KV budget keeps the top 3 by log_beta * (n+1-p):
+  // 0: -0.1*6 = -0.6, 3: -2*3 = -6, 4: 0, 5: -0.5 -> 3 goes.
+}
+
+TEST_CASE("WG-KV admission + retention eviction against the ring-then-oracle model") {
+  for (std::uint64_t seed = 1; seed <= 400; ++seed) {
+    std::mt19937_64 rng(seed);
+    const CacheShape shape{std::uniform_int_distribution<int>(1, 3)(rng), std::uniform_int_distribution<int>(1, 3)(rng),
+                           0, 4};
+    CacheShape s = shape;
+    s.q_heads = s.kv_heads * 2;
+    const std::int64_t local = std::uniform_int_distribution<std::int64_t>(1, 12)(rng);
+    const double tau = 0.1;
+    oracle::Params p;
+    p.budget = std::uniform_int_distribution<std::int64_t>(1, 16)(rng);
+    p.buffer = std::uniform_int_distribution<std::int64_t>(1, 5)(rng);
+    p.window = std::uniform_int_distribution<std::int64_t>(0, p.budget)(rng);
+    const bool global = seed % 2 == 0;
+    const double admit_share = std::uniform_real_distribution<double>(0.0, 1.0)(rng);
+    const std::int64_t pages = 4096;
+    Cache<score::RetentionDecay, admit::WriteGate, evict::PerHead<trigger::Buffered>, memory::Paged<4>, cpu_backend>
+        per_head(s, memory::Paged<4>(pages), trimkv_evictor({p.budget, p.buffer, p.window}), {},
+                 admit::WriteGate{local, tau});
+    Cache<score::RetentionDecay, admit::WriteGate, evict::Global, memory::Paged<4>, cpu_backend> pooled(
+        s, memory::Paged<4>(pages), evict::Global{p.budget, p.buffer, 0.0, p.window, 0.0}, {},
+        admit::WriteGate{local, tau});
+    per_head.add_sequence(0);
+    pooled.add_sequence(0);
+    oracle::Heads model(static_cast<std::size_t>(s.heads_total()));
+    std::int64_t n = 0;
+    for (int step = 0; step < 60; ++step) {
+      const std::int64_t T = step == 0 ? std::uniform_int_distribution<std::int64_t>(1, 30)(rng)
+                                       : (step % 17 == 0 ? 5 : 1);
+      for (int l = 0; l < s.layers; ++l) {
+        const Stream t = random_tokens(rng, s, T, admit_share);
+        const View<const float, 3> k(t.k.data(), {s.kv_heads, T, s.head_dim}), v(t.v.data(), {s.kv_heads, T, s.head_dim});
+        const View<const float, 2> lb(t.lb.data(), {s.kv_heads, T}), g(t.g.data(), {s.kv_heads, T});
+        if (global)
+          pooled.append(0, l, k, v, lb, g);
+        else
+          per_head.append(0, l, k, v, lb, g);
+        for (int h = 0; h < s.kv_heads; ++h)
+          for (std::int64_t i = 0; i < T; ++i) {
+            EntryMeta m{static_cast<std::int32_t>(n + i), lb(h, i), 0.0f, 0.0f, g(h, i)};
+            model[static_cast<std::size_t>(head_index(s, l, h))].push_back(m);
+          }
+      }
+      n += T;
+      if (global)
+        pooled.commit(0);
+      else
+        per_head.commit(0);
+      ring(model, local, tau);
+      if (global)
+        oracle::global(s, model, n, score::RetentionDecay{}, p);
+      else
+        oracle::per_head(s, model, n, score::RetentionDecay{}, p);
+      for (int l = 0; l < s.layers; ++l)
+        for (int h = 0; h < s.kv_heads; ++h) {
+          auto want = model[static_cast<std::size_t>(head_index(s, l, h))];
+          std::sort(want.begin(), want.end(),
+                    [](const EntryMeta& a, const EntryMeta& b) { return a.position < b.position; });
+          const auto got = global ? survivors(pooled, 0, l, h) : survivors(per_head, 0, l, h);
+          REQUIRE_MESSAGE(got.size() == want.size(), "seed ", seed, " step ", step, " layer ", l, " head ", h);
+          for (std::size_t i = 0; i < got.size(); ++i) {
+            REQUIRE_MESSAGE(got[i].position == want[i].position, "seed ", seed, " step ", step);
+            REQUIRE(got[i].gate == want[i].gate);
+          }
+          if (!global) CHECK(static_cast<std::int64_t>(got.size()) <= p.budget + p.buffer - 1);
+        }
+      if (global) {
+        std::int64_t total = 0;
+        for (auto& head : model) total += static_cast<std::int64_t>(head.size());
+        CHECK(total <= s.heads_total() * (p.budget + p.buffer) - 1);
+      }
+    }
+  }
+}
+
+TEST_CASE("with a budget it never reaches, the composition keeps what WG-KV's own cache keeps") {
+  std::mt19937_64 rng(42);
+  const CacheShape s{2, 2, 4, 8};
+  const WGKVConfig c{.local = 6, .tau = 0.1};
+  WGKVCache<cpu_backend, float, 4> own(s, memory::Paged<4>(4096), wgkv_evictor(c));
+  WGKVRetentionCache<cpu_backend, float, 4> composed(s, memory::Paged<4>(4096), trimkv_evictor({.budget = 100000, .buffer = 1}), {},
+                                wgkv_admitter(c));
+  own.add_sequence(0);
+  composed.add_sequence(0);
+  std::normal_distribution<float> normal;
+  for (int step = 0; step < 50; ++step) {
+    const std::int64_t T = step == 0 ? 17 : (step % 9 == 0 ? 4 : 1);  // prefill longer than W_local, chunks
+    for (int l = 0; l < s.layers; ++l) {
+      const Stream t = random_tokens(rng, s, T, 0.3);
+      std::vector<float> q(static_cast<std::size_t>(s.q_heads * T * s.head_dim)), out_own(q.size()), out_comp(q.size());
+      for (auto& x : q) x = normal(rng);
+      const View<const float, 3> k(t.k.data(), {s.kv_heads, T, s.head_dim}), v(t.v.data(), {s.kv_heads, T, s.head_dim});
+      const View<const float, 2> g(t.g.data(), {s.kv_heads, T}), lb(t.lb.data(), {s.kv_heads, T});
+      own.append(0, l, k, v, g);  // WG-KV's own cache: g is the frozen score
+      composed.append(0, l, k, v, lb, g);
+      const View<const float, 3> qv(q.data(), {s.q_heads, T, s.head_dim});
+      own.attend(0, l, qv, View<float, 3>(out_own.data(), {s.q_heads, T, s.head_dim}));
+      composed.attend(0, l, qv, View<float, 3>(out_comp.data(), {s.q_heads, T, s.head_dim}));
+      REQUIRE(out_own == out_comp);  // the same vertical-slash mask over the same entries
+    }
+    own.commit(0);
+    composed.commit(0);
+    for (int l = 0; l < s.layers; ++l)
+      for (int h = 0; h < s.kv_heads; ++h) {
+        const auto a = survivors(own, 0, l, h), b = survivors(composed, 0, l, h);
+        REQUIRE(a.size() == b.size());
+        for (std::size_t i = 0; i < a.size(); ++i) {
+          REQUIRE(a[i].position == b[i].position);
+          REQUIRE(a[i].log_beta == b[i].gate);  // g: the frozen score there, the gate here
+        }
+      }
+  }
+}
+
+TEST_CASE("admit::WriteGate needs the gate, in [0, 1], and a refused append changes nothing") {
+  const CacheShape s{1, 1, 1, 2};
+  WGKVRetentionCache<cpu_backend, float, 4> cache(s, memory::Paged<4>(16), trimkv_evictor(), {}, wgkv_admitter());
+  cache.add_sequence(0);
+  const float kv[2] = {1.0f, 2.0f}, lb = -0.5f, bad = 1.5f;
+  const View<const float, 3> k(kv, {1, 1, 2});
+  CHECK_THROWS_WITH(cache.append(0, 0, k, k, View<const float, 2>(&lb, {1, 1})),
+                    doctest::Contains("this Admitter decides by the write gate g; append needs gate [Hkv, T]"));
+  CHECK_THROWS_WITH(cache.append(0, 0, k, k, View<const float, 2>(&lb, {1, 1}), View<const float, 2>(&bad, {1, 1})),
+                    doctest::Contains("gate[layer 0, head 0, token 0 of the step (position 0)] = 1.5 is not in [0, 1]"));
+  CHECK(cache.length(0, 0, 0) == 0);
+  CHECK_THROWS_WITH((WGKVRetentionCache<cpu_backend, float, 4>(s, memory::Paged<4>(16), trimkv_evictor(), {}, wgkv_admitter({.local = 0}))),
+                    doctest::Contains("admit::WriteGate: W_local = 0"));
+}
