@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <random>
 #include <vector>
@@ -27,17 +28,13 @@ std::vector<EntryMeta> survivors(const C& cache, std::int64_t seq, int l, int h)
   return out;
 }
 
-/// SPEC §3 ring: a head keeps its `local` newest entries and, of the older, those with g >= tau.
-void ring(oracle::Heads& heads, std::int64_t local, double tau) {
+/// SPEC §3 ring, after n tokens: an entry with g < tau stays only while it is among the `local`
+/// newest tokens of the sequence (position >= n - local).
+void ring(oracle::Heads& heads, std::int64_t n, std::int64_t local, double tau) {
   for (auto& head : heads) {
-    std::vector<std::int32_t> pos;
-    for (const auto& e : head) pos.push_back(e.position);
-    std::sort(pos.rbegin(), pos.rend());
-    if (static_cast<std::int64_t>(pos.size()) <= local) continue;
-    const std::int32_t newest = pos[static_cast<std::size_t>(local - 1)];
     std::vector<EntryMeta> kept;
     for (const auto& e : head)
-      if (e.position >= newest || e.gate >= static_cast<float>(tau)) kept.push_back(e);
+      if (e.position >= n - local || e.gate >= static_cast<float>(tau)) kept.push_back(e);
     head = kept;
   }
 }
@@ -83,10 +80,81 @@ TEST_CASE("WG-KV admission + TRIM-KV: a hand case") {
     INFO("after position ", n);
     CHECK(got == want[static_cast<std::size_t>(n)]);
   }
-  // n = 3: the ring {2, 3} pushes out 1 (g = 0.1 < 0.5); 4 entries would be M + B = 4, but 3 stay.
-  // n = 4: ring {3, 4}: 2 leaves (g = 0.2); 0 is admitted. n = 5: ring {4, 5}; 3 (g = 0.8) is
-  // admitted, and with 0, 3, 4, 5 = M + B the TRIM-KV budget keeps the top 3 by log_beta * (n+1-p):
-  // 0: -0.1*6 = -0.6, 3: -2*3 = -6, 4: 0, 5: -0.5 -> 3 goes.
+  // after position 3: the ring {2, 3} pushes out 1 (g = 0.1 < 0.5); 4 entries would be M + B = 4,
+  // but 3 stay. After 4: ring {3, 4}: 2 leaves (g = 0.2); 0 is admitted. After 5 (n = 6): ring
+  // {4, 5}; 3 (g = 0.8) is admitted, and with 0, 3, 4, 5 = M + B the TRIM-KV budget keeps the top 3
+  // by log_beta * (n + 1 - p): 0: -0.1 * 7 = -0.7, 3: -2 * 4 = -8, 4: 0, 5: -0.5 * 2 = -1 -> 3 goes.
+  //
+  // One 2-token step, positions 6 (g = 0.05, log_beta 0) and 7 (g = 0.9, log_beta 0): the ring
+  // {6, 7} drops 4 (g = 0.05), leaving 0, 5, 6, 7 = M + B; at n = 8: 0: -0.9, 5: -0.5 * 3 = -1.5,
+  // 6: 0, 7: 0 -> 5 goes. Both departures are reported, and only the Evictor's trigger as one.
+  const float g2[] = {0.05f, 0.9f}, lb2[] = {0.0f, 0.0f}, kv2[4] = {1.0f, 6.0f, 1.0f, 7.0f};
+  cache.append(0, 0, View<const float, 3>(kv2, {1, 2, 2}), View<const float, 3>(kv2, {1, 2, 2}),
+               View<const float, 2>(lb2, {1, 2}), View<const float, 2>(g2, {1, 2}));
+  std::vector<EvictedEntry> evicted;
+  const EvictionReport report = cache.commit(0, &evicted);
+  CHECK(report.triggered);
+  CHECK(report.evicted == 2);
+  std::vector<std::int32_t> gone, got;
+  for (const auto& e : evicted) gone.push_back(e.position);
+  std::sort(gone.begin(), gone.end());
+  CHECK(gone == std::vector<std::int32_t>{4, 5});
+  for (const auto& e : survivors(cache, 0, 0, 0)) got.push_back(e.position);
+  CHECK(got == std::vector<std::int32_t>{0, 6, 7});
+}
+
+TEST_CASE("the ring counts tokens, not stored entries: what the Evictor removed keeps nothing alive") {
+  // W = 2, tau = 0.5, TRIM-KV M = 1, B = 1: after position 1 the Evictor keeps 0 (0 > -2); after
+  // position 2 the stored entries are {0, 2} — two, but 0 is no longer among the 2 newest tokens
+  // and was never admitted (g = 0.1), so it leaves: no later query could see it.
+  const CacheShape shape{1, 1, 1, 2};
+  WGKVRetentionCache<cpu_backend, float, 4> cache(shape, memory::Paged<4>(16), trimkv_evictor({.budget = 1, .buffer = 1}),
+                                                  {}, wgkv_admitter({.local = 2, .tau = 0.5}));
+  cache.add_sequence(0);
+  const float g[] = {0.1f, 0.9f, 0.9f}, lb[] = {0.0f, -1.0f, -1.0f};
+  const std::vector<std::vector<std::int32_t>> want = {{0}, {0}, {2}};
+  for (int n = 0; n < 3; ++n) {
+    const float kv[2] = {1.0f, static_cast<float>(n)};
+    cache.append(0, 0, View<const float, 3>(kv, {1, 1, 2}), View<const float, 3>(kv, {1, 1, 2}),
+                 View<const float, 2>(&lb[n], {1, 1}), View<const float, 2>(&g[n], {1, 1}));
+    cache.commit(0);
+    std::vector<std::int32_t> got;
+    for (const auto& e : survivors(cache, 0, 0, 0)) got.push_back(e.position);
+    INFO("after position ", n);
+    CHECK(got == want[static_cast<std::size_t>(n)]);
+  }
+}
+
+TEST_CASE("step() carries the gate, and abort_step takes the gated entries back") {
+  const CacheShape s{2, 1, 2, 2};
+  WGKVRetentionCache<cpu_backend, float, 4> cache(s, memory::Paged<4>(64), trimkv_evictor({.budget = 4, .buffer = 1}),
+                                                  {}, wgkv_admitter({.local = 1, .tau = 0.5}));
+  cache.add_sequence(0);
+  std::vector<float> kv(2 * 1 * 3 * 2, 1.0f), lb(2 * 3, -0.1f), g{0.9f, 0.1f, 0.2f, 0.1f, 0.9f, 0.3f};
+  decltype(cache)::SequenceStep step{0, View<const float, 4>(kv.data(), {2, 1, 3, 2}),
+                                     View<const float, 4>(kv.data(), {2, 1, 3, 2}),
+                                     View<const float, 3>(lb.data(), {2, 1, 3})};
+  CHECK_THROWS_WITH(cache.step(step), doctest::Contains("step: SequenceStep::gate [L, Hkv, T]"));
+  step.gate = View<const float, 3>(g.data(), {2, 1, 3});
+  const EvictionReport r = cache.step(step);
+  CHECK(!r.triggered);
+  CHECK(r.evicted == 2);  // layer 0 drops position 1, layer 1 drops position 0 (ring of 1: position 2 stays)
+  std::vector<std::int32_t> l0, l1;
+  for (const auto& e : survivors(cache, 0, 0, 0)) l0.push_back(e.position);
+  for (const auto& e : survivors(cache, 0, 1, 0)) l1.push_back(e.position);
+  CHECK(l0 == std::vector<std::int32_t>{0, 2});
+  CHECK(l1 == std::vector<std::int32_t>{1, 2});
+  CHECK(survivors(cache, 0, 1, 0)[0].gate == 0.9f);  // position 1 keeps its g
+  // an appended step taken back leaves no gated entry behind
+  const float one_kv[2] = {1.0f, 1.0f}, one_lb = -0.1f, one_g = 0.05f;
+  cache.append(0, 0, View<const float, 3>(one_kv, {1, 1, 2}), View<const float, 3>(one_kv, {1, 1, 2}),
+               View<const float, 2>(&one_lb, {1, 1}), View<const float, 2>(&one_g, {1, 1}));
+  cache.abort_step(0);
+  CHECK(cache.length(0, 0, 0) == 2);
+  const float nan_g = std::numeric_limits<float>::quiet_NaN();
+  CHECK_THROWS_WITH(cache.append(0, 0, View<const float, 3>(one_kv, {1, 1, 2}), View<const float, 3>(one_kv, {1, 1, 2}),
+                                 View<const float, 2>(&one_lb, {1, 1}), View<const float, 2>(&nan_g, {1, 1})),
+                    doctest::Contains("is not in [0, 1]"));
 }
 
 TEST_CASE("WG-KV admission + retention eviction against the ring-then-oracle model") {
@@ -137,7 +205,7 @@ TEST_CASE("WG-KV admission + retention eviction against the ring-then-oracle mod
         pooled.commit(0);
       else
         per_head.commit(0);
-      ring(model, local, tau);
+      ring(model, n, local, tau);
       if (global)
         oracle::global(s, model, n, score::RetentionDecay{}, p);
       else

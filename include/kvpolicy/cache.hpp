@@ -37,6 +37,8 @@ struct EvictedEntry {
   std::int32_t position = 0;
 };
 
+/// What a commit did: whether the Evictor's trigger fired, and how many entries left the cache
+/// (by the Evictor, or by an Admitter's ring, SPEC §3).
 struct EvictionReport {
   bool triggered = false;
   std::int64_t evicted = 0;
@@ -53,6 +55,11 @@ class Cache {
                 "kvpolicy::Cache: a Scorer reads either a static score or the attention mass, not both");
   static_assert(!(admitter_has_ring<A> && requires(const E& e) { e.attention_mask(); }),
                 "kvpolicy::Cache: the Admitter's ring and the Evictor both mask the attention; compose one of them");
+  static_assert(!admitter_has_ring<A> || requires(const A& a) { a.attention_mask(); },
+                "kvpolicy::Cache: an Admitter with a ring must give the attention its mask (attention_mask())");
+  static_assert(!(evictor_counts_prompt_by_length<E> && admitter_may_skip<A>),
+                "kvpolicy::Cache: this Evictor counts generated entries as length - prompt, which needs every "
+                "token stored; this Admitter does not store every token");
   // H2O's mass and SnapKV's query window: the attention feeds the policy, so every step attends
   static constexpr bool observes_attention = scorer_needs_attention_mass<S> || WindowScorer<S>;
 
@@ -278,7 +285,8 @@ class Cache {
   /// One eviction decided but not applied: the active heads' flattened scores and keep flags.
   struct EvictionPlan {
     StepContext context{};
-    bool triggered = false;
+    bool triggered = false;  // anything to apply (the Evictor fired, or an Admitter's ring drops entries)
+    bool fired = false;      // the Evictor's trigger fired (what EvictionReport::triggered reports)
     std::vector<std::int64_t> lengths, offsets;
     std::vector<std::uint8_t> active, keep;
     std::vector<std::int32_t> position;
@@ -413,8 +421,9 @@ class Cache {
     require_shape(values, {shape_.kv_heads, T, shape_.head_dim}, "Cache::append: values");
     require_shape(log_beta, {shape_.kv_heads, T}, "Cache::append: log_beta");
     if constexpr (admitter_reads_gate<A>)
-      require(gate.data != nullptr, "Cache::append: layer ", layer,
-              ": this Admitter decides by the write gate g; append needs gate [Hkv, T]");
+      require(gate.data != nullptr, "Cache: layer ", layer,
+              ": this Admitter decides by the write gate g; append needs gate [Hkv, T] (step: SequenceStep::gate "
+              "[L, Hkv, T])");
     if (gate.data != nullptr) {  // SPEC §3: g = sigmoid(...) is in [0, 1]
       require_shape(gate, {shape_.kv_heads, T}, "Cache::append: gate");
       for (std::int64_t h = 0; h < shape_.kv_heads; ++h)
@@ -523,35 +532,28 @@ class Cache {
 
 
   /// The ring of an Admitter with one (WG-KV, SPEC §3): per head, the stored entries that stay —
-  /// all but the Admission::local ones older than the head's W_local newest. Empty for a head that
-  /// drops none. Returns the entries dropped over every head.
-  std::int64_t ring_survivors(std::int64_t seq, const std::vector<std::int64_t>& lengths,
-                              std::vector<std::vector<std::uint8_t>>& kept) const {
+  /// all but the Admission::local ones older than the W_local newest tokens of the sequence
+  /// (position < n - W_local), which no later query may see (the vertical-slash mask). By position,
+  /// not by rank among what is stored, so entries the Evictor removed never keep an unadmitted one
+  /// alive. Empty for a head that drops none. Returns the entries dropped over every head.
+  std::int64_t ring_survivors(std::int64_t seq, std::int64_t n, std::vector<std::vector<std::uint8_t>>& kept) const {
     std::int64_t dropped_total = 0;
     if constexpr (admitter_has_ring<A>) {
-      const std::int64_t ring = admitter_.ring();
-      kept.assign(lengths.size(), {});
-      std::vector<std::int32_t> position;
+      const std::int64_t oldest_in_ring = n - static_cast<std::int64_t>(admitter_.ring());
+      kept.assign(static_cast<std::size_t>(shape_.heads_total()), {});
       for (int l = 0; l < shape_.layers; ++l)
         for (int h = 0; h < shape_.kv_heads; ++h) {
           const auto i = static_cast<std::size_t>(head_index(shape_, l, h));
-          if (lengths[i] <= ring) continue;
           const auto head_layout = alloc_.layout(seq, l, h);
-          position.resize(static_cast<std::size_t>(lengths[i]));
-          for (std::int64_t j = 0; j < lengths[i]; ++j) position[static_cast<std::size_t>(j)] = alloc_.pool().meta(head_layout.slot(j)).position;
-          std::nth_element(position.begin(), position.begin() + (ring - 1), position.end(), std::greater<>());
-          const std::int32_t newest = position[static_cast<std::size_t>(ring - 1)];  // the ring: positions >= newest
-          std::vector<std::uint8_t> keep(static_cast<std::size_t>(lengths[i]), 1);
-          std::int64_t dropped = 0;
-          for (std::int64_t j = 0; j < lengths[i]; ++j) {
+          std::vector<std::uint8_t> keep;
+          for (std::int64_t j = 0; j < head_layout.length; ++j) {
             const EntryMeta& m = alloc_.pool().meta(head_layout.slot(j));
-            if (m.position < newest && admitter_.admit(m) == Admission::local) {
-              keep[static_cast<std::size_t>(j)] = 0;
-              ++dropped;
-            }
+            if (m.position >= oldest_in_ring || admitter_.admit(m) != Admission::local) continue;
+            if (keep.empty()) keep.assign(static_cast<std::size_t>(head_layout.length), 1);
+            keep[static_cast<std::size_t>(j)] = 0;
+            ++dropped_total;
           }
-          if (dropped > 0) kept[i] = std::move(keep);
-          dropped_total += dropped;
+          kept[i] = std::move(keep);
         }
     }
     return dropped_total;
@@ -571,7 +573,7 @@ class Cache {
         plan.lengths[static_cast<std::size_t>(head_index(shape_, l, h))] = alloc_.length(seq, l, h);
     std::vector<std::vector<std::uint8_t>> ring_kept;  // per head; empty: the ring drops nothing there
     std::vector<std::int64_t> lengths = plan.lengths;  // what the Evictor sees
-    const bool ring_drops = ring_survivors(seq, plan.lengths, ring_kept) > 0;
+    const bool ring_drops = ring_survivors(seq, ctx.n, ring_kept) > 0;
     if (ring_drops)
       for (std::size_t i = 0; i < heads; ++i)
         if (!ring_kept[i].empty())
@@ -581,7 +583,9 @@ class Cache {
     plan.active.assign(heads, 0);
     const bool fires = evictor_trigger(evictor_, shape_, ctx, lengths, plan.active);
     if (!fires && !ring_drops) return plan;
+    if (!fires) std::fill(plan.active.begin(), plan.active.end(), std::uint8_t{0});
     plan.triggered = true;
+    plan.fired = fires;
 
     std::vector<std::int64_t> offsets(heads + 1, 0);
     for (std::size_t i = 0; i < heads; ++i) offsets[i + 1] = offsets[i] + (plan.active[i] ? lengths[i] : 0);
@@ -670,7 +674,7 @@ class Cache {
   /// Compacts every active head by the plan's keep flags.
   EvictionReport apply_eviction(std::int64_t seq, const EvictionPlan& plan, std::vector<EvictedEntry>* evicted) {
     EvictionReport report;
-    report.triggered = plan.triggered;
+    report.triggered = plan.fired;
     if (!plan.triggered) return report;
     for (int l = 0; l < shape_.layers; ++l)
       for (int h = 0; h < shape_.kv_heads; ++h) {

@@ -50,6 +50,14 @@ template <class A>
 constexpr bool admitter_has_ring = requires(const A& a) {
   { a.ring() } -> std::convertible_to<std::int64_t>;
 };
+/// An Admitter that may leave a token out of the cache (drop, or local with a ring): every Admitter
+/// but one that declares stores_every_token (admit::All).
+template <class A>
+constexpr bool admitter_may_skip = !requires { requires A::stores_every_token; };
+/// An Evictor whose trigger counts a head's generated entries as length - prompt (EpiKV's budget,
+/// SPEC §4): exact only when every prompt token was stored.
+template <class E>
+constexpr bool evictor_counts_prompt_by_length = requires { requires E::counts_prompt_by_length; };
 /// An Admitter that decides by EntryMeta::gate, which append must then be given.
 template <class A>
 constexpr bool admitter_reads_gate = requires { requires A::reads_gate; };

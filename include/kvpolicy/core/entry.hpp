@@ -29,7 +29,7 @@ struct EntryMeta {
 /// so far (SPEC §4 protects every prefill token).
 /// prompt_ends: this step reaches the prompt length the engine declared (SnapKV compresses then).
 /// entries: the sequence's entries over every layer and head after the step, before its eviction
-/// (WG-KV's hard budget, SPEC §3 appendix K).
+/// (WG-KV's hard budget, SPEC §3 appendix K) — after an Admitter's ring has dropped its departures.
 struct StepContext {
   std::int64_t n = 0;
   std::int64_t prompt = 0;

@@ -13,6 +13,7 @@
 namespace kvpolicy::admit {
 
 struct All {
+  static constexpr bool stores_every_token = true;
   KVPOLICY_HD Admission admit(EntryMeta) const { return Admission::keep; }
 };
 

@@ -224,6 +224,7 @@ struct Global {
 /// lowest-scoring other generated entries down to K: one per decode step. The trigger counts the
 /// generated entries as length - prompt, exact when every prompt token was stored (admit::All).
 struct Generated {
+  static constexpr bool counts_prompt_by_length = true;  // so it composes with admit::All only
   std::int64_t budget = 2048;  // K
   std::int64_t recency = -1;   // R; -1 = min(128, K / 4)
 
