@@ -66,6 +66,44 @@ TEST_CASE("retention_gate_forward matches the gate's formula") {
   cublasDestroy(handle);
 }
 
+TEST_CASE("tied_gate_forward matches DBTrimKV's tied gate formula") {
+  cublasHandle_t handle = nullptr;
+  kc::check_cublas(cublasCreate(&handle), "cublasCreate", "test");
+  std::mt19937_64 rng(12);
+  std::normal_distribution<float> normal;
+  for (auto act : {kp::gate::Activation::silu, kp::gate::Activation::gelu})
+    for (std::int64_t T : {1, 5, 257}) {
+      const int D = 80, J = 16, H = 3;
+      std::vector<float> pw(H * J * D), pb(H * J), rw(J), rb{0.7f}, x(T * D);
+      for (auto& v : pw) v = normal(rng) * 0.1f;
+      for (auto& v : pb) v = normal(rng) * 0.1f;
+      for (auto& v : rw) v = normal(rng) * 0.3f;
+      for (auto& v : x) v = normal(rng);
+      DeviceBuffer<float> dpw(pw), dpb(pb), drw(rw), drb(rb), dx(x), out(std::size_t(H) * T);
+      out.poison(0xFF);
+      kc::TiedGateWeights w{dpw.get(), dpb.get(), drw.get(), drb.get(), D, J, H, act};
+      std::size_t bytes = 0;
+      kc::tied_gate_forward(nullptr, bytes, handle, w, dx.get(), T, out.get(), nullptr);
+      DeviceBuffer<unsigned char> ws(bytes);
+      kc::tied_gate_forward(ws.get(), bytes, handle, w, dx.get(), T, out.get(), nullptr);
+      cudatest::sync();
+      const auto got = out.download();
+      for (std::int64_t t = 0; t < T; ++t)
+        for (int h = 0; h < H; ++h) {
+          double z = rb[0];
+          for (int j = 0; j < J; ++j) {
+            double p = pb[h * J + j];
+            for (int c = 0; c < D; ++c) p += double(pw[(h * J + j) * D + c]) * x[t * D + c];
+            z += act_ref(act, p) * rw[j];
+          }
+          const double want = logsigmoid_ref(z);
+          INFO("token ", t, ", head ", h, ", T = ", T);
+          CHECK(std::abs(got[h * T + t] - want) <= 1e-5 * std::max(1.0, std::abs(want)));
+        }
+    }
+  cublasDestroy(handle);
+}
+
 TEST_CASE("retention gate arguments are checked before any launch" * doctest::test_suite("host")) {
   kc::RetentionGateWeights w;
   std::size_t bytes = 0;
@@ -78,4 +116,12 @@ TEST_CASE("retention gate arguments are checked before any launch" * doctest::te
                     doctest::Contains("tokens = -3"));
   kc::retention_gate_forward(nullptr, bytes, nullptr, w, nullptr, 10, nullptr, nullptr);
   CHECK(bytes >= 10 * (4 + 2) * sizeof(float));
+  kc::TiedGateWeights tied;
+  CHECK_THROWS_WITH(kc::tied_gate_forward(nullptr, bytes, nullptr, tied, nullptr, 1, nullptr, nullptr),
+                    doctest::Contains("proj J = 0"));
+  tied.hidden = 8;
+  tied.proj = 4;
+  tied.kv_heads = 2;
+  kc::tied_gate_forward(nullptr, bytes, nullptr, tied, nullptr, 10, nullptr, nullptr);
+  CHECK(bytes >= 10 * 2 * 4 * sizeof(float));
 }

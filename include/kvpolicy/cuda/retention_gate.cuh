@@ -1,9 +1,13 @@
 /// \file
-/// kvpolicy/cuda/retention_gate.cuh — the TRIM-KV retention gate on the device (SPEC §1), the CUDA
-/// twin of gate::RetentionGate::forward for a prefill chunk or a decode token (T = 1):
+/// kvpolicy/cuda/retention_gate.cuh — the retention gates on the device, CUDA twins of
+/// gate::RetentionGate::forward (TRIM-KV, SPEC §1) and gate::TiedGate::forward (DBTrimKV's
+/// weight-tied gate, SPEC §2), for a prefill chunk or a decode token (T = 1). TRIM-KV:
 ///   U = act(X W1^T + b1)   [T, I]   cuBLAS SGEMM, then a fused bias + activation kernel
 ///   Z = U W2^T             [T, Hkv] cuBLAS SGEMM
 ///   log_beta[h, t] = logsigmoid(Z[t, h] + b[h])   [Hkv, T]  (the layout append takes)
+/// DBTrimKV, tied:
+///   P = X Wp^T             [T, Hkv J] cuBLAS SGEMM
+///   log_beta[h, t] = logsigmoid(sum_j act(P[t, h J + j] + bp[h J + j]) wg[j] + bg)   one fused kernel
 /// fp32 throughout (no TF32: the handle's math mode is left to the engine, whose default is exact
 /// fp32). The activation and logsigmoid are the KVPOLICY_HD functions the CPU gate calls.
 #pragma once
@@ -106,6 +110,75 @@ inline void retention_gate_forward(void* workspace, std::size_t& workspace_bytes
   detail::bias_logsigmoid_kernel<><<<blocks_for(nz, 256, "bias_logsigmoid_kernel"), 256, 0, stream>>>(
       z, w.b, tokens, w.kv_heads, log_beta);
   check_launch("bias_logsigmoid_kernel", shapes);
+}
+
+/// DBTrimKV's tied gate in device memory (SPEC §2): per layer proj.weight [Hkv J, D] and
+/// proj.bias [Hkv J]; for the whole model readout.weight [J] and readout.bias [1].
+struct TiedGateWeights {
+  const float* proj_w = nullptr;
+  const float* proj_b = nullptr;
+  const float* readout_w = nullptr;
+  const float* readout_b = nullptr;
+  std::int32_t hidden = 0;    // D
+  std::int32_t proj = 0;      // J
+  std::int32_t kv_heads = 0;  // Hkv
+  gate::Activation activation = gate::Activation::silu;
+};
+
+namespace detail {
+
+/// One thread per (token, kv head): the head's J projections, activated, read out.
+template <int = 0>  // header-only: a template kernel links once across translation units
+__global__ void tied_readout_kernel(const float* p, TiedGateWeights w, std::int64_t tokens, float* log_beta) {
+  const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= tokens * w.kv_heads) return;
+  const std::int64_t t = i / w.kv_heads, h = i % w.kv_heads;
+  const std::int64_t hj = std::int64_t{w.kv_heads} * w.proj;
+  float z = 0.0f;
+  for (int j = 0; j < w.proj; ++j) {
+    const std::int64_t c = h * w.proj + j;
+    z = __fadd_rn(z, __fmul_rn(gate::activate(w.activation, __fadd_rn(p[t * hj + c], w.proj_b[c])), w.readout_w[j]));
+  }
+  log_beta[h * tokens + t] = math::logsigmoid(__fadd_rn(z, *w.readout_b));
+}
+
+}  // namespace detail
+
+inline std::size_t tied_gate_workspace_bytes(const TiedGateWeights& w, std::int64_t tokens) {
+  WorkspaceLayout layout;
+  layout.take<float>(nullptr, tokens * w.kv_heads * w.proj);
+  return layout.bytes();
+}
+
+/// x [tokens, D] fp32 -> log_beta [Hkv, tokens] fp32 by DBTrimKV's tied gate, on `stream`.
+/// Two-phase: workspace == nullptr sets workspace_bytes and returns.
+inline void tied_gate_forward(void* workspace, std::size_t& workspace_bytes, cublasHandle_t handle,
+                              const TiedGateWeights& w, const float* x, std::int64_t tokens, float* log_beta,
+                              cudaStream_t stream) {
+  constexpr const char* who = "cuda::tied_gate_forward";
+  require(w.hidden >= 1 && w.proj >= 1 && w.kv_heads >= 1, who, ": hidden = ", w.hidden, ", proj J = ", w.proj,
+          ", kv_heads = ", w.kv_heads, " must all be >= 1");
+  require(tokens >= 0 && tokens <= INT32_MAX, who, ": tokens = ", tokens, " must be in [0, 2^31 - 1]");
+  require(std::int64_t{w.kv_heads} * w.proj <= INT32_MAX, who, ": Hkv x J = ", std::int64_t{w.kv_heads} * w.proj,
+          " exceeds a GEMM dimension");
+  if (size_query(workspace, workspace_bytes, tied_gate_workspace_bytes(w, tokens), who)) return;
+  if (tokens == 0) return;
+  require(handle && w.proj_w && w.proj_b && w.readout_w && w.readout_b && x && log_beta, who,
+          ": the handle, weights, x and log_beta must be set");
+  WorkspaceLayout layout;
+  float* p = layout.take<float>(workspace, tokens * w.kv_heads * w.proj);
+  const int hj = w.kv_heads * w.proj;
+  const std::string shapes = "tokens = " + std::to_string(tokens) + ", D = " + std::to_string(w.hidden) +
+                             ", J = " + std::to_string(w.proj) + ", Hkv = " + std::to_string(w.kv_heads);
+  const float one = 1.0f, zero = 0.0f;
+  check_cublas(cublasSetStream(handle, stream), "cublasSetStream", shapes);
+  // row-major P[T, Hkv J] = X[T, D] Wp[Hkv J, D]^T (the same column-major reading as above)
+  check_cublas(cublasSgemm(handle, CUBLAS_OP_T, CUBLAS_OP_N, hj, static_cast<int>(tokens), w.hidden, &one, w.proj_w,
+                           w.hidden, x, w.hidden, &zero, p, hj),
+               "cublasSgemm (X Wp^T)", shapes);
+  const std::int64_t n = tokens * w.kv_heads;
+  detail::tied_readout_kernel<><<<blocks_for(n, 256, "tied_readout_kernel"), 256, 0, stream>>>(p, w, tokens, log_beta);
+  check_launch("tied_readout_kernel", shapes);
 }
 
 }  // namespace kvpolicy::cuda
