@@ -1,13 +1,15 @@
 /// \file
 /// kvpolicy/cuda.cuh — the CUDA path (DESIGN, Device path): views over engine-owned device memory
 /// and the kernels every policy step is made of — append, scoring, per-head and pooled top-K,
-/// compaction, paged decode attention, the retention gate. Every entry point takes a cudaStream_t,
+/// compaction, paged decode attention, the retention gates — and the Cache composition on the GPU
+/// (Backend = cuda_backend: TrimKVCache<cuda_backend>, DBTrimKVCache<cuda_backend>). Every entry point takes a cudaStream_t,
 /// sizes its scratch in two phases, never allocates or synchronises, and checks every launch.
 /// Needs nvcc (C++20) and links CUDA::cudart and CUDA::cublas (the target kvpolicy::cuda).
 #pragma once
 
 #include "kvpolicy/cuda/append.cuh"
 #include "kvpolicy/cuda/attention.cuh"
+#include "kvpolicy/cuda/cache.cuh"
 #include "kvpolicy/cuda/check.cuh"
 #include "kvpolicy/cuda/compact.cuh"
 #include "kvpolicy/cuda/dispatch.cuh"

@@ -1,0 +1,583 @@
+/// \file
+/// kvpolicy/cuda/cache.cuh — the Cache composition on the device: with `cuda_backend` as its
+/// Backend, `Cache<Scorer, admit::All, Evictor, memory::Paged<P, Storage>, cuda_backend>` (so
+/// `TrimKVCache<cuda_backend>`, `DBTrimKVCache<cuda_backend>`, …) keeps its pool, block tables
+/// and free list in device memory it owns, on top of the views of views.cuh, and runs every step
+/// with the CUDA kernels: append, paged decode attention, and one evict_step per commit (trigger,
+/// score, select, compact). Its API is the CPU Cache's (host fp32 views in and out, the same
+/// validation and errors), so an engine can switch backends with one template argument and the
+/// differential tests can drive both with the same calls.
+///
+/// The host-view API copies its inputs to the device and, at each call's end, synchronises the
+/// cache's stream to report errors the device found (out of pages, a NaN score) as exceptions —
+/// the convenience an engine has on the CPU. An engine whose tensors already live on the GPU calls
+/// the kernels itself over this cache's views (kv(), tables(), free_list()), as
+/// examples/engine_cuda.cu does, and pays neither.
+///
+/// What this composition runs: EntryScorers (RetentionDecay, Lookahead, KNormRetention, Frozen,
+/// the training-free EntryScorers); admit::All; evict::PerHead, LayerWise and Global; decode
+/// attention (T = 1): a prefill chunk's own attention is the engine's (FlashAttention) on the GPU.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "kvpolicy/cache.hpp"
+#include "kvpolicy/core/dtype.hpp"
+#include "kvpolicy/cuda/append.cuh"
+#include "kvpolicy/cuda/attention.cuh"
+#include "kvpolicy/cuda/check.cuh"
+#include "kvpolicy/cuda/compact.cuh"
+#include "kvpolicy/cuda/evict_step.cuh"
+#include "kvpolicy/memory/paged.hpp"
+#include "kvpolicy/policy/admit.hpp"
+#include "kvpolicy/policy/evict.hpp"
+
+namespace kvpolicy {
+
+/// The Backend that puts a Cache on the GPU (this file's partial specialisation of Cache).
+struct cuda_backend {
+  static constexpr const char* name = "cuda";
+  static constexpr bool emits_attention_mass = false;
+};
+
+namespace cuda::detail {
+
+template <class Storage>
+using device_storage_t = std::conditional_t<std::is_same_v<Storage, float>, float,
+                                            std::conditional_t<std::is_same_v<Storage, half>, __half, __nv_bfloat16>>;
+
+/// The evict_step rule of a CPU Evictor (SPEC §1–2).
+template <class E>
+EvictionRule rule_of(const E& e, const CacheShape& shape) {
+  EvictionRule r;
+  r.layers = shape.layers;
+  r.kv_heads = shape.kv_heads;
+  if constexpr (std::is_same_v<E, evict::PerHead<trigger::Buffered>>) {
+    r.scope = Scope::per_head;
+    r.budget = e.rule.budget;
+    r.buffer = e.rule.buffer;
+    r.window = e.window;
+    r.threshold = e.threshold;
+  } else if constexpr (std::is_same_v<E, evict::LayerWise>) {
+    r.scope = Scope::layer_wise;
+    r.budget = e.budget;
+    r.buffer = e.buffer;
+    r.window = e.window;
+    r.threshold = e.threshold;
+    r.floor_ratio = e.floor_ratio;
+  } else {
+    r.scope = Scope::global;
+    r.budget = e.budget;
+    r.buffer = e.buffer;
+    r.window = e.window;
+    r.threshold = e.threshold;
+    r.floor_ratio = e.floor_ratio;
+  }
+  return r;
+}
+
+/// A device allocation that frees itself.
+template <class T>
+class DeviceArray {
+ public:
+  DeviceArray() = default;
+  explicit DeviceArray(std::size_t n) : n_(n) {
+    if (n) KVPOLICY_CUDA_CHECK(cudaMalloc(&p_, n * sizeof(T)), "Cache<cuda_backend>: allocating ", n * sizeof(T), " bytes");
+  }
+  DeviceArray(DeviceArray&& o) noexcept : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
+  DeviceArray& operator=(DeviceArray&& o) noexcept {
+    std::swap(p_, o.p_);
+    std::swap(n_, o.n_);
+    return *this;
+  }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+  ~DeviceArray() {
+    if (p_) cudaFree(p_);
+  }
+  T* get() const { return p_; }
+  std::size_t size() const { return n_; }
+
+ private:
+  T* p_ = nullptr;
+  std::size_t n_ = 0;
+};
+
+}  // namespace cuda::detail
+
+template <Scorer S, Admitter A, Evictor E, int P, class Storage>
+class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
+  static_assert(EntryScorer<S>, "kvpolicy::Cache<cuda_backend>: the device scores entry by entry (an EntryScorer)");
+  static_assert(!scorer_needs_attention_mass<S>,
+                "kvpolicy::Cache<cuda_backend>: this Scorer ranks by attention mass (H2O), which this Backend's "
+                "attention does not emit");
+  static_assert(std::is_same_v<A, admit::All>, "kvpolicy::Cache<cuda_backend>: the device cache admits every token");
+  static_assert(std::is_same_v<E, evict::PerHead<trigger::Buffered>> || std::is_same_v<E, evict::LayerWise> ||
+                    std::is_same_v<E, evict::Global>,
+                "kvpolicy::Cache<cuda_backend>: the device runs evict::PerHead, evict::LayerWise and evict::Global");
+  static_assert(P == 16 || P == 32 || P == 64, "kvpolicy::Cache<cuda_backend>: page size must be 16, 32 or 64");
+  using device_type = cuda::detail::device_storage_t<Storage>;
+  template <class T>
+  using DeviceArray = cuda::detail::DeviceArray<T>;
+
+ public:
+  using scorer_type = S;
+  using admitter_type = A;
+  using evictor_type = E;
+  using allocator_type = memory::Paged<P, Storage>;
+  using backend_type = cuda_backend;
+  using storage_type = Storage;
+
+  struct SequenceStep {
+    std::int64_t seq = 0;
+    View<const float, 4> keys, values;
+    View<const float, 3> log_beta;
+    View<const float, 4> queries{};
+    View<float, 4> out{};
+  };
+
+  /// Allocates the pool (allocator.pages_total() pages of P slots) and the cache's scratch on the
+  /// current device; `stream` runs every call (default: the legacy default stream).
+  Cache(CacheShape shape, allocator_type allocator, E evictor = {}, S scorer = {}, A admitter = {},
+        cudaStream_t stream = nullptr)
+      : shape_(shape), evictor_(evictor), scorer_(scorer), admitter_(admitter), stream_(stream),
+        pages_(static_cast<std::int32_t>(allocator.pages_total())) {
+    evictor_.validate(shape_);
+    scorer_.validate();
+    const int d = shape_.head_dim;
+    require(d == 64 || d == 128 || d == 256, "Cache<cuda_backend>: head_dim = ", d, " has no kernel (64, 128 or 256)");
+    rule_ = cuda::detail::rule_of(evictor_, shape_);
+    const std::size_t slots = std::size_t(pages_) * P;
+    keys_ = DeviceArray<device_type>(slots * d);
+    values_ = DeviceArray<device_type>(slots * d);
+    position_ = DeviceArray<std::int32_t>(slots);
+    meta_ = DeviceArray<float>(slots);
+    if (S::needs_key_norm) key_norm_ = DeviceArray<float>(slots);
+    free_pages_ = DeviceArray<std::int32_t>(pages_);
+    free_count_ = DeviceArray<std::int32_t>(1);
+    status_ = DeviceArray<cuda::Status>(1);
+    std::vector<std::int32_t> free(static_cast<std::size_t>(pages_));
+    for (std::int32_t i = 0; i < pages_; ++i) free[static_cast<std::size_t>(i)] = pages_ - 1 - i;  // page 0 on top
+    upload(free_pages_.get(), free.data(), free.size());
+    upload(free_count_.get(), &pages_, 1);
+    reset_status();
+    grow_slots(4);
+    const int per_seq = static_cast<int>(shape_.heads_total());
+    rows_ = DeviceArray<std::int32_t>(static_cast<std::size_t>(shape_.kv_heads));
+    evicted_ = DeviceArray<std::int64_t>(static_cast<std::size_t>(per_seq));
+    context_ = DeviceArray<StepContext>(1);
+    base_ = DeviceArray<std::int32_t>(1);
+    queries_ = DeviceArray<float>(std::size_t(shape_.q_heads) * d);
+    out_ = DeviceArray<float>(queries_.size());
+    std::size_t bytes = cuda::append_workspace_bytes(shape_.kv_heads);
+    std::size_t evict_bytes = 0;
+    cuda::evict_step(nullptr, evict_bytes, scorer_, rule_, kv(), slot_tables(0), free_list(), context_.get(), nullptr,
+                     nullptr, stream_);
+    bytes = std::max(bytes, evict_bytes);
+    bytes = std::max(bytes, cuda::decode_attention_workspace_bytes(decode_batch(), std::int64_t(pages_) * P, P));
+    workspace_ = DeviceArray<unsigned char>(bytes);
+  }
+  Cache(const Cache&) = delete;
+  Cache& operator=(const Cache&) = delete;
+
+  const CacheShape& shape() const { return shape_; }
+  const E& evictor() const { return evictor_; }
+  const S& scorer() const { return scorer_; }
+
+  // ---- sequences ---------------------------------------------------------------------------------
+  void add_sequence(std::int64_t seq, std::int64_t prompt_tokens = -1) {
+    require(prompt_tokens >= -1 && prompt_tokens <= std::int64_t{std::numeric_limits<std::int32_t>::max()},
+            "Cache::add_sequence: prompt_tokens = ", prompt_tokens, " must be -1 (unknown) or in [0, 2^31 - 1]");
+    require(!has_sequence(seq), "Cache::add_sequence: sequence ", seq, " already exists");
+    if (free_slots_.empty()) grow_slots(slot_capacity_ * 2);
+    Sequence st;
+    st.slot = free_slots_.back();
+    st.prompt = prompt_tokens;
+    st.appended.assign(static_cast<std::size_t>(shape_.layers), 0);
+    st.first.assign(static_cast<std::size_t>(shape_.heads_total()), 0);
+    free_slots_.pop_back();
+    seqs_.emplace(seq, std::move(st));
+  }
+  void remove_sequence(std::int64_t seq) {
+    Sequence& st = state_of(seq);
+    truncate(st, std::vector<std::int32_t>(static_cast<std::size_t>(shape_.heads_total()), 0));
+    free_slots_.push_back(st.slot);
+    seqs_.erase(seq);
+  }
+  bool has_sequence(std::int64_t seq) const { return seqs_.count(seq) != 0; }
+  std::int64_t tokens(std::int64_t seq) const { return state_of(seq).n; }
+  std::int64_t length(std::int64_t seq, int layer, int head) const {
+    check_layer(layer, "length");
+    require(head >= 0 && head < shape_.kv_heads, "Cache::length: head ", head, " out of range [0, ", shape_.kv_heads, ")");
+    return lengths(state_of(seq))[static_cast<std::size_t>(head_index(shape_, layer, head))];
+  }
+  std::int64_t total_length(std::int64_t seq) const {
+    std::int64_t total = 0;
+    for (const auto len : lengths(state_of(seq))) total += len;
+    return total;
+  }
+  /// Metadata of entry i of a head, in storage order (the CPU cache's order: both compact alike).
+  EntryMeta entry(std::int64_t seq, int layer, int head, std::int64_t i) const {
+    const Sequence& st = state_of(seq);
+    const auto seg = segment(st, layer, head);
+    const std::int32_t len = download_one(tables_length_.get() + seg);
+    require(i >= 0 && i < len, "Cache::entry: index ", i, " out of range [0, ", len, ")");
+    const std::int32_t page = download_one(tables_.get() + std::size_t(seg) * max_pages_ + i / P);
+    const std::int64_t slot = std::int64_t{page} * P + i % P;
+    EntryMeta m;
+    m.position = download_one(position_.get() + slot);
+    m.log_beta = download_one(meta_.get() + slot);
+    if (S::needs_key_norm) m.key_norm = download_one(key_norm_.get() + slot);
+    return m;
+  }
+  std::int64_t pages_free() const { return download_one(free_count_.get()); }
+  std::int64_t pages_total() const { return pages_; }
+
+  // ---- one step, layer by layer ------------------------------------------------------------------
+  /// keys/values [Hkv, T, d], log_beta [Hkv, T], host fp32, as the CPU cache takes them.
+  void append(std::int64_t seq, int layer, View<const float, 3> keys, View<const float, 3> values,
+              View<const float, 2> log_beta) {
+    Sequence& st = state_of(seq);
+    check_layer(layer, "append");
+    const std::int64_t T = keys.dim(1);
+    require(T >= 1, "Cache: a step appends T = ", T, " tokens; T must be >= 1");
+    require(st.pending == 0 || st.pending == T, "Cache::append: sequence ", seq, " step has T = ", st.pending,
+            " tokens, this layer has T = ", T);
+    require(st.n + T <= std::int64_t{std::numeric_limits<std::int32_t>::max()}, "Cache: sequence ", seq, " at n = ",
+            st.n, " cannot take ", T, " more tokens: positions must stay below 2^31 - 1");
+    require(!st.appended[static_cast<std::size_t>(layer)], "Cache::append: layer ", layer, " of sequence ", seq,
+            " was already appended in this step; call commit() first");
+    const int d = shape_.head_dim;
+    require_shape(keys, {shape_.kv_heads, T, d}, "Cache::append: keys");
+    require_shape(values, {shape_.kv_heads, T, d}, "Cache::append: values");
+    require_shape(log_beta, {shape_.kv_heads, T}, "Cache::append: log_beta");
+    for (std::int64_t h = 0; h < shape_.kv_heads; ++h)
+      for (std::int64_t t = 0; t < T; ++t) {
+        const float lb = log_beta(h, t);
+        if constexpr (scorer_static_score<S>)
+          require(!std::isnan(lb) && lb != std::numeric_limits<float>::infinity(), "Cache::append: score[layer ",
+                  layer, ", head ", h, ", token ", t, " of the step (position ", st.n + t, ")] = ", lb,
+                  " must be finite or -inf");
+        else
+          require(!std::isnan(lb) && lb <= 0.0f, "Cache::append: log_beta[layer ", layer, ", head ", h, ", token ", t,
+                  " of the step (position ", st.n + t, ")] = ", lb, " is not in [-inf, 0]");
+      }
+    std::vector<device_type> k(static_cast<std::size_t>(keys.size())), v(k.size());
+    for (std::int64_t i = 0; i < keys.size(); ++i) {
+      const Storage ks = from_float<Storage>(keys.data[i]), vs = from_float<Storage>(values.data[i]);
+      require(std::isfinite(to_float(ks)) && std::isfinite(to_float(vs)), "Cache::append: layer ", layer,
+              " keys/values hold a value that is not finite in ", dtype_name<Storage>(), " at flat index ", i,
+              " (key ", keys.data[i], ", value ", values.data[i], ")");
+      std::memcpy(static_cast<void*>(&k[static_cast<std::size_t>(i)]), &ks, sizeof ks);  // the same bits
+      std::memcpy(static_cast<void*>(&v[static_cast<std::size_t>(i)]), &vs, sizeof vs);
+    }
+    std::vector<std::int32_t> pos(static_cast<std::size_t>(shape_.kv_heads * T)), rows(static_cast<std::size_t>(shape_.kv_heads));
+    for (std::int64_t h = 0; h < shape_.kv_heads; ++h) {
+      rows[static_cast<std::size_t>(h)] = segment(st, layer, static_cast<int>(h));
+      for (std::int64_t t = 0; t < T; ++t) pos[static_cast<std::size_t>(h * T + t)] = static_cast<std::int32_t>(st.n + t);
+    }
+    stage(k.size(), pos.size());
+    upload(stage_keys_.get(), k.data(), k.size());
+    upload(stage_values_.get(), v.data(), v.size());
+    upload(stage_position_.get(), pos.data(), pos.size());
+    upload(stage_meta_.get(), log_beta.data, pos.size());
+    upload(rows_.get(), rows.data(), rows.size());
+    if (st.pending == 0) st.first = lengths(st);  // where this step's entries begin, for abort_step
+    cuda::AppendRows<device_type> a{rows_.get(), shape_.kv_heads, static_cast<std::int32_t>(T), stage_keys_.get(),
+                                    stage_values_.get(), stage_position_.get(), stage_meta_.get()};
+    std::size_t bytes = workspace_.size();
+    cuda::append(workspace_.get(), bytes, kv(), tables_view(), free_list(), a, status_.get(), stream_);
+    const cuda::Status s = status();
+    if (s.code != cuda::Status::ok) {
+      reset_status();
+      fail("Cache::append: out of memory: sequence ", seq, " layer ", layer, " cannot take ", T,
+           " more entries per head (", s.code == cuda::Status::table_full ? "a head's block table is full: " : "",
+           s.needed, " pages needed, ", s.available, s.code == cuda::Status::table_full ? " per head)" : " free)");
+    }
+    st.pending = T;
+    st.appended[static_cast<std::size_t>(layer)] = 1;
+  }
+
+  /// queries [Hq, 1, d] of this step's decode token at `layer` -> out [Hq, 1, d].
+  void attend(std::int64_t seq, int layer, View<const float, 3> queries, View<float, 3> out) {
+    const Sequence& st = state_of(seq);
+    check_layer(layer, "attend");
+    require(st.appended[static_cast<std::size_t>(layer)], "Cache::attend: layer ", layer, " of sequence ", seq,
+            " was not appended in this step");
+    require(st.pending == 1, "Cache<cuda_backend>::attend: the device attends decode tokens (T = 1); this step has T = ",
+            st.pending, " (a prefill chunk's attention is the engine's on the GPU)");
+    require_shape(queries, {shape_.q_heads, 1, shape_.head_dim}, "Cache::attend: queries");
+    require_shape(View<const float, 3>(out), {shape_.q_heads, 1, shape_.head_dim}, "Cache::attend: out");
+    for (std::int64_t i = 0; i < queries.size(); ++i)
+      require(std::isfinite(queries.data[i]), "Cache::attend: layer ", layer, " queries hold ", queries.data[i],
+              " at flat index ", i);
+    upload(queries_.get(), queries.data, static_cast<std::size_t>(queries.size()));
+    const std::int32_t base = segment(st, layer, 0);
+    upload(base_.get(), &base, 1);
+    std::size_t bytes = workspace_.size();
+    cuda::decode_attention(workspace_.get(), bytes, kv(), tables_view(), decode_batch(), std::int64_t(pages_) * P,
+                           stream_);
+    KVPOLICY_CUDA_CHECK(cudaMemcpyAsync(out.data, out_.get(), static_cast<std::size_t>(out.size()) * sizeof(float),
+                                        cudaMemcpyDeviceToHost, stream_),
+                        "Cache<cuda_backend>::attend: reading the output");
+    sync();
+  }
+
+  /// SPEC §1–2 on the device: trigger, score, select, compact — one evict_step over the sequence.
+  EvictionReport commit(std::int64_t seq, std::vector<EvictedEntry>* evicted = nullptr) {
+    Sequence& st = state_of(seq);
+    require(st.pending > 0, "Cache::commit: sequence ", seq, " has no open step");
+    for (int l = 0; l < shape_.layers; ++l)
+      require(st.appended[static_cast<std::size_t>(l)], "Cache::commit: layer ", l, " of sequence ", seq,
+              " was not appended in this step");
+    const std::int64_t n = st.n + st.pending;
+    const std::vector<std::int32_t> before = lengths(st);
+    std::vector<std::int64_t> lens(before.begin(), before.end()), entries_before;
+    std::vector<std::uint8_t> active(lens.size());
+    StepContext ctx{n, st.prompt >= 0 ? std::min(st.prompt, n) : n, st.prompt >= 0 && st.n < st.prompt && n >= st.prompt, 0};
+    for (const auto len : lens) ctx.entries += len;
+    EvictionReport report;
+    report.triggered = evictor_trigger(evictor_, shape_, ctx, lens, active);
+    std::vector<std::vector<std::int32_t>> positions_before;
+    if (evicted != nullptr && report.triggered) positions_before = head_positions(st, before);
+    if (report.triggered) {
+      upload(context_.get(), &ctx, 1);
+      std::size_t bytes = workspace_.size();
+      cuda::evict_step(workspace_.get(), bytes, scorer_, rule_, kv(), slot_tables(st.slot), free_list(), context_.get(),
+                       evicted_.get(), status_.get(), stream_);
+      const cuda::Status s = status();
+      if (s.code == cuda::Status::nan_score) {
+        reset_status();
+        fail("Cache::commit: the scorer returned NaN for sequence ", seq, " (layer ", s.segment / shape_.kv_heads,
+             " head ", s.segment % shape_.kv_heads, ", n = ", n, "); a NaN score never enters a ranking");
+      }
+      std::vector<std::int64_t> gone(lens.size());
+      download(gone.data(), evicted_.get(), gone.size());
+      for (const auto g : gone) report.evicted += g;
+      if (evicted != nullptr) {
+        const auto after = head_positions(st, lengths(st));
+        for (std::size_t i = 0; i < after.size(); ++i) {
+          std::vector<std::int32_t> kept = after[i];
+          std::sort(kept.begin(), kept.end());
+          for (const std::int32_t p : positions_before[i])
+            if (!std::binary_search(kept.begin(), kept.end(), p))
+              evicted->push_back({static_cast<int>(i) / shape_.kv_heads, static_cast<int>(i) % shape_.kv_heads, p});
+        }
+      }
+    }
+    st.n = n;
+    st.pending = 0;
+    std::fill(st.appended.begin(), st.appended.end(), 0);
+    return report;
+  }
+
+  /// Discards the open step of `seq`: its entries leave, their pages return to the pool.
+  void abort_step(std::int64_t seq) {
+    Sequence& st = state_of(seq);
+    if (st.pending == 0) return;
+    truncate(st, st.first);
+    st.pending = 0;
+    std::fill(st.appended.begin(), st.appended.end(), 0);
+  }
+
+  /// append every layer, attend each (decode) when queries are given, commit.
+  EvictionReport step(const SequenceStep& s, std::vector<EvictedEntry>* evicted = nullptr) {
+    const std::int64_t T = s.keys.dim(2);
+    require_shape(s.keys, {shape_.layers, shape_.kv_heads, T, shape_.head_dim}, "Cache::step: keys");
+    require_shape(s.values, {shape_.layers, shape_.kv_heads, T, shape_.head_dim}, "Cache::step: values");
+    require_shape(s.log_beta, {shape_.layers, shape_.kv_heads, T}, "Cache::step: log_beta");
+    require(state_of(s.seq).pending == 0, "Cache::step: sequence ", s.seq, " has a step open by append(); commit() it first");
+    try {
+      for (int l = 0; l < shape_.layers; ++l) {
+        append(s.seq, l, layer_of(s.keys, l), layer_of(s.values, l), layer_of(s.log_beta, l));
+        if (s.queries.data != nullptr) attend(s.seq, l, layer_of(s.queries, l), layer_of(s.out, l));
+      }
+      return commit(s.seq, evicted);
+    } catch (...) {
+      abort_step(s.seq);
+      throw;
+    }
+  }
+  EvictionReport step(std::int64_t seq, View<const float, 4> keys, View<const float, 4> values,
+                      View<const float, 3> log_beta, View<const float, 4> queries = {}, View<float, 4> out = {},
+                      std::vector<EvictedEntry>* evicted = nullptr) {
+    return step(SequenceStep{seq, keys, values, log_beta, queries, out}, evicted);
+  }
+
+  // ---- the device views, for an engine that drives the kernels itself ----------------------------
+  cuda::PagedKV<device_type> kv() const {
+    return {keys_.get(), values_.get(), position_.get(), meta_.get(), key_norm_.get(), nullptr, pages_, P,
+            shape_.head_dim};
+  }
+  /// Every sequence slot's block tables: segment = slot * L * Hkv + layer * Hkv + head.
+  cuda::BlockTables tables_view() const {
+    return {tables_.get(), tables_length_.get(), static_cast<std::int32_t>(slot_capacity_ * shape_.heads_total()),
+            max_pages_};
+  }
+  cuda::FreeList free_list() const { return {free_pages_.get(), free_count_.get(), pages_}; }
+  /// The slot of a sequence in tables_view().
+  std::int32_t slot(std::int64_t seq) const { return state_of(seq).slot; }
+  cudaStream_t stream() const { return stream_; }
+
+ private:
+  struct Sequence {
+    std::int32_t slot = 0;
+    std::int64_t n = 0, pending = 0, prompt = -1;
+    std::vector<std::uint8_t> appended;
+    std::vector<std::int32_t> first;  // per head: its length when the open step began
+  };
+
+  template <class T, int R>
+  static View<T, R - 1> layer_of(View<T, R> v, int l) {
+    std::array<std::int64_t, R - 1> s{};
+    for (int i = 1; i < R; ++i) s[static_cast<std::size_t>(i - 1)] = v.shape[static_cast<std::size_t>(i)];
+    View<T, R - 1> out{nullptr, s};
+    out.data = v.data == nullptr ? nullptr : v.data + std::int64_t{l} * out.size();
+    return out;
+  }
+  const Sequence& state_of(std::int64_t seq) const {
+    auto it = seqs_.find(seq);
+    if (it == seqs_.end()) fail("Cache: unknown sequence ", seq);
+    return it->second;
+  }
+  Sequence& state_of(std::int64_t seq) { return const_cast<Sequence&>(static_cast<const Cache&>(*this).state_of(seq)); }
+  void check_layer(int layer, const char* what) const {
+    require(layer >= 0 && layer < shape_.layers, "Cache::", what, ": layer ", layer, " out of range [0, ", shape_.layers,
+            ")");
+  }
+  std::int32_t segment(const Sequence& st, int layer, int head) const {
+    return static_cast<std::int32_t>(std::int64_t{st.slot} * shape_.heads_total() + head_index(shape_, layer, head));
+  }
+  cuda::BlockTables slot_tables(std::int32_t slot) const {
+    const std::int64_t first = std::int64_t{slot} * shape_.heads_total();
+    return {tables_.get() + first * max_pages_, tables_length_.get() + first,
+            static_cast<std::int32_t>(shape_.heads_total()), max_pages_};
+  }
+  cuda::DecodeBatch decode_batch() const {
+    return {queries_.get(), base_.get(), 1, shape_.q_heads, shape_.kv_heads, out_.get()};
+  }
+
+  template <class T>
+  void upload(T* dst, const T* src, std::size_t n) const {
+    if (n == 0) return;
+    KVPOLICY_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(T), cudaMemcpyHostToDevice, stream_),
+                        "Cache<cuda_backend>: copying ", n * sizeof(T), " bytes to the device");
+    sync();  // the host buffers are the caller's (or this call's) and may go away
+  }
+  template <class T>
+  void download(T* dst, const T* src, std::size_t n) const {
+    if (n == 0) return;
+    KVPOLICY_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(T), cudaMemcpyDeviceToHost, stream_),
+                        "Cache<cuda_backend>: copying ", n * sizeof(T), " bytes from the device");
+    sync();
+  }
+  template <class T>
+  T download_one(const T* src) const {
+    T v{};
+    download(&v, src, 1);
+    return v;
+  }
+  void sync() const { KVPOLICY_CUDA_CHECK(cudaStreamSynchronize(stream_), "Cache<cuda_backend>: synchronising its stream"); }
+  cuda::Status status() const { return download_one(status_.get()); }
+  void reset_status() {
+    const cuda::Status ok{};
+    upload(status_.get(), &ok, 1);
+  }
+  std::vector<std::int32_t> lengths(const Sequence& st) const {
+    std::vector<std::int32_t> len(static_cast<std::size_t>(shape_.heads_total()));
+    download(len.data(), tables_length_.get() + std::int64_t{st.slot} * shape_.heads_total(), len.size());
+    return len;
+  }
+  std::vector<std::vector<std::int32_t>> head_positions(const Sequence& st, const std::vector<std::int32_t>& len) const {
+    std::vector<std::int32_t> table(len.size() * static_cast<std::size_t>(max_pages_));
+    download(table.data(), tables_.get() + std::int64_t{st.slot} * shape_.heads_total() * max_pages_, table.size());
+    std::vector<std::int32_t> pos(std::size_t(pages_) * P);
+    download(pos.data(), position_.get(), pos.size());
+    std::vector<std::vector<std::int32_t>> out(len.size());
+    for (std::size_t i = 0; i < len.size(); ++i)
+      for (std::int32_t j = 0; j < len[i]; ++j)
+        out[i].push_back(pos[std::size_t(table[i * max_pages_ + j / P]) * P + j % P]);
+    return out;
+  }
+  /// Shrinks each head of a sequence to keep[i] entries (its first ones), returning emptied pages.
+  void truncate(const Sequence& st, const std::vector<std::int32_t>& keep_first) {
+    const std::vector<std::int32_t> len = lengths(st);
+    std::vector<std::int64_t> offsets{0};
+    std::vector<std::uint8_t> keep;
+    for (std::size_t i = 0; i < len.size(); ++i) {
+      for (std::int32_t j = 0; j < len[i]; ++j) keep.push_back(j < keep_first[i] ? 1 : 0);
+      offsets.push_back(static_cast<std::int64_t>(keep.size()));
+    }
+    DeviceArray<std::int64_t> d_offsets(offsets.size());
+    DeviceArray<std::uint8_t> d_keep(std::max<std::size_t>(keep.size(), 1));
+    upload(d_offsets.get(), offsets.data(), offsets.size());
+    upload(d_keep.get(), keep.data(), keep.size());
+    std::size_t bytes = workspace_.size();
+    require(bytes >= cuda::compact_workspace_bytes(offsets.back(), static_cast<std::int32_t>(len.size())),
+            "Cache<cuda_backend>: internal: compaction scratch too small");
+    cuda::compact(workspace_.get(), bytes, kv(), slot_tables(st.slot), d_offsets.get(), d_keep.get(), nullptr,
+                  free_list(), nullptr, offsets.back(), stream_);
+    sync();
+  }
+  /// Staging buffers for one append's inputs (grown, never shrunk).
+  void stage(std::size_t kv_elements, std::size_t entries) {
+    if (stage_keys_.size() < kv_elements) {
+      stage_keys_ = DeviceArray<device_type>(kv_elements);
+      stage_values_ = DeviceArray<device_type>(kv_elements);
+    }
+    if (stage_position_.size() < entries) {
+      stage_position_ = DeviceArray<std::int32_t>(entries);
+      stage_meta_ = DeviceArray<float>(entries);
+    }
+  }
+  /// More sequence slots: the tables grow (existing rows copied), new slots are free.
+  void grow_slots(std::int32_t capacity) {
+    max_pages_ = pages_;  // a head may hold every page (DBTrimKV's global budget lets one head grow)
+    const std::size_t per_slot = static_cast<std::size_t>(shape_.heads_total());
+    DeviceArray<std::int32_t> table(std::size_t(capacity) * per_slot * max_pages_), length(std::size_t(capacity) * per_slot);
+    KVPOLICY_CUDA_CHECK(cudaMemsetAsync(length.get(), 0, length.size() * sizeof(std::int32_t), stream_), "tables");
+    if (slot_capacity_ > 0) {
+      KVPOLICY_CUDA_CHECK(cudaMemcpyAsync(table.get(), tables_.get(), tables_.size() * sizeof(std::int32_t),
+                                          cudaMemcpyDeviceToDevice, stream_), "tables");
+      KVPOLICY_CUDA_CHECK(cudaMemcpyAsync(length.get(), tables_length_.get(), tables_length_.size() * sizeof(std::int32_t),
+                                          cudaMemcpyDeviceToDevice, stream_), "tables");
+    }
+    sync();
+    for (std::int32_t s = capacity - 1; s >= slot_capacity_; --s) free_slots_.push_back(s);
+    slot_capacity_ = capacity;
+    tables_ = std::move(table);
+    tables_length_ = std::move(length);
+  }
+
+  CacheShape shape_;
+  E evictor_;
+  S scorer_;
+  A admitter_;
+  cudaStream_t stream_;
+  std::int32_t pages_;
+  std::int32_t max_pages_ = 0;
+  std::int32_t slot_capacity_ = 0;
+  cuda::EvictionRule rule_;
+  DeviceArray<device_type> keys_, values_, stage_keys_, stage_values_;
+  DeviceArray<std::int32_t> position_, free_pages_, free_count_, tables_, tables_length_, rows_, base_, stage_position_;
+  DeviceArray<float> meta_, key_norm_, queries_, out_, stage_meta_;
+  DeviceArray<cuda::Status> status_;
+  DeviceArray<std::int64_t> evicted_;
+  DeviceArray<StepContext> context_;
+  DeviceArray<unsigned char> workspace_;
+  std::vector<std::int32_t> free_slots_;
+  std::map<std::int64_t, Sequence> seqs_;
+};
+
+}  // namespace kvpolicy

@@ -1,0 +1,188 @@
+// The Cache composition on the GPU (Backend = cuda_backend) against the same composition on the
+// CPU, driven by the same calls: TRIM-KV per head (window, threshold), DBTrimKV global (floor
+// quotas) and layer-wise, fp32 and fp16 storage. After every step both caches hold the same
+// entries in every head (positions and log_beta, bit for bit), report the same trigger and
+// evicted count and list, and have the same free pages; decode attention agrees within 1e-5
+// (fp32) / 2e-3 (fp16). Sequences come and go; a step taken back changes nothing; errors match.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "kvpolicy/cuda/cache.cuh"
+#include "kvpolicy/dbtrimkv.hpp"
+#include "kvpolicy/trimkv.hpp"
+
+namespace kp = kvpolicy;
+
+namespace {
+
+template <class C>
+std::vector<kp::EntryMeta> heads_of(const C& c, std::int64_t seq, int l, int h) {
+  std::vector<kp::EntryMeta> out;
+  for (std::int64_t i = 0; i < c.length(seq, l, h); ++i) out.push_back(c.entry(seq, l, h, i));
+  std::sort(out.begin(), out.end(), [](const kp::EntryMeta& a, const kp::EntryMeta& b) { return a.position < b.position; });
+  return out;
+}
+
+std::vector<kp::EvictedEntry> sorted(std::vector<kp::EvictedEntry> v) {
+  std::sort(v.begin(), v.end(), [](const kp::EvictedEntry& a, const kp::EvictedEntry& b) {
+    return std::tie(a.layer, a.head, a.position) < std::tie(b.layer, b.head, b.position);
+  });
+  return v;
+}
+
+template <class Cpu, class Gpu>
+void drive(Cpu& cpu, Gpu& gpu, const kp::CacheShape& s, std::uint64_t seed, double tolerance) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal;
+  const auto log_beta = [&] {
+    static const float ties[] = {0.0f, -0.25f, -0.5f, -1.0f, -std::numeric_limits<float>::infinity()};
+    return std::uniform_int_distribution<int>(0, 2)(rng) == 0 ? ties[std::uniform_int_distribution<int>(0, 4)(rng)]
+                                                              : -std::uniform_real_distribution<float>(0.0f, 1.0f)(rng);
+  };
+  std::vector<std::int64_t> live;
+  std::int64_t next_id = 0;
+  for (int step = 0; step < 120; ++step) {
+    if ((live.size() < 3 && std::uniform_int_distribution<int>(0, 9)(rng) == 0) || live.empty()) {
+      cpu.add_sequence(next_id);
+      gpu.add_sequence(next_id);
+      live.push_back(next_id++);
+    }
+    const std::int64_t seq = live[std::uniform_int_distribution<std::size_t>(0, live.size() - 1)(rng)];
+    const bool prefill = cpu.tokens(seq) == 0;
+    const std::int64_t T = prefill ? std::uniform_int_distribution<std::int64_t>(1, 40)(rng) : 1;
+    std::vector<float> k(std::size_t(s.layers) * s.kv_heads * T * s.head_dim), v(k.size()), lb;
+    for (auto& x : k) x = normal(rng);
+    for (auto& x : v) x = normal(rng);
+    for (std::int64_t i = 0; i < s.layers * s.kv_heads * T; ++i) lb.push_back(log_beta());
+    std::vector<float> q(std::size_t(s.layers) * s.q_heads * T * s.head_dim), out_cpu(q.size()), out_gpu(q.size());
+    for (auto& x : q) x = normal(rng);
+    const kp::View<const float, 4> K(k.data(), {s.layers, s.kv_heads, T, s.head_dim}), V(v.data(), {s.layers, s.kv_heads, T, s.head_dim});
+    const kp::View<const float, 3> LB(lb.data(), {s.layers, s.kv_heads, T});
+    std::vector<kp::EvictedEntry> gone_cpu, gone_gpu;
+    kp::EvictionReport rc, rg;
+    if (T == 1) {
+      const kp::View<const float, 4> Q(q.data(), {s.layers, s.q_heads, 1, s.head_dim});
+      rc = cpu.step(seq, K, V, LB, Q, kp::View<float, 4>(out_cpu.data(), {s.layers, s.q_heads, 1, s.head_dim}), &gone_cpu);
+      rg = gpu.step(seq, K, V, LB, Q, kp::View<float, 4>(out_gpu.data(), {s.layers, s.q_heads, 1, s.head_dim}), &gone_gpu);
+      double num = 0.0, den = 0.0;
+      for (std::size_t i = 0; i < out_cpu.size(); ++i) {
+        num += (double(out_gpu[i]) - out_cpu[i]) * (double(out_gpu[i]) - out_cpu[i]);
+        den += double(out_cpu[i]) * out_cpu[i];
+      }
+      INFO("seed ", seed, " step ", step);
+      CHECK(std::sqrt(num / std::max(den, 1e-30)) <= tolerance);
+    } else {
+      rc = cpu.step(seq, K, V, LB, {}, {}, &gone_cpu);
+      rg = gpu.step(seq, K, V, LB, {}, {}, &gone_gpu);
+    }
+    REQUIRE_MESSAGE(rc.triggered == rg.triggered, "seed ", seed, " step ", step);
+    REQUIRE(rc.evicted == rg.evicted);
+    const auto a = sorted(gone_cpu), b = sorted(gone_gpu);
+    REQUIRE(a.size() == b.size());
+    for (std::size_t i = 0; i < a.size(); ++i)
+      REQUIRE((a[i].layer == b[i].layer && a[i].head == b[i].head && a[i].position == b[i].position));
+    for (const std::int64_t id : live)
+      for (int l = 0; l < s.layers; ++l)
+        for (int h = 0; h < s.kv_heads; ++h) {
+          const auto x = heads_of(cpu, id, l, h), y = heads_of(gpu, id, l, h);
+          REQUIRE_MESSAGE(x.size() == y.size(), "seed ", seed, " step ", step, " sequence ", id, " layer ", l, " head ", h);
+          for (std::size_t i = 0; i < x.size(); ++i) {
+            REQUIRE(x[i].position == y[i].position);
+            REQUIRE(std::memcmp(&x[i].log_beta, &y[i].log_beta, sizeof(float)) == 0);
+          }
+        }
+    REQUIRE(cpu.allocator().pages_free() == gpu.pages_free());
+    if (std::uniform_int_distribution<int>(0, 29)(rng) == 0 && live.size() > 1) {  // a request finishes
+      const auto it = live.begin() + std::uniform_int_distribution<std::ptrdiff_t>(0, live.size() - 1)(rng);
+      cpu.remove_sequence(*it);
+      gpu.remove_sequence(*it);
+      live.erase(it);
+      REQUIRE(cpu.allocator().pages_free() == gpu.pages_free());
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("TrimKVCache<cuda_backend> keeps, reports and attends as TrimKVCache<cpu_backend>") {
+  for (std::uint64_t seed = 1; seed <= 12; ++seed) {
+    std::mt19937_64 rng(seed);
+    const kp::CacheShape s{std::uniform_int_distribution<int>(1, 3)(rng), std::uniform_int_distribution<int>(1, 2)(rng), 0, 64};
+    kp::CacheShape shape = s;
+    shape.q_heads = shape.kv_heads * std::uniform_int_distribution<int>(1, 3)(rng);
+    kp::TrimKVConfig c;
+    c.budget = std::uniform_int_distribution<std::int64_t>(4, 40)(rng);
+    c.buffer = std::uniform_int_distribution<std::int64_t>(1, 8)(rng);
+    c.window = seed % 3 == 0 ? std::uniform_int_distribution<std::int64_t>(1, c.budget)(rng) : 0;
+    c.threshold = seed % 4 == 0 ? 0.6 : 0.0;
+    const std::int64_t pages = 3 * shape.heads_total() * ((c.budget + c.buffer + 40) / 16 + 2);
+    kp::TrimKVCache<kp::cpu_backend> cpu(shape, kp::memory::Paged<16>(pages), kp::trimkv_evictor(c));
+    kp::TrimKVCache<kp::cuda_backend> gpu(shape, kp::memory::Paged<16>(pages), kp::trimkv_evictor(c));
+    drive(cpu, gpu, shape, seed, 1e-5);
+  }
+}
+
+TEST_CASE("DBTrimKVCache<cuda_backend> (global, floor quotas) and the layer-wise pool match the CPU") {
+  for (std::uint64_t seed = 1; seed <= 8; ++seed) {
+    const kp::CacheShape shape{2, 2, 4, 64};
+    kp::DBTrimKVConfig c;
+    c.budget = 12 + static_cast<std::int64_t>(seed);
+    c.buffer = 4;
+    c.horizon = 1 + static_cast<int>(seed % 3);
+    c.floor_ratio = seed % 2 == 0 ? 0.25 : 0.0;
+    c.window = seed % 3 == 0 ? 2 : 0;
+    const std::int64_t pages = 3 * shape.heads_total() * (shape.heads_total() * (c.budget + c.buffer + 40) / 16 + 2);
+    if (seed % 4 < 2) {
+      kp::DBTrimKVCache<kp::cpu_backend> cpu(shape, kp::memory::Paged<16>(pages), kp::dbtrimkv_evictor(c),
+                                             kp::dbtrimkv_scorer(c));
+      kp::DBTrimKVCache<kp::cuda_backend> gpu(shape, kp::memory::Paged<16>(pages), kp::dbtrimkv_evictor(c),
+                                              kp::dbtrimkv_scorer(c));
+      drive(cpu, gpu, shape, seed * 31, 1e-5);
+    } else {
+      kp::DBTrimKVLayerWiseCache<kp::cpu_backend> cpu(shape, kp::memory::Paged<16>(pages),
+                                                      kp::dbtrimkv_layerwise_evictor(c), kp::dbtrimkv_scorer(c));
+      kp::DBTrimKVLayerWiseCache<kp::cuda_backend> gpu(shape, kp::memory::Paged<16>(pages),
+                                                       kp::dbtrimkv_layerwise_evictor(c), kp::dbtrimkv_scorer(c));
+      drive(cpu, gpu, shape, seed * 31, 1e-5);
+    }
+  }
+}
+
+TEST_CASE("TrimKVCache<cuda_backend, half, 32>: fp16 storage, the same survivors, attention within 2e-3") {
+  const kp::CacheShape shape{2, 2, 4, 128};
+  kp::TrimKVCache<kp::cpu_backend, kp::half, 32> cpu(shape, kp::memory::Paged<32, kp::half>(400),
+                                                      kp::trimkv_evictor({.budget = 30, .buffer = 5}));
+  kp::TrimKVCache<kp::cuda_backend, kp::half, 32> gpu(shape, kp::memory::Paged<32, kp::half>(400),
+                                                       kp::trimkv_evictor({.budget = 30, .buffer = 5}));
+  drive(cpu, gpu, shape, 99, 2e-3);
+}
+
+TEST_CASE("Cache<cuda_backend>: errors as on the CPU, and a refused or aborted step changes nothing") {
+  const kp::CacheShape shape{1, 1, 1, 64};
+  kp::TrimKVCache<kp::cuda_backend> gpu(shape, kp::memory::Paged<16>(2), kp::trimkv_evictor({.budget = 64, .buffer = 8}));
+  gpu.add_sequence(0);
+  std::vector<float> k(40 * 64, 0.5f), lb(40, -0.1f);
+  lb[3] = std::numeric_limits<float>::quiet_NaN();
+  const auto step = [&](std::int64_t T) {
+    return gpu.step(0, kp::View<const float, 4>(k.data(), {1, 1, T, 64}), kp::View<const float, 4>(k.data(), {1, 1, T, 64}),
+                    kp::View<const float, 3>(lb.data(), {1, 1, T}));
+  };
+  CHECK_THROWS_WITH(step(5), doctest::Contains("log_beta[layer 0, head 0, token 3 of the step (position 3)] = nan"));
+  lb[3] = -0.1f;
+  CHECK_THROWS_WITH(step(40), doctest::Contains("out of memory"));  // 3 pages of 16 needed, 2 in the pool
+  CHECK(gpu.length(0, 0, 0) == 0);
+  CHECK(gpu.pages_free() == 2);
+  step(20);
+  gpu.append(0, 0, kp::View<const float, 3>(k.data(), {1, 5, 64}), kp::View<const float, 3>(k.data(), {1, 5, 64}),
+             kp::View<const float, 2>(lb.data(), {1, 5}));
+  gpu.abort_step(0);
+  CHECK(gpu.length(0, 0, 0) == 20);
+  CHECK(gpu.pages_free() == 0);
+  CHECK(gpu.tokens(0) == 20);
+}
