@@ -15,7 +15,9 @@
 
 #include "kvpolicy/cuda/cache.cuh"
 #include "kvpolicy/dbtrimkv.hpp"
+#include "kvpolicy/epikv.hpp"
 #include "kvpolicy/trimkv.hpp"
+#include "kvpolicy/wgkv.hpp"
 
 namespace kp = kvpolicy;
 
@@ -36,15 +38,19 @@ std::vector<kp::EvictedEntry> sorted(std::vector<kp::EvictedEntry> v) {
   return v;
 }
 
-template <class Cpu, class Gpu>
-void drive(Cpu& cpu, Gpu& gpu, const kp::CacheShape& s, std::uint64_t seed, double tolerance) {
+/// A log_beta drawn to tie often (TRIM-KV, DBTrimKV).
+float tie_prone_log_beta(std::mt19937_64& rng) {
+  static const float ties[] = {0.0f, -0.25f, -0.5f, -1.0f, -std::numeric_limits<float>::infinity()};
+  return std::uniform_int_distribution<int>(0, 2)(rng) == 0 ? ties[std::uniform_int_distribution<int>(0, 4)(rng)]
+                                                            : -std::uniform_real_distribution<float>(0.0f, 1.0f)(rng);
+}
+
+template <class Cpu, class Gpu, class Meta = float (*)(std::mt19937_64&)>
+void drive(Cpu& cpu, Gpu& gpu, const kp::CacheShape& s, std::uint64_t seed, double tolerance,
+           Meta meta = tie_prone_log_beta) {
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> normal;
-  const auto log_beta = [&] {
-    static const float ties[] = {0.0f, -0.25f, -0.5f, -1.0f, -std::numeric_limits<float>::infinity()};
-    return std::uniform_int_distribution<int>(0, 2)(rng) == 0 ? ties[std::uniform_int_distribution<int>(0, 4)(rng)]
-                                                              : -std::uniform_real_distribution<float>(0.0f, 1.0f)(rng);
-  };
+  const auto log_beta = [&] { return meta(rng); };
   std::vector<std::int64_t> live;
   std::int64_t next_id = 0;
   for (int step = 0; step < 120; ++step) {
@@ -161,6 +167,34 @@ TEST_CASE("TrimKVCache<cuda_backend, half, 32>: fp16 storage, the same survivors
   kp::TrimKVCache<kp::cuda_backend, kp::half, 32> gpu(shape, kp::memory::Paged<32, kp::half>(400),
                                                        kp::trimkv_evictor({.budget = 30, .buffer = 5}));
   drive(cpu, gpu, shape, 99, 2e-3);
+}
+
+TEST_CASE("WGKVCache<cuda_backend>: the ring, promotion and the vertical-slash mask match the CPU") {
+  for (std::uint64_t seed = 1; seed <= 6; ++seed) {
+    const kp::CacheShape shape{2, 2, 4, 64};
+    const kp::WGKVConfig c{.local = static_cast<std::int64_t>(3 + 5 * seed), .tau = 0.1};
+    const std::int64_t pages = 3 * shape.heads_total() * 20;
+    kp::WGKVCache<kp::cpu_backend> cpu(shape, kp::memory::Paged<16>(pages), kp::wgkv_evictor(c));
+    kp::WGKVCache<kp::cuda_backend> gpu(shape, kp::memory::Paged<16>(pages), kp::wgkv_evictor(c));
+    drive(cpu, gpu, shape, seed * 7, 1e-5, [](std::mt19937_64& rng) {  // g: often refused, sometimes exactly tau
+      const int pick = std::uniform_int_distribution<int>(0, 9)(rng);
+      return pick == 0 ? 0.1f : pick < 6 ? std::uniform_real_distribution<float>(0.001f, 0.1f)(rng)
+                                         : std::uniform_real_distribution<float>(0.1f, 1.0f)(rng);
+    });
+  }
+}
+
+TEST_CASE("EpiKVCache<cuda_backend>: the budget over generated tokens matches the CPU") {
+  for (std::uint64_t seed = 1; seed <= 6; ++seed) {
+    const kp::CacheShape shape{2, 1, 2, 64};
+    const kp::evict::Generated e{static_cast<std::int64_t>(8 + 3 * seed), seed % 2 == 0 ? 3 : -1};
+    const std::int64_t pages = 3 * shape.heads_total() * 20;
+    kp::EpiKVCache<kp::cpu_backend> cpu(shape, kp::memory::Paged<16>(pages), e);
+    kp::EpiKVCache<kp::cuda_backend> gpu(shape, kp::memory::Paged<16>(pages), e);
+    drive(cpu, gpu, shape, seed * 11, 1e-5, [](std::mt19937_64& rng) {  // frozen scores with ties
+      return static_cast<float>(std::uniform_int_distribution<int>(-4, 4)(rng)) * 0.5f;
+    });
+  }
 }
 
 TEST_CASE("Cache<cuda_backend>: errors as on the CPU, and a refused or aborted step changes nothing") {

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <string>
 
+#include "kvpolicy/core/mask.hpp"
 #include "kvpolicy/cuda/check.cuh"
 #include "kvpolicy/cuda/dispatch.cuh"
 #include "kvpolicy/cuda/dtype.cuh"
@@ -25,6 +26,8 @@ namespace kvpolicy::cuda {
 
 /// One decode step of one layer: queries [batch, Hq, d] fp32; sequence b's kv head h is segment
 /// segment_base[b] + h; out [batch, Hq, d] fp32. A head with no entries gives zeros.
+/// With mask.local > 0 (WG-KV, SPEC §3) a key is visible only under the vertical-slash rule
+/// (core/mask.hpp), its g read from the pool's meta, the query's position from query_position[b].
 struct DecodeBatch {
   const float* queries = nullptr;
   const std::int32_t* segment_base = nullptr;
@@ -32,6 +35,8 @@ struct DecodeBatch {
   std::int32_t q_heads = 0;
   std::int32_t kv_heads = 0;
   float* out = nullptr;
+  AttentionMask mask{};
+  const std::int32_t* query_position = nullptr;
 };
 
 namespace detail {
@@ -97,8 +102,11 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
     for (int v = 0; v < VEC; ++v) acc[g][v] = 0.0f;
   }
   const std::int32_t* row = t.table + std::int64_t{seg} * t.max_pages;
+  const bool masked = a.mask.local > 0;
+  const std::int32_t q_pos = masked ? a.query_position[b] : 0;
   for (std::int64_t e = begin + warp; e < end; e += kAttnWarps) {
     const std::int64_t slot = std::int64_t{row[e / PAGE_SIZE]} * PAGE_SIZE + e % PAGE_SIZE;
+    if (masked && !a.mask.visible(kv.position[slot], kv.meta[slot], q_pos)) continue;  // the same for the whole warp
     const T* kp = kv.keys + slot * HEAD_DIM + lane * VEC;
     const T* vp = kv.values + slot * HEAD_DIM + lane * VEC;
     float k[VEC], v[VEC];
@@ -225,6 +233,7 @@ void decode_attention(void* workspace, std::size_t& workspace_bytes, const Paged
   t.validate(who);
   if (a.batch == 0) return;
   require(a.queries && a.segment_base && a.out, who, ": queries, segment_base and out must be device pointers");
+  require(a.mask.local == 0 || a.query_position, who, ": a masked batch needs query_position");
   const detail::DecodePlan p = detail::plan_decode(a, max_length, kv.page_size, sm_count);
   WorkspaceLayout layout;
   const std::int64_t rows = std::int64_t{a.batch} * a.q_heads * p.splits;

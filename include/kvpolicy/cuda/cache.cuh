@@ -15,8 +15,10 @@
 /// examples/engine_cuda.cu does, and pays neither.
 ///
 /// What this composition runs: EntryScorers (RetentionDecay, Lookahead, KNormRetention, Frozen,
-/// the training-free EntryScorers); admit::All; evict::PerHead, LayerWise and Global; decode
-/// attention (T = 1): a prefill chunk's own attention is the engine's (FlashAttention) on the GPU.
+/// the training-free EntryScorers); admit::All; evict::PerHead, LayerWise and Global (TRIM-KV,
+/// DBTrimKV), evict::WriteGated (WGKVCache: the ring, promotion and the vertical-slash mask in the
+/// decode attention) and evict::Generated (EpiKVCache); decode attention (T = 1): a prefill
+/// chunk's own attention is the engine's (FlashAttention) on the GPU.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -69,6 +71,14 @@ EvictionRule rule_of(const E& e, const CacheShape& shape) {
     r.buffer = e.rule.buffer;
     r.window = e.window;
     r.threshold = e.threshold;
+  } else if constexpr (std::is_same_v<E, evict::WriteGated>) {
+    r.scope = Scope::write_gated;
+    r.local = e.local;
+    r.tau = e.tau;
+  } else if constexpr (std::is_same_v<E, evict::Generated>) {
+    r.scope = Scope::generated;
+    r.budget = e.budget;
+    r.recency = e.recency;
   } else if constexpr (std::is_same_v<E, evict::LayerWise>) {
     r.scope = Scope::layer_wise;
     r.budget = e.budget;
@@ -124,8 +134,10 @@ class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
                 "attention does not emit");
   static_assert(std::is_same_v<A, admit::All>, "kvpolicy::Cache<cuda_backend>: the device cache admits every token");
   static_assert(std::is_same_v<E, evict::PerHead<trigger::Buffered>> || std::is_same_v<E, evict::LayerWise> ||
-                    std::is_same_v<E, evict::Global>,
-                "kvpolicy::Cache<cuda_backend>: the device runs evict::PerHead, evict::LayerWise and evict::Global");
+                    std::is_same_v<E, evict::Global> || std::is_same_v<E, evict::WriteGated> ||
+                    std::is_same_v<E, evict::Generated>,
+                "kvpolicy::Cache<cuda_backend>: the device runs evict::PerHead, LayerWise, Global, WriteGated and "
+                "Generated");
   static_assert(P == 16 || P == 32 || P == 64, "kvpolicy::Cache<cuda_backend>: page size must be 16, 32 or 64");
   using device_type = cuda::detail::device_storage_t<Storage>;
   template <class T>
@@ -178,6 +190,7 @@ class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
     evicted_ = DeviceArray<std::int64_t>(static_cast<std::size_t>(per_seq));
     context_ = DeviceArray<StepContext>(1);
     base_ = DeviceArray<std::int32_t>(1);
+    query_position_ = DeviceArray<std::int32_t>(1);
     queries_ = DeviceArray<float>(std::size_t(shape_.q_heads) * d);
     out_ = DeviceArray<float>(queries_.size());
     std::size_t bytes = cuda::append_workspace_bytes(shape_.kv_heads);
@@ -325,9 +338,15 @@ class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
     upload(queries_.get(), queries.data, static_cast<std::size_t>(queries.size()));
     const std::int32_t base = segment(st, layer, 0);
     upload(base_.get(), &base, 1);
+    cuda::DecodeBatch batch = decode_batch();
+    if constexpr (requires { evictor_.attention_mask(); }) {  // WG-KV's vertical-slash mask, SPEC §3
+      const auto q_pos = static_cast<std::int32_t>(st.n);
+      upload(query_position_.get(), &q_pos, 1);
+      batch.mask = evictor_.attention_mask();
+      batch.query_position = query_position_.get();
+    }
     std::size_t bytes = workspace_.size();
-    cuda::decode_attention(workspace_.get(), bytes, kv(), tables_view(), decode_batch(), std::int64_t(pages_) * P,
-                           stream_);
+    cuda::decode_attention(workspace_.get(), bytes, kv(), tables_view(), batch, std::int64_t(pages_) * P, stream_);
     KVPOLICY_CUDA_CHECK(cudaMemcpyAsync(out.data, out_.get(), static_cast<std::size_t>(out.size()) * sizeof(float),
                                         cudaMemcpyDeviceToHost, stream_),
                         "Cache<cuda_backend>::attend: reading the output");
@@ -345,7 +364,12 @@ class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
     const std::vector<std::int32_t> before = lengths(st);
     std::vector<std::int64_t> lens(before.begin(), before.end()), entries_before;
     std::vector<std::uint8_t> active(lens.size());
-    StepContext ctx{n, st.prompt >= 0 ? std::min(st.prompt, n) : n, st.prompt >= 0 && st.n < st.prompt && n >= st.prompt, 0};
+    // the CPU Cache's context: the prompt declared, or detected at the first decode step (SPEC §4)
+    StepContext ctx{n, n, false, 0};
+    if (st.prompt >= 0)
+      ctx = StepContext{n, std::min(st.prompt, n), st.n < st.prompt && n >= st.prompt, 0};
+    else if (st.pending == 1 && st.n > 0)
+      ctx.prompt = st.n;
     for (const auto len : lens) ctx.entries += len;
     EvictionReport report;
     report.triggered = evictor_trigger(evictor_, shape_, ctx, lens, active);
@@ -376,6 +400,7 @@ class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
         }
       }
     }
+    if (st.prompt < 0 && ctx.prompt < ctx.n) st.prompt = ctx.prompt;
     st.n = n;
     st.pending = 0;
     std::fill(st.appended.begin(), st.appended.end(), 0);
@@ -570,7 +595,8 @@ class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
   std::int32_t slot_capacity_ = 0;
   cuda::EvictionRule rule_;
   DeviceArray<device_type> keys_, values_, stage_keys_, stage_values_;
-  DeviceArray<std::int32_t> position_, free_pages_, free_count_, tables_, tables_length_, rows_, base_, stage_position_;
+  DeviceArray<std::int32_t> position_, free_pages_, free_count_, tables_, tables_length_, rows_, base_, query_position_,
+      stage_position_;
   DeviceArray<float> meta_, key_norm_, queries_, out_, stage_meta_;
   DeviceArray<cuda::Status> status_;
   DeviceArray<std::int64_t> evicted_;

@@ -7,6 +7,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -20,8 +21,10 @@
 
 namespace kvpolicy::cuda {
 
-/// Which heads trigger together and rank together.
-enum class Scope { per_head, layer_wise, global };
+/// Which heads trigger together and rank together: TRIM-KV per head (SPEC §1), DBTrimKV layer-wise
+/// and global (SPEC §2), WG-KV's ring and promotion (SPEC §3, evict::WriteGated) and EpiKV's budget
+/// over generated tokens (SPEC §4, evict::Generated), the last two per head.
+enum class Scope { per_head, layer_wise, global, write_gated, generated };
 
 /// The evictor's parameters, as evict::PerHead / LayerWise / Global take them (SPEC §1–2).
 struct EvictionRule {
@@ -33,12 +36,28 @@ struct EvictionRule {
   std::int64_t window = 0;    // w
   double threshold = 0.0;     // alpha; 0 = top-k
   double floor_ratio = 0.0;   // f (pooled scopes)
+  std::int64_t local = 256;   // W_local (write_gated)
+  double tau = 0.1;           // write_gated: kept past the ring iff the score (g) >= tau
+  std::int64_t recency = -1;  // R (generated): -1 = min(128, K / 4); budget is K there
+
+  std::int64_t recent() const { return recency >= 0 ? recency : std::min<std::int64_t>(128, budget / 4); }
 
   KVPOLICY_HD std::int32_t segments_per_group() const {
     return scope == Scope::global ? layers * kv_heads : scope == Scope::layer_wise ? kv_heads : 1;
   }
   void validate(const char* who) const {
     require(layers >= 1 && kv_heads >= 1, who, ": layers = ", layers, " and kv_heads = ", kv_heads, " must be >= 1");
+    if (scope == Scope::write_gated) {
+      require(local >= 1 && local <= INT32_MAX, who, ": W_local = ", local, " must be in [1, 2^31 - 1]");
+      require(std::isfinite(tau) && tau > 0.0 && tau <= 1.0, who, ": tau = ", tau, " must be in (0, 1]");
+      return;
+    }
+    if (scope == Scope::generated) {
+      require(budget >= 1 && budget <= INT32_MAX, who, ": budget K = ", budget, " must be in [1, 2^31 - 1]");
+      require(recency >= -1 && recency <= budget, who, ": recency R = ", recency, " must be -1 or in [0, K = ", budget,
+              "]");
+      return;
+    }
     require(budget >= 1, who, ": budget M = ", budget, " must be >= 1");
     require(buffer >= 1, who, ": buffer B = ", buffer, " must be >= 1");
     require(budget <= INT32_MAX - buffer, who, ": budget M = ", budget, " plus buffer B = ", buffer,
@@ -58,7 +77,8 @@ namespace detail {
 /// Hkv (M + B); §2 global: a sequence at L Hkv (M + B)), written to every segment of it.
 template <int = 0>  // header-only: a template kernel links once across translation units
 __global__ void __launch_bounds__(kSelectThreads)
-    trigger_kernel(BlockTables t, EvictionRule r, std::uint8_t* group_active, std::uint8_t* active) {
+    trigger_kernel(BlockTables t, EvictionRule r, const StepContext* context, std::uint8_t* group_active,
+                   std::uint8_t* active) {
   __shared__ typename BlockReduceI64::TempStorage reduce;
   __shared__ int fires;
   const int per = r.segments_per_group();
@@ -68,7 +88,12 @@ __global__ void __launch_bounds__(kSelectThreads)
   const long long total = BlockReduceI64(reduce).Sum(sum);
   if (threadIdx.x == 0) {
     const long long bound = static_cast<long long>(per) * (r.budget + r.buffer);
-    fires = r.scope == Scope::layer_wise ? total > bound : total >= bound;
+    if (r.scope == Scope::write_gated)  // a head longer than its ring (per = 1)
+      fires = total > r.local;
+    else if (r.scope == Scope::generated)  // more than K generated entries (per = 1)
+      fires = total - context[first / (static_cast<long long>(r.layers) * r.kv_heads)].prompt > r.budget;
+    else
+      fires = r.scope == Scope::layer_wise ? total > bound : total >= bound;
     group_active[blockIdx.x] = static_cast<std::uint8_t>(fires);
   }
   __syncthreads();
@@ -145,8 +170,8 @@ void evict_step(void* workspace, std::size_t& workspace_bytes, const Scorer& sco
   const std::int64_t max_length = r.budget + r.buffer;  // a grid hint: longer heads are strided over
   KVPOLICY_CUDA_CHECK(cudaMemsetAsync(w.failed, 0, sizeof(int), stream), "cuda::evict_step: clearing its NaN flag");
 
-  detail::trigger_kernel<><<<static_cast<unsigned>(groups), detail::kSelectThreads, 0, stream>>>(t, r, w.group_active,
-                                                                                                 w.active);
+  detail::trigger_kernel<><<<static_cast<unsigned>(groups), detail::kSelectThreads, 0, stream>>>(t, r, context,
+                                                                                                   w.group_active, w.active);
   check_launch("trigger_kernel", "segments = ", t.segments, ", groups = ", groups);
   segment_offsets(t, w.active, w.offsets, stream);
   score_segments(scorer, kv.metadata(), t, kv.page_size, context, per_sequence, w.active, w.offsets, w.score,
@@ -154,7 +179,22 @@ void evict_step(void* workspace, std::size_t& workspace_bytes, const Scorer& sco
   DeviceSegments s{w.score, w.position, w.offsets, t.segments};
   const bool threshold = r.threshold > 0.0;
   const auto log_alpha = static_cast<float>(std::log(r.threshold));
-  if (r.scope == Scope::per_head) {
+  if (r.scope == Scope::write_gated) {  // SPEC §3: the ring (the W_local newest) and g >= tau
+    SegmentRule rule;
+    rule.window = r.local;
+    rule.threshold = true;
+    rule.log_alpha = static_cast<float>(r.tau);
+    rule.active = w.active;
+    segmented_select(s, rule, w.keep, stream);
+  } else if (r.scope == Scope::generated) {  // SPEC §4: prompt + the R newest protected, prompt + K kept
+    SegmentRule rule;
+    rule.k = r.budget;
+    rule.window = r.recent();
+    rule.active = w.active;
+    rule.prompt_of = context;
+    rule.context_stride = per_sequence;
+    segmented_select(s, rule, w.keep, stream);
+  } else if (r.scope == Scope::per_head) {
     SegmentRule rule;
     rule.k = r.budget;
     rule.window = r.window;

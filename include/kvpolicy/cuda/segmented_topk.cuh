@@ -42,6 +42,10 @@ struct SegmentRule {
   float log_alpha = 0.0f;
   const std::uint8_t* active = nullptr;   // segments with active[s / active_stride] == 0 keep everything
   std::int32_t active_stride = 1;         // (null: all active)
+  /// EpiKV (SPEC §4): the prompt entries of a segment (position < context[s / context_stride].prompt)
+  /// score +inf and the top k keeps them on top of its k (evict::Generated's prompt + K).
+  const StepContext* prompt_of = nullptr;
+  std::int32_t context_stride = 1;
 };
 
 namespace detail {
@@ -64,21 +68,32 @@ __device__ inline long long window_cut(const std::int32_t* position, long long n
   return static_cast<long long>(static_cast<std::int32_t>(cut ^ 0x80000000u));
 }
 
-__device__ inline float protected_score(float score, std::int32_t position, long long cut) {
-  return position >= cut ? __int_as_float(0x7f800000) : score;
+__device__ inline float protected_score(float score, std::int32_t position, long long cut, long long prompt = LLONG_MIN) {
+  return position >= cut || position < prompt ? __int_as_float(0x7f800000) : score;
 }
 
 template <int = 0>  // header-only: a template kernel links once across translation units
 __global__ void __launch_bounds__(kSelectThreads)
     segmented_select_kernel(DeviceSegments s, SegmentRule rule, std::uint8_t* keep) {
   __shared__ TopKShared sh;
+  __shared__ typename BlockReduceI64::TempStorage reduce;
+  __shared__ long long prompt_entries;
   const int seg = static_cast<int>(blockIdx.x);
   const long long begin = s.offsets[seg];
   const long long n = s.offsets[seg + 1] - begin;
   const float* score = s.score + begin;
   const std::int32_t* position = s.position + begin;
   std::uint8_t* out = keep + begin;
-  const long long k = rule.k_of ? rule.k_of[seg] : rule.k;
+  long long k = rule.k_of ? rule.k_of[seg] : rule.k;
+  const long long prompt = rule.prompt_of ? rule.prompt_of[seg / rule.context_stride].prompt : LLONG_MIN;
+  if (rule.prompt_of) {  // k counts the protected prompt entries on top
+    long long mine = 0;
+    for (long long i = threadIdx.x; i < n; i += blockDim.x) mine += position[i] < prompt;
+    const long long total = BlockReduceI64(reduce).Sum(mine);
+    if (threadIdx.x == 0) prompt_entries = total;
+    __syncthreads();
+    k += prompt_entries;
+  }
 
   const auto fill = [&](std::uint8_t v) {
     for (long long i = threadIdx.x; i < n; i += blockDim.x) out[i] = v;
@@ -90,11 +105,11 @@ __global__ void __launch_bounds__(kSelectThreads)
   const long long cut = window_cut(position, n, rule.window, sh.select);
   if (rule.threshold) {
     for (long long i = threadIdx.x; i < n; i += blockDim.x)
-      out[i] = protected_score(score[i], position[i], cut) >= rule.log_alpha ? 1 : 0;
+      out[i] = protected_score(score[i], position[i], cut, prompt) >= rule.log_alpha ? 1 : 0;
     return;
   }
   const auto key_at = [&](long long i) {
-    return rank::entry_key(protected_score(score[i], position[i], cut), position[i]);
+    return rank::entry_key(protected_score(score[i], position[i], cut, prompt), position[i]);
   };
   std::uint64_t kth;
   if (n <= kTile) {  // keyed once, selected in shared memory
