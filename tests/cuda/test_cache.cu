@@ -13,6 +13,7 @@
 #include <random>
 #include <vector>
 
+#include "kvpolicy/core/dtype.hpp"
 #include "kvpolicy/cuda/cache.cuh"
 #include "kvpolicy/dbtrimkv.hpp"
 #include "kvpolicy/epikv.hpp"
@@ -54,7 +55,8 @@ void drive(Cpu& cpu, Gpu& gpu, const kp::CacheShape& s, std::uint64_t seed, doub
   std::vector<std::int64_t> live;
   std::int64_t next_id = 0;
   for (int step = 0; step < 120; ++step) {
-    if ((live.size() < 3 && std::uniform_int_distribution<int>(0, 9)(rng) == 0) || live.empty()) {
+    // up to 6 live sequences: more than the 4 slots the device cache starts with
+    if ((live.size() < 6 && std::uniform_int_distribution<int>(0, 5)(rng) == 0) || live.empty()) {
       cpu.add_sequence(next_id);
       gpu.add_sequence(next_id);
       live.push_back(next_id++);
@@ -127,7 +129,7 @@ TEST_CASE("TrimKVCache<cuda_backend> keeps, reports and attends as TrimKVCache<c
     c.buffer = std::uniform_int_distribution<std::int64_t>(1, 8)(rng);
     c.window = seed % 3 == 0 ? std::uniform_int_distribution<std::int64_t>(1, c.budget)(rng) : 0;
     c.threshold = seed % 4 == 0 ? 0.6 : 0.0;
-    const std::int64_t pages = 3 * shape.heads_total() * ((c.budget + c.buffer + 40) / 16 + 2);
+    const std::int64_t pages = 6 * shape.heads_total() * ((c.budget + c.buffer + 40) / 16 + 2);
     kp::TrimKVCache<kp::cpu_backend> cpu(shape, kp::memory::Paged<16>(pages), kp::trimkv_evictor(c));
     kp::TrimKVCache<kp::cuda_backend> gpu(shape, kp::memory::Paged<16>(pages), kp::trimkv_evictor(c));
     drive(cpu, gpu, shape, seed, 1e-5);
@@ -143,7 +145,7 @@ TEST_CASE("DBTrimKVCache<cuda_backend> (global, floor quotas) and the layer-wise
     c.horizon = 1 + static_cast<int>(seed % 3);
     c.floor_ratio = seed % 2 == 0 ? 0.25 : 0.0;
     c.window = seed % 3 == 0 ? 2 : 0;
-    const std::int64_t pages = 3 * shape.heads_total() * (shape.heads_total() * (c.budget + c.buffer + 40) / 16 + 2);
+    const std::int64_t pages = 6 * shape.heads_total() * (shape.heads_total() * (c.budget + c.buffer + 40) / 16 + 2);
     if (seed % 4 < 2) {
       kp::DBTrimKVCache<kp::cpu_backend> cpu(shape, kp::memory::Paged<16>(pages), kp::dbtrimkv_evictor(c),
                                              kp::dbtrimkv_scorer(c));
@@ -162,9 +164,9 @@ TEST_CASE("DBTrimKVCache<cuda_backend> (global, floor quotas) and the layer-wise
 
 TEST_CASE("TrimKVCache<cuda_backend, half, 32>: fp16 storage, the same survivors, attention within 2e-3") {
   const kp::CacheShape shape{2, 2, 4, 128};
-  kp::TrimKVCache<kp::cpu_backend, kp::half, 32> cpu(shape, kp::memory::Paged<32, kp::half>(400),
+  kp::TrimKVCache<kp::cpu_backend, kp::half, 32> cpu(shape, kp::memory::Paged<32, kp::half>(800),
                                                       kp::trimkv_evictor({.budget = 30, .buffer = 5}));
-  kp::TrimKVCache<kp::cuda_backend, kp::half, 32> gpu(shape, kp::memory::Paged<32, kp::half>(400),
+  kp::TrimKVCache<kp::cuda_backend, kp::half, 32> gpu(shape, kp::memory::Paged<32, kp::half>(800),
                                                        kp::trimkv_evictor({.budget = 30, .buffer = 5}));
   drive(cpu, gpu, shape, 99, 2e-3);
 }
@@ -173,7 +175,7 @@ TEST_CASE("WGKVCache<cuda_backend>: the ring, promotion and the vertical-slash m
   for (std::uint64_t seed = 1; seed <= 6; ++seed) {
     const kp::CacheShape shape{2, 2, 4, 64};
     const kp::WGKVConfig c{.local = static_cast<std::int64_t>(3 + 5 * seed), .tau = 0.1};
-    const std::int64_t pages = 3 * shape.heads_total() * 20;
+    const std::int64_t pages = 6 * shape.heads_total() * 20;
     kp::WGKVCache<kp::cpu_backend> cpu(shape, kp::memory::Paged<16>(pages), kp::wgkv_evictor(c));
     kp::WGKVCache<kp::cuda_backend> gpu(shape, kp::memory::Paged<16>(pages), kp::wgkv_evictor(c));
     drive(cpu, gpu, shape, seed * 7, 1e-5, [](std::mt19937_64& rng) {  // g: often refused, sometimes exactly tau
@@ -188,7 +190,7 @@ TEST_CASE("EpiKVCache<cuda_backend>: the budget over generated tokens matches th
   for (std::uint64_t seed = 1; seed <= 6; ++seed) {
     const kp::CacheShape shape{2, 1, 2, 64};
     const kp::evict::Generated e{static_cast<std::int64_t>(8 + 3 * seed), seed % 2 == 0 ? 3 : -1};
-    const std::int64_t pages = 3 * shape.heads_total() * 20;
+    const std::int64_t pages = 6 * shape.heads_total() * 20;
     kp::EpiKVCache<kp::cpu_backend> cpu(shape, kp::memory::Paged<16>(pages), e);
     kp::EpiKVCache<kp::cuda_backend> gpu(shape, kp::memory::Paged<16>(pages), e);
     drive(cpu, gpu, shape, seed * 11, 1e-5, [](std::mt19937_64& rng) {  // frozen scores with ties
@@ -197,9 +199,73 @@ TEST_CASE("EpiKVCache<cuda_backend>: the budget over generated tokens matches th
   }
 }
 
+TEST_CASE("KNorm retention and bf16 storage on the device match the CPU") {
+  const kp::CacheShape shape{1, 2, 4, 256};
+  kp::TrimKVKNormCache<kp::cpu_backend, kp::bfloat16, 64> cpu(shape, kp::memory::Paged<64, kp::bfloat16>(120),
+                                                              kp::trimkv_evictor({.budget = 20, .buffer = 3}));
+  kp::TrimKVKNormCache<kp::cuda_backend, kp::bfloat16, 64> gpu(shape, kp::memory::Paged<64, kp::bfloat16>(120),
+                                                               kp::trimkv_evictor({.budget = 20, .buffer = 3}));
+  drive(cpu, gpu, shape, 5, 1e-2);
+}
+
+TEST_CASE("a prefill longer than a block-table row widens the rows and keeps what the CPU keeps") {
+  const kp::CacheShape shape{1, 2, 2, 64};
+  kp::TrimKVCache<kp::cpu_backend> cpu(shape, kp::memory::Paged<16>(400), kp::trimkv_evictor({.budget = 8, .buffer = 1}));
+  kp::TrimKVCache<kp::cuda_backend> gpu(shape, kp::memory::Paged<16>(400), kp::trimkv_evictor({.budget = 8, .buffer = 1}));
+  cpu.add_sequence(0);
+  gpu.add_sequence(0);
+  std::mt19937_64 rng(3);
+  for (std::int64_t T : {600, 1, 1, 700, 1}) {  // rows start at about M + B + 256 entries
+    std::vector<float> k(std::size_t(2) * T * 64), lb(std::size_t(2) * T);
+    for (auto& x : k) x = std::normal_distribution<float>()(rng);
+    for (auto& x : lb) x = tie_prone_log_beta(rng);
+    const kp::View<const float, 4> K(k.data(), {1, 2, T, 64});
+    const kp::View<const float, 3> LB(lb.data(), {1, 2, T});
+    const auto a = cpu.step(0, K, K, LB), b = gpu.step(0, K, K, LB);
+    CHECK(a.evicted == b.evicted);
+    for (int h = 0; h < 2; ++h) {
+      const auto x = heads_of(cpu, 0, 0, h), y = heads_of(gpu, 0, 0, h);
+      REQUIRE(x.size() == y.size());
+      for (std::size_t i = 0; i < x.size(); ++i) REQUIRE(x[i].position == y[i].position);
+    }
+    CHECK(cpu.allocator().pages_free() == gpu.pages_free());
+  }
+}
+
+/// RetentionDecay, except NaN at one position: what only a user-defined Scorer can return.
+struct NaNAt {
+  static constexpr bool needs_key_norm = false;
+  std::int32_t position = 0;
+  void validate() const {}
+  KVPOLICY_HD float operator()(kp::EntryMeta m, kp::StepContext c) const {
+    return m.position == position ? kp::dtype::bits_float(0x7fc00000u) : kp::score::RetentionDecay{}(m, c);
+  }
+};
+
+TEST_CASE("Cache<cuda_backend>: a NaN score is refused at commit, the step stays open, step() takes it back") {
+  const kp::CacheShape shape{1, 1, 1, 64};
+  kp::Cache<NaNAt, kp::admit::All, kp::evict::PerHead<>, kp::memory::Paged<16>, kp::cuda_backend> gpu(
+      shape, kp::memory::Paged<16>(8), kp::trimkv_evictor({.budget = 4, .buffer = 1}), NaNAt{2});
+  gpu.add_sequence(0);
+  std::vector<float> k(8 * 64, 0.5f), lb(8, -0.1f);
+  const kp::View<const float, 3> K(k.data(), {1, 8, 64});
+  gpu.append(0, 0, K, K, kp::View<const float, 2>(lb.data(), {1, 8}));
+  CHECK_THROWS_WITH(gpu.commit(0), doctest::Contains("the scorer returned NaN"));
+  CHECK(gpu.length(0, 0, 0) == 8);  // nothing evicted
+  CHECK(gpu.tokens(0) == 0);        // the step is still open
+  gpu.abort_step(0);
+  CHECK(gpu.length(0, 0, 0) == 0);
+  CHECK(gpu.pages_free() == 8);
+  CHECK_THROWS_WITH(gpu.step(0, kp::View<const float, 4>(k.data(), {1, 1, 8, 64}), kp::View<const float, 4>(k.data(), {1, 1, 8, 64}),
+                             kp::View<const float, 3>(lb.data(), {1, 1, 8})),
+                    doctest::Contains("the scorer returned NaN"));
+  CHECK(gpu.length(0, 0, 0) == 0);
+  CHECK(gpu.pages_free() == 8);
+}
+
 TEST_CASE("Cache<cuda_backend>: errors as on the CPU, and a refused or aborted step changes nothing") {
   const kp::CacheShape shape{1, 1, 1, 64};
-  kp::TrimKVCache<kp::cuda_backend> gpu(shape, kp::memory::Paged<16>(2), kp::trimkv_evictor({.budget = 64, .buffer = 8}));
+  kp::TrimKVCache<kp::cuda_backend> gpu(shape, kp::memory::Paged<16>(4), kp::trimkv_evictor({.budget = 64, .buffer = 8}));
   gpu.add_sequence(0);
   std::vector<float> k(40 * 64, 0.5f), lb(40, -0.1f);
   lb[3] = std::numeric_limits<float>::quiet_NaN();
@@ -209,14 +275,20 @@ TEST_CASE("Cache<cuda_backend>: errors as on the CPU, and a refused or aborted s
   };
   CHECK_THROWS_WITH(step(5), doctest::Contains("log_beta[layer 0, head 0, token 3 of the step (position 3)] = nan"));
   lb[3] = -0.1f;
-  CHECK_THROWS_WITH(step(40), doctest::Contains("out of memory"));  // 3 pages of 16 needed, 2 in the pool
+  std::vector<float> big(80 * 64, 0.5f), big_lb(80, -0.1f);
+  CHECK_THROWS_WITH(gpu.step(0, kp::View<const float, 4>(big.data(), {1, 1, 80, 64}),
+                             kp::View<const float, 4>(big.data(), {1, 1, 80, 64}),
+                             kp::View<const float, 3>(big_lb.data(), {1, 1, 80})),
+                    doctest::Contains("out of memory"));  // 5 pages of 16 needed, 4 in the pool
   CHECK(gpu.length(0, 0, 0) == 0);
-  CHECK(gpu.pages_free() == 2);
-  step(20);
-  gpu.append(0, 0, kp::View<const float, 3>(k.data(), {1, 5, 64}), kp::View<const float, 3>(k.data(), {1, 5, 64}),
-             kp::View<const float, 2>(lb.data(), {1, 5}));
+  CHECK(gpu.pages_free() == 4);
+  step(20);  // 2 pages
+  gpu.append(0, 0, kp::View<const float, 3>(k.data(), {1, 13, 64}), kp::View<const float, 3>(k.data(), {1, 13, 64}),
+             kp::View<const float, 2>(lb.data(), {1, 13}));  // 33 entries: a third page
+  CHECK(gpu.pages_free() == 1);
   gpu.abort_step(0);
   CHECK(gpu.length(0, 0, 0) == 20);
-  CHECK(gpu.pages_free() == 0);
+  CHECK(gpu.pages_free() == 2);
   CHECK(gpu.tokens(0) == 20);
+  CHECK_THROWS_WITH(gpu.entry(0, 0, 1, 0), doctest::Contains("head 1 out of range"));
 }

@@ -32,6 +32,7 @@ struct AppendRows {
   const T* values = nullptr;
   const std::int32_t* position = nullptr;
   const float* meta = nullptr;
+  const float* key_norm = nullptr;  ///< [rows, tokens] ||k||, or null: computed from the stored key
 };
 
 namespace detail {
@@ -99,7 +100,9 @@ __global__ void write_entries_kernel(PagedKV<T> kv, BlockTables t, AppendRows<T>
     kv.values[slot * kv.head_dim + c] = a.values[src + c];
   }
   if (threadIdx.x == 0) {
-    if (kv.key_norm) {
+    if (kv.key_norm && a.key_norm) {
+      kv.key_norm[slot] = a.key_norm[r * a.tokens + tok];
+    } else if (kv.key_norm) {
       double sq = 0.0;
       for (int c = 0; c < kv.head_dim; ++c) {
         const double f = to_float(a.keys[src + c]);

@@ -56,6 +56,7 @@ struct cuda_backend {
 namespace cuda::detail {
 
 template <class Storage>
+  requires(is_storage_type_v<Storage>)
 using device_storage_t = std::conditional_t<std::is_same_v<Storage, float>, float,
                                             std::conditional_t<std::is_same_v<Storage, half>, __half, __nv_bfloat16>>;
 
@@ -86,13 +87,15 @@ EvictionRule rule_of(const E& e, const CacheShape& shape) {
     r.window = e.window;
     r.threshold = e.threshold;
     r.floor_ratio = e.floor_ratio;
-  } else {
+  } else if constexpr (std::is_same_v<E, evict::Global>) {
     r.scope = Scope::global;
     r.budget = e.budget;
     r.buffer = e.buffer;
     r.window = e.window;
     r.threshold = e.threshold;
     r.floor_ratio = e.floor_ratio;
+  } else {
+    static_assert(sizeof(E) == 0, "kvpolicy::Cache<cuda_backend>: no device rule for this Evictor");
   }
   return r;
 }
@@ -140,6 +143,7 @@ class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
                 "Generated");
   static_assert(P == 16 || P == 32 || P == 64, "kvpolicy::Cache<cuda_backend>: page size must be 16, 32 or 64");
   using device_type = cuda::detail::device_storage_t<Storage>;
+  static_assert(sizeof(device_type) == sizeof(Storage), "kvpolicy::Cache<cuda_backend>: storage sizes differ");
   template <class T>
   using DeviceArray = cuda::detail::DeviceArray<T>;
 
@@ -184,6 +188,14 @@ class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
     upload(free_pages_.get(), free.data(), free.size());
     upload(free_count_.get(), &pages_, 1);
     reset_status();
+    int device = 0;
+    KVPOLICY_CUDA_CHECK(cudaGetDevice(&device), "Cache<cuda_backend>: the current device");
+    KVPOLICY_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device),
+                        "Cache<cuda_backend>: device ", device);
+    // a head's block-table row: what the rule lets one head hold after an eviction, plus a chunk;
+    // widened on demand (an append that needs more retries on wider rows), capped at the pool
+    attention_hint_ = std::min<std::int64_t>(std::int64_t{pages_} * P, typical_head_length());
+    max_pages_ = static_cast<std::int32_t>(std::min<std::int64_t>(pages_, (attention_hint_ + 2 * P - 1) / P + 1));
     grow_slots(4);
     const int per_seq = static_cast<int>(shape_.heads_total());
     rows_ = DeviceArray<std::int32_t>(static_cast<std::size_t>(shape_.kv_heads));
@@ -198,11 +210,13 @@ class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
     cuda::evict_step(nullptr, evict_bytes, scorer_, rule_, kv(), slot_tables(0), free_list(), context_.get(), nullptr,
                      nullptr, stream_);
     bytes = std::max(bytes, evict_bytes);
-    bytes = std::max(bytes, cuda::decode_attention_workspace_bytes(decode_batch(), std::int64_t(pages_) * P, P));
+    bytes = std::max(bytes, cuda::decode_attention_workspace_bytes(decode_batch(), attention_hint_, P, sm_count_));
     workspace_ = DeviceArray<unsigned char>(bytes);
   }
   Cache(const Cache&) = delete;
   Cache& operator=(const Cache&) = delete;
+  Cache(Cache&&) noexcept = default;
+  Cache& operator=(Cache&&) noexcept = default;
 
   const CacheShape& shape() const { return shape_; }
   const E& evictor() const { return evictor_; }
@@ -230,6 +244,10 @@ class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
   }
   bool has_sequence(std::int64_t seq) const { return seqs_.count(seq) != 0; }
   std::int64_t tokens(std::int64_t seq) const { return state_of(seq).n; }
+  std::int64_t prompt_tokens(std::int64_t seq) const {
+    const Sequence& st = state_of(seq);
+    return st.prompt >= 0 ? std::min(st.prompt, st.n) : st.n;
+  }
   std::int64_t length(std::int64_t seq, int layer, int head) const {
     check_layer(layer, "length");
     require(head >= 0 && head < shape_.kv_heads, "Cache::length: head ", head, " out of range [0, ", shape_.kv_heads, ")");
@@ -243,6 +261,8 @@ class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
   /// Metadata of entry i of a head, in storage order (the CPU cache's order: both compact alike).
   EntryMeta entry(std::int64_t seq, int layer, int head, std::int64_t i) const {
     const Sequence& st = state_of(seq);
+    check_layer(layer, "entry");
+    require(head >= 0 && head < shape_.kv_heads, "Cache::entry: head ", head, " out of range [0, ", shape_.kv_heads, ")");
     const auto seg = segment(st, layer, head);
     const std::int32_t len = download_one(tables_length_.get() + seg);
     require(i >= 0 && i < len, "Cache::entry: index ", i, " out of range [0, ", len, ")");
@@ -309,10 +329,28 @@ class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
     if (st.pending == 0) st.first = lengths(st);  // where this step's entries begin, for abort_step
     cuda::AppendRows<device_type> a{rows_.get(), shape_.kv_heads, static_cast<std::int32_t>(T), stage_keys_.get(),
                                     stage_values_.get(), stage_position_.get(), stage_meta_.get()};
-    std::size_t bytes = workspace_.size();
-    cuda::append(workspace_.get(), bytes, kv(), tables_view(), free_list(), a, status_.get(), stream_);
-    const cuda::Status s = status();
-    if (s.code != cuda::Status::ok) {
+    if constexpr (S::needs_key_norm) {  // ||k|| of the fp32 key as handed in, as the CPU cache stores it
+      std::vector<float> norm(pos.size());
+      for (std::int64_t h = 0; h < shape_.kv_heads; ++h)
+        for (std::int64_t t = 0; t < T; ++t) {
+          const float kn = memory::key_norm(&keys(h, t, 0), d);
+          require(std::isfinite(kn), "Cache::append: layer ", layer, " head ", h, " token ", t,
+                  ": the key's norm overflows fp32");
+          norm[static_cast<std::size_t>(h * T + t)] = kn;
+        }
+      upload(stage_norm_.get(), norm.data(), norm.size());
+      a.key_norm = stage_norm_.get();
+    }
+    cuda::Status s{};
+    while (true) {
+      std::size_t bytes = workspace_.size();
+      cuda::append(workspace_.get(), bytes, kv(), tables_view(), free_list(), a, status_.get(), stream_);
+      s = status();
+      if (s.code != cuda::Status::table_full || max_pages_ >= pages_) break;
+      reset_status();  // a head outgrew its block-table row: widen every row, try again (nothing was written)
+      widen_rows(static_cast<std::int32_t>(std::min<std::int64_t>(pages_, std::max<std::int64_t>(2 * std::int64_t{max_pages_}, s.needed))));
+    }
+    if (s.code == cuda::Status::out_of_pages || s.code == cuda::Status::table_full) {
       reset_status();
       fail("Cache::append: out of memory: sequence ", seq, " layer ", layer, " cannot take ", T,
            " more entries per head (", s.code == cuda::Status::table_full ? "a head's block table is full: " : "",
@@ -346,7 +384,7 @@ class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
       batch.query_position = query_position_.get();
     }
     std::size_t bytes = workspace_.size();
-    cuda::decode_attention(workspace_.get(), bytes, kv(), tables_view(), batch, std::int64_t(pages_) * P, stream_);
+    cuda::decode_attention(workspace_.get(), bytes, kv(), tables_view(), batch, attention_hint_, stream_, sm_count_);
     KVPOLICY_CUDA_CHECK(cudaMemcpyAsync(out.data, out_.get(), static_cast<std::size_t>(out.size()) * sizeof(float),
                                         cudaMemcpyDeviceToHost, stream_),
                         "Cache<cuda_backend>::attend: reading the output");
@@ -362,7 +400,7 @@ class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
               " was not appended in this step");
     const std::int64_t n = st.n + st.pending;
     const std::vector<std::int32_t> before = lengths(st);
-    std::vector<std::int64_t> lens(before.begin(), before.end()), entries_before;
+    std::vector<std::int64_t> lens(before.begin(), before.end());
     std::vector<std::uint8_t> active(lens.size());
     // the CPU Cache's context: the prompt declared, or detected at the first decode step (SPEC §4)
     StepContext ctx{n, n, false, 0};
@@ -389,6 +427,13 @@ class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
       std::vector<std::int64_t> gone(lens.size());
       download(gone.data(), evicted_.get(), gone.size());
       for (const auto g : gone) report.evicted += g;
+    }
+    // the step is closed before anything else can throw: the heads are compacted already
+    if (st.prompt < 0 && ctx.prompt < ctx.n) st.prompt = ctx.prompt;
+    st.n = n;
+    st.pending = 0;
+    std::fill(st.appended.begin(), st.appended.end(), 0);
+    if (report.triggered) {
       if (evicted != nullptr) {
         const auto after = head_positions(st, lengths(st));
         for (std::size_t i = 0; i < after.size(); ++i) {
@@ -400,10 +445,6 @@ class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
         }
       }
     }
-    if (st.prompt < 0 && ctx.prompt < ctx.n) st.prompt = ctx.prompt;
-    st.n = n;
-    st.pending = 0;
-    std::fill(st.appended.begin(), st.appended.end(), 0);
     return report;
   }
 
@@ -564,11 +605,36 @@ class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
     if (stage_position_.size() < entries) {
       stage_position_ = DeviceArray<std::int32_t>(entries);
       stage_meta_ = DeviceArray<float>(entries);
+      if (S::needs_key_norm) stage_norm_ = DeviceArray<float>(entries);
     }
+  }
+  /// What one head holds after its eviction at most, under the rule (plus room for a prefill chunk
+  /// of a few pages): the initial width of a block-table row.
+  std::int64_t typical_head_length() const {
+    switch (rule_.scope) {
+      case cuda::Scope::per_head: return rule_.budget + rule_.buffer + 256;
+      case cuda::Scope::layer_wise: return std::int64_t{shape_.kv_heads} * (rule_.budget + rule_.buffer) + 256;
+      case cuda::Scope::global: return shape_.heads_total() * (rule_.budget + rule_.buffer) + 256;
+      case cuda::Scope::write_gated: return 4 * rule_.local + 256;
+      case cuda::Scope::generated: return rule_.budget + 1024;
+    }
+    return std::int64_t{pages_} * P;
+  }
+  /// Wider block-table rows for every slot (rows copied, the rest unspecified).
+  void widen_rows(std::int32_t max_pages) {
+    const std::size_t rows = std::size_t(slot_capacity_) * static_cast<std::size_t>(shape_.heads_total());
+    DeviceArray<std::int32_t> table(rows * static_cast<std::size_t>(max_pages));
+    KVPOLICY_CUDA_CHECK(cudaMemcpy2DAsync(table.get(), std::size_t(max_pages) * sizeof(std::int32_t), tables_.get(),
+                                          std::size_t(max_pages_) * sizeof(std::int32_t),
+                                          std::size_t(max_pages_) * sizeof(std::int32_t), rows, cudaMemcpyDeviceToDevice,
+                                          stream_),
+                        "Cache<cuda_backend>: widening the block tables to ", max_pages, " pages per head");
+    sync();
+    tables_ = std::move(table);
+    max_pages_ = max_pages;
   }
   /// More sequence slots: the tables grow (existing rows copied), new slots are free.
   void grow_slots(std::int32_t capacity) {
-    max_pages_ = pages_;  // a head may hold every page (DBTrimKV's global budget lets one head grow)
     const std::size_t per_slot = static_cast<std::size_t>(shape_.heads_total());
     DeviceArray<std::int32_t> table(std::size_t(capacity) * per_slot * max_pages_), length(std::size_t(capacity) * per_slot);
     KVPOLICY_CUDA_CHECK(cudaMemsetAsync(length.get(), 0, length.size() * sizeof(std::int32_t), stream_), "tables");
@@ -597,7 +663,9 @@ class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
   DeviceArray<device_type> keys_, values_, stage_keys_, stage_values_;
   DeviceArray<std::int32_t> position_, free_pages_, free_count_, tables_, tables_length_, rows_, base_, query_position_,
       stage_position_;
-  DeviceArray<float> meta_, key_norm_, queries_, out_, stage_meta_;
+  DeviceArray<float> meta_, key_norm_, queries_, out_, stage_meta_, stage_norm_;
+  int sm_count_ = 0;
+  std::int64_t attention_hint_ = 0;  // the decode attention's split plan (any length is attended)
   DeviceArray<cuda::Status> status_;
   DeviceArray<std::int64_t> evicted_;
   DeviceArray<StepContext> context_;
