@@ -103,6 +103,7 @@ void drive(Cpu& cpu, Gpu& gpu, const kp::CacheShape& s, std::uint64_t seed, doub
           for (std::size_t i = 0; i < x.size(); ++i) {
             REQUIRE(x[i].position == y[i].position);
             REQUIRE(std::memcmp(&x[i].log_beta, &y[i].log_beta, sizeof(float)) == 0);
+            REQUIRE(std::memcmp(&x[i].key_norm, &y[i].key_norm, sizeof(float)) == 0);  // 0 unless the scorer reads it
           }
         }
     REQUIRE(cpu.allocator().pages_free() == gpu.pages_free());
@@ -212,9 +213,21 @@ TEST_CASE("a prefill longer than a block-table row widens the rows and keeps wha
   const kp::CacheShape shape{1, 2, 2, 64};
   kp::TrimKVCache<kp::cpu_backend> cpu(shape, kp::memory::Paged<16>(400), kp::trimkv_evictor({.budget = 8, .buffer = 1}));
   kp::TrimKVCache<kp::cuda_backend> gpu(shape, kp::memory::Paged<16>(400), kp::trimkv_evictor({.budget = 8, .buffer = 1}));
+  std::mt19937_64 rng(3);
+  const auto put = [&](std::int64_t seq, std::int64_t T) {
+    std::vector<float> k(std::size_t(2) * T * 64), lb(std::size_t(2) * T);
+    for (auto& x : k) x = std::normal_distribution<float>()(rng);
+    for (auto& x : lb) x = tie_prone_log_beta(rng);
+    const kp::View<const float, 4> K(k.data(), {1, 2, T, 64});
+    const kp::View<const float, 3> LB(lb.data(), {1, 2, T});
+    cpu.step(seq, K, K, LB);
+    gpu.step(seq, K, K, LB);
+  };
+  cpu.add_sequence(7);  // another slot with entries, whose rows the widening must carry over
+  gpu.add_sequence(7);
+  put(7, 5);
   cpu.add_sequence(0);
   gpu.add_sequence(0);
-  std::mt19937_64 rng(3);
   for (std::int64_t T : {600, 1, 1, 700, 1}) {  // rows start at about M + B + 256 entries
     std::vector<float> k(std::size_t(2) * T * 64), lb(std::size_t(2) * T);
     for (auto& x : k) x = std::normal_distribution<float>()(rng);
@@ -229,6 +242,27 @@ TEST_CASE("a prefill longer than a block-table row widens the rows and keeps wha
       for (std::size_t i = 0; i < x.size(); ++i) REQUIRE(x[i].position == y[i].position);
     }
     CHECK(cpu.allocator().pages_free() == gpu.pages_free());
+  }
+  for (int h = 0; h < 2; ++h) {
+    const auto x = heads_of(cpu, 7, 0, h), y = heads_of(gpu, 7, 0, h);
+    REQUIRE(x.size() == y.size());
+    for (std::size_t i = 0; i < x.size(); ++i) REQUIRE(x[i].position == y[i].position);
+  }
+  // decode with attention over the widened rows, both sequences
+  for (std::int64_t seq : {0, 7}) {
+    std::vector<float> k(2 * 64), lb{-0.1f, -0.2f}, q(2 * 64), out_cpu(q.size()), out_gpu(q.size());
+    for (auto& x : k) x = std::normal_distribution<float>()(rng);
+    for (auto& x : q) x = std::normal_distribution<float>()(rng);
+    const kp::View<const float, 4> K(k.data(), {1, 2, 1, 64}), Q(q.data(), {1, 2, 1, 64});
+    const kp::View<const float, 3> LB(lb.data(), {1, 2, 1});
+    cpu.step(seq, K, K, LB, Q, kp::View<float, 4>(out_cpu.data(), {1, 2, 1, 64}));
+    gpu.step(seq, K, K, LB, Q, kp::View<float, 4>(out_gpu.data(), {1, 2, 1, 64}));
+    double num = 0.0, den = 0.0;
+    for (std::size_t i = 0; i < q.size(); ++i) {
+      num += (double(out_gpu[i]) - out_cpu[i]) * (double(out_gpu[i]) - out_cpu[i]);
+      den += double(out_cpu[i]) * out_cpu[i];
+    }
+    CHECK(std::sqrt(num / den) <= 1e-5);
   }
 }
 
@@ -279,7 +313,7 @@ TEST_CASE("Cache<cuda_backend>: errors as on the CPU, and a refused or aborted s
   CHECK_THROWS_WITH(gpu.step(0, kp::View<const float, 4>(big.data(), {1, 1, 80, 64}),
                              kp::View<const float, 4>(big.data(), {1, 1, 80, 64}),
                              kp::View<const float, 3>(big_lb.data(), {1, 1, 80})),
-                    doctest::Contains("out of memory"));  // 5 pages of 16 needed, 4 in the pool
+                    doctest::Contains("out of memory"));  // 5 pages of 16 needed, 4 in the pool (out of pages)
   CHECK(gpu.length(0, 0, 0) == 0);
   CHECK(gpu.pages_free() == 4);
   step(20);  // 2 pages

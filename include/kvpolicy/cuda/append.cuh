@@ -58,8 +58,9 @@ __global__ void __launch_bounds__(kSelectThreads)
   }
   __syncthreads();
   const long long total = block_exclusive_scan(a.rows, need, [](long long, long long, long long) {}, scan);
-  const bool full = table_full != INT_MAX;
-  const bool fits = !full && total <= available;
+  // out of pages takes precedence: a wider block table would not help then
+  const bool full = table_full != INT_MAX && total <= available;
+  const bool fits = table_full == INT_MAX && total <= available;
   if (threadIdx.x == 0) {
     *ok = fits ? 1 : 0;
     if (!fits && atomicCAS(&status->code, Status::ok, full ? Status::table_full : Status::out_of_pages) == Status::ok) {

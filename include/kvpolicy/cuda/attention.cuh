@@ -234,6 +234,8 @@ void decode_attention(void* workspace, std::size_t& workspace_bytes, const Paged
   if (a.batch == 0) return;
   require(a.queries && a.segment_base && a.out, who, ": queries, segment_base and out must be device pointers");
   require(a.mask.local == 0 || a.query_position, who, ": a masked batch needs query_position");
+  require(!a.mask.reads_gate, who, ": the device mask reads g from the pool's meta (WG-KV's own cache); "
+          "a mask that reads EntryMeta::gate has no device twin");
   const detail::DecodePlan p = detail::plan_decode(a, max_length, kv.page_size, sm_count);
   WorkspaceLayout layout;
   const std::int64_t rows = std::int64_t{a.batch} * a.q_heads * p.splits;

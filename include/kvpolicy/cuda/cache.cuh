@@ -210,7 +210,7 @@ class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
     cuda::evict_step(nullptr, evict_bytes, scorer_, rule_, kv(), slot_tables(0), free_list(), context_.get(), nullptr,
                      nullptr, stream_);
     bytes = std::max(bytes, evict_bytes);
-    bytes = std::max(bytes, cuda::decode_attention_workspace_bytes(decode_batch(), attention_hint_, P, sm_count_));
+    bytes = std::max(bytes, cuda::decode_attention_workspace_bytes(decode_batch(), std::int64_t{pages_} * P, P, sm_count_));
     workspace_ = DeviceArray<unsigned char>(bytes);
   }
   Cache(const Cache&) = delete;
@@ -384,7 +384,10 @@ class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
       batch.query_position = query_position_.get();
     }
     std::size_t bytes = workspace_.size();
-    cuda::decode_attention(workspace_.get(), bytes, kv(), tables_view(), batch, attention_hint_, stream_, sm_count_);
+    std::vector<std::int32_t> len(static_cast<std::size_t>(shape_.kv_heads));  // the split follows the longest head
+    download(len.data(), tables_length_.get() + segment(st, layer, 0), len.size());
+    const std::int64_t longest = *std::max_element(len.begin(), len.end());
+    cuda::decode_attention(workspace_.get(), bytes, kv(), tables_view(), batch, longest, stream_, sm_count_);
     KVPOLICY_CUDA_CHECK(cudaMemcpyAsync(out.data, out_.get(), static_cast<std::size_t>(out.size()) * sizeof(float),
                                         cudaMemcpyDeviceToHost, stream_),
                         "Cache<cuda_backend>::attend: reading the output");
@@ -492,6 +495,12 @@ class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
             max_pages_};
   }
   cuda::FreeList free_list() const { return {free_pages_.get(), free_count_.get(), pages_}; }
+  /// Block-table rows of at least max_pages pages (capped at the pool), for an engine that appends
+  /// through the kernels itself: rows start at what the rule lets a head hold plus a chunk, and an
+  /// append through this cache widens them when a head needs more. Widening reallocates the tables:
+  /// views taken before it (tables_view(), slot tables) are stale after it.
+  void reserve_rows(std::int32_t max_pages) { widen_rows(std::min(max_pages, pages_)); }
+  std::int32_t max_pages_per_head() const { return max_pages_; }
   /// The slot of a sequence in tables_view().
   std::int32_t slot(std::int64_t seq) const { return state_of(seq).slot; }
   cudaStream_t stream() const { return stream_; }
@@ -622,6 +631,7 @@ class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
   }
   /// Wider block-table rows for every slot (rows copied, the rest unspecified).
   void widen_rows(std::int32_t max_pages) {
+    if (max_pages <= max_pages_) return;
     const std::size_t rows = std::size_t(slot_capacity_) * static_cast<std::size_t>(shape_.heads_total());
     DeviceArray<std::int32_t> table(rows * static_cast<std::size_t>(max_pages));
     KVPOLICY_CUDA_CHECK(cudaMemcpy2DAsync(table.get(), std::size_t(max_pages) * sizeof(std::int32_t), tables_.get(),

@@ -144,6 +144,7 @@ inline void segmented_select(const DeviceSegments& s, const SegmentRule& rule, s
   validate_segments(s, keep, who);
   require(rule.threshold || rule.k_of || rule.k >= 0, who, ": k = ", rule.k, " must be >= 0");
   require(rule.active_stride >= 1, who, ": active_stride = ", rule.active_stride, " must be >= 1");
+  require(rule.context_stride >= 1, who, ": context_stride = ", rule.context_stride, " must be >= 1");
   require(rule.window >= 0, who, ": window w = ", rule.window, " must be >= 0");
   require(!rule.threshold || rule.log_alpha == rule.log_alpha, who, ": log_alpha is NaN");
   if (s.segments == 0) return;
