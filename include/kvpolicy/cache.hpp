@@ -10,6 +10,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <functional>
 #include <cstdint>
@@ -43,6 +44,57 @@ struct EvictionReport {
   bool triggered = false;
   std::int64_t evicted = 0;
 };
+
+namespace detail {
+
+/// Layer l of a [L, ...] view (null stays null): how step() hands each layer to append().
+template <class T, int R>
+View<T, R - 1> layer_of(View<T, R> v, int l) {
+  std::array<std::int64_t, R - 1> s{};
+  for (int i = 1; i < R; ++i) s[static_cast<std::size_t>(i - 1)] = v.shape[static_cast<std::size_t>(i)];
+  View<T, R - 1> out{nullptr, s};
+  out.data = v.data == nullptr ? nullptr : v.data + std::int64_t{l} * out.size();
+  return out;
+}
+
+/// The context an open step's eviction is planned in (SPEC, Notation; SPEC §4 for the prompt):
+/// n after the step; the prompt declared (prompt >= 0) or, undeclared, every token before the
+/// first single-token step that follows another.
+inline StepContext step_context(std::int64_t n_before, std::int64_t pending, std::int64_t prompt) {
+  const std::int64_t n = n_before + pending;
+  if (prompt >= 0) return {n, std::min(prompt, n), n_before < prompt && n >= prompt};
+  if (pending == 1 && n_before > 0) return {n, n_before, false};
+  return {n, n, false};
+}
+
+/// The metadata float of each appended token: a frozen score (finite or -inf, SPEC §4) for a
+/// static-score Scorer, else log_beta in [-inf, 0] (SPEC, Notation). NaN never enters.
+template <class S>
+void check_log_beta(int layer, std::int64_t first_position, View<const float, 2> log_beta) {
+  for (std::int64_t h = 0; h < log_beta.dim(0); ++h)
+    for (std::int64_t t = 0; t < log_beta.dim(1); ++t) {
+      const float lb = log_beta(h, t);
+      if constexpr (scorer_static_score<S>)  // +inf is what protection ranks as
+        require(!std::isnan(lb) && lb != std::numeric_limits<float>::infinity(), "Cache::append: score[layer ", layer,
+                ", head ", h, ", token ", t, " of the step (position ", first_position + t, ")] = ", lb,
+                " must be finite or -inf");
+      else  // beta in (0, 1] so log_beta <= 0; -inf (beta -> 0) ranks last
+        require(!std::isnan(lb) && lb <= 0.0f, "Cache::append: log_beta[layer ", layer, ", head ", h, ", token ", t,
+                " of the step (position ", first_position + t, ")] = ", lb, " is not in [-inf, 0]");
+    }
+}
+
+/// K/V must stay finite in the storage dtype (70000 is finite in fp32, +inf in fp16).
+template <class Storage>
+void check_storage_finite(int layer, View<const float, 3> keys, View<const float, 3> values) {
+  for (std::int64_t i = 0; i < keys.size(); ++i)
+    require(std::isfinite(to_float(from_float<Storage>(keys.data[i]))) &&
+                std::isfinite(to_float(from_float<Storage>(values.data[i]))),
+            "Cache::append: layer ", layer, " keys/values hold a value that is not finite in ", dtype_name<Storage>(),
+            " at flat index ", i, " (key ", keys.data[i], ", value ", values.data[i], ")");
+}
+
+}  // namespace detail
 
 template <Scorer S, Admitter A, Evictor E, Allocator Alloc, class Backend>
 class Cache {
@@ -295,11 +347,7 @@ class Cache {
 
   template <class T, int R>
   static View<T, R - 1> layer_of(View<T, R> v, int l) {
-    std::array<std::int64_t, R - 1> s{};
-    for (int i = 1; i < R; ++i) s[static_cast<std::size_t>(i - 1)] = v.shape[static_cast<std::size_t>(i)];
-    View<T, R - 1> out{nullptr, s};
-    out.data = v.data == nullptr ? nullptr : v.data + std::int64_t{l} * out.size();
-    return out;
+    return detail::layer_of(v, l);
   }
 
   void validate_step(const SequenceStep& s) const {
@@ -388,12 +436,7 @@ class Cache {
   /// The context the open step's eviction is planned in: n after the step, and the prompt (SPEC §4):
   /// the declared length; else, at the first single-token step after some tokens, the tokens before
   /// it; else (still prefilling) everything.
-  static StepContext context(const SequenceState& st) {
-    const std::int64_t n = st.n + st.pending;
-    if (st.prompt >= 0) return {n, std::min(st.prompt, n), st.n < st.prompt && n >= st.prompt};
-    if (st.pending == 1 && st.n > 0) return {n, st.n, false};
-    return {n, n, false};
-  }
+  static StepContext context(const SequenceState& st) { return detail::step_context(st.n, st.pending, st.prompt); }
 
   const SequenceState& state_of(std::int64_t seq) const {
     auto it = state_.find(seq);
@@ -432,23 +475,8 @@ class Cache {
                   ", token ", t, " of the step (position ", first_position + t, ")] = ", gate(h, t),
                   " is not in [0, 1]");
     }
-    for (std::int64_t h = 0; h < shape_.kv_heads; ++h)
-      for (std::int64_t t = 0; t < T; ++t) {
-        const float lb = log_beta(h, t);
-        if constexpr (scorer_static_score<S>)  // SPEC §4: a frozen score; +inf is what protection ranks as
-          require(!std::isnan(lb) && lb != std::numeric_limits<float>::infinity(), "Cache::append: score[layer ",
-                  layer, ", head ", h, ", token ", t, " of the step (position ", first_position + t, ")] = ", lb,
-                  " must be finite or -inf");
-        else  // SPEC, Notation: beta in (0, 1] so log_beta <= 0; -inf (beta -> 0) ranks last; NaN never enters.
-          require(!std::isnan(lb) && lb <= 0.0f, "Cache::append: log_beta[layer ", layer, ", head ", h, ", token ", t,
-                  " of the step (position ", first_position + t, ")] = ", lb, " is not in [-inf, 0]");
-      }
-    // K/V must stay finite in the storage dtype (70000 is finite in fp32, +inf in fp16).
-    for (std::int64_t i = 0; i < keys.size(); ++i)
-      require(std::isfinite(to_float(from_float<storage_type>(keys.data[i]))) &&
-                  std::isfinite(to_float(from_float<storage_type>(values.data[i]))),
-              "Cache::append: layer ", layer, " keys/values hold a value that is not finite in ",
-              dtype_name<storage_type>(), " at flat index ", i, " (key ", keys.data[i], ", value ", values.data[i], ")");
+    detail::check_log_beta<S>(layer, first_position, log_beta);
+    detail::check_storage_finite<storage_type>(layer, keys, values);
     if constexpr (S::needs_key_norm)  // SPEC §1 knorm: log ||k|| must be finite for the score to be
       for (std::int64_t h = 0; h < shape_.kv_heads; ++h)
         for (std::int64_t t = 0; t < T; ++t)

@@ -295,23 +295,11 @@ class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
     require_shape(keys, {shape_.kv_heads, T, d}, "Cache::append: keys");
     require_shape(values, {shape_.kv_heads, T, d}, "Cache::append: values");
     require_shape(log_beta, {shape_.kv_heads, T}, "Cache::append: log_beta");
-    for (std::int64_t h = 0; h < shape_.kv_heads; ++h)
-      for (std::int64_t t = 0; t < T; ++t) {
-        const float lb = log_beta(h, t);
-        if constexpr (scorer_static_score<S>)
-          require(!std::isnan(lb) && lb != std::numeric_limits<float>::infinity(), "Cache::append: score[layer ",
-                  layer, ", head ", h, ", token ", t, " of the step (position ", st.n + t, ")] = ", lb,
-                  " must be finite or -inf");
-        else
-          require(!std::isnan(lb) && lb <= 0.0f, "Cache::append: log_beta[layer ", layer, ", head ", h, ", token ", t,
-                  " of the step (position ", st.n + t, ")] = ", lb, " is not in [-inf, 0]");
-      }
+    detail::check_log_beta<S>(layer, st.n, log_beta);  // the CPU cache's checks and messages
+    detail::check_storage_finite<Storage>(layer, keys, values);
     std::vector<device_type> k(static_cast<std::size_t>(keys.size())), v(k.size());
     for (std::int64_t i = 0; i < keys.size(); ++i) {
       const Storage ks = from_float<Storage>(keys.data[i]), vs = from_float<Storage>(values.data[i]);
-      require(std::isfinite(to_float(ks)) && std::isfinite(to_float(vs)), "Cache::append: layer ", layer,
-              " keys/values hold a value that is not finite in ", dtype_name<Storage>(), " at flat index ", i,
-              " (key ", keys.data[i], ", value ", values.data[i], ")");
       std::memcpy(static_cast<void*>(&k[static_cast<std::size_t>(i)]), &ks, sizeof ks);  // the same bits
       std::memcpy(static_cast<void*>(&v[static_cast<std::size_t>(i)]), &vs, sizeof vs);
     }
@@ -405,12 +393,7 @@ class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
     const std::vector<std::int32_t> before = lengths(st);
     std::vector<std::int64_t> lens(before.begin(), before.end());
     std::vector<std::uint8_t> active(lens.size());
-    // the CPU Cache's context: the prompt declared, or detected at the first decode step (SPEC §4)
-    StepContext ctx{n, n, false, 0};
-    if (st.prompt >= 0)
-      ctx = StepContext{n, std::min(st.prompt, n), st.n < st.prompt && n >= st.prompt, 0};
-    else if (st.pending == 1 && st.n > 0)
-      ctx.prompt = st.n;
+    StepContext ctx = detail::step_context(st.n, st.pending, st.prompt);  // the CPU cache's context
     for (const auto len : lens) ctx.entries += len;
     EvictionReport report;
     report.triggered = evictor_trigger(evictor_, shape_, ctx, lens, active);
@@ -515,11 +498,7 @@ class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
 
   template <class T, int R>
   static View<T, R - 1> layer_of(View<T, R> v, int l) {
-    std::array<std::int64_t, R - 1> s{};
-    for (int i = 1; i < R; ++i) s[static_cast<std::size_t>(i - 1)] = v.shape[static_cast<std::size_t>(i)];
-    View<T, R - 1> out{nullptr, s};
-    out.data = v.data == nullptr ? nullptr : v.data + std::int64_t{l} * out.size();
-    return out;
+    return detail::layer_of(v, l);
   }
   const Sequence& state_of(std::int64_t seq) const {
     auto it = seqs_.find(seq);
