@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "kvpolicy/core/dtype.hpp"
+#include "nan_scorer.hpp"
 #include "kvpolicy/cuda/cache.cuh"
 #include "kvpolicy/dbtrimkv.hpp"
 #include "kvpolicy/epikv.hpp"
@@ -266,15 +267,7 @@ TEST_CASE("a prefill longer than a block-table row widens the rows and keeps wha
   }
 }
 
-/// RetentionDecay, except NaN at one position: what only a user-defined Scorer can return.
-struct NaNAt {
-  static constexpr bool needs_key_norm = false;
-  std::int32_t position = 0;
-  void validate() const {}
-  KVPOLICY_HD float operator()(kp::EntryMeta m, kp::StepContext c) const {
-    return m.position == position ? kp::dtype::bits_float(0x7fc00000u) : kp::score::RetentionDecay{}(m, c);
-  }
-};
+using cudatest::NaNAt;
 
 TEST_CASE("Cache<cuda_backend>: a NaN score is refused at commit, the step stays open, step() takes it back") {
   const kp::CacheShape shape{1, 1, 1, 64};

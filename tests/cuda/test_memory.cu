@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "device_buffer.hpp"
+#include "nan_scorer.hpp"
 #include "kvpolicy/cuda/append.cuh"
 #include "kvpolicy/cuda/compact.cuh"
 #include "kvpolicy/core/dtype.hpp"
@@ -251,15 +252,7 @@ TEST_CASE("evict_step keeps what the CPU evictors keep, step after step") {
   }
 }
 
-/// RetentionDecay, except NaN at one position: what only a user-defined Scorer can return.
-struct NaNAt {
-  static constexpr bool needs_key_norm = false;
-  std::int32_t position = 0;
-  void validate() const {}
-  KVPOLICY_HD float operator()(kp::EntryMeta m, kp::StepContext c) const {
-    return m.position == position ? kp::dtype::bits_float(0x7fc00000u) : kp::score::RetentionDecay{}(m, c);
-  }
-};
+using cudatest::NaNAt;
 
 TEST_CASE("an eviction step meeting a NaN score reports it and changes nothing") {
   std::mt19937_64 rng(9);
