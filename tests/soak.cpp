@@ -2,16 +2,18 @@
 //
 //   kvpolicy_soak [--steps N]      (default 1000000)
 //
-// Four sequences decode round-robin through a TRIM-KV cache and a DBTrimKV (global budget) cache
-// sharing nothing; every so often a sequence finishes and a new one takes its place. After every
-// step it checks that
+// Four sequences decode round-robin through one cache per bounded policy, the caches sharing
+// nothing: TRIM-KV, DBTrimKV (global budget), H2O (attention mass), WG-KV admission + TRIM-KV
+// eviction, WG-KV under the appendix-K budget, and EpiKV. Every so often a sequence finishes and a
+// new one takes its place. After every step it checks that
 //   - pages are conserved: free + held by the live sequences = the pool;
-//   - memory stays bounded: every head holds at most M + B - 1 entries (TRIM-KV), every sequence at
-//     most L Hkv (M + B) - 1 (DBTrimKV), and the pool pages in use never exceed what those bounds
-//     need (budget + buffer, in pages);
+//   - memory stays bounded, by each policy's own bound (below, where each lane is built), and the
+//     pool pages a sequence holds never exceed what that bound needs;
+//   - attention outputs are finite;
 // and that nothing grows over time: the heap in use (mallinfo2) and the resident set size at the
 // end are those of the first 10% of the run, within a small slack. Exit status 0 when every check
 // holds; the first failure is printed with its step.
+// (WG-KV without a budget and SnapKV after its prompt grow by design, so they have no lane.)
 #include <malloc.h>
 
 #include <algorithm>
@@ -22,10 +24,14 @@
 #include <fstream>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
+#include "kvpolicy/baselines.hpp"
 #include "kvpolicy/dbtrimkv.hpp"
+#include "kvpolicy/epikv.hpp"
 #include "kvpolicy/trimkv.hpp"
+#include "kvpolicy/wgkv.hpp"
 
 using namespace kvpolicy;
 
@@ -51,6 +57,18 @@ std::int64_t resident_bytes() {
 
 std::int64_t pages_for(std::int64_t entries) { return (entries + kPage - 1) / kPage; }
 
+// One decode token of every layer: K/V, and per (layer, kv head) a log_beta, a frozen score and a
+// write gate g; the queries and the attention output.
+struct Token {
+  View<const float, 4> keys, values;
+  View<const float, 3> log_beta, score, gate;
+  View<const float, 4> queries;
+  View<float, 4> out;
+};
+
+// Which of the token's per-entry floats a policy takes as append's metadata.
+enum class Meta { log_beta, score, gate };
+
 // One cache with its live sequences, stepped one decode token at a time.
 template <class C>
 struct Lane {
@@ -58,13 +76,27 @@ struct Lane {
   const char* name;
   std::int64_t per_head_bound;  // entries a head may hold after a step
   std::int64_t per_seq_bound;   // entries a sequence may hold after a step
-  std::int64_t pages_bound;     // pages a sequence may hold after a step (the budget + buffer, in pages)
-  std::vector<std::int64_t> live;
+  std::int64_t pages_bound;     // pages a sequence may hold after a step (the bound, in pages)
+  Meta meta = Meta::log_beta;
+  bool gate = false;            // append's gate (an Admitter that reads it)
+  std::vector<std::int64_t> live = std::vector<std::int64_t>(kSequences);
   std::int64_t next_id = 0;
 
   void start(std::int64_t slot) {
     live[static_cast<std::size_t>(slot)] = next_id;
     cache.add_sequence(next_id++);
+  }
+  void restart(std::int64_t slot) {
+    cache.remove_sequence(live[static_cast<std::size_t>(slot)]);
+    start(slot);
+  }
+  // One decode step of the sequence in `slot`; whether the evictor's trigger fired.
+  bool step(std::int64_t slot, const Token& t) {
+    const View<const float, 3> m = meta == Meta::log_beta ? t.log_beta : meta == Meta::score ? t.score : t.gate;
+    return cache
+        .step(typename C::SequenceStep{live[static_cast<std::size_t>(slot)], t.keys, t.values, m, t.queries, t.out,
+                                       gate ? t.gate : View<const float, 3>{}})
+        .triggered;
   }
 
   void check(std::int64_t step) const {
@@ -108,32 +140,56 @@ int main(int argc, char** argv) {
   }
 
   const std::int64_t heads = kShape.heads_total();
-  // TRIM-KV: a head holds at most M + B entries during a step (the triggering one), M + B - 1 after.
-  const std::int64_t trim_pages = pages_for(kBudget + kBuffer) * heads * kSequences;
+  auto pool_for = [&](std::int64_t pages_per_sequence) { return memory::Paged<kPage>(pages_per_sequence * kSequences); };
+  // Per head M + B entries during a step (the triggering one), M + B - 1 after: TRIM-KV, H2O, and
+  // WG-KV + TRIM-KV (whose ring only ever removes more).
+  const std::int64_t per_head = kBudget + kBuffer - 1, per_head_pages = heads * pages_for(kBudget + kBuffer);
   Lane<TrimKVCache<cpu_backend, float, kPage>> trim{
-      TrimKVCache<cpu_backend, float, kPage>(kShape, memory::Paged<kPage>(trim_pages), trimkv_evictor({kBudget, kBuffer})),
-      "trimkv", kBudget + kBuffer - 1, heads * (kBudget + kBuffer - 1), heads * pages_for(kBudget + kBuffer - 1),
-      std::vector<std::int64_t>(kSequences), 0};
+      {kShape, pool_for(per_head_pages), trimkv_evictor({kBudget, kBuffer})},
+      "trimkv", per_head, heads * per_head, heads * pages_for(per_head)};
   // DBTrimKV: the sequence total stays below L Hkv (M + B); one head may hold most of it.
   const std::int64_t global_bound = heads * (kBudget + kBuffer) - 1;
   // pages: each head's partly filled last page on top of the entries; during a step one more entry per head
-  const std::int64_t db_pages = (pages_for(global_bound + heads) + heads) * kSequences;
   const DBTrimKVConfig dc{kBudget, kBuffer, 2};
   Lane<DBTrimKVCache<cpu_backend, float, kPage>> db{
-      DBTrimKVCache<cpu_backend, float, kPage>(kShape, memory::Paged<kPage>(db_pages), dbtrimkv_evictor(dc),
-                                               dbtrimkv_scorer(dc)),
-      "dbtrimkv", global_bound, global_bound, pages_for(global_bound) + heads, std::vector<std::int64_t>(kSequences), 0};
-  for (std::int64_t s = 0; s < kSequences; ++s) {
-    trim.start(s);
-    db.start(s);
-  }
+      {kShape, pool_for(pages_for(global_bound + heads) + heads), dbtrimkv_evictor(dc), dbtrimkv_scorer(dc)},
+      "dbtrimkv", global_bound, global_bound, pages_for(global_bound) + heads};
+  Lane<H2OCache<cpu_backend, float, kPage>> h2o{
+      {kShape, pool_for(per_head_pages), h2o_evictor({kBudget, kBuffer})},
+      "h2o", per_head, heads * per_head, heads * pages_for(per_head)};
+  constexpr std::int64_t kLocal = 8;
+  Lane<WGKVRetentionCache<cpu_backend, float, kPage>> wg_trim{
+      {kShape, pool_for(per_head_pages), trimkv_evictor({kBudget, kBuffer}), {}, wgkv_admitter({kLocal, 0.1})},
+      "wgkv+trimkv", per_head, heads * per_head, heads * pages_for(per_head), Meta::log_beta, true};
+  // WG-KV under the appendix-K budget of L Hkv M entries, with L Hkv W_local <= it: every head
+  // holds a full ring before the total can pass the budget, and from then on a step adds at most
+  // one promoted token per head while an eviction drops at least one from each head whose global
+  // cache is not empty (which every head that promoted is) — so a sequence never holds more than
+  // the budget after a step.
+  const WGKVBudgetConfig wc{kLocal, 0.1, kBudget, 8, 5, 0.1};
+  const std::int64_t wg_bound = heads * kBudget;
+  Lane<WGKVBudgetCache<cpu_backend, float, kPage>> wg_budget{
+      {kShape, pool_for(pages_for(wg_bound + heads) + heads), wgkv_budget_evictor(kShape, wc), wgkv_budget_scorer(kShape, wc)},
+      "wgkv+budget", wg_bound, wg_bound, pages_for(wg_bound) + heads, Meta::gate};
+  // EpiKV: the prompt (here the first token, SPEC §4's undeclared prompt) and at most K generated
+  // tokens per head.
+  Lane<EpiKVCache<cpu_backend, float, kPage>> epi{
+      {kShape, pool_for(heads * pages_for(kBudget + 2)), epikv_evictor({kBudget})},
+      "epikv", kBudget + 1, heads * (kBudget + 1), heads * pages_for(kBudget + 1), Meta::score};
+  auto lanes = std::tie(trim, db, h2o, wg_trim, wg_budget, epi);
+  auto each_lane = [&](auto&& f) { std::apply([&](auto&... lane) { (f(lane), ...); }, lanes); };
+  for (std::int64_t s = 0; s < kSequences; ++s) each_lane([&](auto& lane) { lane.start(s); });
 
   std::mt19937_64 rng(7);
   std::normal_distribution<float> normal;
-  std::uniform_real_distribution<float> retention(-0.3f, 0.0f);
+  std::uniform_real_distribution<float> retention(-0.3f, 0.0f), unit(0.0f, 1.0f);
   const std::int64_t L = kShape.layers, H = kShape.kv_heads, Hq = kShape.q_heads, d = kShape.head_dim;
   std::vector<float> k(static_cast<std::size_t>(L * H * d)), v(k.size()), lb(static_cast<std::size_t>(L * H)),
-      q(static_cast<std::size_t>(L * Hq * d)), out(q.size());
+      score(lb.size()), g(lb.size()), q(static_cast<std::size_t>(L * Hq * d)), out(q.size());
+  const Token token{View<const float, 4>(k.data(), {L, H, 1, d}), View<const float, 4>(v.data(), {L, H, 1, d}),
+                    View<const float, 3>(lb.data(), {L, H, 1}),   View<const float, 3>(score.data(), {L, H, 1}),
+                    View<const float, 3>(g.data(), {L, H, 1}),    View<const float, 4>(q.data(), {L, Hq, 1, d}),
+                    View<float, 4>(out.data(), {L, Hq, 1, d})};
 
   const std::int64_t warm = steps / 10;
   std::int64_t heap_warm = 0, rss_warm = 0, heap_max = 0, rss_max = 0, evictions = 0;
@@ -142,25 +198,21 @@ int main(int argc, char** argv) {
     for (auto& x : v) x = normal(rng);
     for (auto& x : q) x = normal(rng);
     for (auto& x : lb) x = retention(rng);
+    for (auto& x : score) x = normal(rng);
+    for (auto& x : g) x = unit(rng);
     const std::int64_t slot = step % kSequences;
     // a sequence ends after a random length and a new one starts (pages go back, then are reused)
     if (step % 997 == 0 && step > 0) {
       const auto s = static_cast<std::int64_t>(rng() % kSequences);
-      trim.cache.remove_sequence(trim.live[static_cast<std::size_t>(s)]);
-      db.cache.remove_sequence(db.live[static_cast<std::size_t>(s)]);
-      trim.start(s);
-      db.start(s);
+      each_lane([&](auto& lane) { lane.restart(s); });
     }
-    const View<const float, 4> kv_k(k.data(), {L, H, 1, d}), kv_v(v.data(), {L, H, 1, d});
-    const View<const float, 3> beta(lb.data(), {L, H, 1});
-    const View<const float, 4> queries(q.data(), {L, Hq, 1, d});
-    const View<float, 4> outputs(out.data(), {L, Hq, 1, d});
-    evictions += trim.cache.step(trim.live[static_cast<std::size_t>(slot)], kv_k, kv_v, beta, queries, outputs).triggered;
-    evictions += db.cache.step(db.live[static_cast<std::size_t>(slot)], kv_k, kv_v, beta, queries, outputs).triggered;
-    for (float x : out)
-      if (!std::isfinite(x)) die(step, "attention output is not finite");
-    trim.check(step);
-    db.check(step);
+    each_lane([&](auto& lane) {
+      std::fill(out.begin(), out.end(), std::nanf(""));
+      evictions += lane.step(slot, token);
+      for (float x : out)
+        if (!std::isfinite(x)) die(step, std::string(lane.name) + ": attention output is not finite");
+      lane.check(step);
+    });
     if (step == warm) {
       heap_warm = heap_in_use();
       rss_warm = resident_bytes();
@@ -171,10 +223,11 @@ int main(int argc, char** argv) {
     }
   }
   const std::int64_t heap_end = heap_in_use(), rss_end = resident_bytes();
-  std::printf("soak: %lld steps, %lld evictions, %lld sequences; pool pages trimkv %lld, dbtrimkv %lld\n",
-              static_cast<long long>(steps), static_cast<long long>(evictions),
-              static_cast<long long>(trim.next_id + db.next_id), static_cast<long long>(trim_pages),
-              static_cast<long long>(db_pages));
+  std::int64_t sequences = 0;
+  each_lane([&](auto& lane) { sequences += lane.next_id; });
+  std::printf("soak: %lld steps through %d policies, %lld evictions, %lld sequences\n", static_cast<long long>(steps),
+              static_cast<int>(std::tuple_size_v<decltype(lanes)>), static_cast<long long>(evictions),
+              static_cast<long long>(sequences));
   std::printf("soak: heap in use %lld bytes at 10%%, %lld at the end (max %lld); resident %lld -> %lld bytes (max %lld)\n",
               static_cast<long long>(heap_warm), static_cast<long long>(heap_end), static_cast<long long>(heap_max),
               static_cast<long long>(rss_warm), static_cast<long long>(rss_end), static_cast<long long>(rss_max));
