@@ -20,3 +20,4 @@
 #include "kvpolicy/cuda/score.cuh"
 #include "kvpolicy/cuda/segmented_topk.cuh"
 #include "kvpolicy/cuda/views.cuh"
+#include "kvpolicy/cuda/write_gate.cuh"

@@ -3,12 +3,16 @@
 // (more than one block per group), ragged heads from 0 entries to more than 64K (split along the
 // cache and merged), partly filled pages in a shuffled pool. ‖out − ref‖ / ‖ref‖ within 1e-5
 // (fp32), 2e-3 (fp16), 1e-2 (bf16); the output is poisoned (NaN) before each run and must come
-// back fully written.
+// back fully written. With accumulate_mass (H2O, SPEC §5) every entry's attention mass must grow by
+// the probability the reference gives it, summed over its group's query heads (within 1e-5 of
+// 1 + mass), and every pool slot no head holds must keep its mass bit for bit.
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -30,13 +34,16 @@ double tolerance() {
   else return 1e-2;
 }
 
-/// softmax(q k^T / sqrt(d)) v over n entries, in double (the reference's own error stays far below
-/// the fp32 tolerance even at 64K entries); zeros for n = 0.
-void reference_attention(const float* q, const std::vector<float>& k, const std::vector<float>& v, std::int64_t n, int d,
-                         float* out) {
-  std::vector<double> logit(static_cast<std::size_t>(n));
+/// softmax(q k^T / sqrt(d)) v over the visible ones of n entries, in double (the reference's own
+/// error stays far below the fp32 tolerance even at 64K entries); zeros when none is visible. The
+/// probabilities are added to `mass`.
+void reference_attention(const float* q, const std::vector<float>& k, const std::vector<float>& v,
+                         const std::vector<std::uint8_t>& visible, std::int64_t n, int d, float* out,
+                         std::vector<double>& mass) {
+  std::vector<double> logit(static_cast<std::size_t>(n), -std::numeric_limits<double>::infinity());
   double m = -std::numeric_limits<double>::infinity();
   for (std::int64_t i = 0; i < n; ++i) {
+    if (!visible[i]) continue;
     double s = 0.0;
     for (int c = 0; c < d; ++c) s += double(q[c]) * k[i * d + c];
     logit[i] = s / std::sqrt(double(d));
@@ -45,21 +52,28 @@ void reference_attention(const float* q, const std::vector<float>& k, const std:
   std::vector<double> acc(d, 0.0);
   double sum = 0.0;
   for (std::int64_t i = 0; i < n; ++i) {
+    if (!visible[i]) continue;
     const double w = std::exp(logit[i] - m);
     sum += w;
     for (int c = 0; c < d; ++c) acc[c] += w * v[i * d + c];
   }
-  for (int c = 0; c < d; ++c) out[c] = n == 0 ? 0.0f : static_cast<float>(acc[c] / sum);
+  for (int c = 0; c < d; ++c) out[c] = sum == 0.0 ? 0.0f : static_cast<float>(acc[c] / sum);
+  if (sum > 0.0)
+    for (std::int64_t i = 0; i < n; ++i)
+      if (visible[i]) mass[i] += std::exp(logit[i] - m) / sum;
 }
 
 struct AttnCase {
   int batch, kv_heads, group, head_dim, page_size;
   std::vector<std::int64_t> lengths;  // [batch * kv_heads]
+  kp::AttentionMask mask{};           // WG-KV's vertical-slash mask when mask.local > 0
+  int ungated_segment = -1;           // with the mask: this segment's keys all have g < tau
 };
 
-/// Builds the case's pool on both sides and compares; returns the relative error.
+/// Builds the case's pool on both sides and compares; returns the relative error of the output (the
+/// attention mass, with with_mass, is checked here).
 template <class T>
-double run_case(const AttnCase& c, std::uint64_t seed) {
+double run_case(const AttnCase& c, std::uint64_t seed, bool with_mass = false) {
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> normal;
   const int d = c.head_dim, P = c.page_size, segments = c.batch * c.kv_heads;
@@ -91,6 +105,22 @@ double run_case(const AttnCase& c, std::uint64_t seed) {
   for (int b = 0; b < c.batch; ++b) base[b] = b * c.kv_heads;
   std::vector<float> q(std::size_t(c.batch) * q_heads * d);
   for (auto& x : q) x = normal(rng);
+  std::vector<float> mass0(std::size_t(pages) * P);  // the mass before the step: accumulated onto
+  for (auto& x : mass0) x = std::uniform_real_distribution<float>(0.0f, 4.0f)(rng);
+  std::vector<double> mass_ref(mass0.begin(), mass0.end());
+  // entry i of a head sits at position i, with a write gate g on either side of tau; the query of
+  // batch row b at the position after its longest head (every key is causally visible)
+  const bool masked = c.mask.local > 0;
+  std::vector<std::int32_t> pos_host(std::size_t(pages) * P, 0), q_pos(c.batch, 0);
+  std::vector<float> gate_host(pos_host.size(), 1.0f);
+  for (int s = 0; s < segments; ++s)
+    for (std::int64_t i = 0; i < c.lengths[s]; ++i) {
+      const std::int64_t slot = std::int64_t{table[std::size_t(s) * max_pages + i / P]} * P + i % P;
+      pos_host[slot] = static_cast<std::int32_t>(i);
+      gate_host[slot] = s == c.ungated_segment || std::uniform_int_distribution<int>(0, 1)(rng) ? 0.5f * c.mask.tau
+                                                                                               : 2.0f * c.mask.tau;
+      q_pos[s / c.kv_heads] = std::max(q_pos[s / c.kv_heads], static_cast<std::int32_t>(c.lengths[s]));
+    }
 
   // reference: dense attention over each head's entries in order, in double
   std::vector<float> ref(q.size());
@@ -99,25 +129,34 @@ double run_case(const AttnCase& c, std::uint64_t seed) {
       const int s = b * c.kv_heads + h;
       const std::int64_t n = c.lengths[s];
       std::vector<float> k(std::size_t(n) * d), v(k.size());
+      std::vector<std::uint8_t> visible(std::size_t(n), 1);
       for (std::int64_t i = 0; i < n; ++i) {
         const std::int64_t slot = std::int64_t{table[std::size_t(s) * max_pages + i / P]} * P + i % P;
         std::copy_n(&kf[slot * d], d, &k[i * d]);
         std::copy_n(&vf[slot * d], d, &v[i * d]);
+        if (masked) visible[i] = c.mask.visible(pos_host[slot], gate_host[slot], q_pos[b]);
       }
+      std::vector<double> head_mass(std::size_t(n), 0.0);
       for (int g = 0; g < c.group; ++g) {
         const float* qh = &q[(std::size_t(b) * q_heads + h * c.group + g) * d];
         float* oh = &ref[(std::size_t(b) * q_heads + h * c.group + g) * d];
-        reference_attention(qh, k, v, n, d, oh);
+        reference_attention(qh, k, v, visible, n, d, oh, head_mass);
       }
+      for (std::int64_t i = 0; i < n; ++i)
+        mass_ref[std::int64_t{table[std::size_t(s) * max_pages + i / P]} * P + i % P] += head_mass[i];
     }
 
   DeviceBuffer<T> dk(keys), dv(values);
-  DeviceBuffer<std::int32_t> dpos(std::size_t(pages) * P), dtable(table), dlen(length), dbase(base);
-  DeviceBuffer<float> dmeta(std::size_t(pages) * P), dq(q), dout(q.size());
+  DeviceBuffer<std::int32_t> dpos(pos_host), dtable(table), dlen(length), dbase(base), dq_pos(q_pos);
+  DeviceBuffer<float> dmeta(gate_host), dq(q), dout(q.size()), dmass(mass0);
   dout.poison(0xFF);  // NaN everywhere
-  kc::PagedKV<T> kv{dk.get(), dv.get(), dpos.get(), dmeta.get(), nullptr, nullptr, static_cast<std::int32_t>(pages), P, d};
+  kc::PagedKV<T> kv{dk.get(),  dv.get(), dpos.get(), dmeta.get(), nullptr, with_mass ? dmass.get() : nullptr,
+                    static_cast<std::int32_t>(pages), P, d};
   kc::BlockTables t{dtable.get(), dlen.get(), segments, static_cast<std::int32_t>(max_pages)};
   kc::DecodeBatch a{dq.get(), dbase.get(), c.batch, q_heads, c.kv_heads, dout.get()};
+  a.accumulate_mass = with_mass;
+  a.mask = c.mask;  // g is the metadata float (WG-KV's own cache)
+  a.query_position = masked ? dq_pos.get() : nullptr;
   std::size_t bytes = 0;
   kc::decode_attention(nullptr, bytes, kv, t, a, longest, nullptr);
   DeviceBuffer<unsigned char> ws(bytes);
@@ -129,6 +168,21 @@ double run_case(const AttnCase& c, std::uint64_t seed) {
     REQUIRE_MESSAGE(std::isfinite(out[i]), "output ", i, " not written (or not finite), seed ", seed);
     num += (double(out[i]) - ref[i]) * (double(out[i]) - ref[i]);
     den += double(ref[i]) * ref[i];
+  }
+  const auto mass = dmass.download();
+  std::vector<std::uint8_t> held(mass.size(), 0);
+  for (int s = 0; s < segments; ++s)
+    for (std::int64_t i = 0; i < c.lengths[s]; ++i) held[std::int64_t{table[std::size_t(s) * max_pages + i / P]} * P + i % P] = 1;
+  for (std::size_t slot = 0; slot < mass.size(); ++slot) {
+    if (!with_mass || !held[slot]) {  // untouched, bit for bit
+      REQUIRE_MESSAGE(std::memcmp(&mass[slot], &mass0[slot], sizeof(float)) == 0, "mass of slot ", slot,
+                      " changed (with_mass ", with_mass, "), seed ", seed);
+      continue;
+    }
+    // the increment within 1e-5 of itself, on top of the fp32 rounding of the sum it lands in
+    const double got = double(mass[slot]) - mass0[slot], want = mass_ref[slot] - mass0[slot];
+    REQUIRE_MESSAGE(std::abs(got - want) <= 1e-5 * want + 4 * FLT_EPSILON * mass_ref[slot], "mass of slot ", slot, ": +",
+                    got, " vs +", want, " (from ", mass0[slot], "), seed ", seed);
   }
   return den > 0.0 ? std::sqrt(num / den) : std::sqrt(num);
 }
@@ -151,8 +205,10 @@ void sweep(std::uint64_t seed0) {
         c.lengths.push_back(mode == 0 ? 0 : mode == 1 ? 1 : mode < 6 ? std::uniform_int_distribution<int>(2, 300)(rng)
                                                                      : std::uniform_int_distribution<int>(301, 6000)(rng));
       }
-      const double err = run_case<T>(c, seed);
-      INFO("dtype ", kc::dtype_name<T>, ", head_dim ", d, ", page ", page, ", group ", c.group, ", seed ", seed);
+      const bool with_mass = seed % 2 == 1;  // H2O's mass on half the cases
+      INFO("dtype ", kc::dtype_name<T>, ", head_dim ", d, ", page ", page, ", group ", c.group, ", seed ", seed,
+           ", mass ", with_mass);
+      const double err = run_case<T>(c, seed, with_mass);
       CHECK(err <= tolerance<T>());
     }
 }
@@ -163,10 +219,21 @@ TEST_CASE("decode attention, fp32 storage, against the dense reference") { sweep
 TEST_CASE("decode attention, fp16 storage, against the dense reference") { sweep<__half>(200); }
 TEST_CASE("decode attention, bf16 storage, against the dense reference") { sweep<__nv_bfloat16>(300); }
 
+TEST_CASE("decode attention under WG-KV's vertical-slash mask, with H2O's mass") {
+  // the W_local newest positions before each row's query, and older keys with g >= tau, are
+  // visible; segment 1's keys all have g < tau and lie beyond its row's window: it sees none
+  AttnCase c{2, 2, 4, 128, 16, {700, 40, 300, 333}, kp::AttentionMask{64, 0.1f}, 1};
+  CHECK(run_case<float>(c, 7, true) <= 1e-5);
+  CHECK(run_case<__half>(c, 8, false) <= 2e-3);
+  AttnCase wide{3, 1, 1, 64, 32, {5000, 17, 64}, kp::AttentionMask{128, 0.3f}, -1};
+  CHECK(run_case<float>(wide, 9, true) <= 1e-5);
+}
+
 TEST_CASE("decode attention over more than 64K entries per head, split and merged") {
   AttnCase c{2, 2, 4, 128, 16, {70001, 1, 65536 + 17, 0}};
   CHECK(run_case<float>(c, 1) <= 1e-5);
   CHECK(run_case<__half>(c, 2) <= 2e-3);
+  CHECK(run_case<float>(c, 3, true) <= 1e-5);  // with H2O's mass
 }
 
 TEST_CASE("decode attention arguments are checked before any launch" * doctest::test_suite("host")) {
@@ -198,6 +265,20 @@ TEST_CASE("decode attention arguments are checked before any launch" * doctest::
   no_heads.kv_heads = 0;
   CHECK_THROWS_WITH(kc::decode_attention_workspace_bytes(no_heads, 100, 16, 132),
                     doctest::Contains("must be a positive multiple of kv_heads = 0"));
+  // H2O's mass needs the pool's mass array, and the group's queries in shared memory
+  kc::DecodeBatch h2o = a;
+  h2o.accumulate_mass = true;
+  CHECK_THROWS_WITH(kc::decode_attention(nullptr, bytes, kv, t, h2o, 100, nullptr, 132),
+                    doctest::Contains("accumulate_mass needs the pool's attention_mass array"));
+  kv.attention_mass = &dummy;
+  kc::decode_attention(nullptr, bytes, kv, t, h2o, 100, nullptr, 132);
+  kc::DecodeBatch wide = h2o;
+  wide.q_heads = 2 * 64;  // a group of 64 at head_dim 256: 64 KiB of queries
+  kv.head_dim = 256;
+  CHECK_THROWS_WITH(kc::decode_attention(nullptr, bytes, kv, t, wide, 100, nullptr, 132),
+                    doctest::Contains("accumulate_mass with a group of 64 query heads at head_dim = 256 needs"));
+  kv.head_dim = 128;
+  kv.attention_mass = nullptr;
   // the split plan covers every entry: chunks of whole pages, at least 256 entries unless the head is shorter
   for (std::int64_t len : {0, 1, 255, 256, 257, 4096, 70001, 1 << 22}) {
     const auto p = kc::detail::plan_decode(a, len, 16, 132);

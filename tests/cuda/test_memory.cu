@@ -1,7 +1,8 @@
 // Append, compaction and the whole eviction step on the device against memory::Paged and the CPU
 // evictors (SPEC §1–2; DESIGN, Device path): after every operation the device's lengths, block
 // tables, free-page count, metadata and K/V bits equal the CPU's — the same page ids, since both
-// pop and push their free lists in the same order.
+// pop and push their free lists in the same order. H2O's attention mass (SPEC §5) rides along:
+// evict_step ranks by it with score::AttentionMass and compaction carries it.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -19,6 +20,7 @@
 #include "kvpolicy/core/dtype.hpp"
 #include "kvpolicy/cuda/evict_step.cuh"
 #include "kvpolicy/memory/paged.hpp"
+#include "kvpolicy/policy/baseline.hpp"
 #include "kvpolicy/policy/evict.hpp"
 #include "kvpolicy/policy/score.hpp"
 
@@ -35,14 +37,15 @@ struct Twin {
   kp::CacheShape shape;
   int sequences, pages, segments;
   kp::memory::Paged<kPage, float> cpu;
-  DeviceBuffer<float> keys, values, meta;
+  DeviceBuffer<float> keys, values, meta, mass;  // mass: H2O's, in use with with_mass
   DeviceBuffer<std::int32_t> position, table, length, free_pages, free_count;
   DeviceBuffer<kc::Status> status;
+  bool with_mass = false;
 
   Twin(kp::CacheShape s, int seqs, int pool_pages)
       : shape(s), sequences(seqs), pages(pool_pages), segments(seqs * static_cast<int>(s.heads_total())),
         cpu(pool_pages), keys(std::size_t(pool_pages) * kPage * s.head_dim), values(keys.size()),
-        meta(std::size_t(pool_pages) * kPage), position(meta.size()), table(std::size_t(segments) * pool_pages),
+        meta(std::size_t(pool_pages) * kPage), mass(meta.size()), position(meta.size()), table(std::size_t(segments) * pool_pages),
         length(std::vector<std::int32_t>(segments, 0)), free_pages(pool_pages),
         free_count(std::vector<std::int32_t>{pool_pages}), status(std::vector<kc::Status>{kc::Status{}}) {
     cpu.bind(shape);
@@ -53,7 +56,8 @@ struct Twin {
     table.upload(std::vector<std::int32_t>(table.size(), 0));
   }
   kc::PagedKV<float> kv() const {
-    return {keys.get(), values.get(), position.get(), meta.get(), nullptr, nullptr, pages, kPage, shape.head_dim};
+    return {keys.get(), values.get(), position.get(), meta.get(), nullptr, with_mass ? mass.get() : nullptr, pages, kPage,
+            shape.head_dim};
   }
   kc::BlockTables tables() const { return {table.get(), length.get(), segments, pages}; }
   kc::FreeList free() const { return {free_pages.get(), free_count.get(), pages}; }
@@ -95,7 +99,7 @@ struct Twin {
   /// Every length, table row, free count, metadata and K/V row equal to the CPU's.
   void compare(const char* when, int step) const {
     const auto len = length.download(), tab = table.download(), pos = position.download();
-    const auto lb = meta.download(), k = keys.download(), v = values.download();
+    const auto lb = meta.download(), k = keys.download(), v = values.download(), am = mass.download();
     REQUIRE(status.download()[0].code == kc::Status::ok);
     REQUIRE_MESSAGE(free_count.download()[0] == cpu.pages_free(), when, " step ", step);
     const int d = shape.head_dim;
@@ -109,6 +113,7 @@ struct Twin {
         const auto& m = cpu.pool().meta(slot);
         REQUIRE_MESSAGE(pos[slot] == m.position, when, " step ", step, " segment ", s, " entry ", i);
         REQUIRE(std::memcmp(&lb[slot], &m.log_beta, sizeof(float)) == 0);
+        if (with_mass) REQUIRE(std::memcmp(&am[slot], &m.attention_mass, sizeof(float)) == 0);
         REQUIRE(std::memcmp(&k[slot * d], cpu.pool().key(slot), sizeof(float) * d) == 0);
         REQUIRE(std::memcmp(&v[slot * d], cpu.pool().value(slot), sizeof(float) * d) == 0);
       }
@@ -118,8 +123,8 @@ struct Twin {
 
 /// The CPU side of one eviction step, as Cache::commit plans and applies it: per sequence, trigger
 /// on the head lengths, score the active heads at n, select, compact the active heads in order.
-template <class Evictor>
-void cpu_evict(Twin& tw, const Evictor& e, std::int64_t n) {
+template <class Evictor, class Scorer = kp::score::RetentionDecay>
+void cpu_evict(Twin& tw, const Evictor& e, std::int64_t n, const Scorer& scorer = {}) {
   const kp::CacheShape& shape = tw.shape;
   for (int q = 0; q < tw.sequences; ++q) {
     const auto heads = static_cast<std::size_t>(shape.heads_total());
@@ -136,7 +141,7 @@ void cpu_evict(Twin& tw, const Evictor& e, std::int64_t n) {
         const auto layout = tw.cpu.layout(q, static_cast<int>(i) / shape.kv_heads, static_cast<int>(i) % shape.kv_heads);
         for (std::int64_t j = 0; j < layout.length; ++j) {
           const auto& m = tw.cpu.pool().meta(layout.slot(j));
-          score.push_back(kp::score::RetentionDecay{}(m, ctx));
+          score.push_back(scorer(m, ctx));
           position.push_back(m.position);
         }
       }
@@ -151,14 +156,13 @@ void cpu_evict(Twin& tw, const Evictor& e, std::int64_t n) {
   }
 }
 
-void device_evict(Twin& tw, const kc::EvictionRule& r, std::int64_t n) {
+template <class Scorer = kp::score::RetentionDecay>
+void device_evict(Twin& tw, const kc::EvictionRule& r, std::int64_t n, const Scorer& scorer = {}) {
   DeviceBuffer<kp::StepContext> ctx(std::vector<kp::StepContext>(tw.sequences, kp::StepContext{n, 0, false, 0}));
   std::size_t bytes = 0;
-  kc::evict_step(nullptr, bytes, kp::score::RetentionDecay{}, r, tw.kv(), tw.tables(), tw.free(), ctx.get(), nullptr,
-                 tw.status.get(), nullptr);
+  kc::evict_step(nullptr, bytes, scorer, r, tw.kv(), tw.tables(), tw.free(), ctx.get(), nullptr, tw.status.get(), nullptr);
   DeviceBuffer<unsigned char> ws(bytes);
-  kc::evict_step(ws.get(), bytes, kp::score::RetentionDecay{}, r, tw.kv(), tw.tables(), tw.free(), ctx.get(), nullptr,
-                 tw.status.get(), nullptr);
+  kc::evict_step(ws.get(), bytes, scorer, r, tw.kv(), tw.tables(), tw.free(), ctx.get(), nullptr, tw.status.get(), nullptr);
   cudatest::sync();
 }
 
@@ -248,6 +252,48 @@ TEST_CASE("evict_step keeps what the CPU evictors keep, step after step") {
       }
       device_evict(tw, r, n);
       tw.compare("evict_step", step);
+    }
+  }
+}
+
+TEST_CASE("H2O on the device: evict_step ranks by the attention mass and compaction carries it") {
+  // The masses grow as decode attention would grow them (decode_attention's accumulate_mass, checked
+  // against the dense reference in test_attention.cu), from a tie-prone set of increments.
+  for (std::uint64_t seed = 1; seed <= 6; ++seed) {
+    std::mt19937_64 rng(seed);
+    const kp::CacheShape shape{2, 2, 4, 64};
+    Twin tw(shape, 3, 3 * 4 * 6);
+    tw.with_mass = true;
+    const std::int64_t M = 24, B = seed % 2 == 0 ? 1 : 4;  // B = 1: one eviction per decode step, as H2O
+    kc::EvictionRule r;
+    r.scope = kc::Scope::per_head;
+    r.layers = shape.layers;
+    r.kv_heads = shape.kv_heads;
+    r.budget = M;
+    r.buffer = B;
+    r.window = M / 2;  // h2o_evictor: the recent half of the budget
+    kp::evict::PerHead<> e;
+    e.rule = {M, B};
+    e.window = M / 2;
+    std::int64_t n = 0;
+    static const float increments[] = {0.0f, 0.0f, 0.25f, 0.5f, 1.0f};
+    for (int step = 0; step < 120; ++step) {
+      const int tokens = step == 0 ? 30 : 1;
+      tw.append(rng, tokens, static_cast<std::int32_t>(n));
+      n += tokens;
+      tw.compare("append", step);  // append zeroed the new entries' mass on both sides
+      auto& pool = tw.cpu.pool();
+      for (int s = 0; s < tw.segments; ++s) {
+        const auto layout = tw.cpu.layout(tw.seq_of(s), tw.layer_of(s), tw.head_of(s));
+        for (std::int64_t i = 0; i < layout.length; ++i)
+          pool.add_attention_mass(layout.slot(i), increments[std::uniform_int_distribution<int>(0, 4)(rng)]);
+      }
+      std::vector<float> am(tw.mass.size(), 0.0f);
+      for (std::int64_t slot = 0; slot < pool.slots(); ++slot) am[slot] = pool.meta(slot).attention_mass;
+      tw.mass.upload(am);
+      cpu_evict(tw, e, n, kp::score::AttentionMass{});
+      device_evict(tw, r, n, kp::score::AttentionMass{});
+      tw.compare("evict_step (H2O)", step);
     }
   }
 }
@@ -344,4 +390,14 @@ TEST_CASE("memory and eviction arguments are checked before any launch" * doctes
   t.segments = 8;
   kc::evict_step(nullptr, bytes, kp::score::RetentionDecay{}, r, kv, t, f, nullptr, nullptr, nullptr, nullptr);
   CHECK(bytes >= 160 * (sizeof(float) + sizeof(std::int32_t) + 1));
+  // a Scorer reading what the pool does not hold is refused (it would read 0 for every entry)
+  r.scope = kc::Scope::per_head;
+  r.floor_ratio = 0.0;
+  r.window = 4;
+  CHECK_THROWS_WITH(kc::evict_step(nullptr, bytes, kp::score::AttentionMass{}, r, kv, t, f, nullptr, nullptr, nullptr, nullptr),
+                    doctest::Contains("this Scorer ranks by attention_mass (H2O); the pool has none"));
+  CHECK_THROWS_WITH(kc::evict_step(nullptr, bytes, kp::score::NegKeyNorm{}, r, kv, t, f, nullptr, nullptr, nullptr, nullptr),
+                    doctest::Contains("this Scorer reads key_norm; the pool has none"));
+  kv.attention_mass = &dummy;
+  kc::evict_step(nullptr, bytes, kp::score::AttentionMass{}, r, kv, t, f, nullptr, nullptr, nullptr, nullptr);
 }

@@ -15,6 +15,9 @@
 
 namespace kvpolicy::math {
 
+/// +inf for KVPOLICY_HD code (std::numeric_limits<float>::infinity() is a host function to nvcc).
+inline constexpr float kInfinity = __builtin_huge_valf();
+
 /// a * b and a + b, each rounded once, on every backend. nvcc contracts a * b + c into one fused
 /// multiply-add (rounded once) where the host rounds twice; the scores the CPU and the CUDA kernels
 /// rank must agree bit for bit, so the scorers compose these instead of writing a * b + c.

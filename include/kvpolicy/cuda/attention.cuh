@@ -6,6 +6,8 @@
 /// over their kv head's pages (GQA); a long head is split along the cache into chunks whose partial
 /// (max, sum, acc) a merge pass combines (flash-decoding); online softmax in fp32 whatever the
 /// storage dtype. One warp per entry: lanes hold HEAD_DIM / 32 contiguous elements of the key.
+/// Optionally (H2O, SPEC §5) a third pass adds each entry's attention probability to the pool's
+/// attention_mass, from the final (max, sum) of every query head: no attention matrix is formed.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -28,6 +30,10 @@ namespace kvpolicy::cuda {
 /// segment_base[b] + h; out [batch, Hq, d] fp32. A head with no entries gives zeros.
 /// With mask.local > 0 (WG-KV, SPEC §3) a key is visible only under the vertical-slash rule
 /// (core/mask.hpp), its g read from the pool's meta, the query's position from query_position[b].
+/// With accumulate_mass (H2O, SPEC §5, the twin of cpu::attend_paged's key_mass) every visible
+/// entry's kv.attention_mass[slot] grows by the probability it received, summed over the G query
+/// heads of its group; a query head that sees no entry adds nothing, nor does a probability that is
+/// not finite (a logit past fp32).
 struct DecodeBatch {
   const float* queries = nullptr;
   const std::int32_t* segment_base = nullptr;
@@ -37,6 +43,7 @@ struct DecodeBatch {
   float* out = nullptr;
   AttentionMask mask{};
   const std::int32_t* query_position = nullptr;
+  bool accumulate_mass = false;
 };
 
 namespace detail {
@@ -164,10 +171,11 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
   }
 }
 
-/// grid (batch * Hq): out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s.
+/// grid (batch * Hq): out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s; the query head's final
+/// (M, sum) go to final_max/final_sum for the mass pass.
 template <int HEAD_DIM>
 __global__ void decode_merge_kernel(DecodeBatch a, int splits, const float* part_max, const float* part_sum,
-                                    const float* part_acc) {
+                                    const float* part_acc, float* final_max, float* final_sum) {
   const std::int64_t qh = blockIdx.x;
   float mx = -INFINITY;
   for (int s = 0; s < splits; ++s) mx = fmaxf(mx, part_max[qh * splits + s]);
@@ -180,6 +188,73 @@ __global__ void decode_merge_kernel(DecodeBatch a, int splits, const float* part
         out += part_acc[(qh * splits + s) * HEAD_DIM + c] * f;
       }
     a.out[qh * HEAD_DIM + c] = sum > 0.0f ? out / sum : 0.0f;
+    if (c == 0) {
+      final_max[qh] = mx;
+      final_sum[qh] = sum;
+    }
+  }
+}
+
+/// Dynamic shared memory of decode_mass_kernel: the group's scaled queries, then per query head its
+/// final max and 1 / sum.
+inline std::size_t decode_mass_shared_bytes(int group, int head_dim) {
+  return (std::size_t(group) * head_dim + 2 * std::size_t(group)) * sizeof(float);
+}
+inline constexpr std::size_t kMassSharedLimit = 48 * 1024;  // without opting in to more
+
+/// grid (splits, kv_heads, batch), the partial pass's chunks: H2O's mass (SPEC §5). One warp per
+/// entry, as in decode_partial_kernel, and the same logit (the query pre-scaled, the lanes' partial
+/// dot products reduced by the same shuffles); p = e^(s - M) / sum of each query head of the group,
+/// summed over them and added to the entry's attention_mass by the one warp that owns the entry.
+template <class T, int HEAD_DIM, int PAGE_SIZE>
+__global__ void __launch_bounds__(kAttnWarps * 32)
+    decode_mass_kernel(PagedKV<T> kv, BlockTables t, DecodeBatch a, std::int64_t chunk, const float* final_max,
+                       const float* final_sum) {
+  constexpr int VEC = HEAD_DIM / 32;
+  extern __shared__ float mass_smem[];
+  const int group = a.q_heads / a.kv_heads;
+  float* q_s = mass_smem;             // [group][HEAD_DIM]
+  float* m_s = q_s + group * HEAD_DIM;  // [group]
+  float* inv_s = m_s + group;          // [group]; 0 for a query head that saw no entry
+  const int split = static_cast<int>(blockIdx.x), splits = static_cast<int>(gridDim.x);
+  const int h = static_cast<int>(blockIdx.y), b = static_cast<int>(blockIdx.z);
+  const int seg = a.segment_base[b] + h;
+  const std::int64_t n = t.length[seg];
+  const std::int64_t begin = std::int64_t{split} * chunk;
+  const std::int64_t end = split == splits - 1 ? n : min(n, begin + chunk);
+  const float scale = rsqrtf(static_cast<float>(HEAD_DIM));
+  const std::int64_t q0 = std::int64_t{b} * a.q_heads + std::int64_t{h} * group;  // the group's first query head
+  for (int i = threadIdx.x; i < group * HEAD_DIM; i += blockDim.x) q_s[i] = a.queries[q0 * HEAD_DIM + i] * scale;
+  for (int g = threadIdx.x; g < group; g += blockDim.x) {
+    m_s[g] = final_max[q0 + g];
+    const float sum = final_sum[q0 + g];
+    inv_s[g] = sum > 0.0f ? 1.0f / sum : 0.0f;
+  }
+  __syncthreads();
+
+  const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
+  const std::int32_t* row = t.table + std::int64_t{seg} * t.max_pages;
+  const bool masked = a.mask.local > 0;
+  const std::int32_t q_pos = masked ? a.query_position[b] : 0;
+  for (std::int64_t e = begin + warp; e < end; e += kAttnWarps) {
+    const std::int64_t slot = std::int64_t{row[e / PAGE_SIZE]} * PAGE_SIZE + e % PAGE_SIZE;
+    if (masked && !a.mask.visible(kv.position[slot], kv.meta[slot], q_pos)) continue;  // the same for the whole warp
+    const T* kp = kv.keys + slot * HEAD_DIM + lane * VEC;
+    float k[VEC];
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) k[i] = to_float(kp[i]);
+    float mass = 0.0f;
+    for (int g = 0; g < group; ++g) {
+      if (inv_s[g] == 0.0f) continue;  // the same for the whole warp
+      float s = 0.0f;
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) s += q_s[g * HEAD_DIM + lane * VEC + i] * k[i];
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+      const float p = expf(s - m_s[g]) * inv_s[g];
+      if (isfinite(p)) mass += p;
+    }
+    if (lane == 0) atomicAdd(&kv.attention_mass[slot], mass);  // one warp per entry; atomic should a batch repeat a segment
   }
 }
 
@@ -213,6 +288,8 @@ inline std::size_t decode_attention_workspace_bytes(const DecodeBatch& a, std::i
   layout.take<float>(nullptr, rows);
   layout.take<float>(nullptr, rows);
   layout.take<float>(nullptr, rows * 256);  // the largest HEAD_DIM
+  layout.take<float>(nullptr, std::int64_t{a.batch} * a.q_heads);  // final max and sum, per query head
+  layout.take<float>(nullptr, std::int64_t{a.batch} * a.q_heads);
   return layout.bytes();
 }
 
@@ -226,6 +303,13 @@ void decode_attention(void* workspace, std::size_t& workspace_bytes, const Paged
   kv.validate(who);
   dispatch_head_dim(kv.head_dim, who, [](auto) {});
   validate_decode(a, max_length, kv.page_size, who);
+  if (a.accumulate_mass) {
+    require(kv.attention_mass != nullptr, who, ": accumulate_mass needs the pool's attention_mass array");
+    const std::size_t shared = detail::decode_mass_shared_bytes(a.q_heads / a.kv_heads, kv.head_dim);
+    require(shared <= detail::kMassSharedLimit, who, ": accumulate_mass with a group of ", a.q_heads / a.kv_heads,
+            " query heads at head_dim = ", kv.head_dim, " needs ", shared, " bytes of shared memory, over ",
+            detail::kMassSharedLimit);
+  }
   if (sm_count <= 0) sm_count = detail::sm_count_of_current_device();
   if (size_query(workspace, workspace_bytes, decode_attention_workspace_bytes(a, max_length, kv.page_size, sm_count),
                  who))
@@ -242,6 +326,8 @@ void decode_attention(void* workspace, std::size_t& workspace_bytes, const Paged
   float* part_max = layout.take<float>(workspace, rows);
   float* part_sum = layout.take<float>(workspace, rows);
   float* part_acc = layout.take<float>(workspace, rows * 256);
+  float* final_max = layout.take<float>(workspace, std::int64_t{a.batch} * a.q_heads);
+  float* final_sum = layout.take<float>(workspace, std::int64_t{a.batch} * a.q_heads);
   const std::string shapes = "batch = " + std::to_string(a.batch) + ", q_heads = " + std::to_string(a.q_heads) +
                              ", kv_heads = " + std::to_string(a.kv_heads) + ", head_dim = " + std::to_string(kv.head_dim) +
                              ", page_size = " + std::to_string(kv.page_size) + ", dtype = " + dtype_name<T> +
@@ -258,8 +344,17 @@ void decode_attention(void* workspace, std::size_t& workspace_bytes, const Paged
       check_launch("decode_partial_kernel", shapes);
     });
     detail::decode_merge_kernel<D><<<static_cast<unsigned>(std::int64_t{a.batch} * a.q_heads), 128, 0, stream>>>(
-        a, p.splits, part_max, part_sum, part_acc);
+        a, p.splits, part_max, part_sum, part_acc, final_max, final_sum);
     check_launch("decode_merge_kernel", shapes);
+    if (!a.accumulate_mass) return;
+    dispatch_page_size(kv.page_size, who, [&](auto page) {
+      constexpr int P = decltype(page)::value;
+      const dim3 grid(static_cast<unsigned>(p.splits), static_cast<unsigned>(a.kv_heads), static_cast<unsigned>(a.batch));
+      detail::decode_mass_kernel<T, D, P>
+          <<<grid, detail::kAttnWarps * 32, detail::decode_mass_shared_bytes(a.q_heads / a.kv_heads, D), stream>>>(
+              kv, t, a, p.chunk, final_max, final_sum);
+      check_launch("decode_mass_kernel", shapes);
+    });
   });
 }
 

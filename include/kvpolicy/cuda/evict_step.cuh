@@ -156,6 +156,10 @@ void evict_step(void* workspace, std::size_t& workspace_bytes, const Scorer& sco
   r.validate(who);
   kv.validate(who);
   t.validate(who);
+  // what the Scorer reads must be in the pool (else every score would read 0: a silent recency)
+  if (Scorer::needs_key_norm) require(kv.key_norm != nullptr, who, ": this Scorer reads key_norm; the pool has none");
+  if constexpr (scorer_needs_attention_mass<Scorer>)
+    require(kv.attention_mass != nullptr, who, ": this Scorer ranks by attention_mass (H2O); the pool has none");
   const std::int32_t per_sequence = r.layers * r.kv_heads;
   require(t.segments % per_sequence == 0, who, ": segments = ", t.segments, " is not a multiple of L x Hkv = ",
           per_sequence);

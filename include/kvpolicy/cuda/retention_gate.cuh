@@ -9,7 +9,8 @@
 ///   P = X Wp^T             [T, Hkv J] cuBLAS SGEMM
 ///   log_beta[h, t] = logsigmoid(sum_j act(P[t, h J + j] + bp[h J + j]) wg[j] + bg)   one fused kernel
 /// fp32 throughout (no TF32: the handle's math mode is left to the engine, whose default is exact
-/// fp32). The activation and logsigmoid are the KVPOLICY_HD functions the CPU gate calls.
+/// fp32; a handle set to TF32 trades the gates' 1e-5 agreement with the CPU for speed). Each call
+/// sets the handle's stream and its pointer mode to host (alpha and beta are host scalars). The activation and logsigmoid are the KVPOLICY_HD functions the CPU gate calls.
 #pragma once
 
 #include <cublas_v2.h>
@@ -94,6 +95,7 @@ inline void retention_gate_forward(void* workspace, std::size_t& workspace_bytes
   const int T = static_cast<int>(tokens);
   const float one = 1.0f, zero = 0.0f;
   check_cublas(cublasSetStream(handle, stream), "cublasSetStream", shapes);
+  check_cublas(cublasSetPointerMode(handle, CUBLAS_POINTER_MODE_HOST), "cublasSetPointerMode", shapes);  // alpha, beta
   // row-major C[M, N] = A[M, K] B[N, K]^T is column-major C^T[N, M] = op_T(B) A: B, A are read as
   // column-major [K, N] and [K, M] with leading dimension K
   check_cublas(cublasSgemm(handle, CUBLAS_OP_T, CUBLAS_OP_N, w.intermediate, T, w.hidden, &one, w.w1, w.hidden, x,
@@ -172,6 +174,7 @@ inline void tied_gate_forward(void* workspace, std::size_t& workspace_bytes, cub
                              ", J = " + std::to_string(w.proj) + ", Hkv = " + std::to_string(w.kv_heads);
   const float one = 1.0f, zero = 0.0f;
   check_cublas(cublasSetStream(handle, stream), "cublasSetStream", shapes);
+  check_cublas(cublasSetPointerMode(handle, CUBLAS_POINTER_MODE_HOST), "cublasSetPointerMode", shapes);  // alpha, beta
   // row-major P[T, Hkv J] = X[T, D] Wp[Hkv J, D]^T (the same column-major reading as above)
   check_cublas(cublasSgemm(handle, CUBLAS_OP_T, CUBLAS_OP_N, hj, static_cast<int>(tokens), w.hidden, &one, w.proj_w,
                            w.hidden, x, w.hidden, &zero, p, hj),

@@ -27,7 +27,7 @@ struct Recency {
   std::int64_t sinks = 4;
   void validate() const { require(sinks >= 0, "score::Recency: sinks S = ", sinks, " must be >= 0"); }
   KVPOLICY_HD float operator()(EntryMeta m, StepContext) const {
-    return m.position < sinks ? std::numeric_limits<float>::infinity() : static_cast<float>(m.position);
+    return m.position < sinks ? math::kInfinity : static_cast<float>(m.position);
   }
 };
 
