@@ -158,6 +158,38 @@ BENCHMARK(BM_decode_attention)
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 
+// The same decode attention with H2O's mass (DecodeBatch::accumulate_mass): a third pass re-reads
+// the keys (not the values) and adds each entry's probability to its mass.
+void BM_decode_attention_h2o(benchmark::State& state) {
+  const std::int64_t n = state.range(0);
+  const int batch = 8;
+  const double per_copy = 2.0 * batch * DecodeSetup::kKv * double(n) * DecodeSetup::kDim * sizeof(__half);
+  DecodeSetup s(batch, n, rotation(static_cast<std::size_t>(per_copy)));
+  Buffer<float> mass(s.position.n);
+  KVPOLICY_CUDA_CHECK(cudaMemset(mass.p, 0, mass.n * sizeof(float)), "fill");
+  kc::PagedKV<__half> kv = s.kv();
+  kv.attention_mass = mass.p;
+  auto batch_of = [&](int copy) {
+    kc::DecodeBatch a = s.batch_of(copy);
+    a.accumulate_mass = true;
+    return a;
+  };
+  std::size_t bytes = 0;
+  kc::decode_attention(nullptr, bytes, kv, s.tables_view(), batch_of(0), n, nullptr);
+  Buffer<char> ws(bytes);
+  Timer timer;
+  int copy = 0;
+  for (auto _ : state) {
+    timer.begin(nullptr);
+    kc::decode_attention(ws.p, bytes, kv, s.tables_view(), batch_of(copy), n, nullptr);
+    state.SetIterationTime(timer.end_seconds(nullptr));
+    copy = (copy + 1) % s.copies;
+  }
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * s.kv_bytes()));
+  state.counters["kv_MiB"] = s.kv_bytes() / (1 << 20);
+}
+BENCHMARK(BM_decode_attention_h2o)->Arg(4096)->Arg(16384)->UseManualTime()->Unit(benchmark::kMicrosecond);
+
 /// L 36 x Hkv 8 x batch heads of M + B = 1152 entries with random retention metadata, paged fp16,
 /// restored to the same state before every timed eviction.
 struct EvictSetup {

@@ -26,6 +26,12 @@ def main():
         if name.startswith("BM_decode_attention/"):
             bw = r["bytes_per_second"]
             print(f"| {r['kv_MiB']:.0f} MiB | {r['real_time']:.1f} | {bw / 1e9:.0f} | {bw / copy_bw:.0%} |")
+    for name, r in m.items():
+        if name.startswith("BM_decode_attention_h2o/"):
+            plain = m.get(name.replace("_h2o", ""))
+            if plain:
+                print(f"\nDecode attention with H2O's mass, {r['kv_MiB']:.0f} MiB of KV: {r['real_time']:.1f} µs, "
+                      f"{r['real_time'] / plain['real_time']:.2f}x the attention alone.")
     print("\n| selection / eviction | entries | time (µs) |")
     print("| --- | ---: | ---: |")
     for name, r in m.items():
