@@ -2,15 +2,18 @@
 //
 //   kvpolicy_soak [--steps N]      (default 1000000)
 //
-// Four sequences decode round-robin through one cache per bounded policy, the caches sharing
-// nothing: TRIM-KV, DBTrimKV (global budget), H2O (attention mass), WG-KV admission + TRIM-KV
-// eviction, WG-KV under the appendix-K budget, and EpiKV. Every so often a sequence finishes and a
-// new one takes its place. After every step it checks that
+// Four sequences decode round-robin through one cache per policy family whose memory is bounded,
+// the caches sharing nothing: TRIM-KV, DBTrimKV (global budget), H2O (attention mass), WG-KV
+// admission + TRIM-KV eviction, WG-KV under the appendix-K budget, and EpiKV. (KeyDiff, KNorm,
+// StreamingLLM and Random run H2O's evictor with scores of their own, and the API state machine
+// covers them.) Every so often a sequence finishes and a new one takes its place. After every
+// step it checks that
 //   - pages are conserved: free + held by the live sequences = the pool;
 //   - memory stays bounded, by each policy's own bound (below, where each lane is built), and the
 //     pool pages a sequence holds never exceed what that bound needs;
 //   - attention outputs are finite;
-// and that nothing grows over time: the heap in use (mallinfo2) and the resident set size at the
+// at the end, that every lane evicted entries (and the appendix-K lane came within one step of
+// its budget, where its pressure eviction runs); and that nothing grows over time: the heap in use (mallinfo2) and the resident set size at the
 // end are those of the first 10% of the run, within a small slack. Exit status 0 when every check
 // holds; the first failure is printed with its step.
 // (WG-KV without a budget and SnapKV after its prompt grow by design, so they have no lane.)
@@ -81,6 +84,8 @@ struct Lane {
   bool gate = false;            // append's gate (an Admitter that reads it)
   std::vector<std::int64_t> live = std::vector<std::int64_t>(kSequences);
   std::int64_t next_id = 0;
+  std::int64_t evicted = 0;        // entries the steps removed
+  std::int64_t most_entries = 0;   // the most a sequence held after a step
 
   void start(std::int64_t slot) {
     live[static_cast<std::size_t>(slot)] = next_id;
@@ -93,10 +98,12 @@ struct Lane {
   // One decode step of the sequence in `slot`; whether the evictor's trigger fired.
   bool step(std::int64_t slot, const Token& t) {
     const View<const float, 3> m = meta == Meta::log_beta ? t.log_beta : meta == Meta::score ? t.score : t.gate;
-    return cache
-        .step(typename C::SequenceStep{live[static_cast<std::size_t>(slot)], t.keys, t.values, m, t.queries, t.out,
-                                       gate ? t.gate : View<const float, 3>{}})
-        .triggered;
+    const std::int64_t seq = live[static_cast<std::size_t>(slot)];
+    const EvictionReport r = cache.step(
+        typename C::SequenceStep{seq, t.keys, t.values, m, t.queries, t.out, gate ? t.gate : View<const float, 3>{}});
+    evicted += r.evicted;
+    most_entries = std::max(most_entries, cache.total_length(seq));
+    return r.triggered;
   }
 
   void check(std::int64_t step) const {
@@ -166,11 +173,14 @@ int main(int argc, char** argv) {
   // one promoted token per head while an eviction drops at least one from each head whose global
   // cache is not empty (which every head that promoted is) — so a sequence never holds more than
   // the budget after a step.
+  // (The eviction drops ceil(10%) of a global cache, so at least one entry of each.) Once n >=
+  // W_local the other heads hold a full ring each, which bounds one head by the rest.
   const WGKVBudgetConfig wc{kLocal, 0.1, kBudget, 8, 5, 0.1};
   const std::int64_t wg_bound = heads * kBudget;
+  if (heads * kLocal > wg_bound) die(0, "the appendix-K lane's bound needs L Hkv W_local <= its budget");
   Lane<WGKVBudgetCache<cpu_backend, float, kPage>> wg_budget{
       {kShape, pool_for(pages_for(wg_bound + heads) + heads), wgkv_budget_evictor(kShape, wc), wgkv_budget_scorer(kShape, wc)},
-      "wgkv+budget", wg_bound, wg_bound, pages_for(wg_bound) + heads, Meta::gate};
+      "wgkv+budget", wg_bound - (heads - 1) * kLocal, wg_bound, pages_for(wg_bound) + heads, Meta::gate};
   // EpiKV: the prompt (here the first token, SPEC §4's undeclared prompt) and at most K generated
   // tokens per head.
   Lane<EpiKVCache<cpu_backend, float, kPage>> epi{
@@ -222,9 +232,19 @@ int main(int argc, char** argv) {
       rss_max = std::max(rss_max, resident_bytes());
     }
   }
+  each_lane([&](auto& lane) {
+    if (lane.evicted == 0) die(steps, std::string(lane.name) + ": no step evicted anything");
+  });
+  if (wg_budget.most_entries < wg_bound - heads)
+    die(steps, "wgkv+budget: no sequence came within one step of the budget (" + std::to_string(wg_budget.most_entries) +
+                   " of " + std::to_string(wg_bound) + " entries)");
   const std::int64_t heap_end = heap_in_use(), rss_end = resident_bytes();
   std::int64_t sequences = 0;
-  each_lane([&](auto& lane) { sequences += lane.next_id; });
+  each_lane([&](auto& lane) {
+    sequences += lane.next_id;
+    std::printf("soak: %-12s evicted %lld entries; a sequence held at most %lld\n", lane.name,
+                static_cast<long long>(lane.evicted), static_cast<long long>(lane.most_entries));
+  });
   std::printf("soak: %lld steps through %d policies, %lld evictions, %lld sequences\n", static_cast<long long>(steps),
               static_cast<int>(std::tuple_size_v<decltype(lanes)>), static_cast<long long>(evictions),
               static_cast<long long>(sequences));

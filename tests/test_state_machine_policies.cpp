@@ -6,15 +6,18 @@
 // checks is the API around them. A cache under test takes random streams of operations: sequences
 // added (prompt declared or not) and removed; steps through step(), step_batch() and the layer API
 // (append in any layer order, attend, commit), steps taken back by abort_step(); and invalid calls
-// mixed in (NaN or out-of-range metadata and gates, a missing gate, non-finite K/V/queries, wrong
-// shapes, unknown sequences or layers, calls out of order, appends the pool cannot hold). A second
-// cache of the same policy, the reference, takes only each committed step, whole, through step().
+// mixed in (NaN or refused metadata, a gate argument outside [0, 1] or missing where the Admitter
+// reads it, non-finite K/V/queries, wrong shapes or token counts, an invalid prompt length, unknown
+// sequences or layers, calls out of order, appends the pool cannot hold). A second cache of the
+// same policy, the reference, takes only each committed step, whole, through step(): this checks
+// that every path through the API is the same step (the policies' rules themselves are checked
+// against brute-force oracles in their own tests).
 // After every call:
 //   - a refused call left the cache under test byte for byte as it was (SPEC §7), and an accepted
 //     one was valid: validity is predicted from the call alone and the pool's free pages;
 //   - every sequence with no open step holds what the reference holds: token and prompt counts,
-//     and per head the entries (position, every metadata field including H2O's attention mass
-//     and WG-KV's gate, K and V, bit for bit) and the pages they take;
+//     and per head the entries in storage order (position, every metadata field including H2O's
+//     attention mass and WG-KV's gate, K and V, bit for bit) and the pages they take;
 //   - the commit's report and evicted list, and every attention output, equal the reference's bit
 //     for bit — so the layer API, step_batch and a step taken back change nothing the policy sees
 //     (H2O's mass, SnapKV's and appendix K's query windows, WG-KV's ring);
@@ -64,6 +67,9 @@ constexpr float kInf = std::numeric_limits<float>::infinity();
 // shows up in the log.
 struct Coverage {
   std::int64_t accepted = 0, rejected = 0, committed = 0, evictions = 0, evicted = 0, aborted = 0;
+  std::int64_t fault_refused = 0;      // refused for the injected fault alone
+  std::int64_t aborted_attended = 0;   // aborts of a step that had attended (H2O's mass, the windows)
+  std::int64_t layer_commits = 0, batch_commits = 0;
 };
 Coverage coverage;
 
@@ -91,7 +97,9 @@ struct WGKV : GateMeta {
   using C = WGKVCache<cpu_backend, float, kPage>;
   static constexpr bool observes = false, gated = false, prompt = false;
   static C make(Rng& rng, const CacheShape& s, std::int64_t pages) {
-    return C(s, Pool(pages), wgkv_evictor({uni(rng, 1, 4), uni(rng, 0, 1) ? 0.1 : 0.5}));
+    const std::int64_t local = uni(rng, 1, 4);
+    const double tau = uni(rng, 0, 1) ? 0.1 : 0.5;
+    return C(s, Pool(pages), wgkv_evictor({local, tau}));
   }
 };
 struct WGKVBudget : GateMeta {
@@ -99,8 +107,13 @@ struct WGKVBudget : GateMeta {
   using C = WGKVBudgetCache<cpu_backend, float, kPage>;
   static constexpr bool observes = true, gated = false, prompt = false;
   static C make(Rng& rng, const CacheShape& s, std::int64_t pages) {
-    const WGKVBudgetConfig c{uni(rng, 1, 3), uni(rng, 0, 1) ? 0.1 : 0.5, uni(rng, 1, 3), uni(rng, 1, 4),
-                             static_cast<int>(pick(rng, {1.0f, 3.0f, 5.0f})), uni(rng, 0, 1) ? 0.1 : 0.5};
+    WGKVBudgetConfig c;
+    c.local = uni(rng, 1, 3);
+    c.tau = uni(rng, 0, 1) ? 0.1 : 0.5;
+    c.average_budget = uni(rng, 1, 3);
+    c.observation_window = uni(rng, 1, 4);
+    c.pool_kernel = static_cast<int>(pick(rng, {1.0f, 3.0f, 5.0f}));
+    c.fraction = uni(rng, 0, 1) ? 0.1 : 0.5;
     return C(s, Pool(pages), wgkv_budget_evictor(s, c), wgkv_budget_scorer(s, c));
   }
 };
@@ -109,9 +122,11 @@ struct WGKVRetention : LogBetaMeta {
   using C = WGKVRetentionCache<cpu_backend, float, kPage>;
   static constexpr bool observes = false, gated = true, prompt = false;
   static C make(Rng& rng, const CacheShape& s, std::int64_t pages) {
-    const std::int64_t M = uni(rng, 1, 5);
-    return C(s, Pool(pages), trimkv_evictor({M, uni(rng, 1, 3), uni(rng, 0, 2) == 0 ? uni(rng, 0, M) : 0}), {},
-             wgkv_admitter({uni(rng, 1, 4), uni(rng, 0, 1) ? 0.1 : 0.5}));
+    const std::int64_t M = uni(rng, 1, 5), B = uni(rng, 1, 3);
+    const std::int64_t w = uni(rng, 0, 2) == 0 ? uni(rng, 0, M) : 0;
+    const std::int64_t local = uni(rng, 1, 4);
+    const double tau = uni(rng, 0, 1) ? 0.1 : 0.5;  // (each draw its own statement: seeds replay on any compiler)
+    return C(s, Pool(pages), trimkv_evictor({M, B, w}), {}, wgkv_admitter({local, tau}));
   }
   static float gate(Rng& rng) { return GateMeta::meta(rng); }
 };
@@ -121,7 +136,8 @@ struct EpiKV : FrozenMeta {
   static constexpr bool observes = false, gated = false, prompt = true;
   static C make(Rng& rng, const CacheShape& s, std::int64_t pages) {
     const std::int64_t K = uni(rng, 1, 5);
-    return C(s, Pool(pages), epikv_evictor({K, uni(rng, 0, 1) ? -1 : uni(rng, 0, K)}));
+    const std::int64_t R = uni(rng, 0, 1) ? -1 : uni(rng, 0, K);
+    return C(s, Pool(pages), epikv_evictor({K, R}));
   }
 };
 struct H2O : LogBetaMeta {
@@ -129,7 +145,8 @@ struct H2O : LogBetaMeta {
   using C = H2OCache<cpu_backend, float, kPage>;
   static constexpr bool observes = true, gated = false, prompt = false;
   static C make(Rng& rng, const CacheShape& s, std::int64_t pages) {
-    return C(s, Pool(pages), h2o_evictor({uni(rng, 1, 5), uni(rng, 1, 3)}));
+    const std::int64_t M = uni(rng, 1, 5), B = uni(rng, 1, 3);
+    return C(s, Pool(pages), h2o_evictor({M, B}));
   }
 };
 struct SnapKV : LogBetaMeta {
@@ -137,8 +154,10 @@ struct SnapKV : LogBetaMeta {
   using C = SnapKVCache<cpu_backend, float, kPage>;
   static constexpr bool observes = true, gated = false, prompt = true;
   static C make(Rng& rng, const CacheShape& s, std::int64_t pages) {
-    const std::int64_t M = uni(rng, 1, 5);
-    const SnapKVConfig c{M, uni(rng, 1, M), static_cast<int>(pick(rng, {1.0f, 3.0f, 7.0f}))};
+    SnapKVConfig c;
+    c.budget = uni(rng, 1, 5);
+    c.window = uni(rng, 1, c.budget);
+    c.pool_kernel = static_cast<int>(pick(rng, {1.0f, 3.0f, 7.0f}));
     return C(s, Pool(pages), snapkv_evictor(c), snapkv_scorer(c));
   }
 };
@@ -150,7 +169,8 @@ struct Baseline : LogBetaMeta {
     Score score{};
     if constexpr (requires { score.sinks; }) score.sinks = uni(rng, 0, 2);
     if constexpr (requires { score.seed; }) score.seed = static_cast<std::uint64_t>(uni(rng, 0, 1000));
-    return C(s, Pool(pages), baseline_evictor({uni(rng, 1, 5), uni(rng, 1, 3)}), score);
+    const std::int64_t M = uni(rng, 1, 5), B = uni(rng, 1, 3);
+    return C(s, Pool(pages), baseline_evictor({M, B}), score);
   }
 };
 struct KeyDiff : Baseline<KeyDiffCache<cpu_backend, float, kPage>, score::KeyDiff> {
@@ -215,10 +235,12 @@ void corrupt(Rng& rng, StepData& d, Fault f) {
 }
 
 // ---- the cache under test against the reference -------------------------------------------------
+// The byte comparisons below (and snapshot.hpp's) read EntryMeta whole: it must have no padding.
+static_assert(sizeof(EntryMeta) == sizeof(std::int32_t) + 4 * sizeof(float), "EntryMeta gained a field or padding");
+
 struct Entry {
   std::int32_t position;
-  std::vector<std::uint8_t> meta;  // EntryMeta, as bytes
-  std::vector<float> k, v;
+  std::vector<std::uint8_t> meta, k, v;  // EntryMeta, K and V, as bytes (-0 is not +0)
   bool operator==(const Entry&) const = default;
 };
 
@@ -230,12 +252,13 @@ std::vector<Entry> head_entries(const C& cache, std::int64_t seq, int layer, int
   for (std::int64_t i = 0; i < h.length; ++i) {
     const auto slot = h.slot(i);
     const auto* m = reinterpret_cast<const std::uint8_t*>(&pool.meta(slot));
+    const auto* k = reinterpret_cast<const std::uint8_t*>(pool.key(slot));
+    const auto* v = reinterpret_cast<const std::uint8_t*>(pool.value(slot));
+    const auto row = static_cast<std::size_t>(pool.head_dim()) * sizeof(float);
     out.push_back({pool.meta(slot).position, std::vector<std::uint8_t>(m, m + sizeof(EntryMeta)),
-                   std::vector<float>(pool.key(slot), pool.key(slot) + pool.head_dim()),
-                   std::vector<float>(pool.value(slot), pool.value(slot) + pool.head_dim())});
+                   std::vector<std::uint8_t>(k, k + row), std::vector<std::uint8_t>(v, v + row)});
   }
-  std::sort(out.begin(), out.end(), [](const Entry& a, const Entry& b) { return a.position < b.position; });
-  return out;
+  return out;  // in storage order: what attention walks and entry(i) returns
 }
 
 template <class C>
@@ -299,10 +322,12 @@ void run_stream(std::uint64_t seed) {
 
   std::ostringstream log;
   INFO(P::name, ": stream seed ", seed, " (replay: KVPOLICY_STREAM_SEED=", seed, "); operations so far:\n", log.str());
-  auto rejected = [&](auto&& call, const char* what) {
+  // `for_the_fault`: the call would have been valid but for the injected fault
+  auto rejected = [&](auto&& call, const char* what, bool for_the_fault = false) {
     const auto before = testing::snapshot(sut, ids);
     log << "  rejected " << what << "\n";
     ++coverage.rejected;
+    coverage.fault_refused += for_the_fault;
     REQUIRE_THROWS_AS(call(), kvpolicy::Error);
     REQUIRE(testing::snapshot(sut, ids) == before);
   };
@@ -372,10 +397,12 @@ void run_stream(std::uint64_t seed) {
       }
     };
 
-    if (kind == 0) {  // add_sequence, with a declared prompt now and then
-      const std::int64_t prompt = P::prompt && uni(rng, 0, 1) ? uni(rng, 0, 12) : -1;
-      if (known) {
-        rejected([&] { sut.add_sequence(id, prompt); }, "add_sequence of a known id");
+    if (kind == 0) {  // add_sequence, with a declared prompt now and then, or an invalid one
+      const std::int64_t prompt = fault != Fault::none && uni(rng, 0, 3) == 0 ? -2
+                                  : P::prompt && uni(rng, 0, 1)             ? uni(rng, 0, 12)
+                                                                            : -1;
+      if (known || prompt < -1) {
+        rejected([&] { sut.add_sequence(id, prompt); }, "add_sequence", !known);
         continue;
       }
       sut.add_sequence(id, prompt);
@@ -397,41 +424,56 @@ void run_stream(std::uint64_t seed) {
       const std::int64_t Tv = fault == Fault::wrong_tokens ? T + 1 : T;
       bad.k.resize(static_cast<std::size_t>(L * H * T * Dk), 0.5f);
       bad.v.resize(static_cast<std::size_t>(L * H * Tv * D), 0.5f);
-      const bool ok = known && o == nullptr && !values_refused(d, attend) &&
-                      pages_needed(sut, id, T) <= sut.allocator().pages_free();
+      const bool valid = known && o == nullptr && pages_needed(sut, id, T) <= sut.allocator().pages_free();
       std::vector<EvictedEntry> evicted;
       auto call = [&] { return sut.step(views(bad, T, Dk, Tv, gate, attend, id), &evicted); };
-      if (!ok) {
-        rejected(call, "step");
+      if (!valid || values_refused(d, attend)) {
+        rejected(call, "step", valid);
         continue;
       }
       const EvictionReport report = call();
       std::fill(bad.attended.begin(), bad.attended.end(), std::uint8_t{attend});
       reference_step(id, bad, report, &evicted);
-    } else if (kind == 5) {  // step_batch over two ids (maybe the same one twice, maybe unknown)
+    } else if (kind == 5) {  // step_batch of one or two ids (maybe the same one twice, maybe unknown)
+      const int size = uni(rng, 0, 4) == 0 ? 1 : 2;
       const std::int64_t id2 = uni(rng, 0, kIds - 1);
-      StepData d1 = make_step<P>(rng, sh, T), d2 = make_step<P>(rng, sh, 1);
-      const bool attend1 = P::observes || uni(rng, 0, 1) == 0, attend2 = P::observes || uni(rng, 0, 1) == 0;
-      StepData bad2 = d2;  // the faults go to the second sequence
-      corrupt<P>(rng, bad2, fault);
-      const std::int64_t Tv2 = fault == Fault::wrong_tokens ? 2 : 1;
-      bad2.k.resize(static_cast<std::size_t>(L * H * Dk), 0.5f);
-      bad2.v.resize(static_cast<std::size_t>(L * H * Tv2 * D), 0.5f);
-      const Step batch[2] = {views(d1, T, D, T, d1.with_gate, attend1, id),
-                             views(bad2, 1, Dk, Tv2, d2.with_gate && fault != Fault::no_gate, attend2, id2)};
-      bool ok = known && sut.has_sequence(id2) && id2 != id && o == nullptr && open.count(id2) == 0 &&
-                !values_refused(d2, attend2);
-      if (ok) ok = pages_needed(sut, id, T) + pages_needed(sut, id2, 1) <= sut.allocator().pages_free();
-      if (!ok) {
-        rejected([&] { sut.step_batch(batch); }, "step_batch");
+      const std::int64_t T2 = uni(rng, 0, 3) == 0 ? uni(rng, 2, 6) : 1;
+      const int faulty = static_cast<int>(uni(rng, 0, size - 1));  // the element the fault goes to
+      const std::int64_t seq[2] = {id, id2}, Ts[2] = {T, T2};
+      std::vector<StepData> d;
+      std::vector<bool> attends;
+      std::vector<Step> batch;
+      bool valid = true, refused = false;
+      std::int64_t pages = 0;
+      for (int i = 0; i < size; ++i) {
+        d.push_back(make_step<P>(rng, sh, Ts[i]));
+        attends.push_back(P::observes || uni(rng, 0, 1) == 0);
+      }
+      for (int i = 0; i < size; ++i) {
+        const bool f = i == faulty;
+        StepData& e = d[static_cast<std::size_t>(i)];
+        if (f) corrupt<P>(rng, e, fault);
+        const std::int64_t Ti = Ts[i], Tv = f && fault == Fault::wrong_tokens ? Ti + 1 : Ti, Dki = f ? Dk : D;
+        e.k.resize(static_cast<std::size_t>(L * H * Ti * Dki), 0.5f);
+        e.v.resize(static_cast<std::size_t>(L * H * Tv * D), 0.5f);
+        batch.push_back(views(e, Ti, Dki, Tv, e.with_gate && !(f && fault == Fault::no_gate), attends[static_cast<std::size_t>(i)], seq[i]));
+        valid = valid && sut.has_sequence(seq[i]) && open.count(seq[i]) == 0 && (i == 0 || seq[1] != seq[0]);
+        if (valid) pages += pages_needed(sut, seq[i], Ti);
+        refused = refused || (f && values_refused(e, attends[static_cast<std::size_t>(i)]));
+      }
+      valid = valid && pages <= sut.allocator().pages_free();
+      if (!valid || refused) {
+        rejected([&] { sut.step_batch(batch); }, "step_batch", valid);
         continue;
       }
       const auto reports = sut.step_batch(batch);
-      REQUIRE(reports.size() == 2);
-      std::fill(d1.attended.begin(), d1.attended.end(), std::uint8_t{attend1});
-      std::fill(bad2.attended.begin(), bad2.attended.end(), std::uint8_t{attend2});
-      reference_step(id, d1, reports[0], nullptr);
-      reference_step(id2, bad2, reports[1], nullptr);
+      REQUIRE(reports.size() == static_cast<std::size_t>(size));
+      for (int i = 0; i < size; ++i) {
+        StepData& e = d[static_cast<std::size_t>(i)];
+        std::fill(e.attended.begin(), e.attended.end(), std::uint8_t{attends[static_cast<std::size_t>(i)]});
+        reference_step(seq[i], e, reports[static_cast<std::size_t>(i)], nullptr);
+      }
+      coverage.batch_commits += size;
     } else if (kind <= 7) {  // layer API: append one layer (or a layer out of range)
       int layer = static_cast<int>(uni(rng, 0, 7) == 0 ? (uni(rng, 0, 1) ? -1 : sh.layers) : uni(rng, 0, sh.layers - 1));
       if (o != nullptr && layer >= 0 && layer < sh.layers && uni(rng, 0, 4) != 0)  // mostly a layer still to append
@@ -458,10 +500,11 @@ void run_stream(std::uint64_t seed) {
                    View<const float, 2>(bad.meta.data(), {H, Tl}),
                    gate ? View<const float, 2>(bad.gate.data(), {H, Tl}) : View<const float, 2>{});
       };
-      const bool ok = known && layer >= 0 && layer < sh.layers && (o == nullptr || (o->T == Tl && !o->appended[static_cast<std::size_t>(layer)])) &&
-                      !values_refused(d, false) && pages_needed(sut, id, Tl, layer) <= sut.allocator().pages_free();
-      if (!ok) {
-        rejected(call, "append");
+      const bool valid = known && layer >= 0 && layer < sh.layers &&
+                         (o == nullptr || (o->T == Tl && !o->appended[static_cast<std::size_t>(layer)])) &&
+                         pages_needed(sut, id, Tl, layer) <= sut.allocator().pages_free();
+      if (!valid || values_refused(d, false)) {
+        rejected(call, "append", valid);
         continue;
       }
       call();
@@ -469,10 +512,10 @@ void run_stream(std::uint64_t seed) {
       o->appended[static_cast<std::size_t>(layer)] = 1;
     } else if (kind == 8) {  // layer API: attend one layer (or a layer out of range)
       const int layer = static_cast<int>(uni(rng, 0, 7) == 0 ? (uni(rng, 0, 1) ? -1 : sh.layers) : uni(rng, 0, sh.layers - 1));
-      const std::int64_t Tq = o != nullptr ? o->T : T;
+      const std::int64_t To = o != nullptr ? o->T : T, Tq = fault == Fault::wrong_tokens ? To + 1 : To;
       const int lc = std::clamp(layer, 0, sh.layers - 1);
       std::vector<float> q(static_cast<std::size_t>(Hq * Tq * D), 0.25f);
-      if (o != nullptr) std::copy_n(o->q.begin() + lc * Hq * Tq * D, q.size(), q.begin());
+      if (o != nullptr) std::copy_n(o->q.begin() + lc * Hq * To * D, Hq * To * D, q.begin());
       if (fault == Fault::nan_query) q[static_cast<std::size_t>(uni(rng, 0, static_cast<std::int64_t>(q.size()) - 1))] = std::nanf("");
       const std::int64_t Dq = fault == Fault::wrong_head_dim ? D + 1 : D;
       q.resize(static_cast<std::size_t>(Hq * Tq * Dq), 0.5f);
@@ -480,11 +523,11 @@ void run_stream(std::uint64_t seed) {
       auto call = [&] {
         sut.attend(id, layer, View<const float, 3>(q.data(), {Hq, Tq, Dq}), View<float, 3>(out.data(), {Hq, Tq, Dq}));
       };
-      const bool ok = o != nullptr && layer >= 0 && layer < sh.layers && o->appended[static_cast<std::size_t>(layer)] &&
-                      !(P::observes && o->attended[static_cast<std::size_t>(layer)]) && fault != Fault::nan_query &&
-                      fault != Fault::wrong_head_dim;
-      if (!ok) {
-        rejected(call, "attend");
+      const bool valid = o != nullptr && layer >= 0 && layer < sh.layers && o->appended[static_cast<std::size_t>(layer)] &&
+                         !(P::observes && o->attended[static_cast<std::size_t>(layer)]);
+      const bool faulty = fault == Fault::nan_query || fault == Fault::wrong_head_dim || fault == Fault::wrong_tokens;
+      if (!valid || faulty) {
+        rejected(call, "attend", valid);
         continue;
       }
       call();
@@ -497,6 +540,8 @@ void run_stream(std::uint64_t seed) {
           continue;
         }
         sut.abort_step(id);
+        if (o != nullptr)
+          coverage.aborted_attended += std::any_of(o->attended.begin(), o->attended.end(), [](std::uint8_t a) { return a != 0; });
         coverage.aborted += open.erase(id);
       } else {
         auto all = [](const std::vector<std::uint8_t>& v) { return std::all_of(v.begin(), v.end(), [](std::uint8_t x) { return x != 0; }); };
@@ -510,6 +555,7 @@ void run_stream(std::uint64_t seed) {
         const StepData d = std::move(*o);
         open.erase(id);
         reference_step(id, d, report, &evicted);
+        ++coverage.layer_commits;
       }
     }
     ++coverage.accepted;
@@ -527,12 +573,17 @@ void run_streams(std::uint64_t base, int count) {
   }
   coverage = {};
   for (int i = 0; i < count; ++i) run_stream<P>(base + static_cast<std::uint64_t>(i));
-  MESSAGE(std::string(P::name), ", ", count, " streams: ", coverage.accepted, " calls accepted, ", coverage.rejected, " rejected, ",
-          coverage.committed, " steps committed, ", coverage.aborted, " taken back, ", coverage.evictions,
-          " evictions removed ", coverage.evicted, " entries");
+  MESSAGE(std::string(P::name), ", ", count, " streams: ", coverage.accepted, " calls accepted, ", coverage.rejected,
+          " rejected (", coverage.fault_refused, " for their fault alone), ", coverage.committed, " steps committed (",
+          coverage.layer_commits, " through the layer API, ", coverage.batch_commits, " in batches), ", coverage.aborted,
+          " taken back (", coverage.aborted_attended, " after attending), ", coverage.evictions, " evictions removed ",
+          coverage.evicted, " entries");
   CHECK(coverage.evictions > (std::is_same_v<P, SnapKV> ? count / 4 : count));  // SnapKV: once per sequence
-  CHECK(coverage.rejected > count);
+  CHECK(coverage.fault_refused > count);
   CHECK(coverage.aborted > count / 4);
+  CHECK(coverage.aborted_attended > count / 10);
+  CHECK(coverage.layer_commits > count);
+  CHECK(coverage.batch_commits > count / 2);
 }
 
 }  // namespace

@@ -210,7 +210,7 @@ class Cache {
 
   /// queries [Hq, T, d] of this step's T tokens at `layer` (appended already) -> out [Hq, T, d].
   /// For a Scorer that ranks by attention mass (H2O) it also adds each key's attention probability
-  /// from these queries to the key's metadata; an aborted step does not take that back.
+  /// from these queries to the key's metadata (abort_step takes it back).
   void attend(std::int64_t seq, int layer, View<const float, 3> queries, View<float, 3> out) {
     SequenceState& st = state_of(seq);
     check_layer(layer, "attend");
