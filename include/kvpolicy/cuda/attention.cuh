@@ -71,6 +71,19 @@ inline DecodePlan plan_decode(const DecodeBatch& a, std::int64_t max_length, int
   return p;
 }
 
+/// The logit of one entry for one query head, in every lane: the lanes' partial dot products of the
+/// pre-scaled query (q_lane = its elements lane * VEC ..) with the key's VEC elements, reduced across
+/// the warp. The partial pass and the mass pass both call it, so their logits agree bit for bit.
+template <int VEC>
+__device__ __forceinline__ float warp_logit(const float* q_lane, const float (&k)[VEC]) {
+  float s = 0.0f;
+#pragma unroll
+  for (int i = 0; i < VEC; ++i) s += q_lane[i] * k[i];
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  return s;
+}
+
 /// grid (splits, kv_heads * group_tiles, batch). Writes the chunk's (max, sum, acc) per query head.
 template <class T, int HEAD_DIM, int PAGE_SIZE>
 __global__ void __launch_bounds__(kAttnWarps * 32)
@@ -108,11 +121,10 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
 #pragma unroll
     for (int v = 0; v < VEC; ++v) acc[g][v] = 0.0f;
   }
-  const std::int32_t* row = t.table + std::int64_t{seg} * t.max_pages;
   const bool masked = a.mask.local > 0;
   const std::int32_t q_pos = masked ? a.query_position[b] : 0;
   for (std::int64_t e = begin + warp; e < end; e += kAttnWarps) {
-    const std::int64_t slot = std::int64_t{row[e / PAGE_SIZE]} * PAGE_SIZE + e % PAGE_SIZE;
+    const std::int64_t slot = t.slot(seg, e, PAGE_SIZE);
     if (masked && !a.mask.visible(kv.position[slot], kv.meta[slot], q_pos)) continue;  // the same for the whole warp
     const T* kp = kv.keys + slot * HEAD_DIM + lane * VEC;
     const T* vp = kv.values + slot * HEAD_DIM + lane * VEC;
@@ -125,11 +137,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
 #pragma unroll
     for (int g = 0; g < kGroupTile; ++g) {
       if (g >= gn) break;
-      float s = 0.0f;
-#pragma unroll
-      for (int i = 0; i < VEC; ++i) s += q_s[g][lane * VEC + i] * k[i];
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+      const float s = warp_logit<VEC>(&q_s[g][lane * VEC], k);
       const float m_new = fmaxf(m[g], s);
       const float corr = expf(m[g] - m_new);  // 0 on the first entry (m = -inf)
       const float p = expf(s - m_new);
@@ -203,9 +211,9 @@ inline std::size_t decode_mass_shared_bytes(int group, int head_dim) {
 inline constexpr std::size_t kMassSharedLimit = 48 * 1024;  // without opting in to more
 
 /// grid (splits, kv_heads, batch), the partial pass's chunks: H2O's mass (SPEC §5). One warp per
-/// entry, as in decode_partial_kernel, and the same logit (the query pre-scaled, the lanes' partial
-/// dot products reduced by the same shuffles); p = e^(s - M) / sum of each query head of the group,
-/// summed over them and added to the entry's attention_mass by the one warp that owns the entry.
+/// entry, as in decode_partial_kernel, and the same logit (warp_logit); p = e^(s - M) / sum of each
+/// query head of the group, summed over them and added to the entry's attention_mass by the one warp
+/// that owns the entry.
 template <class T, int HEAD_DIM, int PAGE_SIZE>
 __global__ void __launch_bounds__(kAttnWarps * 32)
     decode_mass_kernel(PagedKV<T> kv, BlockTables t, DecodeBatch a, std::int64_t chunk, const float* final_max,
@@ -233,11 +241,10 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
   __syncthreads();
 
   const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
-  const std::int32_t* row = t.table + std::int64_t{seg} * t.max_pages;
   const bool masked = a.mask.local > 0;
   const std::int32_t q_pos = masked ? a.query_position[b] : 0;
   for (std::int64_t e = begin + warp; e < end; e += kAttnWarps) {
-    const std::int64_t slot = std::int64_t{row[e / PAGE_SIZE]} * PAGE_SIZE + e % PAGE_SIZE;
+    const std::int64_t slot = t.slot(seg, e, PAGE_SIZE);
     if (masked && !a.mask.visible(kv.position[slot], kv.meta[slot], q_pos)) continue;  // the same for the whole warp
     const T* kp = kv.keys + slot * HEAD_DIM + lane * VEC;
     float k[VEC];
@@ -246,11 +253,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
     float mass = 0.0f;
     for (int g = 0; g < group; ++g) {
       if (inv_s[g] == 0.0f) continue;  // the same for the whole warp
-      float s = 0.0f;
-#pragma unroll
-      for (int i = 0; i < VEC; ++i) s += q_s[g * HEAD_DIM + lane * VEC + i] * k[i];
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+      const float s = warp_logit<VEC>(&q_s[g * HEAD_DIM + lane * VEC], k);
       const float p = expf(s - m_s[g]) * inv_s[g];
       if (isfinite(p)) mass += p;
     }
