@@ -10,7 +10,8 @@
 ///   log_beta[h, t] = logsigmoid(sum_j act(P[t, h J + j] + bp[h J + j]) wg[j] + bg)   one fused kernel
 /// fp32 throughout (no TF32: the handle's math mode is left to the engine, whose default is exact
 /// fp32; a handle set to TF32 trades the gates' 1e-5 agreement with the CPU for speed). Each call
-/// sets the handle's stream and its pointer mode to host (alpha and beta are host scalars). The activation and logsigmoid are the KVPOLICY_HD functions the CPU gate calls.
+/// sets the handle's stream and its pointer mode to host (alpha and beta are host scalars). The
+/// activation and logsigmoid are the KVPOLICY_HD functions the CPU gate calls.
 #pragma once
 
 #include <cublas_v2.h>
