@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On a machine with an NVIDIA GPU: builds the CUDA path for this GPU, runs the GPU tests (plainly,
 # then under compute-sanitizer memcheck), runs the GPU benchmarks (5 repetitions, medians) and
-# prints the results table that docs/perf.md records. Needs what tools/install-deps.sh installs,
+# runs bench/torch_reference.py (PyTorch baselines) where torch is installed, and prints the results
+# table that docs/perf.md records. Needs what tools/install-deps.sh installs,
 # plus nvcc and compute-sanitizer from the CUDA toolkit.
 #   tools/gpu-check.sh [build-dir]        (default build/gpu; OUT=dir also keeps the raw JSON there)
 set -euo pipefail
@@ -25,4 +26,11 @@ compute-sanitizer --tool memcheck --error-exitcode 1 --leak-check full \
 echo "== GPU benchmarks"
 "$build/bench/kvpolicy_bench_cuda" --benchmark_repetitions=5 --benchmark_report_aggregates_only=true \
   --benchmark_out="$out/bench_cuda.json" --benchmark_out_format=json
-python3 tools/gpu_table.py "$out/bench_cuda.json" | tee "$out/table.md"
+echo "== PyTorch baselines on the same shapes (SDPA-flash, torch.topk), when torch is installed"
+ref=()
+if python3 -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
+  python3 bench/torch_reference.py >"$out/torch.json" && ref=("$out/torch.json")
+else
+  echo "torch with CUDA not importable: no PyTorch columns"
+fi
+python3 tools/gpu_table.py "$out/bench_cuda.json" "${ref[@]}" | tee "$out/table.md"

@@ -1,6 +1,9 @@
 #!/usr/bin/env python3
 """Prints the GPU results table of docs/perf.md from one run of kvpolicy_bench_cuda (JSON, with
---benchmark_repetitions: the medians are used). Every ratio is between figures of that one run."""
+--benchmark_repetitions: the medians are used) and, when given, bench/torch_reference.py's JSON of
+the same machine session (PyTorch SDPA-flash and torch.topk on the same shapes). Every ratio is
+between figures of that one session.
+  gpu_table.py bench_cuda.json [torch.json]"""
 import json
 import sys
 
@@ -17,15 +20,21 @@ def medians(path):
 
 def main():
     m = medians(sys.argv[1])
+    ref = json.load(open(sys.argv[2])) if len(sys.argv) > 2 else None
+    sdpa = {round(r["kv_MiB"]): r for r in ref["sdpa"]} if ref else {}
     copy = m.get("BM_copy/1024/manual_time")
     copy_bw = copy["bytes_per_second"] if copy else float("nan")
     print(f"Copy bandwidth (device to device, read + write): {copy_bw / 1e9:.0f} GB/s\n")
-    print("| decode attention, KV | time (µs) | K+V read (GB/s) | / copy bandwidth |")
-    print("| ---: | ---: | ---: | ---: |")
+    if ref:
+        print(f"PyTorch {ref['torch']} on {ref['device']}: copy {ref['copy_GBps']:.0f} GB/s\n")
+    print("| decode attention, KV | time (µs) | K+V read (GB/s) | / copy bandwidth | SDPA-flash dense (µs) | SDPA / ours |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: |")
     for name, r in m.items():
         if name.startswith("BM_decode_attention/"):
             bw = r["bytes_per_second"]
-            print(f"| {r['kv_MiB']:.0f} MiB | {r['real_time']:.1f} | {bw / 1e9:.0f} | {bw / copy_bw:.0%} |")
+            f = sdpa.get(round(r["kv_MiB"]))
+            tail = f"| {f['us']:.1f} | {f['us'] / r['real_time']:.2f} |" if f else "| – | – |"
+            print(f"| {r['kv_MiB']:.0f} MiB | {r['real_time']:.1f} | {bw / 1e9:.0f} | {bw / copy_bw:.0%} {tail}")
     for name, r in m.items():
         if name.startswith("BM_decode_attention_h2o/"):
             plain = m.get(name.replace("_h2o", ""))
@@ -37,6 +46,16 @@ def main():
     for name, r in m.items():
         if name.startswith(("BM_segmented_topk", "BM_global_topk", "BM_evict_step")):
             print(f"| {name.replace('/manual_time', '')} | {r['entries']:.0f} | {r['real_time']:.1f} |")
+    if ref:
+        seg = m.get("BM_segmented_topk/manual_time")
+        if seg:
+            print(f"\nSegmented top-K: torch.topk {ref['topk_segmented_us']:.1f} µs, ours {seg['real_time']:.1f} µs "
+                  f"({ref['topk_segmented_us'] / seg['real_time']:.1f}x faster).")
+        for g in ref["topk_global"]:
+            ours = m.get(f"BM_global_topk/{g['batch']}/manual_time")
+            if ours:
+                print(f"Global top-K, batch {g['batch']}: torch.topk {g['us']:.1f} µs, ours {ours['real_time']:.1f} µs "
+                      f"({g['us'] / ours['real_time']:.1f}x faster).")
     step = m.get("BM_evict_step/8/manual_time")
     attn = m.get("BM_decode_attention_36_layers/manual_time")
     if step and attn:

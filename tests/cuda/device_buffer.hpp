@@ -3,6 +3,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -15,8 +16,11 @@ template <class T>
 class DeviceBuffer {
  public:
   DeviceBuffer() = default;
+  /// A buffer of 0 elements still owns one element, so that get() is a real device pointer as an
+  /// engine's pool always is (the kernels refuse null pointers: they cannot see on the host that
+  /// every segment is empty).
   explicit DeviceBuffer(std::size_t n) : n_(n) {
-    if (n) KVPOLICY_CUDA_CHECK(cudaMalloc(&p_, n * sizeof(T)), "test buffer of ", n, " elements");
+    KVPOLICY_CUDA_CHECK(cudaMalloc(&p_, std::max<std::size_t>(n, 1) * sizeof(T)), "test buffer of ", n, " elements");
   }
   explicit DeviceBuffer(const std::vector<T>& host) : DeviceBuffer(host.size()) { upload(host); }
   DeviceBuffer(const DeviceBuffer&) = delete;

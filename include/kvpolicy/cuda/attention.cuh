@@ -5,7 +5,9 @@
 /// kv heads are folded into the grid with the batch; the G query heads of a group share one pass
 /// over their kv head's pages (GQA); a long head is split along the cache into chunks whose partial
 /// (max, sum, acc) a merge pass combines (flash-decoding); online softmax in fp32 whatever the
-/// storage dtype. One warp per entry: lanes hold HEAD_DIM / 32 contiguous elements of the key.
+/// storage dtype. A group of EntryLanes lanes reads one entry, each lane 16 bytes of its key and of
+/// its value in one load; a warp holds 32 / lanes entries at once and loads its next ones while it
+/// computes on these (decode attention is bound by memory: every byte is read once).
 /// Optionally (H2O, SPEC §5) a third pass adds each entry's attention probability to the pool's
 /// attention_mass, from the final (max, sum) of every query head: no attention matrix is formed.
 #pragma once
@@ -50,6 +52,9 @@ namespace detail {
 
 inline constexpr int kAttnWarps = 4;
 inline constexpr int kGroupTile = 8;  // query heads of a group one block serves
+inline constexpr int kWavesOfBlocks = 32;  // blocks per multiprocessor the split aims at: many small
+                                          // waves, so the last one's idle tail stays a small share
+inline constexpr std::int64_t kMinChunk = 128;  // entries; below this a split's partials cost more than it saves
 
 struct DecodePlan {
   int splits = 1;               // chunks a head is split into
@@ -63,25 +68,71 @@ inline DecodePlan plan_decode(const DecodeBatch& a, std::int64_t max_length, int
   const int group = a.q_heads / a.kv_heads;
   p.group_tiles = (group + kGroupTile - 1) / kGroupTile;
   const std::int64_t heads = std::max<std::int64_t>(1, std::int64_t{a.batch} * a.kv_heads * p.group_tiles);
-  const std::int64_t want = std::max<std::int64_t>(1, (2 * std::int64_t{sm_count} + heads - 1) / heads);
-  const std::int64_t most = std::max<std::int64_t>(1, (max_length + 255) / 256);  // chunks of >= 256 entries
+  const std::int64_t want = std::max<std::int64_t>(1, (kWavesOfBlocks * std::int64_t{sm_count} + heads - 1) / heads);
+  const std::int64_t most = std::max<std::int64_t>(1, (max_length + kMinChunk - 1) / kMinChunk);
   p.splits = static_cast<int>(std::min<std::int64_t>({want, most, 1024}));
   const std::int64_t per = (max_length + p.splits - 1) / p.splits;
   p.chunk = std::max<std::int64_t>(page_size, (per + page_size - 1) / page_size * page_size);
   return p;
 }
 
-/// The logit of one entry for one query head, in every lane: the lanes' partial dot products of the
-/// pre-scaled query (q_lane = its elements lane * VEC ..) with the key's VEC elements, reduced across
-/// the warp. The partial pass and the mass pass both call it, so their logits agree bit for bit.
-template <int VEC>
-__device__ __forceinline__ float warp_logit(const float* q_lane, const float (&k)[VEC]) {
+/// How the lanes of a warp share entries: each lane of a group of `lanes` reads `elems` contiguous
+/// elements (16 bytes, or 32 for fp32 at HEAD_DIM 256) of one entry's key and value, so a warp
+/// reads 32 / lanes entries at once.
+template <class T, int HEAD_DIM>
+struct EntryLanes {
+  static constexpr int lanes = HEAD_DIM * int(sizeof(T)) / 16 < 32 ? HEAD_DIM * int(sizeof(T)) / 16 : 32;
+  static constexpr int elems = HEAD_DIM / lanes;
+  static constexpr int per_warp = 32 / lanes;
+  static_assert(lanes >= 1 && 32 % lanes == 0 && elems * lanes == HEAD_DIM && elems * sizeof(T) % 16 == 0);
+};
+
+/// One lane's `ELEMS` elements of a key or value row, in 16-byte loads, widened to fp32.
+template <class T, int ELEMS>
+__device__ __forceinline__ void load_row(const T* p, float (&x)[ELEMS]) {
+  constexpr int kLoads = ELEMS * int(sizeof(T)) / 16;
+  uint4 raw[kLoads];
+#pragma unroll
+  for (int i = 0; i < kLoads; ++i) raw[i] = __ldg(reinterpret_cast<const uint4*>(p) + i);
+  const T* e = reinterpret_cast<const T*>(raw);
+#pragma unroll
+  for (int i = 0; i < ELEMS; ++i) x[i] = to_float(e[i]);
+}
+
+/// The logit of one entry for one query head, in every lane of the entry's group: the lanes'
+/// partial dot products of the pre-scaled query (q_lane = its elements lane * ELEMS ..) with the
+/// key's ELEMS elements, reduced across the `LANES` lanes (all 32 lanes of the warp execute it).
+/// The partial pass and the mass pass both call it, so their logits agree bit for bit.
+template <int LANES, int ELEMS>
+__device__ __forceinline__ float entry_logit(const float* q_lane, const float (&k)[ELEMS]) {
   float s = 0.0f;
 #pragma unroll
-  for (int i = 0; i < VEC; ++i) s += q_lane[i] * k[i];
+  for (int i = 0; i < ELEMS; ++i) s += q_lane[i] * k[i];
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+  for (int o = LANES / 2; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
   return s;
+}
+
+/// The entry a lane group reads: its slot, or -1 past the chunk's end or masked out (SPEC §3's
+/// vertical-slash rule); its key and value rows when it is read.
+template <class T, int HEAD_DIM, int PAGE_SIZE, int ELEMS>
+__device__ __forceinline__ std::int64_t fetch_entry(const PagedKV<T>& kv, const BlockTables& t, const DecodeBatch& a,
+                                                    int seg, std::int64_t e, std::int64_t end, std::int32_t q_pos,
+                                                    int sub_lane, float (&k)[ELEMS], float (&v)[ELEMS],
+                                                    bool with_values) {
+  std::int64_t slot = -1;
+  if (e < end) {
+    slot = t.slot(seg, e, PAGE_SIZE);
+    if (a.mask.local > 0 && !a.mask.visible(kv.position[slot], kv.meta[slot], q_pos)) slot = -1;
+  }
+  if (slot >= 0) {
+    load_row<T, ELEMS>(kv.keys + slot * HEAD_DIM + sub_lane * ELEMS, k);
+    if (with_values) load_row<T, ELEMS>(kv.values + slot * HEAD_DIM + sub_lane * ELEMS, v);
+  } else {
+#pragma unroll
+    for (int i = 0; i < ELEMS; ++i) k[i] = v[i] = 0.0f;
+  }
+  return slot;
 }
 
 /// grid (splits, kv_heads * group_tiles, batch). Writes the chunk's (max, sum, acc) per query head.
@@ -89,7 +140,8 @@ template <class T, int HEAD_DIM, int PAGE_SIZE>
 __global__ void __launch_bounds__(kAttnWarps * 32)
     decode_partial_kernel(PagedKV<T> kv, BlockTables t, DecodeBatch a, std::int64_t chunk, int group_tiles,
                           float* part_max, float* part_sum, float* part_acc) {
-  constexpr int VEC = HEAD_DIM / 32;
+  using Lanes = EntryLanes<T, HEAD_DIM>;
+  constexpr int LANES = Lanes::lanes, ELEMS = Lanes::elems, PER_WARP = Lanes::per_warp;
   __shared__ float q_s[kGroupTile][HEAD_DIM];
   __shared__ float m_w[kAttnWarps][kGroupTile], l_w[kAttnWarps][kGroupTile];
   __shared__ float acc_w[kAttnWarps][kGroupTile][HEAD_DIM];
@@ -113,48 +165,73 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
   __syncthreads();
 
   const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
-  float m[kGroupTile], l[kGroupTile], acc[kGroupTile][VEC];
+  const int sub = lane / LANES, sub_lane = lane % LANES;  // which entry of the warp's, which part of it
+  float m[kGroupTile], l[kGroupTile], acc[kGroupTile][ELEMS];
 #pragma unroll
   for (int g = 0; g < kGroupTile; ++g) {
     m[g] = -INFINITY;
     l[g] = 0.0f;
 #pragma unroll
-    for (int v = 0; v < VEC; ++v) acc[g][v] = 0.0f;
+    for (int i = 0; i < ELEMS; ++i) acc[g][i] = 0.0f;
   }
-  const bool masked = a.mask.local > 0;
-  const std::int32_t q_pos = masked ? a.query_position[b] : 0;
-  for (std::int64_t e = begin + warp; e < end; e += kAttnWarps) {
-    const std::int64_t slot = t.slot(seg, e, PAGE_SIZE);
-    if (masked && !a.mask.visible(kv.position[slot], kv.meta[slot], q_pos)) continue;  // the same for the whole warp
-    const T* kp = kv.keys + slot * HEAD_DIM + lane * VEC;
-    const T* vp = kv.values + slot * HEAD_DIM + lane * VEC;
-    float k[VEC], v[VEC];
-#pragma unroll
-    for (int i = 0; i < VEC; ++i) {
-      k[i] = to_float(kp[i]);
-      v[i] = to_float(vp[i]);
-    }
+  const std::int32_t q_pos = a.mask.local > 0 ? a.query_position[b] : 0;
+  constexpr int kStride = kAttnWarps * PER_WARP;  // entries the block reads per round
+  float k[ELEMS], v[ELEMS];
+  std::int64_t e = begin + warp * PER_WARP + sub;
+  std::int64_t slot = fetch_entry<T, HEAD_DIM, PAGE_SIZE, ELEMS>(kv, t, a, seg, e, end, q_pos, sub_lane, k, v, true);
+  // Every lane runs every round (the logit's shuffles span the warp); a group whose entry is past
+  // the end or masked out computes on zeros and changes nothing.
+  for (std::int64_t round = begin + warp * PER_WARP; round < end; round += kStride) {
+    float k_next[ELEMS], v_next[ELEMS];
+    const std::int64_t slot_next = fetch_entry<T, HEAD_DIM, PAGE_SIZE, ELEMS>(kv, t, a, seg, e + kStride, end, q_pos,
+                                                                              sub_lane, k_next, v_next, true);
 #pragma unroll
     for (int g = 0; g < kGroupTile; ++g) {
       if (g >= gn) break;
-      const float s = warp_logit<VEC>(&q_s[g][lane * VEC], k);
+      const float s = entry_logit<LANES, ELEMS>(&q_s[g][sub_lane * ELEMS], k);
+      if (slot < 0) continue;
       const float m_new = fmaxf(m[g], s);
       const float corr = expf(m[g] - m_new);  // 0 on the first entry (m = -inf)
       const float p = expf(s - m_new);
       l[g] = l[g] * corr + p;
 #pragma unroll
-      for (int i = 0; i < VEC; ++i) acc[g][i] = acc[g][i] * corr + p * v[i];
+      for (int i = 0; i < ELEMS; ++i) acc[g][i] = acc[g][i] * corr + p * v[i];
       m[g] = m_new;
     }
-  }
 #pragma unroll
-  for (int g = 0; g < kGroupTile; ++g) {
-    if (lane == 0) {
-      m_w[warp][g] = m[g];
-      l_w[warp][g] = l[g];
+    for (int i = 0; i < ELEMS; ++i) {
+      k[i] = k_next[i];
+      v[i] = v_next[i];
     }
+    slot = slot_next;
+    e += kStride;
+  }
+  // combine the warp's lane groups (lane, lane ^ LANES, ...: the same elements of other entries)
 #pragma unroll
-    for (int i = 0; i < VEC; ++i) acc_w[warp][g][lane * VEC + i] = acc[g][i];
+  for (int o = LANES; o < 32; o <<= 1) {
+#pragma unroll
+    for (int g = 0; g < kGroupTile; ++g) {
+      const float m_o = __shfl_xor_sync(0xffffffffu, m[g], o);
+      const float l_o = __shfl_xor_sync(0xffffffffu, l[g], o);
+      const float mx = fmaxf(m[g], m_o);
+      const float f = mx == -INFINITY ? 0.0f : expf(m[g] - mx);
+      const float f_o = mx == -INFINITY ? 0.0f : expf(m_o - mx);
+      l[g] = l[g] * f + l_o * f_o;
+#pragma unroll
+      for (int i = 0; i < ELEMS; ++i) acc[g][i] = acc[g][i] * f + __shfl_xor_sync(0xffffffffu, acc[g][i], o) * f_o;
+      m[g] = mx;
+    }
+  }
+  if (sub == 0) {
+#pragma unroll
+    for (int g = 0; g < kGroupTile; ++g) {
+      if (lane == 0) {
+        m_w[warp][g] = m[g];
+        l_w[warp][g] = l[g];
+      }
+#pragma unroll
+      for (int i = 0; i < ELEMS; ++i) acc_w[warp][g][sub_lane * ELEMS + i] = acc[g][i];
+    }
   }
   __syncthreads();
   // combine the warps: one thread per (query head of the tile, element)
@@ -210,15 +287,16 @@ inline std::size_t decode_mass_shared_bytes(int group, int head_dim) {
 }
 inline constexpr std::size_t kMassSharedLimit = 48 * 1024;  // without opting in to more
 
-/// grid (splits, kv_heads, batch), the partial pass's chunks: H2O's mass (SPEC §5). One warp per
-/// entry, as in decode_partial_kernel, and the same logit (warp_logit); p = e^(s - M) / sum of each
-/// query head of the group, summed over them and added to the entry's attention_mass by the one warp
-/// that owns the entry.
+/// grid (splits, kv_heads, batch), the partial pass's chunks: H2O's mass (SPEC §5). The lanes share
+/// entries as in decode_partial_kernel, with the same logit (entry_logit); p = e^(s - M) / sum of
+/// each query head of the group, summed over them and added to the entry's attention_mass by the
+/// one lane group that owns the entry.
 template <class T, int HEAD_DIM, int PAGE_SIZE>
 __global__ void __launch_bounds__(kAttnWarps * 32)
     decode_mass_kernel(PagedKV<T> kv, BlockTables t, DecodeBatch a, std::int64_t chunk, const float* final_max,
                        const float* final_sum) {
-  constexpr int VEC = HEAD_DIM / 32;
+  using Lanes = EntryLanes<T, HEAD_DIM>;
+  constexpr int LANES = Lanes::lanes, ELEMS = Lanes::elems, PER_WARP = Lanes::per_warp;
   extern __shared__ float mass_smem[];
   const int group = a.q_heads / a.kv_heads;
   float* q_s = mass_smem;             // [group][HEAD_DIM]
@@ -241,23 +319,22 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
   __syncthreads();
 
   const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
-  const bool masked = a.mask.local > 0;
-  const std::int32_t q_pos = masked ? a.query_position[b] : 0;
-  for (std::int64_t e = begin + warp; e < end; e += kAttnWarps) {
-    const std::int64_t slot = t.slot(seg, e, PAGE_SIZE);
-    if (masked && !a.mask.visible(kv.position[slot], kv.meta[slot], q_pos)) continue;  // the same for the whole warp
-    const T* kp = kv.keys + slot * HEAD_DIM + lane * VEC;
-    float k[VEC];
-#pragma unroll
-    for (int i = 0; i < VEC; ++i) k[i] = to_float(kp[i]);
+  const int sub = lane / LANES, sub_lane = lane % LANES;
+  const std::int32_t q_pos = a.mask.local > 0 ? a.query_position[b] : 0;
+  constexpr int kStride = kAttnWarps * PER_WARP;
+  for (std::int64_t round = begin + warp * PER_WARP; round < end; round += kStride) {
+    float k[ELEMS], unused[ELEMS];
+    const std::int64_t slot = fetch_entry<T, HEAD_DIM, PAGE_SIZE, ELEMS>(kv, t, a, seg, round + sub, end, q_pos,
+                                                                         sub_lane, k, unused, false);
     float mass = 0.0f;
     for (int g = 0; g < group; ++g) {
       if (inv_s[g] == 0.0f) continue;  // the same for the whole warp
-      const float s = warp_logit<VEC>(&q_s[g * HEAD_DIM + lane * VEC], k);
+      const float s = entry_logit<LANES, ELEMS>(&q_s[g * HEAD_DIM + sub_lane * ELEMS], k);
       const float p = expf(s - m_s[g]) * inv_s[g];
       if (isfinite(p)) mass += p;
     }
-    if (lane == 0) atomicAdd(&kv.attention_mass[slot], mass);  // one warp per entry; atomic should a batch repeat a segment
+    // one lane group per entry; atomic should a batch repeat a segment
+    if (sub_lane == 0 && slot >= 0) atomicAdd(&kv.attention_mass[slot], mass);
   }
 }
 
@@ -320,6 +397,8 @@ void decode_attention(void* workspace, std::size_t& workspace_bytes, const Paged
   t.validate(who);
   if (a.batch == 0) return;
   require(a.queries && a.segment_base && a.out, who, ": queries, segment_base and out must be device pointers");
+  require(reinterpret_cast<std::uintptr_t>(kv.keys) % 16 == 0 && reinterpret_cast<std::uintptr_t>(kv.values) % 16 == 0,
+          who, ": keys and values must be 16-byte aligned (the kernel reads rows in 16-byte loads)");
   require(a.mask.local == 0 || a.query_position, who, ": a masked batch needs query_position");
   require(!a.mask.reads_gate, who, ": the device mask reads g from the pool's meta (WG-KV's own cache); "
           "a mask that reads EntryMeta::gate has no device twin");
