@@ -7,7 +7,11 @@
 /// (max, sum, acc) a merge pass combines (flash-decoding); online softmax in fp32 whatever the
 /// storage dtype. A group of EntryLanes lanes reads one entry, each lane 16 bytes of its key and of
 /// its value in one load; a warp holds 32 / lanes entries at once and loads its next ones while it
-/// computes on these (decode attention is bound by memory: every byte is read once).
+/// computes on these (decode attention is bound by memory: every byte is read once). Logits are in
+/// base 2 (log2 e folded into the query's scale, so each probability is one exp2), and a running
+/// max moves, rescaling the accumulator, only when a logit passes it by more than kRescaleSlack
+/// (FlashAttention-4's lazy rescaling): every merge below works from whatever base a partial
+/// carries, so the result is the same softmax.
 /// Optionally (H2O, SPEC §5) a third pass adds each entry's attention probability to the pool's
 /// attention_mass, from the final (max, sum) of every query head: no attention matrix is formed.
 #pragma once
@@ -55,6 +59,9 @@ inline constexpr int kGroupTile = 8;  // query heads of a group one block serves
 inline constexpr int kWavesOfBlocks = 32;  // blocks per multiprocessor the split aims at: many small
                                           // waves, so the last one's idle tail stays a small share
 inline constexpr std::int64_t kMinChunk = 128;  // entries; below this a split's partials cost more than it saves
+inline constexpr float kRescaleSlack = 8.0f;    // log2 units: probabilities against a stale base stay <= 2^8
+inline constexpr float kLog2e = 1.4426950408889634f;
+inline constexpr int kPartialBlocksPerSm = 4;  // at most 128 registers a thread: bytes in flight need blocks
 
 struct DecodePlan {
   int splits = 1;               // chunks a head is split into
@@ -137,7 +144,7 @@ __device__ __forceinline__ std::int64_t fetch_entry(const PagedKV<T>& kv, const 
 
 /// grid (splits, kv_heads * group_tiles, batch). Writes the chunk's (max, sum, acc) per query head.
 template <class T, int HEAD_DIM, int PAGE_SIZE>
-__global__ void __launch_bounds__(kAttnWarps * 32)
+__global__ void __launch_bounds__(kAttnWarps * 32, kPartialBlocksPerSm)
     decode_partial_kernel(PagedKV<T> kv, BlockTables t, DecodeBatch a, std::int64_t chunk, int group_tiles,
                           float* part_max, float* part_sum, float* part_acc) {
   using Lanes = EntryLanes<T, HEAD_DIM>;
@@ -156,7 +163,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
   const std::int64_t n = t.length[seg];
   const std::int64_t begin = std::int64_t{split} * chunk;
   const std::int64_t end = split == splits - 1 ? n : min(n, begin + chunk);
-  const float scale = rsqrtf(static_cast<float>(HEAD_DIM));
+  const float scale = rsqrtf(static_cast<float>(HEAD_DIM)) * kLog2e;  // logits in base 2
 
   for (int i = threadIdx.x; i < kGroupTile * HEAD_DIM; i += blockDim.x) {
     const int g = i / HEAD_DIM, c = i % HEAD_DIM;
@@ -190,13 +197,17 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
       if (g >= gn) break;
       const float s = entry_logit<LANES, ELEMS>(&q_s[g][sub_lane * ELEMS], k);
       if (slot < 0) continue;
-      const float m_new = fmaxf(m[g], s);
-      const float corr = expf(m[g] - m_new);  // 0 on the first entry (m = -inf)
-      const float p = expf(s - m_new);
-      l[g] = l[g] * corr + p;
+      if (s > m[g] + kRescaleSlack) {  // the base moves: always on the first entry (m = -inf)
+        const float corr = exp2f(m[g] - s);  // 0 when m = -inf
+        l[g] *= corr;
 #pragma unroll
-      for (int i = 0; i < ELEMS; ++i) acc[g][i] = acc[g][i] * corr + p * v[i];
-      m[g] = m_new;
+        for (int i = 0; i < ELEMS; ++i) acc[g][i] *= corr;
+        m[g] = s;
+      }
+      const float p = exp2f(s - m[g]);  // <= 2^kRescaleSlack
+      l[g] += p;
+#pragma unroll
+      for (int i = 0; i < ELEMS; ++i) acc[g][i] += p * v[i];
     }
 #pragma unroll
     for (int i = 0; i < ELEMS; ++i) {
@@ -214,8 +225,8 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
       const float m_o = __shfl_xor_sync(0xffffffffu, m[g], o);
       const float l_o = __shfl_xor_sync(0xffffffffu, l[g], o);
       const float mx = fmaxf(m[g], m_o);
-      const float f = mx == -INFINITY ? 0.0f : expf(m[g] - mx);
-      const float f_o = mx == -INFINITY ? 0.0f : expf(m_o - mx);
+      const float f = mx == -INFINITY ? 0.0f : exp2f(m[g] - mx);
+      const float f_o = mx == -INFINITY ? 0.0f : exp2f(m_o - mx);
       l[g] = l[g] * f + l_o * f_o;
 #pragma unroll
       for (int i = 0; i < ELEMS; ++i) acc[g][i] = acc[g][i] * f + __shfl_xor_sync(0xffffffffu, acc[g][i], o) * f_o;
@@ -242,7 +253,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
     float sum = 0.0f, out = 0.0f;
     if (mx != -INFINITY)
       for (int w = 0; w < kAttnWarps; ++w) {
-        const float f = expf(m_w[w][g] - mx);
+        const float f = exp2f(m_w[w][g] - mx);
         sum += l_w[w][g] * f;
         out += acc_w[w][g][c] * f;
       }
@@ -256,8 +267,8 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
   }
 }
 
-/// grid (batch * Hq): out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s; the query head's final
-/// (M, sum) go to final_max/final_sum for the mass pass.
+/// grid (batch * Hq): out = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s (bases in log2 units);
+/// the query head's final (base M, sum) go to final_max/final_sum for the mass pass.
 template <int HEAD_DIM>
 __global__ void decode_merge_kernel(DecodeBatch a, int splits, const float* part_max, const float* part_sum,
                                     const float* part_acc, float* final_max, float* final_sum) {
@@ -268,7 +279,7 @@ __global__ void decode_merge_kernel(DecodeBatch a, int splits, const float* part
     float sum = 0.0f, out = 0.0f;
     if (mx != -INFINITY)
       for (int s = 0; s < splits; ++s) {
-        const float f = expf(part_max[qh * splits + s] - mx);
+        const float f = exp2f(part_max[qh * splits + s] - mx);
         sum += part_sum[qh * splits + s] * f;
         out += part_acc[(qh * splits + s) * HEAD_DIM + c] * f;
       }
@@ -288,7 +299,7 @@ inline std::size_t decode_mass_shared_bytes(int group, int head_dim) {
 inline constexpr std::size_t kMassSharedLimit = 48 * 1024;  // without opting in to more
 
 /// grid (splits, kv_heads, batch), the partial pass's chunks: H2O's mass (SPEC §5). The lanes share
-/// entries as in decode_partial_kernel, with the same logit (entry_logit); p = e^(s - M) / sum of
+/// entries as in decode_partial_kernel, with the same logit (entry_logit); p = 2^(s - M) / sum of
 /// each query head of the group, summed over them and added to the entry's attention_mass by the
 /// one lane group that owns the entry.
 template <class T, int HEAD_DIM, int PAGE_SIZE>
@@ -308,7 +319,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
   const std::int64_t n = t.length[seg];
   const std::int64_t begin = std::int64_t{split} * chunk;
   const std::int64_t end = split == splits - 1 ? n : min(n, begin + chunk);
-  const float scale = rsqrtf(static_cast<float>(HEAD_DIM));
+  const float scale = rsqrtf(static_cast<float>(HEAD_DIM)) * kLog2e;  // as the partial pass: base 2
   const std::int64_t q0 = std::int64_t{b} * a.q_heads + std::int64_t{h} * group;  // the group's first query head
   for (int i = threadIdx.x; i < group * HEAD_DIM; i += blockDim.x) q_s[i] = a.queries[q0 * HEAD_DIM + i] * scale;
   for (int g = threadIdx.x; g < group; g += blockDim.x) {
@@ -330,7 +341,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
     for (int g = 0; g < group; ++g) {
       if (inv_s[g] == 0.0f) continue;  // the same for the whole warp
       const float s = entry_logit<LANES, ELEMS>(&q_s[g * HEAD_DIM + sub_lane * ELEMS], k);
-      const float p = expf(s - m_s[g]) * inv_s[g];
+      const float p = exp2f(s - m_s[g]) * inv_s[g];
       if (isfinite(p)) mass += p;
     }
     // one lane group per entry; atomic should a batch repeat a segment
