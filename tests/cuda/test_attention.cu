@@ -20,6 +20,7 @@
 
 #include "device_buffer.hpp"
 #include "kvpolicy/cuda/attention.cuh"
+#include "test_scale.hpp"
 
 namespace kp = kvpolicy;
 namespace kc = kvpolicy::cuda;
@@ -203,7 +204,7 @@ void sweep(std::uint64_t seed0) {
       for (int s = 0; s < c.batch * c.kv_heads; ++s) {
         const int mode = std::uniform_int_distribution<int>(0, 9)(rng);
         c.lengths.push_back(mode == 0 ? 0 : mode == 1 ? 1 : mode < 6 ? std::uniform_int_distribution<int>(2, 300)(rng)
-                                                                     : std::uniform_int_distribution<int>(301, 6000)(rng));
+                                                                     : std::uniform_int_distribution<int>(301, int(cudatest::length(6000, 301)))(rng));
       }
       const bool with_mass = seed % 2 == 1;  // H2O's mass on half the cases
       INFO("dtype ", kc::dtype_name<T>, ", head_dim ", d, ", page ", page, ", group ", c.group, ", seed ", seed,
@@ -230,7 +231,8 @@ TEST_CASE("decode attention under WG-KV's vertical-slash mask, with H2O's mass")
 }
 
 TEST_CASE("decode attention over more than 64K entries per head, split and merged") {
-  AttnCase c{2, 2, 4, 128, 16, {70001, 1, 65536 + 17, 0}};
+  const int big = int(cudatest::length(70001)), past_64k = int(cudatest::length(65536)) + 17;  // scaled under a simulator
+  AttnCase c{2, 2, 4, 128, 16, {big, 1, past_64k, 0}};
   CHECK(run_case<float>(c, 1) <= 1e-5);
   CHECK(run_case<__half>(c, 2) <= 2e-3);
   CHECK(run_case<float>(c, 3, true) <= 1e-5);  // with H2O's mass

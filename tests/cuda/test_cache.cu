@@ -20,6 +20,7 @@
 #include "kvpolicy/epikv.hpp"
 #include "kvpolicy/trimkv.hpp"
 #include "kvpolicy/wgkv.hpp"
+#include "test_scale.hpp"
 
 namespace kp = kvpolicy;
 
@@ -121,7 +122,7 @@ void drive(Cpu& cpu, Gpu& gpu, const kp::CacheShape& s, std::uint64_t seed, doub
 }  // namespace
 
 TEST_CASE("TrimKVCache<cuda_backend> keeps, reports and attends as TrimKVCache<cpu_backend>") {
-  for (std::uint64_t seed = 1; seed <= 12; ++seed) {
+  for (std::uint64_t seed = 1; seed <= cudatest::seeds(12); ++seed) {
     std::mt19937_64 rng(seed);
     const kp::CacheShape s{std::uniform_int_distribution<int>(1, 3)(rng), std::uniform_int_distribution<int>(1, 2)(rng), 0, 64};
     kp::CacheShape shape = s;
@@ -139,7 +140,7 @@ TEST_CASE("TrimKVCache<cuda_backend> keeps, reports and attends as TrimKVCache<c
 }
 
 TEST_CASE("DBTrimKVCache<cuda_backend> (global, floor quotas) and the layer-wise pool match the CPU") {
-  for (std::uint64_t seed = 1; seed <= 8; ++seed) {
+  for (std::uint64_t seed = 1; seed <= cudatest::seeds(8); ++seed) {
     const kp::CacheShape shape{2, 2, 4, 64};
     kp::DBTrimKVConfig c;
     c.budget = 12 + static_cast<std::int64_t>(seed);
@@ -174,7 +175,7 @@ TEST_CASE("TrimKVCache<cuda_backend, half, 32>: fp16 storage, the same survivors
 }
 
 TEST_CASE("WGKVCache<cuda_backend>: the ring, promotion and the vertical-slash mask match the CPU") {
-  for (std::uint64_t seed = 1; seed <= 6; ++seed) {
+  for (std::uint64_t seed = 1; seed <= cudatest::seeds(6); ++seed) {
     const kp::CacheShape shape{2, 2, 4, 64};
     const kp::WGKVConfig c{.local = static_cast<std::int64_t>(3 + 5 * seed), .tau = 0.1};
     const std::int64_t pages = 6 * shape.heads_total() * 20;
@@ -189,7 +190,7 @@ TEST_CASE("WGKVCache<cuda_backend>: the ring, promotion and the vertical-slash m
 }
 
 TEST_CASE("EpiKVCache<cuda_backend>: the budget over generated tokens matches the CPU") {
-  for (std::uint64_t seed = 1; seed <= 6; ++seed) {
+  for (std::uint64_t seed = 1; seed <= cudatest::seeds(6); ++seed) {
     const kp::CacheShape shape{2, 1, 2, 64};
     const kp::evict::Generated e{static_cast<std::int64_t>(8 + 3 * seed), seed % 2 == 0 ? 3 : -1};
     const std::int64_t pages = 6 * shape.heads_total() * 20;

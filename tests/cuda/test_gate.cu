@@ -9,6 +9,7 @@
 #include <random>
 #include <vector>
 
+#include "blas_handle.hpp"
 #include "device_buffer.hpp"
 #include "kvpolicy/cuda/retention_gate.cuh"
 #include "kvpolicy/cuda/write_gate.cuh"
@@ -27,8 +28,8 @@ double logsigmoid_ref(double z) { return z >= 0 ? -std::log1p(std::exp(-z)) : z 
 }  // namespace
 
 TEST_CASE("retention_gate_forward matches the gate's formula") {
-  cublasHandle_t handle = nullptr;
-  kc::check_cublas(cublasCreate(&handle), "cublasCreate", "test");
+  cudatest::BlasHandle blas;
+  const cublasHandle_t handle = blas.get();
   std::mt19937_64 rng(11);
   std::normal_distribution<float> normal;
   for (auto act : {kp::gate::Activation::silu, kp::gate::Activation::gelu})
@@ -65,12 +66,11 @@ TEST_CASE("retention_gate_forward matches the gate's formula") {
         }
       }
     }
-  cublasDestroy(handle);
 }
 
 TEST_CASE("tied_gate_forward matches DBTrimKV's tied gate formula") {
-  cublasHandle_t handle = nullptr;
-  kc::check_cublas(cublasCreate(&handle), "cublasCreate", "test");
+  cudatest::BlasHandle blas;
+  const cublasHandle_t handle = blas.get();
   std::mt19937_64 rng(12);
   std::normal_distribution<float> normal;
   for (auto act : {kp::gate::Activation::silu, kp::gate::Activation::gelu})
@@ -103,12 +103,11 @@ TEST_CASE("tied_gate_forward matches DBTrimKV's tied gate formula") {
           CHECK(std::abs(got[h * T + t] - want) <= 1e-5 * std::max(1.0, std::abs(want)));
         }
     }
-  cublasDestroy(handle);
 }
 
 TEST_CASE("write_gate_forward matches WG-KV's write gate formula") {
-  cublasHandle_t handle = nullptr;
-  kc::check_cublas(cublasCreate(&handle), "cublasCreate", "test");
+  cudatest::BlasHandle blas;
+  const cublasHandle_t handle = blas.get();
   std::mt19937_64 rng(13);
   std::normal_distribution<float> normal;
   struct Shape {
@@ -166,7 +165,6 @@ TEST_CASE("write_gate_forward matches WG-KV's write gate formula") {
       }
     CHECK(floored > 0);  // the clamp was exercised
   }
-  cublasDestroy(handle);
 }
 
 TEST_CASE("retention gate arguments are checked before any launch" * doctest::test_suite("host")) {

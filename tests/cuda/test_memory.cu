@@ -23,6 +23,7 @@
 #include "kvpolicy/policy/baseline.hpp"
 #include "kvpolicy/policy/evict.hpp"
 #include "kvpolicy/policy/score.hpp"
+#include "test_scale.hpp"
 
 namespace kp = kvpolicy;
 namespace kc = kvpolicy::cuda;
@@ -112,7 +113,8 @@ struct Twin {
         const std::int64_t slot = layout.slot(i);
         const auto& m = cpu.pool().meta(slot);
         REQUIRE_MESSAGE(pos[slot] == m.position, when, " step ", step, " segment ", s, " entry ", i);
-        REQUIRE(std::memcmp(&lb[slot], &m.log_beta, sizeof(float)) == 0);
+        REQUIRE_MESSAGE(std::memcmp(&lb[slot], &m.log_beta, sizeof(float)) == 0, when, " step ", step, " segment ", s,
+                        " entry ", i, ": log_beta on the device ", lb[slot], ", on the CPU ", m.log_beta);
         if (with_mass) REQUIRE(std::memcmp(&am[slot], &m.attention_mass, sizeof(float)) == 0);
         REQUIRE(std::memcmp(&k[slot * d], cpu.pool().key(slot), sizeof(float) * d) == 0);
         REQUIRE(std::memcmp(&v[slot * d], cpu.pool().value(slot), sizeof(float) * d) == 0);
@@ -169,7 +171,7 @@ void device_evict(Twin& tw, const kc::EvictionRule& r, std::int64_t n, const Sco
 }  // namespace
 
 TEST_CASE("append and compact leave the pool as memory::Paged leaves it") {
-  for (std::uint64_t seed = 1; seed <= 40; ++seed) {
+  for (std::uint64_t seed = 1; seed <= cudatest::seeds(40); ++seed) {
     std::mt19937_64 rng(seed);
     const kp::CacheShape shape{2, 3, 6, 64};
     Twin tw(shape, 3, 600);
@@ -259,7 +261,7 @@ TEST_CASE("evict_step keeps what the CPU evictors keep, step after step") {
 TEST_CASE("H2O on the device: evict_step ranks by the attention mass and compaction carries it") {
   // The masses grow as decode attention would grow them (decode_attention's accumulate_mass, checked
   // against the dense reference in test_attention.cu), from a tie-prone set of increments.
-  for (std::uint64_t seed = 1; seed <= 6; ++seed) {
+  for (std::uint64_t seed = 1; seed <= cudatest::seeds(6); ++seed) {
     std::mt19937_64 rng(seed);
     const kp::CacheShape shape{2, 2, 4, 64};
     Twin tw(shape, 3, 3 * 4 * 6);

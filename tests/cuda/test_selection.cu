@@ -22,6 +22,7 @@
 #include "kvpolicy/policy/evict.hpp"
 #include "kvpolicy/policy/score.hpp"
 #include "random_segments.hpp"
+#include "test_scale.hpp"
 
 namespace kp = kvpolicy;
 namespace kc = kvpolicy::cuda;
@@ -55,7 +56,7 @@ void check_keep(const std::vector<std::uint8_t>& got, const std::vector<std::uin
 }  // namespace
 
 TEST_CASE("segmented_select marks what evict::PerHead::select marks") {
-  for (std::uint64_t seed = 1; seed <= 1500; ++seed) {
+  for (std::uint64_t seed = 1; seed <= cudatest::seeds(1500); ++seed) {
     std::mt19937_64 rng(seed);
     cudatest::Segments s;
     const int segments = std::uniform_int_distribution<int>(1, 24)(rng);
@@ -114,7 +115,7 @@ TEST_CASE("segmented_select with one k per segment, and inactive segments kept w
 }
 
 TEST_CASE("pooled_select marks what evict::Global and evict::LayerWise mark") {
-  for (std::uint64_t seed = 1; seed <= 600; ++seed) {
+  for (std::uint64_t seed = 1; seed <= cudatest::seeds(600); ++seed) {
     std::mt19937_64 rng(seed * 7919);
     const int layers = std::uniform_int_distribution<int>(1, 4)(rng);
     const int kv_heads = std::uniform_int_distribution<int>(1, 4)(rng);

@@ -69,6 +69,11 @@ __global__ void __launch_bounds__(kSelectThreads)
       status->available = full ? t.max_pages : available;
     }
   }
+  // A join before the uniform return: without it nvcc folds the return into both arms of the
+  // thread-0 branch, whose reconvergence point becomes the kernel's exit. Hardware converges the
+  // warp at the scan's shfl.sync anyway (its member mask); GPGPU-Sim, which reconverges only at
+  // immediate post-dominators, would run the scan with lane 0 alone (tests/cuda/probes/reconverge.cu).
+  __syncthreads();
   if (!fits) return;
   block_exclusive_scan(
       a.rows, need,

@@ -61,7 +61,14 @@ inline constexpr int kWavesOfBlocks = 32;  // blocks per multiprocessor the spli
 inline constexpr std::int64_t kMinChunk = 128;  // entries; below this a split's partials cost more than it saves
 inline constexpr float kRescaleSlack = 8.0f;    // log2 units: probabilities against a stale base stay <= 2^8
 inline constexpr float kLog2e = 1.4426950408889634f;
-inline constexpr int kPartialBlocksPerSm = 4;  // at most 128 registers a thread: bytes in flight need blocks
+// Blocks of the partial kernel an SM must hold (launch bounds): 4 on sm_80+ (at most 128 registers
+// a thread, measured on an H100: bytes in flight need blocks); no bound below, where the cap would
+// spill (and GPGPU-Sim, which runs sm_75 builds, cannot parse ptxas's report of a stack frame).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+inline constexpr int kPartialBlocksPerSm = 4;
+#else
+inline constexpr int kPartialBlocksPerSm = 1;
+#endif
 
 struct DecodePlan {
   int splits = 1;               // chunks a head is split into

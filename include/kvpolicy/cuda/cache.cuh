@@ -127,6 +127,17 @@ class DeviceArray {
   std::size_t n_ = 0;
 };
 
+/// Copies `rows` rows of `width` ints between tables of different row strides (widening block-table
+/// rows). A kernel rather than cudaMemcpy2DAsync, which GPU simulators such as GPGPU-Sim lack.
+template <int = 0>  // header-only: a template kernel links once across translation units
+__global__ void copy_rows_kernel(const std::int32_t* from, std::int64_t from_stride, std::int32_t* to,
+                                 std::int64_t to_stride, std::int64_t rows, std::int64_t width) {
+  const std::int64_t n = rows * width;
+  for (std::int64_t i = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n;
+       i += std::int64_t{gridDim.x} * blockDim.x)
+    to[i / width * to_stride + i % width] = from[i / width * from_stride + i % width];
+}
+
 }  // namespace cuda::detail
 
 template <Scorer S, Admitter A, Evictor E, int P, class Storage>
@@ -613,11 +624,12 @@ class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
     if (max_pages <= max_pages_) return;
     const std::size_t rows = std::size_t(slot_capacity_) * static_cast<std::size_t>(shape_.heads_total());
     DeviceArray<std::int32_t> table(rows * static_cast<std::size_t>(max_pages));
-    KVPOLICY_CUDA_CHECK(cudaMemcpy2DAsync(table.get(), std::size_t(max_pages) * sizeof(std::int32_t), tables_.get(),
-                                          std::size_t(max_pages_) * sizeof(std::int32_t),
-                                          std::size_t(max_pages_) * sizeof(std::int32_t), rows, cudaMemcpyDeviceToDevice,
-                                          stream_),
-                        "Cache<cuda_backend>: widening the block tables to ", max_pages, " pages per head");
+    const std::int64_t n = static_cast<std::int64_t>(rows) * max_pages_;
+    cuda::detail::copy_rows_kernel<><<<std::min<unsigned>(cuda::blocks_for(n, 256, "copy_rows_kernel"), 65535), 256, 0,
+                                        stream_>>>(tables_.get(), max_pages_, table.get(), max_pages,
+                                                   static_cast<std::int64_t>(rows), max_pages_);
+    cuda::check_launch("copy_rows_kernel", "Cache<cuda_backend>: widening the block tables to ", max_pages,
+                       " pages per head");
     sync();
     tables_ = std::move(table);
     max_pages_ = max_pages;

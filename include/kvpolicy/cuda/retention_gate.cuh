@@ -2,7 +2,7 @@
 /// kvpolicy/cuda/retention_gate.cuh — the retention gates on the device, CUDA twins of
 /// gate::RetentionGate::forward (TRIM-KV, SPEC §1) and gate::TiedGate::forward (DBTrimKV's
 /// weight-tied gate, SPEC §2), for a prefill chunk or a decode token (T = 1). TRIM-KV:
-///   U = act(X W1^T + b1)   [T, I]   cuBLAS SGEMM, then a fused bias + activation kernel
+///   U = act(X W1^T + b1)   [T, I]   cuBLAS SGEMM (cuda/gemm.cuh), then a fused bias + activation kernel
 ///   Z = U W2^T             [T, Hkv] cuBLAS SGEMM
 ///   log_beta[h, t] = logsigmoid(Z[t, h] + b[h])   [Hkv, T]  (the layout append takes)
 /// DBTrimKV, tied:
@@ -22,6 +22,7 @@
 #include <string>
 
 #include "kvpolicy/cuda/check.cuh"
+#include "kvpolicy/cuda/gemm.cuh"
 #include "kvpolicy/cuda/views.cuh"
 #include "kvpolicy/gate/activation.hpp"
 
@@ -39,12 +40,6 @@ struct RetentionGateWeights {
   std::int32_t kv_heads = 0;      // Hkv
   gate::Activation activation = gate::Activation::silu;
 };
-
-inline void check_cublas(cublasStatus_t status, const char* what, const std::string& shapes) {
-  if (status == CUBLAS_STATUS_SUCCESS) return;
-  fail("cuda: ", what, " failed: cuBLAS status ", static_cast<int>(status), " (", cublasGetStatusString(status), ") (",
-       shapes, ")");
-}
 
 namespace detail {
 
@@ -86,7 +81,7 @@ inline void retention_gate_forward(void* workspace, std::size_t& workspace_bytes
   require(tokens >= 0 && tokens <= INT32_MAX, who, ": tokens = ", tokens, " must be in [0, 2^31 - 1]");
   if (size_query(workspace, workspace_bytes, retention_gate_workspace_bytes(w, tokens), who)) return;
   if (tokens == 0) return;
-  require(handle && w.w1 && w.b1 && w.w2 && w.b && x && log_beta, who,
+  require((handle || !gemm_uses_cublas) && w.w1 && w.b1 && w.w2 && w.b && x && log_beta, who,
           ": the handle, weights, x and log_beta must be set");
   WorkspaceLayout layout;
   float* u = layout.take<float>(workspace, tokens * w.intermediate);
@@ -94,21 +89,13 @@ inline void retention_gate_forward(void* workspace, std::size_t& workspace_bytes
   const std::string shapes = "tokens = " + std::to_string(tokens) + ", D = " + std::to_string(w.hidden) +
                              ", I = " + std::to_string(w.intermediate) + ", Hkv = " + std::to_string(w.kv_heads);
   const int T = static_cast<int>(tokens);
-  const float one = 1.0f, zero = 0.0f;
-  check_cublas(cublasSetStream(handle, stream), "cublasSetStream", shapes);
-  check_cublas(cublasSetPointerMode(handle, CUBLAS_POINTER_MODE_HOST), "cublasSetPointerMode", shapes);  // alpha, beta
-  // row-major C[M, N] = A[M, K] B[N, K]^T is column-major C^T[N, M] = op_T(B) A: B, A are read as
-  // column-major [K, N] and [K, M] with leading dimension K
-  check_cublas(cublasSgemm(handle, CUBLAS_OP_T, CUBLAS_OP_N, w.intermediate, T, w.hidden, &one, w.w1, w.hidden, x,
-                           w.hidden, &zero, u, w.intermediate),
-               "cublasSgemm (X W1^T)", shapes);
+  detail::gemm_nt(handle, T, w.intermediate, w.hidden, x, 0, w.w1, 0, u, 0, 1, stream, "cublasSgemm (X W1^T)", shapes);
   const std::int64_t nu = tokens * w.intermediate;
   detail::bias_activation_kernel<><<<blocks_for(nu, 256, "bias_activation_kernel"), 256, 0, stream>>>(
       u, w.b1, tokens, w.intermediate, w.activation);
   check_launch("bias_activation_kernel", shapes);
-  check_cublas(cublasSgemm(handle, CUBLAS_OP_T, CUBLAS_OP_N, w.kv_heads, T, w.intermediate, &one, w.w2,
-                           w.intermediate, u, w.intermediate, &zero, z, w.kv_heads),
-               "cublasSgemm (U W2^T)", shapes);
+  detail::gemm_nt(handle, T, w.kv_heads, w.intermediate, u, 0, w.w2, 0, z, 0, 1, stream, "cublasSgemm (U W2^T)",
+                  shapes);
   const std::int64_t nz = tokens * w.kv_heads;
   detail::bias_logsigmoid_kernel<><<<blocks_for(nz, 256, "bias_logsigmoid_kernel"), 256, 0, stream>>>(
       z, w.b, tokens, w.kv_heads, log_beta);
@@ -166,20 +153,16 @@ inline void tied_gate_forward(void* workspace, std::size_t& workspace_bytes, cub
           " exceeds a GEMM dimension");
   if (size_query(workspace, workspace_bytes, tied_gate_workspace_bytes(w, tokens), who)) return;
   if (tokens == 0) return;
-  require(handle && w.proj_w && w.proj_b && w.readout_w && w.readout_b && x && log_beta, who,
+  require((handle || !gemm_uses_cublas) && w.proj_w && w.proj_b && w.readout_w && w.readout_b && x && log_beta, who,
           ": the handle, weights, x and log_beta must be set");
   WorkspaceLayout layout;
   float* p = layout.take<float>(workspace, tokens * w.kv_heads * w.proj);
   const int hj = w.kv_heads * w.proj;
   const std::string shapes = "tokens = " + std::to_string(tokens) + ", D = " + std::to_string(w.hidden) +
                              ", J = " + std::to_string(w.proj) + ", Hkv = " + std::to_string(w.kv_heads);
-  const float one = 1.0f, zero = 0.0f;
-  check_cublas(cublasSetStream(handle, stream), "cublasSetStream", shapes);
-  check_cublas(cublasSetPointerMode(handle, CUBLAS_POINTER_MODE_HOST), "cublasSetPointerMode", shapes);  // alpha, beta
-  // row-major P[T, Hkv J] = X[T, D] Wp[Hkv J, D]^T (the same column-major reading as above)
-  check_cublas(cublasSgemm(handle, CUBLAS_OP_T, CUBLAS_OP_N, hj, static_cast<int>(tokens), w.hidden, &one, w.proj_w,
-                           w.hidden, x, w.hidden, &zero, p, hj),
-               "cublasSgemm (X Wp^T)", shapes);
+  // row-major P[T, Hkv J] = X[T, D] Wp[Hkv J, D]^T
+  detail::gemm_nt(handle, static_cast<int>(tokens), hj, w.hidden, x, 0, w.proj_w, 0, p, 0, 1, stream,
+                  "cublasSgemm (X Wp^T)", shapes);
   const std::int64_t n = tokens * w.kv_heads;
   detail::tied_readout_kernel<><<<blocks_for(n, 256, "tied_readout_kernel"), 256, 0, stream>>>(p, w, tokens, log_beta);
   check_launch("tied_readout_kernel", shapes);

@@ -18,6 +18,7 @@
 
 #include "kvpolicy/core/math.hpp"
 #include "kvpolicy/cuda/check.cuh"
+#include "kvpolicy/cuda/gemm.cuh"
 #include "kvpolicy/cuda/retention_gate.cuh"
 #include "kvpolicy/cuda/views.cuh"
 
@@ -109,7 +110,7 @@ inline void write_gate_forward(void* workspace, std::size_t& workspace_bytes, cu
   validate_write_gate(w, tokens, who);
   if (size_query(workspace, workspace_bytes, write_gate_workspace_bytes(w, tokens), who)) return;
   if (tokens == 0) return;
-  require(handle && w.pre_norm && w.post_norm && w.w1 && w.b1 && w.w2 && w.b2 && k_pre && k_post && g, who,
+  require((handle || !gemm_uses_cublas) && w.pre_norm && w.post_norm && w.w1 && w.b1 && w.w2 && w.b2 && k_pre && k_post && g, who,
           ": the handle, weights, k_pre, k_post and g must be set");
   const std::int64_t rows = std::int64_t{w.kv_heads} * tokens;
   WorkspaceLayout layout;
@@ -121,16 +122,11 @@ inline void write_gate_forward(void* workspace, std::size_t& workspace_bytes, cu
   detail::write_gate_features_kernel<><<<blocks_for(rows * 32, kThreads, "write_gate_features_kernel"), kThreads, 0,
                                          stream>>>(k_pre, k_post, w, rows, features);
   check_launch("write_gate_features_kernel", shapes);
-  const float one = 1.0f, zero = 0.0f;
   const int T = static_cast<int>(tokens), K = 2 * w.head_dim, E = w.expansion;
-  check_cublas(cublasSetStream(handle, stream), "cublasSetStream", shapes);
-  check_cublas(cublasSetPointerMode(handle, CUBLAS_POINTER_MODE_HOST), "cublasSetPointerMode", shapes);  // alpha, beta
-  // per head h, row-major U_h[T, E] = F_h[T, 2d] W1_h[E, 2d]^T, read column-major as
-  // U_h^T[E, T] = op_T(W1_h) F_h^T (the reading retention_gate_forward uses), batched over the heads
-  check_cublas(cublasSgemmStridedBatched(handle, CUBLAS_OP_T, CUBLAS_OP_N, E, T, K, &one, w.w1, K,
-                                         static_cast<long long>(E) * K, features, K, static_cast<long long>(T) * K,
-                                         &zero, u, E, static_cast<long long>(T) * E, w.kv_heads),
-               "cublasSgemmStridedBatched (F W1^T per head)", shapes);
+  // per head h, row-major U_h[T, E] = F_h[T, 2d] W1_h[E, 2d]^T, batched over the heads
+  detail::gemm_nt(handle, T, E, K, features, static_cast<long long>(T) * K, w.w1, static_cast<long long>(E) * K, u,
+                  static_cast<long long>(T) * E, w.kv_heads, stream, "cublasSgemmStridedBatched (F W1^T per head)",
+                  shapes);
   detail::write_gate_readout_kernel<><<<blocks_for(rows * 32, kThreads, "write_gate_readout_kernel"), kThreads, 0,
                                         stream>>>(u, w, tokens, g);
   check_launch("write_gate_readout_kernel", shapes);

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Runs the CUDA path without a GPU: builds the CUDA tests, engine_cuda and the CUDA benchmarks for
+# GPGPU-Sim (the `gpusim` preset: sm_75, shared CUDA runtime, the gates' products without cuBLAS)
+# and runs them under the simulator's functional mode, one test case per simulator process, with
+# the tests scaled down (KVPOLICY_CUDA_TEST_SCALE, default 8 here: fewer random seeds, shorter
+# heads; every kernel, dtype and HEAD_DIM instantiation still runs). Fails on any failing case and
+# on any PTX syntax error in the simulator's log (after one, the simulator carries on and crashes
+# later). The simulator is found, never built, here: docs/gpusim.md says how to install it.
+#   tools/gpusim-check.sh [PREFIX]     (default /opt/kvpolicy-gpusim; OUT=dir keeps the logs there)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+prefix=${1:-/opt/kvpolicy-gpusim}
+if [ ! -f "$prefix/env.sh" ]; then
+  echo "gpusim: no simulator at $prefix (docs/gpusim.md installs one)" >&2
+  exit 2
+fi
+root=$PWD
+out=${OUT:-build/gpusim/logs}
+mkdir -p "$out"
+export KVPOLICY_CUDA_TEST_SCALE=${KVPOLICY_CUDA_TEST_SCALE:-8}
+cmake --preset gpusim >"$out/configure.log"
+cmake --build --preset gpusim >"$out/build.log"
+tests=build/gpusim/tests/cuda/kvpolicy_cuda_tests
+
+# One simulator process per test case: a case's log stays its own, and a crash names its case.
+# The scratch directory of each run holds the simulator's config and the PTX it extracts.
+run_sim() {  # log, program, args...
+  local log=$1; shift
+  local scratch; scratch=$(mktemp -d /tmp/kvpolicy-gpusim.XXXXXX)
+  cp "$prefix"/config/* "$scratch/"
+  local rc=0
+  ( set +u; source "$prefix/env.sh"; set -u
+    # the project's PTX rewrite rules (tools/gpusim-ptx-filter.sh), then the simulator kit's own
+    export KVPOLICY_GPUSIM_NEXT_FILTER=$GPGPUSIM_PTX_FILTER GPGPUSIM_PTX_FILTER=$root/tools/gpusim-ptx-filter.sh
+    cd "$scratch" && exec "$@" ) >"$log" 2>&1 || rc=$?
+  rm -rf "$scratch"
+  if grep -q "Syntax error" "$log"; then
+    echo "gpusim: PTX syntax error in the simulator's log ($log):" >&2
+    grep -m3 -A3 "Syntax error" "$log" >&2
+    return 3
+  fi
+  # a passing run's log (about 10 MB of the simulator's launch notes) keeps only its last lines
+  if [ $rc -eq 0 ]; then tail -n 40 "$log" >"$log.tail" && mv "$log.tail" "$log"; fi
+  return $rc
+}
+
+failed=0
+# The probes of the simulator faults the project works around (docs/gpusim.md).
+for probe in cvt_s64 reconverge; do
+  if run_sim "$out/probe_$probe.log" "$root/build/gpusim/tests/cuda/kvpolicy_probe_$probe"; then status=passed; else status="FAILED (rc $?)"; failed=1; fi
+  printf 'gpusim: probe %-89s %s  %s\n' "$probe" "$status" "$(grep -E 'wrong|mismatches' "$out/probe_$probe.log" | tr '\n' ' ' | tr -s ' ')"
+done
+n=0
+# The case names, from the sources: the binary lists nothing without a device.
+while IFS= read -r name; do
+  n=$((n + 1))
+  pattern=${name//,/?}  # doctest splits filters on commas
+  start=$(date +%s)
+  if run_sim "$out/case$n.log" "$root/$tests" --test-case="$pattern"; then status=passed; else status="FAILED (rc $?)"; failed=1; fi
+  summary=$(grep -E '^\[doctest\] (test cases|assertions)' "$out/case$n.log" | tr -s ' ' | tr '\n' ' ')
+  printf 'gpusim: %-95s %s, %ss  %s\n' "$name" "$status" "$(( $(date +%s) - start ))" "$summary"
+done < <(grep -ho 'TEST_CASE("[^"]*")' tests/cuda/*.cu | grep -v 'test_suite("host")' | sed 's/^TEST_CASE("//; s/")$//')
+
+start=$(date +%s)
+if run_sim "$out/engine_cuda.log" "$root/build/gpusim/examples/engine_cuda"; then status=passed; else status="FAILED (rc $?)"; failed=1; fi
+printf 'gpusim: %-95s %s, %ss  %s\n' "examples/engine_cuda" "$status" "$(( $(date +%s) - start ))" \
+  "$(grep -m1 'keep the same' "$out/engine_cuda.log" || true)"
+
+if [ $failed -ne 0 ]; then
+  echo "gpusim: FAILED (logs in $out)" >&2
+  exit 1
+fi
+echo "gpusim: every GPU test case and engine_cuda passed under GPGPU-Sim (functional mode; simulated, not a GPU)"
