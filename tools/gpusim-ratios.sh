@@ -14,6 +14,12 @@ cmake --build --preset gpusim --target kvpolicy_sim_ratios >/dev/null
 root=$PWD
 scratch=$(mktemp -d /tmp/kvpolicy-gpusim.XXXXXX)
 cp "$prefix"/config/* "$scratch/"
+# The SM75 config lists five integer-unit latencies, but the simulator reads a sixth for shfl
+# (int_latency[5] in set_opcode_and_latency): left uninitialised, the first shuffle crashes the
+# timing model (pipelined_simd_unit::cycle). A sixth entry is added where missing: latency 32 and
+# initiation interval 2, an assumption of this project (not a figure of the RTX 2060 config).
+sed -E -i -e 's/^(-ptx_opcode_latency_int +[0-9]+,[0-9]+,[0-9]+,[0-9]+,[0-9]+)$/\1,32/' \
+          -e 's/^(-ptx_opcode_initiation_int +[0-9]+,[0-9]+,[0-9]+,[0-9]+,[0-9]+)$/\1,2/' "$scratch/gpgpusim.config"
 ( set +u; source "$prefix/env.sh"; set -u
   export KVPOLICY_GPUSIM_NEXT_FILTER=$GPGPUSIM_PTX_FILTER GPGPUSIM_PTX_FILTER=$root/tools/gpusim-ptx-filter.sh
   export PTX_SIM_MODE_FUNC=0  # the timing model
