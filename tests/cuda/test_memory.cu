@@ -237,7 +237,8 @@ TEST_CASE("evict_step keeps what the CPU evictors keep, step after step") {
     r.threshold = c.threshold;
     r.floor_ratio = c.floor_ratio;
     std::int64_t n = 0;
-    for (int step = 0; step < 160; ++step) {
+    // 24 steps reach every case's trigger (the last, M + B = 38, at step 17)
+    for (int step = 0; step < cudatest::steps(160, 24); ++step) {
       const int tokens = step == 0 ? 21 : 1;  // a prompt chunk, then decode
       tw.append(rng, tokens, static_cast<std::int32_t>(n));
       n += tokens;
@@ -279,7 +280,7 @@ TEST_CASE("H2O on the device: evict_step ranks by the attention mass and compact
     e.window = M / 2;
     std::int64_t n = 0;
     static const float increments[] = {0.0f, 0.0f, 0.25f, 0.5f, 1.0f};
-    for (int step = 0; step < 120; ++step) {
+    for (int step = 0; step < cudatest::steps(120, 24); ++step) {
       const int tokens = step == 0 ? 30 : 1;
       tw.append(rng, tokens, static_cast<std::int32_t>(n));
       n += tokens;

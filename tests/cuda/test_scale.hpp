@@ -32,6 +32,10 @@ inline std::uint64_t seeds(std::uint64_t n) {
   return std::max<std::uint64_t>(1, n / static_cast<std::uint64_t>(test_scale()));
 }
 
+/// Steps of a stepped case (append, evict, compare): n on a GPU, n / scale (at least `least`, enough
+/// for every rule of the case to trigger) under a simulator, where each launch costs ~0.4 s.
+inline int steps(int n, int least) { return static_cast<int>(std::max<std::int64_t>(least, n / test_scale())); }
+
 /// A head length or length bound: n on a GPU, n / scale (at least `least`) under a simulator.
 inline std::int64_t length(std::int64_t n, std::int64_t least = 1) { return std::max(least, n / test_scale()); }
 
