@@ -6,7 +6,8 @@
 # heads; every kernel, dtype and HEAD_DIM instantiation still runs). Fails on any failing case and
 # on any PTX syntax error in the simulator's log (after one, the simulator carries on and crashes
 # later). The simulator is found, never built, here: docs/gpusim.md says how to install it.
-#   tools/gpusim-check.sh [PREFIX]     (default /opt/kvpolicy-gpusim; OUT=dir keeps the logs there)
+#   tools/gpusim-check.sh [PREFIX]     (default /opt/kvpolicy-gpusim; OUT=dir keeps the logs there;
+#                                        KVPOLICY_GPUSIM_CASES=regex runs only the matching cases)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 prefix=${1:-/opt/kvpolicy-gpusim}
@@ -50,6 +51,13 @@ for probe in cvt_s64 reconverge; do
   if run_sim "$out/probe_$probe.log" "$root/build/gpusim/tests/cuda/kvpolicy_probe_$probe"; then status=passed; else status="FAILED (rc $?)"; failed=1; fi
   printf 'gpusim: probe %-89s %s  %s\n' "$probe" "$status" "$(grep -E 'wrong|mismatches' "$out/probe_$probe.log" | tr '\n' ' ' | tr -s ' ')"
 done
+# A fault the project does not work around: async copies from pageable host memory on a created
+# stream (probes/async_pageable.cu). engine_cuda uploads that way, so while the probe shows the
+# fault, engine_cuda's failure is expected; on a simulator without it, engine_cuda must pass.
+async_fault=0
+run_sim "$out/probe_async_pageable.log" "$root/build/gpusim/tests/cuda/kvpolicy_probe_async_pageable" || async_fault=1
+printf 'gpusim: probe %-89s %s  %s\n' "async_pageable" "$([ $async_fault = 1 ] && echo "shows the simulator's fault" || echo passed)" \
+  "$(grep -a 'async pageable' "$out/probe_async_pageable.log" || true)"
 n=0
 # The case names, from the sources: the binary lists nothing without a device.
 while IFS= read -r name; do
@@ -59,10 +67,17 @@ while IFS= read -r name; do
   if run_sim "$out/case$n.log" "$root/$tests" --test-case="$pattern"; then status=passed; else status="FAILED (rc $?)"; failed=1; fi
   summary=$(grep -E '^\[doctest\] (test cases|assertions)' "$out/case$n.log" | tr -s ' ' | tr '\n' ' ')
   printf 'gpusim: %-95s %s, %ss  %s\n' "$name" "$status" "$(( $(date +%s) - start ))" "$summary"
-done < <(grep -ho 'TEST_CASE("[^"]*")' tests/cuda/*.cu | grep -v 'test_suite("host")' | sed 's/^TEST_CASE("//; s/")$//')
+done < <(grep -ho 'TEST_CASE("[^"]*")' tests/cuda/*.cu | grep -v 'test_suite("host")' | sed 's/^TEST_CASE("//; s/")$//' |
+         grep -E -- "${KVPOLICY_GPUSIM_CASES:-.}")
 
 start=$(date +%s)
-if run_sim "$out/engine_cuda.log" "$root/build/gpusim/examples/engine_cuda"; then status=passed; else status="FAILED (rc $?)"; failed=1; fi
+if run_sim "$out/engine_cuda.log" "$root/build/gpusim/examples/engine_cuda"; then
+  status=passed
+elif [ $async_fault = 1 ] && ! grep -q "Syntax error" "$out/engine_cuda.log"; then
+  status="expected failure (the simulator's async-copy fault: tests/cuda/probes/async_pageable.cu)"
+else
+  status="FAILED"; failed=1
+fi
 printf 'gpusim: %-95s %s, %ss  %s\n' "examples/engine_cuda" "$status" "$(( $(date +%s) - start ))" \
   "$(grep -m1 'keep the same' "$out/engine_cuda.log" || true)"
 
@@ -70,4 +85,4 @@ if [ $failed -ne 0 ]; then
   echo "gpusim: FAILED (logs in $out)" >&2
   exit 1
 fi
-echo "gpusim: every GPU test case and engine_cuda passed under GPGPU-Sim (functional mode; simulated, not a GPU)"
+echo "gpusim: every GPU test case passed under GPGPU-Sim (functional mode; simulated, not a GPU)"
