@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Runs the CUDA path without a GPU: builds the CUDA tests, engine_cuda and the CUDA benchmarks for
-# GPGPU-Sim (the `gpusim` preset: sm_75, shared CUDA runtime, the gates' products without cuBLAS)
-# and runs them under the simulator's functional mode, one test case per simulator process, with
+# Runs the CUDA path without a GPU: builds the CUDA tests, engine_cuda, the fault probes and
+# sim_ratios for GPGPU-Sim (the `gpusim` preset: sm_75, shared CUDA runtime, the gates' products
+# without cuBLAS) and runs the probes, the tests and engine_cuda under the simulator's functional
+# mode, one test case per simulator process, with
 # the tests scaled down (KVPOLICY_CUDA_TEST_SCALE, default 8 here: fewer random seeds, shorter
 # heads; every kernel, dtype and HEAD_DIM instantiation still runs). Fails on any failing case and
 # on any PTX syntax error in the simulator's log (after one, the simulator carries on and crashes
