@@ -26,6 +26,7 @@ using Heads = std::vector<std::vector<EntryMeta>>;  // [L * Hkv], head_index ord
 struct Params {
   std::int64_t budget = 4, buffer = 2, window = 0;
   double threshold = 0.0, floor_ratio = 0.0;
+  std::int64_t sinks = 0;
 };
 
 struct Ranked {
@@ -39,17 +40,19 @@ inline bool before(const Ranked& a, const Ranked& b) {
          std::make_tuple(-b.score, -static_cast<std::int64_t>(b.position), b.head);
 }
 
-// Scores of one head, with the `window` largest positions at +inf.
+// Scores of one head, with the `window` largest and the `sinks` smallest positions at +inf.
 template <class Scorer>
 std::vector<Ranked> scored(const std::vector<EntryMeta>& head, std::int64_t h, std::int64_t n, const Scorer& s,
-                           std::int64_t window) {
+                           std::int64_t window, std::int64_t sinks = 0) {
   std::vector<std::int32_t> pos;
   for (const auto& e : head) pos.push_back(e.position);
   std::sort(pos.rbegin(), pos.rend());
+  const auto len = static_cast<std::int64_t>(pos.size());
   std::vector<Ranked> out;
   for (std::size_t i = 0; i < head.size(); ++i) {
-    const bool protect = window > 0 && std::find(pos.begin(), pos.begin() + std::min<std::int64_t>(window, pos.size()),
-                                                 head[i].position) != pos.begin() + std::min<std::int64_t>(window, pos.size());
+    // rank of this position from the newest (0) and from the oldest (0), by counting
+    const auto newer = std::count_if(pos.begin(), pos.end(), [&](std::int32_t p) { return p > head[i].position; });
+    const bool protect = newer < window || len - 1 - newer < sinks;
     out.push_back({protect ? std::numeric_limits<float>::infinity() : s(head[i], kvpolicy::StepContext{n}),
                    head[i].position, h, i});
   }
@@ -67,7 +70,7 @@ template <class Scorer>
 void per_head(const CacheShape&, Heads& heads, std::int64_t n, const Scorer& s, const Params& p) {
   for (std::size_t h = 0; h < heads.size(); ++h) {
     if (static_cast<std::int64_t>(heads[h].size()) < p.budget + p.buffer) continue;
-    auto r = scored(heads[h], static_cast<std::int64_t>(h), n, s, p.window);
+    auto r = scored(heads[h], static_cast<std::int64_t>(h), n, s, p.window, p.sinks);
     std::sort(r.begin(), r.end(), before);
     std::vector<std::size_t> keep;
     for (std::size_t i = 0; i < r.size(); ++i)
@@ -83,7 +86,7 @@ void pooled(Heads& heads, std::size_t first, std::size_t last, std::int64_t n, c
             std::int64_t K) {
   std::vector<Ranked> all;
   for (std::size_t h = first; h < last; ++h) {
-    auto r = scored(heads[h], static_cast<std::int64_t>(h), n, s, p.window);
+    auto r = scored(heads[h], static_cast<std::int64_t>(h), n, s, p.window, p.sinks);
     all.insert(all.end(), r.begin(), r.end());
   }
   std::sort(all.begin(), all.end(), before);
@@ -99,7 +102,7 @@ void pooled(Heads& heads, std::size_t first, std::size_t last, std::int64_t n, c
     for (std::size_t i = 0; i < all.size() && static_cast<std::int64_t>(i) < k1; ++i) ++count[all[i].head];
     const auto fq = static_cast<std::int64_t>(std::floor(static_cast<double>(p.budget) * p.floor_ratio));
     for (std::size_t h = first; h < last; ++h) {
-      auto r = scored(heads[h], static_cast<std::int64_t>(h), n, s, p.window);
+      auto r = scored(heads[h], static_cast<std::int64_t>(h), n, s, p.window, p.sinks);
       std::sort(r.begin(), r.end(), before);
       const std::int64_t quota = count[static_cast<std::int64_t>(h)] + fq;
       for (std::size_t i = 0; i < r.size() && static_cast<std::int64_t>(i) < quota; ++i)

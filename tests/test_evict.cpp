@@ -122,6 +122,9 @@ TEST_CASE("invalid evictor parameters are rejected with the value named") {
   CHECK_THROWS_WITH_AS(trimkv_evictor({.budget = 0}).validate(shape), doctest::Contains("budget M = 0"), Error);
   CHECK_THROWS_WITH_AS(trimkv_evictor({.budget = 4, .buffer = 0}).validate(shape), doctest::Contains("buffer B = 0"), Error);
   CHECK_THROWS_WITH_AS(trimkv_evictor({.budget = 4, .window = 5}).validate(shape), doctest::Contains("window w = 5"), Error);
+  CHECK_THROWS_WITH_AS(trimkv_evictor({.budget = 4, .window = 2, .sinks = 3}).validate(shape), doctest::Contains("sinks S = 3"), Error);
+  CHECK_THROWS_WITH_AS(baseline_evictor({.budget = 4, .sinks = -1}).validate(shape), doctest::Contains("sinks S = -1"), Error);
+  CHECK_THROWS_WITH_AS(dbtrimkv_evictor({.budget = 4, .sinks = 5}).validate(shape), doctest::Contains("sinks S = 5"), Error);
   CHECK_THROWS_WITH_AS(trimkv_evictor({.threshold = -1}).validate(shape), doctest::Contains("threshold alpha = -1"), Error);
   CHECK_THROWS_WITH_AS(dbtrimkv_evictor({.floor_ratio = 1.0}).validate(shape), doctest::Contains("floor_ratio f = 1"), Error);
   CHECK_THROWS_WITH_AS(dbtrimkv_layerwise_evictor({.floor_ratio = -0.5}).validate(shape), doctest::Contains("floor_ratio f = -0.5"), Error);
@@ -149,6 +152,7 @@ Trial random_trial(std::mt19937_64& rng, bool allow_threshold, bool allow_floor)
   t.p.budget = pick(1, 8);
   t.p.buffer = pick(1, 4);
   t.p.window = pick(0, 3) == 0 ? pick(0, static_cast<int>(t.p.budget)) : 0;
+  t.p.sinks = pick(0, 3) == 0 ? pick(0, static_cast<int>(t.p.budget - t.p.window)) : 0;
   if (allow_threshold && pick(0, 4) == 0) t.p.threshold = std::vector<double>{0.05, 0.3, 0.5, 1.0}[pick(0, 3)];
   if (allow_floor && t.p.threshold == 0.0 && pick(0, 2) == 0) t.p.floor_ratio = std::vector<double>{0.1, 0.25, 0.5, 0.9}[pick(0, 3)];
   const int steps = pick(1, 40);
@@ -242,7 +246,8 @@ TEST_CASE("oracle: TRIM-KV per-head eviction, random traces with ties") {
   differential(
       1, 1500, score::RetentionDecay{},
       [](const oracle::Params& p) {
-        return trimkv_evictor({.budget = p.budget, .buffer = p.buffer, .window = p.window, .threshold = p.threshold});
+        return trimkv_evictor({.budget = p.budget, .buffer = p.buffer, .window = p.window, .threshold = p.threshold,
+                               .sinks = p.sinks});
       },
       [](auto&&... a) { oracle::per_head(a...); }, true, false);
 }
@@ -250,7 +255,9 @@ TEST_CASE("oracle: TRIM-KV per-head eviction, random traces with ties") {
 TEST_CASE("oracle: KNorm-weighted per-head eviction") {
   differential(
       2, 500, score::KNormRetention{},
-      [](const oracle::Params& p) { return trimkv_evictor({.budget = p.budget, .buffer = p.buffer, .window = p.window}); },
+      [](const oracle::Params& p) {
+        return trimkv_evictor({.budget = p.budget, .buffer = p.buffer, .window = p.window, .sinks = p.sinks});
+      },
       [](auto&&... a) { oracle::per_head(a...); }, false, false);
 }
 
@@ -260,7 +267,7 @@ TEST_CASE("oracle: DBTrimKV global eviction with lookahead, floor_ratio and thre
         3 + static_cast<std::uint64_t>(h), 600, score::Lookahead{h},
         [](const oracle::Params& p) {
           return dbtrimkv_evictor({.budget = p.budget, .buffer = p.buffer, .floor_ratio = p.floor_ratio,
-                                   .window = p.window, .threshold = p.threshold});
+                                   .window = p.window, .threshold = p.threshold, .sinks = p.sinks});
         },
         [](auto&&... a) { oracle::global(a...); }, true, true);
 }
@@ -270,7 +277,7 @@ TEST_CASE("oracle: DBTrimKV layer-wise eviction") {
       11, 800, score::Lookahead{2},
       [](const oracle::Params& p) {
         return dbtrimkv_layerwise_evictor({.budget = p.budget, .buffer = p.buffer, .floor_ratio = p.floor_ratio,
-                                           .window = p.window, .threshold = p.threshold});
+                                           .window = p.window, .threshold = p.threshold, .sinks = p.sinks});
       },
       [](auto&&... a) { oracle::layer_wise(a...); }, true, true);
 }
@@ -278,7 +285,9 @@ TEST_CASE("oracle: DBTrimKV layer-wise eviction") {
 TEST_CASE("oracle: TRIM-KV on the contiguous allocator") {
   differential(
       12, 300, score::RetentionDecay{},
-      [](const oracle::Params& p) { return trimkv_evictor({.budget = p.budget, .buffer = p.buffer, .window = p.window}); },
+      [](const oracle::Params& p) {
+        return trimkv_evictor({.budget = p.budget, .buffer = p.buffer, .window = p.window, .sinks = p.sinks});
+      },
       [](auto&&... a) { oracle::per_head(a...); }, false, false, memory::Contiguous<float>(1, 1));
 }
 
@@ -307,7 +316,7 @@ TEST_CASE("baseline scores by hand (SPEC §5): recency with sinks, negative key 
 
 TEST_CASE("oracle: StreamingLLM, KNorm and Random baselines under the per-head budget") {
   const auto evictor = [](const oracle::Params& p) {
-    return baseline_evictor({.budget = p.budget, .buffer = p.buffer});
+    return baseline_evictor({.budget = p.budget, .buffer = p.buffer, .sinks = p.sinks});
   };
   const auto per_head_no_window = [](const CacheShape& s, oracle::Heads& h, std::int64_t n, const auto& sc,
                                      oracle::Params p) {

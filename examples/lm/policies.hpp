@@ -26,7 +26,7 @@ struct PolicyOptions {
   std::string name = "full";
   std::int64_t budget = 256;   // M per (layer, kv head); K for the EpiKV family
   std::int64_t buffer = 16;    // B
-  std::int64_t sinks = 4;      // S (streamingllm)
+  std::int64_t sinks = -1;     // S protected oldest entries per head; -1 = SPEC §5's default (4 for streamingllm, else 0)
   std::int64_t window = 0;     // w (trimkv, dbtrimkv)
   std::int64_t recency = -1;   // R (EpiKV family)
   std::uint64_t seed = 0;      // random
@@ -69,14 +69,21 @@ decltype(auto) with_policy(const PolicyOptions& o, const Config& c, std::int64_t
           " needs its trained gate: --gate FILE (a safetensors file under SPEC's tensor names)");
   require(gated || o.gate.empty(), "kvpolicy-lm: --gate applies to trimkv, dbtrimkv and wgkv, not to ", o.name);
   const EntryMetadata none;
-  const BaselineConfig base{o.budget, o.buffer};
+  const std::int64_t sinks = o.sinks >= 0 ? o.sinks : o.name == "streamingllm" ? 4 : 0;
+  // SPEC §5 sink protection: the per-head and pooled evictors take it; SnapKV's, WG-KV's and the EpiKV
+  // family's rules do not yet (the EpiKV family keeps the whole prompt, sinks included)
+  const bool takes_sinks =
+      o.name != "snapkv" && o.name != "kv-key" && o.name != "kv-val" && o.name != "lag-kv" && o.name != "wgkv";
+  require(takes_sinks || sinks == 0, "kvpolicy-lm: --sinks ", sinks, ": policy ", o.name, " has no sink protection");
+  const BaselineConfig base{o.budget, o.buffer, sinks};
   if (o.name == "full") {  // never evicts: the budget is past any sequence
     StreamingLLMCache<> cache(shape, std::move(pool), baseline_evictor({std::numeric_limits<std::int32_t>::max() - 1, 1}),
                               score::Recency{0});
     return f(cache, none);
   }
   if (o.name == "streamingllm") {
-    StreamingLLMCache<> cache(shape, std::move(pool), baseline_evictor(base), score::Recency{o.sinks});
+    // the sinks rank first by the score itself (SPEC §5 StreamingLLM)
+    StreamingLLMCache<> cache(shape, std::move(pool), baseline_evictor({o.budget, o.buffer}), score::Recency{sinks});
     return f(cache, none);
   }
   if (o.name == "h2o") {
@@ -126,7 +133,7 @@ decltype(auto) with_policy(const PolicyOptions& o, const Config& c, std::int64_t
                                     const std::vector<float>&, std::int64_t T, float* out) {
       g->forward(l, View<const float, 2>(h.data(), {T, c.hidden}), View<float, 2>(out, {c.kv_heads, T}));
     };
-    TrimKVCache<> cache(shape, std::move(pool), trimkv_evictor({o.budget, o.buffer, o.window, 0.0}));
+    TrimKVCache<> cache(shape, std::move(pool), trimkv_evictor({o.budget, o.buffer, o.window, 0.0, sinks}));
     return f(cache, lb);
   }
   if (o.name == "dbtrimkv") {  // SPEC §2: the tied gate, one global budget
@@ -137,7 +144,7 @@ decltype(auto) with_policy(const PolicyOptions& o, const Config& c, std::int64_t
                                     const std::vector<float>&, std::int64_t T, float* out) {
       g->forward(l, View<const float, 2>(h.data(), {T, c.hidden}), View<float, 2>(out, {c.kv_heads, T}));
     };
-    const DBTrimKVConfig d{o.budget, o.buffer, 2, 0.0, o.window, 0.0};
+    const DBTrimKVConfig d{o.budget, o.buffer, 2, 0.0, o.window, 0.0, sinks};
     DBTrimKVCache<> cache(shape, std::move(pool), dbtrimkv_evictor(d), dbtrimkv_scorer(d));
     return f(cache, lb);
   }

@@ -24,15 +24,16 @@ namespace kvpolicy {
 struct BaselineConfig {
   std::int64_t budget = 1024;  ///< M per (layer, kv head)
   std::int64_t buffer = 128;   ///< B
+  std::int64_t sinks = 0;      ///< S: the S oldest entries of each head are protected (SPEC §5)
 };
 
 inline evict::PerHead<trigger::Buffered> baseline_evictor(const BaselineConfig& c = {}) {
-  return evict::PerHead<trigger::Buffered>{trigger::Buffered{c.budget, c.buffer}, 0, 0.0};
+  return evict::PerHead<trigger::Buffered>{trigger::Buffered{c.budget, c.buffer}, 0, 0.0, c.sinks};
 }
 
 /// H2O, SPEC §5: the recent half of the budget (w = M / 2) is protected.
 inline evict::PerHead<trigger::Buffered> h2o_evictor(const BaselineConfig& c = {}) {
-  return evict::PerHead<trigger::Buffered>{trigger::Buffered{c.budget, c.buffer}, c.budget / 2, 0.0};
+  return evict::PerHead<trigger::Buffered>{trigger::Buffered{c.budget, c.buffer}, c.budget / 2, 0.0, c.sinks};
 }
 
 /// SnapKV, SPEC §5: W_obs = 32 observed queries, max-pool 7, compress the prompt to M per head once.

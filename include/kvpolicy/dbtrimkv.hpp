@@ -20,13 +20,14 @@ struct DBTrimKVConfig {
   double floor_ratio = 0.0;    // f
   std::int64_t window = 0;     // sliding-window protection w
   double threshold = 0.0;      // alpha; > 0 selects the threshold variant
+  std::int64_t sinks = 0;      // S: the S oldest entries of each head are protected (SPEC §5)
 };
 
 inline evict::Global dbtrimkv_evictor(const DBTrimKVConfig& c = {}) {
-  return evict::Global{c.budget, c.buffer, c.floor_ratio, c.window, c.threshold};
+  return evict::Global{c.budget, c.buffer, c.floor_ratio, c.window, c.threshold, c.sinks};
 }
 inline evict::LayerWise dbtrimkv_layerwise_evictor(const DBTrimKVConfig& c = {}) {
-  return evict::LayerWise{c.budget, c.buffer, c.window, c.threshold, c.floor_ratio};
+  return evict::LayerWise{c.budget, c.buffer, c.window, c.threshold, c.floor_ratio, c.sinks};
 }
 inline score::Lookahead dbtrimkv_scorer(const DBTrimKVConfig& c = {}) { return score::Lookahead{c.horizon}; }
 

@@ -22,10 +22,11 @@ struct TrimKVConfig {
   std::int64_t buffer = 128;   // B
   std::int64_t window = 0;     // sliding-window protection w
   double threshold = 0.0;      // alpha; > 0 selects the threshold variant
+  std::int64_t sinks = 0;      // S: the S oldest entries of each head are protected (SPEC §5)
 };
 
 inline evict::PerHead<trigger::Buffered> trimkv_evictor(const TrimKVConfig& c = {}) {
-  return evict::PerHead<trigger::Buffered>{trigger::Buffered{c.budget, c.buffer}, c.window, c.threshold};
+  return evict::PerHead<trigger::Buffered>{trigger::Buffered{c.budget, c.buffer}, c.window, c.threshold, c.sinks};
 }
 
 template <class Backend = cpu_backend, class Storage = float, int PageSize = 16>

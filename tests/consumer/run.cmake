@@ -10,7 +10,7 @@ function(step)
 endfunction()
 step(${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${WORK_DIR}/prefix)
 foreach(f include/kvpolicy/trimkv.hpp include/kvpolicy/core/concepts.hpp share/kvpolicy/kvpolicyConfig.cmake
-          share/kvpolicy/kvpolicyConfigVersion.cmake bin/kvpolicy-replay)
+          share/kvpolicy/kvpolicyConfigVersion.cmake bin/kvpolicy-replay bin/kvpolicy-lm)
   if(NOT EXISTS ${WORK_DIR}/prefix/${f})
     message(FATAL_ERROR "install tree lacks ${f}")
   endif()

@@ -63,6 +63,9 @@ using device_storage_t = std::conditional_t<std::is_same_v<Storage, float>, floa
 /// The evict_step rule of a CPU Evictor (SPEC §1–2).
 template <class E>
 EvictionRule rule_of(const E& e, const CacheShape& shape) {
+  if constexpr (requires { e.sinks; })  // SPEC §5's sink protection runs on the host path only, so far
+    require(e.sinks == 0, "Cache<cuda_backend>: sinks S = ", e.sinks,
+            " (sink protection) is not implemented on the device; use sinks = 0 there");
   EvictionRule r;
   r.layers = shape.layers;
   r.kv_heads = shape.kv_heads;

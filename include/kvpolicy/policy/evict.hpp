@@ -47,8 +47,11 @@ namespace detail {
 /// still gives its finite log.
 inline float log_alpha(double alpha) { return static_cast<float>(std::log(alpha)); }
 
-inline void validate_common(const char* who, std::int64_t budget, std::int64_t window, double threshold) {
+inline void validate_common(const char* who, std::int64_t budget, std::int64_t window, double threshold,
+                            std::int64_t sinks = 0) {
   require(window >= 0 && window <= budget, who, ": window w = ", window, " must be in [0, budget M = ", budget, "]");
+  require(sinks >= 0 && sinks <= budget - window, who, ": sinks S = ", sinks, " must be in [0, budget M - window w = ",
+          budget - window, "]");
   require(threshold == 0.0 || (std::isfinite(threshold) && threshold > 0.0), who, ": threshold alpha = ", threshold,
           " must be > 0 and finite (0 disables the threshold variant)");
 }
@@ -59,14 +62,16 @@ inline void validate_floor(const char* who, double floor_ratio, double threshold
           " are exclusive variants; set one of them");
 }
 
-/// The scores the selection ranks: the given ones with each active head's window protected (+inf).
-inline std::vector<float> protected_scores(const SegmentedScores& s, std::int64_t window) {
+/// The scores the selection ranks: the given ones with each active head's window (its w newest)
+/// and sinks (its S oldest) protected (+inf).
+inline std::vector<float> protected_scores(const SegmentedScores& s, std::int64_t window, std::int64_t sinks = 0) {
   std::vector<float> out(s.score.begin(), s.score.end());
-  if (window > 0)
+  if (window > 0 || sinks > 0)
     for (std::int64_t h = 0; h < s.segments(); ++h) {
       const auto b = static_cast<std::size_t>(s.offsets[h]);
       const auto n = static_cast<std::size_t>(s.length(h));
       rank::protect_window(s.position.subspan(b, n), window, std::span<float>(out).subspan(b, n));
+      rank::protect_sinks(s.position.subspan(b, n), sinks, std::span<float>(out).subspan(b, n));
     }
   return out;
 }
@@ -114,6 +119,7 @@ struct PerHead {
   Trigger rule{};
   std::int64_t window = 0;  // sliding-window protection w (SPEC §1), default 0
   double threshold = 0.0;   // alpha; 0 = top-M selection
+  std::int64_t sinks = 0;   // sink protection S: the S oldest entries of a head stay (SPEC §5)
 
   std::int64_t budget() const { return rule.budget; }
   std::int64_t buffer() const { return rule.buffer; }
@@ -121,7 +127,7 @@ struct PerHead {
   void validate(const CacheShape& shape) const {
     shape.validate();
     rule.validate("evict::PerHead");
-    detail::validate_common("evict::PerHead", rule.budget, window, threshold);
+    detail::validate_common("evict::PerHead", rule.budget, window, threshold, sinks);
   }
   bool trigger(const CacheShape&, std::span<const std::int64_t> lengths, std::span<std::uint8_t> active) const {
     bool any = false;
@@ -132,7 +138,7 @@ struct PerHead {
     return any;
   }
   void select(const CacheShape&, const SegmentedScores& s, std::span<std::uint8_t> keep) const {
-    const auto score = detail::protected_scores(s, window);
+    const auto score = detail::protected_scores(s, window, sinks);
     for (std::int64_t h = 0; h < s.segments(); ++h) {
       const auto b = static_cast<std::size_t>(s.offsets[h]);
       const auto n = static_cast<std::size_t>(s.length(h));
@@ -153,11 +159,12 @@ struct LayerWise {
   std::int64_t window = 0;
   double threshold = 0.0;
   double floor_ratio = 0.0;  // the global rule's quotas, applied within each layer
+  std::int64_t sinks = 0;    // S oldest entries of each head protected (SPEC §5)
 
   void validate(const CacheShape& shape) const {
     shape.validate();
     trigger::Buffered{budget, buffer}.validate("evict::LayerWise");
-    detail::validate_common("evict::LayerWise", budget, window, threshold);
+    detail::validate_common("evict::LayerWise", budget, window, threshold, sinks);
     detail::validate_floor("evict::LayerWise", floor_ratio, threshold);
   }
   bool trigger(const CacheShape& shape, std::span<const std::int64_t> lengths, std::span<std::uint8_t> active) const {
@@ -172,7 +179,7 @@ struct LayerWise {
     return any;
   }
   void select(const CacheShape& shape, const SegmentedScores& s, std::span<std::uint8_t> keep) const {
-    const auto score = detail::protected_scores(s, window);
+    const auto score = detail::protected_scores(s, window, sinks);
     for (int l = 0; l < shape.layers; ++l) {
       const std::int64_t first = head_index(shape, l, 0), last = first + shape.kv_heads;
       if (threshold > 0.0) {
@@ -196,11 +203,12 @@ struct Global {
   double floor_ratio = 0.0;    // f in [0, 1)
   std::int64_t window = 0;
   double threshold = 0.0;
+  std::int64_t sinks = 0;      // S oldest entries of each head protected (SPEC §5)
 
   void validate(const CacheShape& shape) const {
     shape.validate();
     trigger::Buffered{budget, buffer}.validate("evict::Global");
-    detail::validate_common("evict::Global", budget, window, threshold);
+    detail::validate_common("evict::Global", budget, window, threshold, sinks);
     detail::validate_floor("evict::Global", floor_ratio, threshold);
   }
   bool trigger(const CacheShape& shape, std::span<const std::int64_t> lengths, std::span<std::uint8_t> active) const {
@@ -210,7 +218,7 @@ struct Global {
     return fires;
   }
   void select(const CacheShape& shape, const SegmentedScores& s, std::span<std::uint8_t> keep) const {
-    const auto score = detail::protected_scores(s, window);
+    const auto score = detail::protected_scores(s, window, sinks);
     if (threshold > 0.0)
       rank::keep_at_least(score, detail::log_alpha(threshold), keep);
     else

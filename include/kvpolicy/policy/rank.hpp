@@ -27,6 +27,22 @@ KVPOLICY_HD bool above(float score_a, std::int32_t pos_a, std::int64_t head_a, f
   return head_a < head_b;
 }
 
+/// Sink protection (SPEC §5, "Protection, for every evictor"): the `sinks` entries of a head with
+/// the smallest positions score +inf (the attention sinks at the sequence's start).
+inline void protect_sinks(std::span<const std::int32_t> position, std::int64_t sinks, std::span<float> score) {
+  const auto len = static_cast<std::int64_t>(position.size());
+  if (sinks <= 0 || len == 0) return;
+  if (sinks >= len) {
+    std::fill(score.begin(), score.end(), std::numeric_limits<float>::infinity());
+    return;
+  }
+  std::vector<std::int32_t> p(position.begin(), position.end());
+  std::nth_element(p.begin(), p.begin() + (sinks - 1), p.end());
+  const std::int32_t cut = p[static_cast<std::size_t>(sinks - 1)];
+  for (std::int64_t i = 0; i < len; ++i)
+    if (position[i] <= cut) score[i] = std::numeric_limits<float>::infinity();
+}
+
 /// Sliding-window protection (SPEC §1): the `window` entries of a head with the largest positions
 /// score +inf. Positions within a head are unique, so "the w largest" is a set of exactly w.
 inline void protect_window(std::span<const std::int32_t> position, std::int64_t window, std::span<float> score) {

@@ -1,0 +1,45 @@
+#!/usr/bin/env python3
+"""Plots tools/quality_table.sh's results: perplexity against the budget M, one line per policy
+(solid: no protected sinks, dashed: 4 sinks), the full cache as a horizontal line.
+
+    python tools/quality_plot.py results.csv quality.png
+"""
+import csv
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def main(path, out):
+    rows = list(csv.DictReader(open(path)))
+    full = [float(r["ppl"]) for r in rows if r["policy"] == "full"]
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    policies = [p for p in dict.fromkeys(r["policy"] for r in rows) if p != "full"]
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, p in enumerate(policies):
+        for sinks, style in (("0", "-"), ("4", "--")):
+            pts = sorted((int(r["budget"]), float(r["ppl"])) for r in rows if r["policy"] == p and r["sinks"] == sinks)
+            if pts:
+                ax.plot([m for m, _ in pts], [v for _, v in pts], style, marker="o", color=colors[i % len(colors)],
+                        label=p + (" + 4 sinks" if sinks == "4" else ""))
+    if full:
+        ax.axhline(full[0], color="black", linewidth=1, label=f"full cache ({full[0]:.2f})")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("budget M (entries per layer and kv head)")
+    ax.set_ylabel("perplexity (2,048 tokens of GPL-3)")
+    ax.set_title("SmolLM2-135M through kvpolicy-lm: perplexity at a fixed KV budget")
+    ax.legend(fontsize=7, ncol=2)
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    print(f"quality_plot: {out}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        sys.exit(__doc__.split("\n\n")[1])
+    main(sys.argv[1], sys.argv[2])

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# docs/quality.md's table: perplexity of SmolLM2-135M on the first 2,048 tokens of
+# /usr/share/common-licenses/GPL-3 under every gate-free policy at M in {64, 128, 256, 512} per
+# (layer, kv head), each with and without 4 protected sinks, against the full cache. Eviction is
+# decided inside kvpolicy-lm's own loop: a 16-token first step (the prompt), then 16-token steps
+# (SnapKV compresses a prompt: its prompt is the first 1,024 tokens). One thread per run.
+#   tools/quality_table.sh [OUT_DIR]     (default build/lm/quality: results.csv, quality.png)
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+out=${1:-$root/build/lm/quality}
+mkdir -p "$out"
+lm=$root/build/default/examples/kvpolicy-lm
+[ -x "$lm" ] || { echo "quality_table: build kvpolicy-lm first (cmake --build --preset default)" >&2; exit 1; }
+model=$("$root/tools/fetch-model.sh" | tail -n 1)
+text=/usr/share/common-licenses/GPL-3
+csv=$out/results.csv
+echo "policy,budget,sinks,ppl,peak_entries,final_entries,seconds" >"$csv"
+run() {  # policy budget sinks extra-args...
+  local p=$1 m=$2 s=$3; shift 3
+  local log; log=$("$lm" --model "$model" --text "$text" --tokens 2048 --score-from 1 --chunk 16 --threads 1 \
+                   --policy "$p" --budget "$m" --buffer 16 --sinks "$s" "$@")
+  local ppl peak final secs
+  ppl=$(grep '^ppl ' <<<"$log" | cut -d' ' -f2)
+  peak=$(sed -n 's/^entries held: peak \([0-9]*\), final \([0-9]*\) .*/\1/p' <<<"$log")
+  final=$(sed -n 's/^entries held: peak \([0-9]*\), final \([0-9]*\) .*/\2/p' <<<"$log")
+  secs=$(sed -n 's/.*; \([0-9.]*\) s, .*/\1/p' <<<"$log")
+  echo "$p,$m,$s,$ppl,$peak,$final,$secs" | tee -a "$csv"
+}
+run full 1 0
+for m in 64 128 256 512; do
+  for p in streamingllm h2o knorm keydiff random; do
+    run "$p" "$m" 0
+    run "$p" "$m" 4
+  done
+  run snapkv "$m" 0 --prefill 1024
+  for p in kv-key kv-val lag-kv; do run "$p" "$m" 0; done
+done
+"$root/build/lm/venv/bin/python" -c "import matplotlib" 2>/dev/null ||
+  "$root/build/lm/venv/bin/pip" install -q --disable-pip-version-check "matplotlib<4"
+"$root/build/lm/venv/bin/python" "$root/tools/quality_plot.py" "$csv" "$out/quality.png"
