@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Plots tools/quality_table.sh's results: perplexity against the budget M, one line per policy
-(solid: no protected sinks, dashed: 4 sinks), the full cache as a horizontal line.
+(solid: no protected sinks, dashed: 4 sinks), the full cache as a horizontal line; and prints them
+as docs/quality.md's Markdown table.
 
     python tools/quality_plot.py results.csv quality.png
 """
@@ -37,6 +38,16 @@ def main(path, out):
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     print(f"quality_plot: {out}")
+    budgets = sorted({int(r["budget"]) for r in rows if r["policy"] != "full"})
+    print("| policy | sinks | " + " | ".join(f"M = {m}" for m in budgets) + " |")
+    print("| --- | ---: | " + " | ".join("---:" for _ in budgets) + " |")
+    if full:
+        print(f"| full cache | — | " + " | ".join(f"{full[0]:.2f}" for _ in budgets) + " |")
+    for p in policies:
+        for sinks in ("0", "4"):
+            vals = {int(r["budget"]): float(r["ppl"]) for r in rows if r["policy"] == p and r["sinks"] == sinks}
+            if vals:
+                print(f"| {p} | {sinks} | " + " | ".join(f"{vals[m]:.2f}" if m in vals else "—" for m in budgets) + " |")
 
 
 if __name__ == "__main__":
