@@ -12,6 +12,7 @@
 #include <omp.h>
 #endif
 
+#include "../cli.hpp"
 #include "evaluate.hpp"
 #include "policies.hpp"
 #include "tokenizer.hpp"
@@ -54,22 +55,6 @@ struct Args {
   PolicyOptions policy;
 };
 
-double number(const std::string& flag, const std::string& v) {
-  try {
-    std::size_t used = 0;
-    const double x = std::stod(v, &used);
-    if (used == v.size()) return x;
-  } catch (const std::exception&) {
-  }
-  fail(flag, ": '", v, "' is not a number");
-}
-
-std::int64_t integer(const std::string& flag, const std::string& v) {
-  const double x = number(flag, v);
-  require(x == static_cast<double>(static_cast<std::int64_t>(x)), flag, ": '", v, "' is not an integer");
-  return static_cast<std::int64_t>(x);
-}
-
 Args parse(int argc, char** argv) {
   Args a;
   for (int i = 1; i < argc; ++i) {
@@ -84,22 +69,22 @@ Args parse(int argc, char** argv) {
     else if (f == "--text") a.text = v;
     else if (f == "--golden") a.golden = v;
     else if (f == "--prompt") a.prompts.push_back(v);
-    else if (f == "--tokens") a.tokens = integer(f, v);
-    else if (f == "--score-from") a.score_from = integer(f, v);
-    else if (f == "--prefill") a.prefill = integer(f, v);
-    else if (f == "--chunk") a.chunk = integer(f, v);
-    else if (f == "--generate") a.generate = integer(f, v);
-    else if (f == "--threads") a.threads = static_cast<int>(integer(f, v));
+    else if (f == "--tokens") a.tokens = cli::integer(f, v);
+    else if (f == "--score-from") a.score_from = cli::integer(f, v);
+    else if (f == "--prefill") a.prefill = cli::integer(f, v);
+    else if (f == "--chunk") a.chunk = cli::integer(f, v);
+    else if (f == "--generate") a.generate = cli::integer(f, v);
+    else if (f == "--threads") a.threads = static_cast<int>(cli::integer(f, v));
     else if (f == "--policy") a.policy.name = v;
-    else if (f == "--budget") a.policy.budget = integer(f, v);
-    else if (f == "--buffer") a.policy.buffer = integer(f, v);
-    else if (f == "--sinks") a.policy.sinks = integer(f, v);
-    else if (f == "--window") a.policy.window = integer(f, v);
-    else if (f == "--recency") a.policy.recency = integer(f, v);
-    else if (f == "--seed") a.policy.seed = static_cast<std::uint64_t>(integer(f, v));
+    else if (f == "--budget") a.policy.budget = cli::integer(f, v);
+    else if (f == "--buffer") a.policy.buffer = cli::integer(f, v);
+    else if (f == "--sinks") a.policy.sinks = cli::integer(f, v);
+    else if (f == "--window") a.policy.window = cli::integer(f, v);
+    else if (f == "--recency") a.policy.recency = cli::integer(f, v);
+    else if (f == "--seed") a.policy.seed = static_cast<std::uint64_t>(cli::integer(f, v));
     else if (f == "--gate") a.policy.gate = v;
-    else if (f == "--local") a.policy.local = integer(f, v);
-    else if (f == "--tau") a.policy.tau = number(f, v);
+    else if (f == "--local") a.policy.local = cli::integer(f, v);
+    else if (f == "--tau") a.policy.tau = cli::number(f, v);
     else fail("unknown option ", f, " (kvpolicy-lm --help)");
   }
   require(!a.model.empty(), "--model DIR is required (kvpolicy-lm --help)");

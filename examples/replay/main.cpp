@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "../cli.hpp"
 #include "heatmap.hpp"
 #include "replay.hpp"
 
@@ -90,22 +91,6 @@ std::vector<int> parse_list(const std::string& s, const char* what) {
     }
   }
   return out;
-}
-
-double parse_number(const std::string& flag, const std::string& v) {
-  try {
-    std::size_t used = 0;
-    const double x = std::stod(v, &used);
-    if (used == v.size()) return x;
-  } catch (const std::exception&) {
-  }
-  fail(flag, ": '", v, "' is not a number");
-}
-
-std::int64_t parse_int(const std::string& flag, const std::string& v) {
-  const double x = parse_number(flag, v);
-  require(x == static_cast<double>(static_cast<std::int64_t>(x)), flag, ": '", v, "' is not an integer");
-  return static_cast<std::int64_t>(x);
 }
 
 void write_pngs(const std::string& dir, const replay::Trace& tr, const replay::Result& r, std::vector<int> layers,
@@ -215,27 +200,27 @@ int main(int argc, char** argv) {
         return 0;
       } else if (a == "--demo") run_demo = true;
       else if (a == "--write-synthetic") synthetic_out = value();
-      else if (a == "--tokens") synthetic_tokens = parse_int(a, value());
+      else if (a == "--tokens") synthetic_tokens = cli::integer(a, value());
       else if (a == "--trace") trace = value();
       else if (a == "--out") out = value();
       else if (a == "--png") png = value();
       else if (a == "--policy") o.policy = value();
-      else if (a == "--budget") o.budget = parse_int(a, value());
-      else if (a == "--buffer") o.buffer = parse_int(a, value());
-      else if (a == "--horizon") o.horizon = static_cast<int>(parse_int(a, value()));
-      else if (a == "--floor") o.floor_ratio = parse_number(a, value());
-      else if (a == "--window") o.window = parse_int(a, value());
-      else if (a == "--sinks") o.sinks = parse_int(a, value());
-      else if (a == "--seed") o.seed = static_cast<std::uint64_t>(parse_int(a, value()));
-      else if (a == "--threshold") o.threshold = parse_number(a, value());
-      else if (a == "--prefill") o.prefill = parse_int(a, value());
-      else if (a == "--band-a") o.band_a = static_cast<int>(parse_int(a, value()));
-      else if (a == "--band-b") o.band_b = static_cast<int>(parse_int(a, value()));
-      else if (a == "--recency") o.recency = parse_int(a, value());
-      else if (a == "--local") o.local = parse_int(a, value());
-      else if (a == "--tau") o.tau = parse_number(a, value());
+      else if (a == "--budget") o.budget = cli::integer(a, value());
+      else if (a == "--buffer") o.buffer = cli::integer(a, value());
+      else if (a == "--horizon") o.horizon = static_cast<int>(cli::integer(a, value()));
+      else if (a == "--floor") o.floor_ratio = cli::number(a, value());
+      else if (a == "--window") o.window = cli::integer(a, value());
+      else if (a == "--sinks") o.sinks = cli::integer(a, value());
+      else if (a == "--seed") o.seed = static_cast<std::uint64_t>(cli::integer(a, value()));
+      else if (a == "--threshold") o.threshold = cli::number(a, value());
+      else if (a == "--prefill") o.prefill = cli::integer(a, value());
+      else if (a == "--band-a") o.band_a = static_cast<int>(cli::integer(a, value()));
+      else if (a == "--band-b") o.band_b = static_cast<int>(cli::integer(a, value()));
+      else if (a == "--recency") o.recency = cli::integer(a, value());
+      else if (a == "--local") o.local = cli::integer(a, value());
+      else if (a == "--tau") o.tau = cli::number(a, value());
       else if (a == "--gate") o.gate = value();
-      else if (a == "--avg-budget") o.average_budget = parse_int(a, value());
+      else if (a == "--avg-budget") o.average_budget = cli::integer(a, value());
       else if (a == "--layers") layers = parse_list(value(), "--layers");
       else if (a == "--heads") heads = parse_list(value(), "--heads");
       else fail("unknown argument '", a, "' (see --help)");
