@@ -26,7 +26,10 @@ const char* kUsage = R"(kvpolicy-lm: a LLaMA-family model on the CPU, its K/V in
 
   kvpolicy-lm --model DIR --text FILE [--tokens N] [--score-from K] [--policy P --budget M ...]
       per-token NLL of the first N tokens of FILE (no BOS added); the last line is `ppl <value>`
-      over positions >= K. --golden G also compares with llama.cpp's run (tools/llama_golden.py).
+      over positions >= K. --golden G also compares with llama.cpp's run (tools/llama_golden.py):
+      ppl within 0.5%, top-1 agreement >= 95%, mean |dlogit| <= 0.25 over its top-k. With
+      --golden-strict (G made from the F32 weights, tools/gguf_dequantize.py): ppl within 0.01%,
+      top-1 >= 99.5%, mean |dlogit| <= 0.001, max <= 0.01.
   kvpolicy-lm --model DIR --prompt TEXT [--prompt TEXT ...] --generate N [--policy P ...]
       greedy continuation of each prompt; the prompts are sequences of one cache (one pool)
 
@@ -49,6 +52,7 @@ policy:  --policy P        full (default), streamingllm, h2o, snapkv, knorm, key
 
 struct Args {
   std::string model, text, golden;
+  bool golden_strict = false;
   std::vector<std::string> prompts;
   std::int64_t tokens = 1024, score_from = 1, prefill = 0, chunk = 16, generate = 0;
   int threads = 0;
@@ -62,6 +66,10 @@ Args parse(int argc, char** argv) {
     if (f == "-h" || f == "--help") {
       std::fputs(kUsage, stdout);
       std::exit(0);
+    }
+    if (f == "--golden-strict") {
+      a.golden_strict = true;
+      continue;
     }
     require(i + 1 < argc, f, ": needs a value (kvpolicy-lm --help)");
     const std::string v = argv[++i];
@@ -96,6 +104,7 @@ Args parse(int argc, char** argv) {
   require(a.generate >= 0, "--generate ", a.generate, " must be >= 0");
   require(a.threads >= 0, "--threads ", a.threads, " must be >= 0");
   require(a.prompts.empty() || a.generate >= 1, "--prompt needs --generate N >= 1");
+  require(!a.golden_strict || !a.golden.empty(), "--golden-strict needs --golden FILE");
   if (a.prefill == 0) a.prefill = a.chunk;
   return a;
 }
@@ -139,8 +148,14 @@ int perplexity_mode(const Args& a, const Model& model, const Tokenizer& tok) {
                   "|dlogit| mean %.4f max %.4f over llama.cpp's top-%lld\n",
                   ag.ppl, ag.golden_ppl, 100.0 * rel, 100.0 * ag.top1, ag.mean_abs_dlogit, ag.max_abs_dlogit,
                   static_cast<long long>(g.k));
-      // issue 14's tolerances: ppl within 0.5%, top-1 >= 95%, mean |dlogit| <= 0.25
-      if (rel > 0.005 || ag.top1 < 0.95 || ag.mean_abs_dlogit > 0.25) {
+      if (a.golden_strict) {
+        // llama.cpp on the same F32 weights: the same arithmetic, so only summation order differs
+        if (rel > 1e-4 || ag.top1 < 0.995 || ag.mean_abs_dlogit > 1e-3 || ag.max_abs_dlogit > 1e-2) {
+          std::printf("golden: OUTSIDE the strict tolerances (ppl 0.01%%, top-1 99.5%%, |dlogit| mean 0.001 max 0.01)\n");
+          status = 1;
+        }
+      } else if (rel > 0.005 || ag.top1 < 0.95 || ag.mean_abs_dlogit > 0.25) {
+        // issue 14's tolerances against llama.cpp on the Q4_1 file (it rounds activations to Q8_1)
         std::printf("golden: OUTSIDE the tolerances (ppl 0.5%%, top-1 95%%, mean |dlogit| 0.25)\n");
         status = 1;
       }
