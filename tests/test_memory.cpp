@@ -164,3 +164,14 @@ TEST_CASE("allocator arguments are validated") {
   CHECK_THROWS_WITH_AS(memory::Contiguous<float>(std::int64_t{1} << 60, 2).bind(CacheShape{1, 1, 1, 8}),
                        doctest::Contains("overflows the pool's size"), Error);
 }
+
+// AddressSanitizer ends the process on an allocation it cannot serve instead of throwing, so this
+// case runs only without it.
+#if !defined(__SANITIZE_ADDRESS__)
+TEST_CASE("a pool the machine cannot hold is a kvpolicy::Error naming its size, not std::bad_alloc") {
+  memory::Paged<16> a(INT32_MAX);  // 2^31 - 1 pages x 16 slots x 1 KiB of K/V: about 35 TB
+  CHECK_THROWS_WITH_AS(a.bind(CacheShape{1, 1, 1, 128}), doctest::Contains("34359738352 slots x head_dim 128"), Error);
+  memory::Contiguous<float> c(std::int64_t{1} << 40, 1);
+  CHECK_THROWS_WITH_AS(c.bind(CacheShape{1, 1, 1, 8}), doctest::Contains("out of host memory"), Error);
+}
+#endif

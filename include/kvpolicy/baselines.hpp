@@ -11,6 +11,8 @@
 ///                                       kvpolicy::score::Recency{.sinks = 4});
 #pragma once
 
+#include "kvpolicy/core/cxx20.hpp"  // first: names a missing -std=c++20
+
 #include "kvpolicy/cache.hpp"
 #include "kvpolicy/cpu/backend.hpp"
 #include "kvpolicy/memory/paged.hpp"

@@ -9,6 +9,8 @@
 /// anything: a call that throws leaves the cache exactly as it was (SPEC §7).
 #pragma once
 
+#include "kvpolicy/core/cxx20.hpp"  // first: names a missing -std=c++20
+
 #include <algorithm>
 #include <array>
 #include <cmath>

@@ -7,6 +7,8 @@
 /// Needs nvcc (C++20) and links CUDA::cudart and CUDA::cublas (the target kvpolicy::cuda).
 #pragma once
 
+#include "kvpolicy/core/cxx20.hpp"  // first: names a missing -std=c++20
+
 #include "kvpolicy/cuda/append.cuh"
 #include "kvpolicy/cuda/attention.cuh"
 #include "kvpolicy/cuda/cache.cuh"

@@ -4,6 +4,8 @@
 /// ragged paged cache (heads end up with different lengths).
 #pragma once
 
+#include "kvpolicy/core/cxx20.hpp"  // first: names a missing -std=c++20
+
 #include "kvpolicy/cache.hpp"
 #include "kvpolicy/cpu/backend.hpp"
 #include "kvpolicy/memory/paged.hpp"

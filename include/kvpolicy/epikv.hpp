@@ -17,6 +17,8 @@
 ///   cache.step(seq, keys, values, scores);                          // scores in place of log_beta
 #pragma once
 
+#include "kvpolicy/core/cxx20.hpp"  // first: names a missing -std=c++20
+
 #include <span>
 
 #include "kvpolicy/cache.hpp"

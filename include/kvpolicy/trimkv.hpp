@@ -6,6 +6,8 @@
 ///                                 kvpolicy::trimkv_evictor({.budget = 1024, .buffer = 128}));
 #pragma once
 
+#include "kvpolicy/core/cxx20.hpp"  // first: names a missing -std=c++20
+
 #include "kvpolicy/cache.hpp"
 #include "kvpolicy/cpu/backend.hpp"
 #include "kvpolicy/memory/contiguous.hpp"

@@ -28,6 +28,8 @@
 /// above keeps exactly the ring's survivors, and compaction moves O(dropped) entries per step.
 #pragma once
 
+#include "kvpolicy/core/cxx20.hpp"  // first: names a missing -std=c++20
+
 #include "kvpolicy/cache.hpp"
 #include "kvpolicy/cpu/backend.hpp"
 #include "kvpolicy/memory/paged.hpp"

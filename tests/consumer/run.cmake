@@ -10,7 +10,8 @@ function(step)
 endfunction()
 step(${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${WORK_DIR}/prefix)
 foreach(f include/kvpolicy/trimkv.hpp include/kvpolicy/core/concepts.hpp share/kvpolicy/kvpolicyConfig.cmake
-          share/kvpolicy/kvpolicyConfigVersion.cmake bin/kvpolicy-replay bin/kvpolicy-lm)
+          share/kvpolicy/kvpolicyConfigVersion.cmake share/doc/kvpolicy/LICENSE bin/kvpolicy-replay
+          bin/kvpolicy-lm)
   if(NOT EXISTS ${WORK_DIR}/prefix/${f})
     message(FATAL_ERROR "install tree lacks ${f}")
   endif()
@@ -21,3 +22,12 @@ step(${CMAKE_COMMAND} --build ${WORK_DIR}/build)
 step(${WORK_DIR}/build/consumer)
 step(${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/consumer -B ${WORK_DIR}/build-components -G ${GENERATOR}
      -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix -DCONSUMER_ASKS_COMPONENTS=ON -DCONSUMER_VERSION=${MAJOR_MINOR})
+# Without Eigen, asking for the cpu component fails and names Eigen3 (not only "kvpolicy_FOUND to FALSE");
+# CMake wraps the reason's lines, hence [ \n]+.
+execute_process(COMMAND ${CMAKE_COMMAND} -S ${SOURCE_DIR}/tests/consumer -B ${WORK_DIR}/build-no-eigen -G ${GENERATOR}
+                        -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix -DCONSUMER_ASKS_COMPONENTS=ON
+                        -DCONSUMER_VERSION=${MAJOR_MINOR} -DCMAKE_DISABLE_FIND_PACKAGE_Eigen3=TRUE
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(rc EQUAL 0 OR NOT err MATCHES "component cpu is not available:[ \n]+Eigen3[ \n]+\\(>=[ \n]+3.3;[ \n]+Debian:[ \n]+libeigen3-dev\\)")
+  message(FATAL_ERROR "find_package(kvpolicy COMPONENTS cpu) without Eigen3 should fail naming Eigen3 (${rc}):\n${out}\n${err}")
+endif()

@@ -4,6 +4,8 @@
 /// names the offending value; a call that throws leaves every object it touched unchanged.
 #pragma once
 
+#include "kvpolicy/core/cxx20.hpp"  // first: names a missing -std=c++20
+
 #include <sstream>
 #include <stdexcept>
 #include <string>

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <new>
 #include <span>
 #include <vector>
 
@@ -35,7 +36,11 @@ class Paged {
     require(pages_ <= INT64_MAX / 4 / PageSize / shape.head_dim, "memory::Paged: ", pages_, " pages x ", PageSize,
             " slots x head_dim ", shape.head_dim, " overflows the pool's size");
     pool_.resize(pages_ * PageSize, shape.head_dim);
-    free_.resize(static_cast<std::size_t>(pages_));
+    try {
+      free_.resize(static_cast<std::size_t>(pages_));
+    } catch (const std::bad_alloc&) {
+      fail("memory::Paged: cannot allocate the free list of ", pages_, " pages: out of host memory");
+    }
     // Pop from the back, so page 0 is handed out first.
     for (std::int64_t i = 0; i < pages_; ++i) free_[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(pages_ - 1 - i);
   }

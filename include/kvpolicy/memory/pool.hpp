@@ -7,7 +7,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <new>
 #include <span>
+#include <stdexcept>
 #include <vector>
 
 #include "kvpolicy/core/dtype.hpp"
@@ -31,11 +33,30 @@ class EntryPool {
   static_assert(is_storage_type_v<Storage>, "K/V storage must be float, kvpolicy::half or kvpolicy::bfloat16");
 
  public:
+  /// Allocates the pool; a pool the machine cannot hold is a kvpolicy::Error naming its size, not
+  /// std::bad_alloc, and leaves the old pool as it was.
   void resize(std::int64_t slots, int head_dim) {
+    std::vector<Storage> keys, values;
+    std::vector<EntryMeta> meta;
+    try {
+      keys.assign(static_cast<std::size_t>(slots * head_dim), Storage{});
+      values.assign(static_cast<std::size_t>(slots * head_dim), Storage{});
+      meta.assign(static_cast<std::size_t>(slots), EntryMeta{});
+    } catch (const std::bad_alloc&) {
+      fail("memory pool: cannot allocate ", slots, " slots x head_dim ", head_dim, " (",
+           pool_bytes(slots, head_dim), " bytes): out of host memory");
+    } catch (const std::length_error&) {
+      fail("memory pool: ", slots, " slots x head_dim ", head_dim, " exceed what one allocation can hold");
+    }
+    keys_.swap(keys);
+    values_.swap(values);
+    meta_.swap(meta);
     head_dim_ = head_dim;
-    keys_.assign(static_cast<std::size_t>(slots * head_dim), Storage{});
-    values_.assign(static_cast<std::size_t>(slots * head_dim), Storage{});
-    meta_.assign(static_cast<std::size_t>(slots), EntryMeta{});
+  }
+  /// Host bytes of a pool of `slots` entries: K and V in the storage dtype plus each entry's
+  /// EntryMeta.
+  static std::int64_t pool_bytes(std::int64_t slots, int head_dim) {
+    return slots * (2 * head_dim * static_cast<std::int64_t>(sizeof(Storage)) + static_cast<std::int64_t>(sizeof(EntryMeta)));
   }
   int head_dim() const { return head_dim_; }
   std::int64_t slots() const { return static_cast<std::int64_t>(meta_.size()); }
