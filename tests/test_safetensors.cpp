@@ -2,10 +2,14 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <filesystem>
 #include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
+
+#include <unistd.h>
 
 #include "kvpolicy/gate/safetensors.hpp"
 
@@ -74,7 +78,7 @@ TEST_CASE("safetensors: a hand-built file with known bits in every dtype") {
   CHECK(f.floats("f") == std::vector<float>{0.5f});
   CHECK(f.int64s("i") == std::vector<std::int64_t>{-7});
   CHECK(f.int64s("l") == std::vector<std::int64_t>{std::int64_t{1} << 40});
-  CHECK_THROWS_WITH_AS(f.floats("l"), doctest::Contains("tensor 'l' has dtype I64, expected F32, F16 or BF16"), Error);
+  CHECK_THROWS_WITH_AS(f.floats("l"), doctest::Contains("tensor 'l' has dtype I64, expected F32, F16, BF16 or F64"), Error);
 }
 
 TEST_CASE("safetensors writer rejects what it cannot write") {
@@ -95,6 +99,10 @@ TEST_CASE("safetensors: every malformed file is an error naming the tensor and t
   expect_error(image("{\"w\": [", 0), "header is not valid JSON");
   expect_error(image("[1,2]", 0), "header is not a JSON object");
   expect_error(image(R"({"w":{"dtype":"F8_E4M3","shape":[2],"data_offsets":[0,2]}})", 2), "tensor 'w': unknown dtype 'F8_E4M3'");
+  // JSON would keep the last of two equal keys: a tensor named twice is refused
+  expect_error(image(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", 8),
+               "header names 'w' twice");
+  expect_error(image(R"({"w":{"dtype":"F32","dtype":"F16","shape":[2],"data_offsets":[0,8]}})", 8), "header names 'dtype' twice");
   expect_error(image(R"({"w":{"shape":[2],"data_offsets":[0,8]}})", 8), "tensor 'w': missing dtype");
   expect_error(image(R"({"w":[1]})", 0), "tensor 'w': entry is not an object");
   expect_error(image(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0]}})", 8), "data_offsets must be [begin, end]");
@@ -116,6 +124,45 @@ TEST_CASE("safetensors: every malformed file is an error naming the tensor and t
   CHECK_THROWS_WITH_AS(f.floats("w", {3}), doctest::Contains("tensor 'w' has shape [2], expected [3]"), Error);
   CHECK_THROWS_WITH_AS(f.int64s("w"), doctest::Contains("tensor 'w' has dtype F32, expected I64 or I32"), Error);
   CHECK_THROWS_WITH_AS(st::File::read("/nonexistent/file.safetensors"), doctest::Contains("cannot open"), Error);
+  CHECK_THROWS_WITH_AS(st::File::read("/tmp"), doctest::Contains("'/tmp' is a directory, not a file"), Error);
+  // the same key in two different objects is fine
+  CHECK_NOTHROW(st::File::parse(image(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", 8)));
+}
+
+TEST_CASE("safetensors: F64 tensors are read as fp32, rounded to nearest") {
+  const double v[3] = {1.0, -0.1, 1e300};
+  auto bytes = image(R"({"d":{"dtype":"F64","shape":[3],"data_offsets":[0,24]}})", 24);
+  std::memcpy(bytes.data() + bytes.size() - 24, v, 24);
+  const auto f = st::File::parse(bytes);
+  CHECK(f.info("d").dtype == st::DType::F64);
+  const auto x = f.floats("d", {3});
+  CHECK(x[0] == 1.0f);
+  CHECK(x[1] == static_cast<float>(-0.1));
+  CHECK(std::isinf(x[2]));
+  CHECK_THROWS_WITH_AS(f.floats("d", {3}, /*finite=*/true), doctest::Contains("non-finite value inf at flat index 2"), Error);
+}
+
+TEST_CASE("safetensors writer: atomic — a failed write leaves the old file, and no temporary behind") {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("kvpolicy_atomic_write_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string path = (dir / "out.safetensors").string();
+  st::Writer first, second;
+  first.add_f32("a", {1}, std::vector<float>{1.0f});
+  second.add_f32("a", {1}, std::vector<float>{2.0f});
+  first.write(path);
+  second.write(path);  // replaces it
+  CHECK(st::File::read(path).floats("a") == std::vector<float>{2.0f});
+  CHECK(!fs::exists(path + ".tmp-kvpolicy"));
+  // the temporary cannot be created: the error names the file, and the old one is intact
+  fs::create_directory(path + ".tmp-kvpolicy");
+  CHECK_THROWS_WITH_AS(first.write(path), doctest::Contains("cannot open a temporary file to write '"), Error);
+  CHECK(st::File::read(path).floats("a") == std::vector<float>{2.0f});
+  CHECK_THROWS_WITH_AS(first.write(dir.string()), doctest::Contains("is a directory"), Error);
+  CHECK_THROWS_WITH_AS(first.write((dir / "missing" / "x.safetensors").string()), doctest::Contains("cannot open a temporary"), Error);
+  CHECK(!fs::exists(dir / "missing"));
+  fs::remove_all(dir);
 }
 
 TEST_CASE("safetensors: non-finite values are rejected where finite is required") {

@@ -11,10 +11,12 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <limits>
 #include <map>
+#include <set>
 #include <span>
 #include <string>
 #include <vector>
@@ -26,13 +28,13 @@
 
 namespace kvpolicy::safetensors {
 
-enum class DType { F32, F16, BF16, I32, I64 };
+enum class DType { F32, F16, BF16, I32, I64, F64 };
 
 inline std::int64_t dtype_size(DType t) {
   switch (t) {
     case DType::F32: case DType::I32: return 4;
     case DType::F16: case DType::BF16: return 2;
-    case DType::I64: return 8;
+    case DType::I64: case DType::F64: return 8;
   }
   return 0;
 }
@@ -43,6 +45,7 @@ inline const char* dtype_name(DType t) {
     case DType::BF16: return "BF16";
     case DType::I32: return "I32";
     case DType::I64: return "I64";
+    case DType::F64: return "F64";
   }
   return "?";
 }
@@ -70,6 +73,8 @@ class File {
  public:
   /// Reads and validates a whole file.
   static File read(const std::string& path) {
+    std::error_code ec;
+    require(!std::filesystem::is_directory(path, ec), "safetensors: '", path, "' is a directory, not a file");
     std::ifstream in(path, std::ios::binary);
     require(in.good(), "safetensors: cannot open '", path, "'");
     std::vector<std::uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -100,7 +105,7 @@ class File {
     return it->second;
   }
 
-  /// The tensor as fp32 (from F32, F16 or BF16). With `expected` non-empty the shape must match; with
+  /// The tensor as fp32 (from F32, F16, BF16, or F64 rounded to nearest). With `expected` non-empty the shape must match; with
   /// finite = true every value must be finite (gate weights).
   std::vector<float> floats(const std::string& name, const std::vector<std::int64_t>& expected = {},
                             bool finite = false) const {
@@ -112,9 +117,15 @@ class File {
         case DType::F32: std::memcpy(&out[i], p + 4 * i, 4); break;
         case DType::F16: out[i] = dtype::half_to_float(load_u16(p + 2 * i)); break;
         case DType::BF16: out[i] = dtype::bf16_to_float(load_u16(p + 2 * i)); break;
+        case DType::F64: {
+          double x;
+          std::memcpy(&x, p + 8 * i, 8);
+          out[i] = static_cast<float>(x);
+          break;
+        }
         default:
           fail("safetensors '", source_, "': tensor '", name, "' has dtype ", dtype_name(t.dtype),
-               ", expected F32, F16 or BF16");
+               ", expected F32, F16, BF16 or F64");
       }
       if (finite && !std::isfinite(out[i]))
         fail("safetensors '", source_, "': tensor '", name, "' holds a non-finite value ", out[i], " at flat index ", i);
@@ -172,12 +183,26 @@ class File {
     header_len_ = static_cast<std::int64_t>(n);
     const std::int64_t data_size = size - 8 - header_len_;
 
+    // JSON keeps the last of two equal keys; a tensor named twice is an error instead (which of the
+    // two was meant cannot be known).
     nlohmann::json header;
+    std::string twice;
+    std::vector<std::set<std::string>> keys_of_open_objects;
+    const auto no_duplicate_keys = [&](int, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+      using E = nlohmann::json::parse_event_t;
+      if (event == E::object_start) keys_of_open_objects.emplace_back();
+      if (event == E::object_end && !keys_of_open_objects.empty()) keys_of_open_objects.pop_back();
+      if (event == E::key && !keys_of_open_objects.empty() && twice.empty() &&
+          !keys_of_open_objects.back().insert(parsed.get<std::string>()).second)
+        twice = parsed.get<std::string>();
+      return true;
+    };
     try {
-      header = nlohmann::json::parse(bytes_.begin() + 8, bytes_.begin() + 8 + header_len_);
+      header = nlohmann::json::parse(bytes_.begin() + 8, bytes_.begin() + 8 + header_len_, no_duplicate_keys);
     } catch (const nlohmann::json::exception& e) {
       fail("safetensors '", source_, "': header is not valid JSON: ", e.what());
     }
+    require(twice.empty(), "safetensors '", source_, "': header names '", twice, "' twice");
     require(header.is_object(), "safetensors '", source_, "': header is not a JSON object");
 
     std::vector<const TensorInfo*> by_offset;
@@ -219,7 +244,8 @@ class File {
     else if (dt == "BF16") t.dtype = DType::BF16;
     else if (dt == "I32") t.dtype = DType::I32;
     else if (dt == "I64") t.dtype = DType::I64;
-    else fail(where, ": unknown dtype '", dt, "' (supported: F32, F16, BF16, I32, I64)");
+    else if (dt == "F64") t.dtype = DType::F64;
+    else fail(where, ": unknown dtype '", dt, "' (supported: F32, F16, BF16, F64, I32, I64)");
 
     std::int64_t numel = 1;
     for (const auto& d : e["shape"]) {
@@ -304,12 +330,28 @@ class Writer {
     std::copy(data_.begin(), data_.end(), out.begin() + 8 + static_cast<std::ptrdiff_t>(h.size()));
     return out;
   }
+  /// Writes atomically: the bytes go to the temporary file `path` + ".tmp-kvpolicy", which then
+  /// replaces `path` by rename (a symbolic link at `path` is replaced, not followed). A failed write
+  /// leaves an existing file at `path` as it was, and no temporary behind.
   void write(const std::string& path) const {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    require(!fs::is_directory(path, ec), "safetensors writer: '", path, "' is a directory");
     const auto b = bytes();
-    std::ofstream out(path, std::ios::binary);
-    require(out.good(), "safetensors writer: cannot open '", path, "' for writing");
-    out.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
-    require(out.good(), "safetensors writer: failed writing '", path, "'");
+    const std::string tmp = path + ".tmp-kvpolicy";
+    const auto give_up = [&](const char* what) {
+      fs::remove(tmp, ec);
+      fail("safetensors writer: ", what, " '", path, "'");
+    };
+    {
+      std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+      if (!out.good()) give_up("cannot open a temporary file to write");
+      out.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
+      out.close();
+      if (out.fail()) give_up("failed writing");
+    }
+    fs::rename(tmp, path, ec);
+    if (ec) give_up("cannot replace");
   }
 
  private:
