@@ -12,8 +12,11 @@ int main() {
   const CacheShape shape{.layers = 2, .kv_heads = 2, .q_heads = 8, .head_dim = 64};
   const TrimKVConfig config{.budget = 256, .buffer = 32};  // keep 256 tokens per (layer, kv head)
 
-  // A paged pool with room for one sequence at its budget plus a 64-token prefill chunk.
-  TrimKVCache<> cache(shape, memory::Paged<16>(pages_for(shape, config.budget + config.buffer + 64, 1, 16)),
+  // A paged pool of 16-entry pages with room for one sequence whose steps append up to 64 tokens
+  // (a prefill chunk): every head at its peak M + B - 1 + 64. Pool::bytes_for(shape, pages) says
+  // what that costs in host memory.
+  using Pool = memory::Paged<16>;
+  TrimKVCache<> cache(shape, Pool(trimkv_pages<Pool>(shape, config, /*sequences=*/1, /*largest_chunk=*/64)),
                       trimkv_evictor(config));
   cache.add_sequence(0);
 

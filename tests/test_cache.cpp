@@ -347,3 +347,58 @@ TEST_CASE("shapes and evictor parameters are validated") {
   CHECK_THROWS_WITH_AS(trimkv_evictor({.threshold = std::numeric_limits<double>::infinity()}).validate(CacheShape{1, 1, 1, 1}),
                        doctest::Contains("threshold alpha = inf"), Error);
 }
+
+TEST_CASE("sizing: pools sized by trimkv_pages and dbtrimkv_pages never run out, ragged heads included") {
+  // 60 random geometries, budgets, chunk sizes and 1-3 sequences; heads of very different retention.
+  // (Before the page per head, pages_for(M + B) ran a ragged DBTrimKV pool out in most such runs.)
+  std::mt19937_64 rng(2026);
+  auto draw = [&](std::int64_t lo, std::int64_t hi) { return std::uniform_int_distribution<std::int64_t>(lo, hi)(rng); };
+  for (int run_index = 0; run_index < 60; ++run_index) {
+    const int layers = static_cast<int>(draw(1, 3)), kv_heads = static_cast<int>(draw(1, 3));
+    const CacheShape s{layers, kv_heads, kv_heads, 4};
+    const std::int64_t M = draw(1, 12), B = draw(1, 6), C = draw(1, 8), sequences = draw(1, 3);
+    const DBTrimKVConfig dc{.budget = M, .buffer = B};
+    const TrimKVConfig tc{.budget = M, .buffer = B};
+    using Pool = memory::Paged<4>;
+    // the global rule (a floor in a third of the runs) and the layer-wise one, sized alike
+    const DBTrimKVConfig fc{.budget = M, .buffer = B, .floor_ratio = run_index % 3 == 0 ? 0.5 : 0.0};
+    DBTrimKVCache<cpu_backend, float, 4> global(s, Pool(dbtrimkv_pages<Pool>(s, fc, sequences, C)), dbtrimkv_evictor(fc));
+    DBTrimKVLayerWiseCache<cpu_backend, float, 4> layer_wise(s, Pool(dbtrimkv_pages<Pool>(s, dc, sequences, C)),
+                                                            dbtrimkv_layerwise_evictor(dc));
+    TrimKVCache<cpu_backend, float, 4> per_head(s, Pool(trimkv_pages<Pool>(s, tc, sequences, C)), trimkv_evictor(tc));
+    // heads of very different retention, so the global budget makes them ragged
+    std::vector<float> head_scale(static_cast<std::size_t>(s.heads_total()));
+    for (auto& x : head_scale) x = std::uniform_real_distribution<float>(0.0f, 0.5f)(rng);
+    for (std::int64_t seq = 0; seq < sequences; ++seq) {
+      global.add_sequence(seq);
+      layer_wise.add_sequence(seq);
+      per_head.add_sequence(seq);
+    }
+    for (int step = 0; step < 40; ++step)
+      for (std::int64_t seq = 0; seq < sequences; ++seq) {
+        auto d = random_step(rng, s, step == 0 ? C : draw(1, C));
+        for (std::size_t i = 0; i < d.lb.size(); ++i) d.lb[i] *= 5.0f * head_scale[i / static_cast<std::size_t>(d.T)];
+        auto again = d, third = d;
+        REQUIRE_NOTHROW(run(global, seq, d, false));  // out of pages would throw here
+        REQUIRE_NOTHROW(run(layer_wise, seq, third, false));
+        REQUIRE_NOTHROW(run(per_head, seq, again, false));
+      }
+  }
+}
+
+TEST_CASE("sizing: the page size comes from the allocator, bytes from its storage type") {
+  const CacheShape shape{2, 3, 6, 64};
+  CHECK(memory::Paged<16>::pages_for(shape, 33, 2) == 2 * 6 * 3);
+  CHECK(memory::Paged<4>::pages_for(shape, 33, 2) == 2 * 6 * 9);
+  CHECK(trimkv_pages<memory::Paged<16>>(shape, {.budget = 256, .buffer = 32}, 1, 64) ==
+        6 * ((256 + 32 - 1 + 64 + 15) / 16));
+  // one page per head on top: ragged heads leave their last pages partly empty
+  CHECK(dbtrimkv_pages<memory::Paged<16>>(shape, {.budget = 256, .buffer = 32}, 2) == 2 * ((6 * 288 + 15) / 16 + 6));
+  const auto meta = static_cast<std::int64_t>(sizeof(EntryMeta));
+  CHECK(memory::Paged<16>::bytes_for(shape, 10) == 10 * 16 * (2 * 64 * 4 + meta) + 10 * 4);
+  CHECK(memory::Paged<16, half>::bytes_for(shape, 10) == 10 * 16 * (2 * 64 * 2 + meta) + 10 * 4);
+  CHECK_THROWS_WITH_AS(trimkv_pages(shape, {.budget = 8, .buffer = 2, .threshold = 0.5}, 1),
+                       doctest::Contains("trimkv_pages: the threshold variant (alpha = 0.5)"), Error);
+  CHECK_THROWS_WITH_AS(dbtrimkv_pages(shape, {.budget = 8, .buffer = 0}, 1),
+                       doctest::Contains("dbtrimkv_pages: budget M = 8, buffer B = 0"), Error);
+}

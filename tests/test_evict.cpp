@@ -117,6 +117,20 @@ TEST_CASE("floor_ratio quotas by hand (SPEC §2)") {
   CHECK(keep == std::vector<std::uint8_t>{1, 1, 1, 1, 1, 1, 1, 0, 0, 0});
 }
 
+TEST_CASE("a DBTrimKV config's horizon cannot be dropped: the scorer must have it") {
+  const CacheShape shape{2, 2, 2, 4};
+  // the horizon reaches only the evictor's factory: the scorer would be Lookahead{2}
+  CHECK_THROWS_WITH_AS(DBTrimKVCache<>(shape, memory::Paged<16>(64), dbtrimkv_evictor({.horizon = 5})),
+                       doctest::Contains("evict::Global: the config's horizon h = 5 is not the scorer's h = 2"), Error);
+  CHECK_THROWS_WITH_AS(DBTrimKVLayerWiseCache<>(shape, memory::Paged<16>(64), dbtrimkv_layerwise_evictor({.horizon = 3})),
+                       doctest::Contains("evict::LayerWise: the config's horizon h = 3 is not the scorer's h = 2"), Error);
+  const DBTrimKVConfig c{.budget = 8, .buffer = 2, .horizon = 5};
+  CHECK_NOTHROW(DBTrimKVCache<>(shape, memory::Paged<16>(64), dbtrimkv_evictor(c), dbtrimkv_scorer(c)));
+  CHECK_NOTHROW(DBTrimKVCache<>(shape, memory::Paged<16>(64), dbtrimkv_evictor()));  // the defaults agree
+  // an evictor built field by field names no horizon: any scorer goes
+  CHECK_NOTHROW(DBTrimKVCache<>(shape, memory::Paged<16>(64), evict::Global{8, 2}, score::Lookahead{7}));
+}
+
 TEST_CASE("invalid evictor parameters are rejected with the value named") {
   const CacheShape shape{1, 1, 1, 4};
   CHECK_THROWS_WITH_AS(trimkv_evictor({.budget = 0}).validate(shape), doctest::Contains("budget M = 0"), Error);
@@ -265,8 +279,8 @@ TEST_CASE("oracle: DBTrimKV global eviction with lookahead, floor_ratio and thre
   for (int h : {1, 2, 5})
     differential(
         3 + static_cast<std::uint64_t>(h), 600, score::Lookahead{h},
-        [](const oracle::Params& p) {
-          return dbtrimkv_evictor({.budget = p.budget, .buffer = p.buffer, .floor_ratio = p.floor_ratio,
+        [h](const oracle::Params& p) {
+          return dbtrimkv_evictor({.budget = p.budget, .buffer = p.buffer, .horizon = h, .floor_ratio = p.floor_ratio,
                                    .window = p.window, .threshold = p.threshold, .sinks = p.sinks});
         },
         [](auto&&... a) { oracle::global(a...); }, true, true);

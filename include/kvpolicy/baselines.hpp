@@ -33,6 +33,15 @@ inline evict::PerHead<trigger::Buffered> baseline_evictor(const BaselineConfig& 
   return evict::PerHead<trigger::Buffered>{trigger::Buffered{c.budget, c.buffer}, 0, 0.0, c.sinks};
 }
 
+/// Pages for `sequences` sequences under a per-head baseline (StreamingLLM, H2O, KNorm, KeyDiff,
+/// Random) in the allocator `Paged`: every head at its peak M + B - 1 + largest_chunk.
+template <class Paged = memory::Paged<16>>
+std::int64_t baseline_pages(const CacheShape& shape, const BaselineConfig& c, std::int64_t sequences,
+                            std::int64_t largest_chunk = 1) {
+  return Paged::pages_for(shape, evict::detail::per_head_peak("baseline_pages", c.budget, c.buffer, 0.0, largest_chunk),
+                          sequences);
+}
+
 /// H2O, SPEC §5: the recent half of the budget (w = M / 2) is protected.
 inline evict::PerHead<trigger::Buffered> h2o_evictor(const BaselineConfig& c = {}) {
   return evict::PerHead<trigger::Buffered>{trigger::Buffered{c.budget, c.buffer}, c.budget / 2, 0.0, c.sinks};

@@ -41,10 +41,22 @@ using TrimKVKNormCache = Cache<score::KNormRetention, admit::All, evict::PerHead
                                memory::Paged<PageSize, Storage>, Backend>;
 
 /// Pages a paged pool needs so that `sequences` sequences each hold up to `entries_per_head` entries
-/// in every (layer, kv head). For TRIM-KV decode: entries_per_head = M + B - 1 + the largest chunk.
+/// in every (layer, kv head). Prefer the allocator's own `memory::Paged<P>::pages_for` (no page size
+/// to repeat) or a preset's bound (trimkv_pages, dbtrimkv_pages, baseline_pages).
 inline std::int64_t pages_for(const CacheShape& shape, std::int64_t entries_per_head, std::int64_t sequences,
                               std::int64_t page_size) {
   return sequences * shape.heads_total() * ((entries_per_head + page_size - 1) / page_size);
+}
+
+
+/// Pages for `sequences` TRIM-KV sequences in the allocator `Paged` (memory::Paged<P, Storage>):
+/// every head at its peak M + B - 1 + largest_chunk. `largest_chunk`: the most tokens one step
+/// appends (the prefill chunk; 1 for decode). Bytes: Paged::bytes_for(shape, pages).
+template <class Paged = memory::Paged<16>>
+std::int64_t trimkv_pages(const CacheShape& shape, const TrimKVConfig& c, std::int64_t sequences,
+                          std::int64_t largest_chunk = 1) {
+  return Paged::pages_for(shape, evict::detail::per_head_peak("trimkv_pages", c.budget, c.buffer, c.threshold, largest_chunk),
+                          sequences);
 }
 
 }  // namespace kvpolicy

@@ -45,6 +45,21 @@ class Paged {
     for (std::int64_t i = 0; i < pages_; ++i) free_[static_cast<std::size_t>(i)] = static_cast<std::int32_t>(pages_ - 1 - i);
   }
 
+  /// Pages for `sequences` sequences whose every (layer, kv head) holds up to `entries_per_head`
+  /// entries. The policy presets size by their own bound: trimkv_pages, dbtrimkv_pages,
+  /// baseline_pages.
+  static std::int64_t pages_for(const CacheShape& shape, std::int64_t entries_per_head, std::int64_t sequences = 1) {
+    require(entries_per_head >= 0 && sequences >= 0, "memory::Paged::pages_for: entries_per_head = ", entries_per_head,
+            " and sequences = ", sequences, " must be >= 0");
+    return sequences * shape.heads_total() * ((entries_per_head + PageSize - 1) / PageSize);
+  }
+  /// Host bytes of a pool of `pages` pages for this geometry: each slot's K and V in Storage and its
+  /// EntryMeta, plus the free list.
+  static std::int64_t bytes_for(const CacheShape& shape, std::int64_t pages) {
+    return EntryPool<Storage>::pool_bytes(pages * PageSize, shape.head_dim) +
+           pages * static_cast<std::int64_t>(sizeof(std::int32_t));
+  }
+
   void add_sequence(std::int64_t seq) { tables_.add(seq); }
   void remove_sequence(std::int64_t seq) {
     for (auto& t : tables_.of(seq)) free_.insert(free_.end(), t.pages.rbegin(), t.pages.rend());

@@ -56,6 +56,27 @@ inline void validate_common(const char* who, std::int64_t budget, std::int64_t w
           " must be > 0 and finite (0 disables the threshold variant)");
 }
 
+/// The most entries one (layer, kv head) holds under a per-head budget M with buffer B (SPEC §1):
+/// eviction brings a head back to M once it reaches M + B, so between evictions it holds at most
+/// M + B - 1, and a step appends up to `largest_chunk` before its trigger runs.
+inline std::int64_t per_head_peak(const char* who, std::int64_t budget, std::int64_t buffer, double threshold,
+                                  std::int64_t largest_chunk) {
+  require(threshold == 0.0, who, ": the threshold variant (alpha = ", threshold,
+          ") keeps every entry scoring >= log(alpha): no budget bounds a head, so no pool size follows from "
+          "the config; size by the longest sequence (memory::Paged<P>::pages_for)");
+  require(budget >= 1 && buffer >= 1 && largest_chunk >= 1, who, ": budget M = ", budget, ", buffer B = ", buffer,
+          " and largest_chunk = ", largest_chunk, " must be >= 1");
+  return budget + buffer - 1 + largest_chunk;
+}
+
+/// A horizon named by the evictor's config (> 0) must be the scorer's (SPEC §2: h of Eq. 9).
+template <class Scorer>
+void validate_horizon(const char* who, int horizon, const Scorer& s) {
+  if constexpr (requires { s.horizon; })
+    require(horizon == 0 || s.horizon == horizon, who, ": the config's horizon h = ", horizon,
+            " is not the scorer's h = ", s.horizon, " (pass the scorer built from the same config, e.g. dbtrimkv_scorer(c))");
+}
+
 inline void validate_floor(const char* who, double floor_ratio, double threshold) {
   require(floor_ratio >= 0.0 && floor_ratio < 1.0, who, ": floor_ratio f = ", floor_ratio, " must be in [0, 1)");
   require(!(floor_ratio > 0.0 && threshold > 0.0), who, ": floor_ratio = ", floor_ratio, " and threshold = ", threshold,
@@ -160,12 +181,20 @@ struct LayerWise {
   double threshold = 0.0;
   double floor_ratio = 0.0;  // the global rule's quotas, applied within each layer
   std::int64_t sinks = 0;    // S oldest entries of each head protected (SPEC §5)
+  /// The lookahead horizon the policy's config named (0: none named). A config's horizon belongs to
+  /// the scorer; the Cache checks at construction that its scorer has it, so a horizon given only to
+  /// the evictor's factory is an error, not silently the scorer's default.
+  int horizon = 0;
 
   void validate(const CacheShape& shape) const {
     shape.validate();
     trigger::Buffered{budget, buffer}.validate("evict::LayerWise");
     detail::validate_common("evict::LayerWise", budget, window, threshold, sinks);
     detail::validate_floor("evict::LayerWise", floor_ratio, threshold);
+  }
+  template <class Scorer>
+  void validate_scorer(const Scorer& s) const {
+    detail::validate_horizon("evict::LayerWise", horizon, s);
   }
   bool trigger(const CacheShape& shape, std::span<const std::int64_t> lengths, std::span<std::uint8_t> active) const {
     bool any = false;
@@ -204,12 +233,20 @@ struct Global {
   std::int64_t window = 0;
   double threshold = 0.0;
   std::int64_t sinks = 0;      // S oldest entries of each head protected (SPEC §5)
+  /// The lookahead horizon the policy's config named (0: none named). A config's horizon belongs to
+  /// the scorer; the Cache checks at construction that its scorer has it, so a horizon given only to
+  /// the evictor's factory is an error, not silently the scorer's default.
+  int horizon = 0;
 
   void validate(const CacheShape& shape) const {
     shape.validate();
     trigger::Buffered{budget, buffer}.validate("evict::Global");
     detail::validate_common("evict::Global", budget, window, threshold, sinks);
     detail::validate_floor("evict::Global", floor_ratio, threshold);
+  }
+  template <class Scorer>
+  void validate_scorer(const Scorer& s) const {
+    detail::validate_horizon("evict::Global", horizon, s);
   }
   bool trigger(const CacheShape& shape, std::span<const std::int64_t> lengths, std::span<std::uint8_t> active) const {
     const std::int64_t total = std::accumulate(lengths.begin(), lengths.end(), std::int64_t{0});
