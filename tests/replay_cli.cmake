@@ -26,14 +26,71 @@ foreach(p trimkv dbtrimkv streamingllm knorm random)
 endforeach()
 
 run_ok(${REPLAY} --write-synthetic ${WORK_DIR}/trace.safetensors --tokens 300)
-foreach(p streamingllm knorm random)
-  run_ok(${REPLAY} --trace ${WORK_DIR}/trace.safetensors --policy ${p} --budget 32 --buffer 8 --sinks 2 --seed 5
-         --out ${WORK_DIR}/${p}.safetensors)
+run_ok(${REPLAY} --trace ${WORK_DIR}/trace.safetensors --policy streamingllm --budget 32 --buffer 8 --sinks 2
+       --out ${WORK_DIR}/streamingllm.safetensors)
+run_ok(${REPLAY} --trace ${WORK_DIR}/trace.safetensors --policy knorm --budget 32 --buffer 8 --out ${WORK_DIR}/knorm.safetensors)
+run_ok(${REPLAY} --trace ${WORK_DIR}/trace.safetensors --policy random --budget 32 --buffer 8 --seed 5
+       --out ${WORK_DIR}/random.safetensors)
+# an option the policy does not take is refused, not ignored
+run_fails("--window does not apply to policy knorm \\(it is for: trimkv, dbtrimkv\\)" ${REPLAY}
+          --trace ${WORK_DIR}/trace.safetensors --policy knorm --window 4 --out ${WORK_DIR}/x.safetensors)
+run_fails("--horizon does not apply to policy trimkv" ${REPLAY} --trace ${WORK_DIR}/trace.safetensors --policy trimkv
+          --horizon 0 --out ${WORK_DIR}/x.safetensors)
+run_fails("--floor does not apply to policy trimkv" ${REPLAY} --trace ${WORK_DIR}/trace.safetensors --policy trimkv
+          --floor 1.5 --out ${WORK_DIR}/x.safetensors)
+run_fails("--buffer does not apply to policy snapkv" ${REPLAY} --trace ${WORK_DIR}/trace.safetensors --policy snapkv
+          --prefill 100 --buffer 4 --out ${WORK_DIR}/x.safetensors)
+run_fails("--sinks does not apply to policy knorm" ${REPLAY} --trace ${WORK_DIR}/trace.safetensors --policy knorm
+          --sinks 2 --out ${WORK_DIR}/x.safetensors)
+run_fails("--avg-budget M = -3 must be >= 0" ${REPLAY} --trace ${WORK_DIR}/trace.safetensors --policy wgkv
+          --avg-budget -3 --out ${WORK_DIR}/x.safetensors)
+run_fails("--threshold alpha = 2 must be in \\(0, 1\\] for trimkv" ${REPLAY} --trace ${WORK_DIR}/trace.safetensors
+          --policy trimkv --threshold 2 --out ${WORK_DIR}/x.safetensors)
+run_fails("--threshold alpha = 4 must be in \\(0, 3\\] for dbtrimkv" ${REPLAY} --trace ${WORK_DIR}/trace.safetensors
+          --policy dbtrimkv --horizon 3 --threshold 4 --out ${WORK_DIR}/x.safetensors)
+run_fails("--prefill P = 500 must be in \\[0, T = 300\\]" ${REPLAY} --trace ${WORK_DIR}/trace.safetensors
+          --policy trimkv --prefill 500 --out ${WORK_DIR}/x.safetensors)
+run_fails("--layers and --heads choose heatmaps: give --png DIR" ${REPLAY} --trace ${WORK_DIR}/trace.safetensors
+          --layers 0 --out ${WORK_DIR}/x.safetensors)
+run_fails("is a directory, not a file" ${REPLAY} --trace ${WORK_DIR} --out ${WORK_DIR}/x.safetensors)
+run_fails("--tokens T = 10000000 must be in \\[1, 65536\\]" ${REPLAY} --write-synthetic ${WORK_DIR}/big.safetensors
+          --tokens 1e7)
+# --out naming the trace is refused, and the trace is left as it was
+file(SHA256 ${WORK_DIR}/trace.safetensors trace_sha)
+run_fails("is the trace itself: it would overwrite the input" ${REPLAY} --trace ${WORK_DIR}/trace.safetensors
+          --out ${WORK_DIR}/./trace.safetensors)
+file(SHA256 ${WORK_DIR}/trace.safetensors trace_sha_after)
+if(NOT trace_sha STREQUAL trace_sha_after)
+  message(FATAL_ERROR "a refused run changed the trace")
+endif()
+if(EXISTS ${WORK_DIR}/x.safetensors)
+  message(FATAL_ERROR "a refused run wrote its output")
+endif()
+# a buffer far past the trace: the pool is sized by the trace's 300 tokens, not by T + B
+run_ok(${REPLAY} --trace ${WORK_DIR}/trace.safetensors --policy trimkv --budget 32 --buffer 100000000
+       --out ${WORK_DIR}/huge_buffer.safetensors)
+# --no-reference: no attn_rel_error; the metadata records every option of the run
+run_ok(${REPLAY} --trace ${WORK_DIR}/trace.safetensors --policy trimkv --budget 32 --buffer 8 --prefill 50 --window 2
+       --no-reference --out ${WORK_DIR}/no_reference.safetensors)
+file(READ ${WORK_DIR}/no_reference.safetensors header OFFSET 8 LIMIT 2048)
+foreach(want [["prefill":"50"]] [["window":"2"]] [["sinks":"4"]] [["band_a":"10"]] [["recency":"-1"]]
+             [["reference":"none (--no-reference)"]] [["trace":"]])
+  string(FIND "${header}" "${want}" at)
+  if(at LESS 0)
+    message(FATAL_ERROR "the output's metadata lacks ${want}:\n${header}")
+  endif()
 endforeach()
-run_fails("--window and --threshold apply to trimkv and dbtrimkv" ${REPLAY} --trace ${WORK_DIR}/trace.safetensors
-          --policy knorm --window 4 --out ${WORK_DIR}/x.safetensors)
+string(FIND "${header}" "attn_rel_error" at)
+if(NOT at LESS 0)
+  message(FATAL_ERROR "--no-reference still wrote attn_rel_error")
+endif()
 run_ok(${REPLAY} --trace ${WORK_DIR}/trace.safetensors --policy trimkv --budget 32 --buffer 8 --prefill 50
        --out ${WORK_DIR}/trimkv.safetensors --png ${WORK_DIR}/png --layers 0,1 --heads 1)
+file(READ ${WORK_DIR}/trimkv.safetensors header OFFSET 8 LIMIT 2048)
+string(FIND "${header}" "attn_rel_error" at)
+if(at LESS 0)
+  message(FATAL_ERROR "a run with the reference wrote no attn_rel_error")
+endif()
 run_ok(${REPLAY} --trace ${WORK_DIR}/trace.safetensors --policy dbtrimkv --budget 32 --buffer 8 --horizon 3 --floor 0.25
        --window 4 --out ${WORK_DIR}/dbtrimkv.safetensors)
 foreach(f trimkv.safetensors dbtrimkv.safetensors png/retention_l0_h1.png png/decisions_l1_h1.png)
@@ -51,5 +108,14 @@ run_fails("budget M = 0" ${REPLAY} --trace ${WORK_DIR}/trace.safetensors --budge
 run_fails("--budget: 'ten' is not a number" ${REPLAY} --trace ${WORK_DIR}/trace.safetensors --budget ten --out ${WORK_DIR}/x.safetensors)
 run_fails("cannot open" ${REPLAY} --trace ${WORK_DIR}/missing.safetensors --out ${WORK_DIR}/x.safetensors)
 run_fails("--out OUT.safetensors is required" ${REPLAY} --trace ${WORK_DIR}/trace.safetensors)
+# a bad heatmap choice fails before any work: nothing written, an existing output left as it was
 run_fails("layer 9 out of range" ${REPLAY} --trace ${WORK_DIR}/trace.safetensors --budget 32 --buffer 8
           --out ${WORK_DIR}/y.safetensors --png ${WORK_DIR}/png2 --layers 9)
+file(SHA256 ${WORK_DIR}/knorm.safetensors knorm_sha)
+run_fails("kv head 5 out of range" ${REPLAY} --trace ${WORK_DIR}/trace.safetensors --policy trimkv --budget 32 --buffer 8
+          --out ${WORK_DIR}/knorm.safetensors --png ${WORK_DIR}/png3 --heads 5)
+file(SHA256 ${WORK_DIR}/knorm.safetensors knorm_sha_after)
+if(EXISTS ${WORK_DIR}/y.safetensors OR EXISTS ${WORK_DIR}/png2 OR EXISTS ${WORK_DIR}/png3 OR
+   NOT knorm_sha STREQUAL knorm_sha_after)
+  message(FATAL_ERROR "a run refused for its heatmap options wrote or changed its output")
+endif()

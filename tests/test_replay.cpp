@@ -138,6 +138,16 @@ TEST_CASE("trace files: round trip and shape errors") {
   w2.add_f32("keys", {1, 1, 3, 2}, std::vector<float>(6, 0.0f));
   w2.write((dir / "bad2.safetensors").string());
   CHECK_THROWS_WITH_AS(replay::read_trace((dir / "bad2.safetensors").string()), doctest::Contains("come together"), Error);
+  // keys of the wrong width are named as such, not blamed on the values read after them
+  safetensors::Writer w4;
+  w4.add_f32("log_beta", {1, 1, 3}, std::vector<float>(3, -0.1f));
+  w4.add_f32("keys", {1, 1, 3, 5}, std::vector<float>(15, 0.0f));
+  w4.add_f32("values", {1, 1, 3, 8}, std::vector<float>(24, 0.0f));
+  w4.add_f32("queries", {1, 2, 3, 8}, std::vector<float>(48, 0.0f));
+  w4.write((dir / "bad4.safetensors").string());
+  CHECK_THROWS_WITH_AS(replay::read_trace((dir / "bad4.safetensors").string()),
+                       doctest::Contains("disagree on the head width d: keys [1, 1, 3, 5], values [1, 1, 3, 8], queries [1, 2, 3, 8]"),
+                       Error);
   std::filesystem::remove_all(dir);
 }
 

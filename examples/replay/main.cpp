@@ -4,6 +4,7 @@
 //                   --out OUT.safetensors [--png DIR --layers 0,1 --heads 0,2]
 //   kvpolicy-replay --demo [--png DIR]     the synthetic trace through every policy, as a table
 // Formats: docs/replay.md.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -70,12 +71,88 @@ options:
                    its global cache by the attention of the last 256 queries (default 0: none)
   --png DIR        write retention and eviction heatmaps (TRIM-KV paper, Fig. 4)
   --layers, --heads  which heatmaps (default: layer 0, every kv head)
+  --no-reference   skip the full-cache attention (no attn_rel_error; most of a run's time on a
+                   real trace)
+
+Every argument is checked before any work; an option the policy does not take is an error. The
+output is written atomically (a failed run leaves an existing OUT as it was) and its metadata
+records every option of the run.
 
 input  (safetensors): log_beta [L,Hkv,T] f32; optional keys, values [L,Hkv,T,d], queries [L,Hq,T,d],
                       hidden_states [L',T,D], write_gate [L,Hkv,T], keys_pre_rope [L,Hkv,T,d]
 output (safetensors): evicted_at [L,Hkv,T] i64 (n at eviction, -1 = survived), step_end [S] i64,
                       attn_rel_error [S] f32 (with keys/values/queries)
 )";
+
+// Which policies take each policy option (the others refuse it rather than ignore it).
+struct FlagUse {
+  const char* flag;
+  std::vector<std::string> policies;
+};
+const std::vector<FlagUse>& flag_uses() {
+  static const std::vector<std::string> epikv_family{"epikv", "hs-var", "kv-key", "kv-val", "lag-kv"};
+  static const std::vector<FlagUse> uses{
+      {"--buffer", {"trimkv", "dbtrimkv", "streamingllm", "h2o", "knorm", "keydiff", "random"}},
+      {"--budget", {"trimkv", "dbtrimkv", "epikv", "hs-var", "kv-key", "kv-val", "lag-kv", "streamingllm", "h2o", "snapkv",
+                    "knorm", "keydiff", "random"}},
+      {"--horizon", {"dbtrimkv"}},
+      {"--floor", {"dbtrimkv"}},
+      {"--window", {"trimkv", "dbtrimkv"}},
+      {"--threshold", {"trimkv", "dbtrimkv"}},
+      {"--sinks", {"streamingllm"}},
+      {"--seed", {"random"}},
+      {"--band-a", {"epikv", "hs-var"}},
+      {"--band-b", {"epikv", "hs-var"}},
+      {"--recency", epikv_family},
+      {"--local", {"wgkv"}},
+      {"--tau", {"wgkv"}},
+      {"--gate", {"wgkv"}},
+      {"--avg-budget", {"wgkv"}},
+  };
+  return uses;
+}
+
+void check_flags_apply(const std::vector<std::string>& given, const std::string& policy) {
+  for (const auto& use : flag_uses()) {
+    if (std::find(given.begin(), given.end(), use.flag) == given.end()) continue;
+    if (std::find(use.policies.begin(), use.policies.end(), policy) != use.policies.end()) continue;
+    std::string takers;
+    for (const auto& p : use.policies) takers += (takers.empty() ? "" : ", ") + p;
+    fail(use.flag, " does not apply to policy ", policy, " (it is for: ", takers, ")");
+  }
+}
+
+// Every option of the run, as the output's metadata (a file describes the run that made it).
+std::vector<std::pair<std::string, std::string>> run_metadata(const replay::Options& o, const std::string& trace,
+                                                               bool reference, bool trace_has_attention) {
+  const auto num = [](double x) {
+    std::ostringstream out;
+    out.precision(17);
+    out << x;
+    return out.str();
+  };
+  return {{"trace", trace},
+          {"policy", o.policy},
+          {"budget", std::to_string(o.budget)},
+          {"buffer", std::to_string(o.buffer)},
+          {"horizon", std::to_string(o.horizon)},
+          {"floor_ratio", num(o.floor_ratio)},
+          {"window", std::to_string(o.window)},
+          {"threshold", num(o.threshold)},
+          {"prefill", std::to_string(o.prefill)},
+          {"sinks", std::to_string(o.sinks)},
+          {"seed", std::to_string(o.seed)},
+          {"band_a", std::to_string(o.band_a)},
+          {"band_b", std::to_string(o.band_b)},
+          {"recency", std::to_string(o.recency)},
+          {"local", std::to_string(o.local)},
+          {"tau", num(o.tau)},
+          {"gate", o.gate},
+          {"average_budget", std::to_string(o.average_budget)},
+          {"reference", !trace_has_attention ? "none (the trace has no keys, values and queries)"
+                        : reference         ? "full-cache attention"
+                                            : "none (--no-reference)"}};
+}
 
 std::vector<int> parse_list(const std::string& s, const char* what) {
   std::vector<int> out;
@@ -93,18 +170,20 @@ std::vector<int> parse_list(const std::string& s, const char* what) {
   return out;
 }
 
-void write_pngs(const std::string& dir, const replay::Trace& tr, const replay::Result& r, std::vector<int> layers,
-                std::vector<int> heads, const std::string& prefix = "") {
-  std::filesystem::create_directories(dir);
+// The heatmaps' layers and kv heads (default: layer 0, every kv head), checked against the trace.
+void select_heatmaps(const replay::Trace& tr, std::vector<int>& layers, std::vector<int>& heads) {
   if (layers.empty()) layers = {0};
   if (heads.empty())
     for (int h = 0; h < tr.kv_heads; ++h) heads.push_back(h);
+  for (int l : layers) require(l >= 0 && l < tr.layers, "--layers: layer ", l, " out of range [0, ", tr.layers, ")");
+  for (int h : heads) require(h >= 0 && h < tr.kv_heads, "--heads: kv head ", h, " out of range [0, ", tr.kv_heads, ")");
+}
+
+void write_pngs(const std::string& dir, const replay::Trace& tr, const replay::Result& r, const std::vector<int>& layers,
+                const std::vector<int>& heads) {
+  std::filesystem::create_directories(dir);
   for (int l : layers)
-    for (int h : heads) {
-      require(l >= 0 && l < tr.layers, "--layers: layer ", l, " out of range [0, ", tr.layers, ")");
-      require(h >= 0 && h < tr.kv_heads, "--heads: kv head ", h, " out of range [0, ", tr.kv_heads, ")");
-      replay::write_heatmaps(dir + (prefix.empty() ? "" : "/" + prefix), tr, r.evicted_at, l, h);
-    }
+    for (int h : heads) replay::write_heatmaps(dir, tr, r.evicted_at, l, h);
 }
 
 int demo(const std::string& png_dir) {
@@ -174,8 +253,21 @@ int demo(const std::string& png_dir) {
         for (int h = 0; h < tr.kv_heads; ++h) replay::write_heatmaps(sub, tr, r.evicted_at, l, h);
     }
   }
-  std::printf("\nattn err: ||o - o_full|| / ||o_full|| of the attention output per step, over all layers and heads.\n");
-  if (!png_dir.empty()) std::printf("heatmaps (TRIM-KV paper, Fig. 4): %s/{trimkv,dbtrimkv}_M128/\n", png_dir.c_str());
+  std::printf(
+      "\ncolumns:\n"
+      "  peak/head entries  the most entries one (layer, kv head) held at any time (before a step's\n"
+      "                     eviction). Per-head policies stay within M + B; DBTrimKV's budget is one\n"
+      "                     L*Hkv*M for the sequence, so one head may hold far more than M + B while\n"
+      "                     others hold less; WG-KV without a hard budget is bounded by its gate only.\n"
+      "  peak mem, mean mem entries held at the peak / on average over the steps, as a share of what\n"
+      "                     the full cache holds at the end (L*Hkv*T). The full cache grows from 0 to\n"
+      "                     T, so its own mean is 50%%.\n"
+      "  attn err           ||o - o_full|| / ||o_full|| of the attention output per step, over all\n"
+      "                     layers and heads: its mean over every step and over the last 256.\n"
+      "  us/step            the policy cache's step (append, attend, trigger, evict), microseconds.\n");
+  if (!png_dir.empty())
+    std::printf("heatmaps (TRIM-KV paper, Fig. 4), every policy at M = 128: %s/<policy>_M128/ (docs/replay.md)\n",
+                png_dir.c_str());
   return 0;
 }
 
@@ -189,8 +281,11 @@ int main(int argc, char** argv) {
     std::int64_t synthetic_tokens = 1536;
     std::vector<int> layers, heads;
     replay::Options o;
+    bool reference = true;
+    std::vector<std::string> given;  // the options on the command line, to refuse those that do not apply
     for (int i = 1; i < argc; ++i) {
       const std::string a = argv[i];
+      given.push_back(a);
       auto value = [&]() -> std::string {
         require(i + 1 < argc, a, " needs a value");
         return argv[++i];
@@ -199,6 +294,7 @@ int main(int argc, char** argv) {
         std::fputs(kUsage, stdout);
         return 0;
       } else if (a == "--demo") run_demo = true;
+      else if (a == "--no-reference") reference = false;
       else if (a == "--write-synthetic") synthetic_out = value();
       else if (a == "--tokens") synthetic_tokens = cli::integer(a, value());
       else if (a == "--trace") trace = value();
@@ -227,24 +323,44 @@ int main(int argc, char** argv) {
     }
     if (run_demo) return demo(png);
     if (!synthetic_out.empty()) {
-      require(synthetic_tokens >= 1, "--tokens T = ", synthetic_tokens, " must be >= 1");
+      // about 13 KB a token (L 4, Hkv 2, Hq 8, d 64, K, V, Q, hidden states): 2^16 tokens is 850 MB
+      constexpr std::int64_t kMaxSyntheticTokens = std::int64_t{1} << 16;
+      require(synthetic_tokens >= 1 && synthetic_tokens <= kMaxSyntheticTokens, "--tokens T = ", synthetic_tokens,
+              " must be in [1, ", kMaxSyntheticTokens, "]");
       replay::write_trace(replay::synthetic_trace(4, 2, 4, 64, synthetic_tokens), synthetic_out);
       return 0;
     }
+    // every argument is checked before any work, and before anything is written
     require(!trace.empty(), "--trace IN.safetensors is required (see --help)");
     require(!out.empty(), "--out OUT.safetensors is required (see --help)");
+    {
+      namespace fs = std::filesystem;
+      std::error_code out_ec, trace_ec, same_ec;
+      const auto out_path = fs::weakly_canonical(out, out_ec), trace_path = fs::weakly_canonical(trace, trace_ec);
+      const bool same = out_ec || trace_ec ? out == trace : out_path == trace_path;
+      require(!same && !fs::equivalent(out, trace, same_ec), "--out '", out, "' is the trace itself: it would overwrite the input");
+    }
+    require(std::find(replay::policies().begin(), replay::policies().end(), o.policy) != replay::policies().end(),
+            "--policy: unknown policy '", o.policy, "' (known: ", replay::policy_list(), ")");
+    check_flags_apply(given, o.policy);
+    require(png.empty() ? layers.empty() && heads.empty() : true, "--layers and --heads choose heatmaps: give --png DIR");
+    require(o.average_budget >= 0, "--avg-budget M = ", o.average_budget, " must be >= 0 (0: no hard budget)");
+    // TRIM-KV's score log(beta) * age is <= 0, DBTrimKV's lookahead score <= log(h) (SPEC §1, §2): an
+    // alpha above that bound would keep nothing
+    const double alpha_max = o.policy == "dbtrimkv" ? static_cast<double>(o.horizon) : 1.0;
+    require(o.threshold >= 0.0 && o.threshold <= alpha_max, "--threshold alpha = ", o.threshold, " must be in (0, ",
+            alpha_max, "] for ", o.policy, " (its scores are <= log ", alpha_max, ": a larger alpha keeps nothing; 0 = off)");
     const auto tr = replay::read_trace(trace);
-    std::vector<float> full;
-    if (tr.has_attention()) full = replay::full_attention(tr);
-    const auto r = replay::replay(tr, o, tr.has_attention() ? &full : nullptr);
+    // replay() takes a prompt past the trace as the whole trace; from the command line it is a mistake
+    require(o.prefill <= tr.tokens, "--prefill P = ", o.prefill, " must be in [0, T = ", tr.tokens, "], the trace's tokens");
+    select_heatmaps(tr, layers, heads);
+    const auto r = replay::replay(tr, o, replay::Reference{nullptr, reference});
     safetensors::Writer w;
     w.add_i64("evicted_at", {tr.layers, tr.kv_heads, tr.tokens}, r.evicted_at);
     w.add_i64("step_end", {static_cast<std::int64_t>(r.step_end.size())}, r.step_end);
-    if (tr.has_attention())
+    if (!r.attn_rel_error.empty())
       w.add_f32("attn_rel_error", {static_cast<std::int64_t>(r.attn_rel_error.size())}, r.attn_rel_error);
-    w.metadata("policy", o.policy);
-    w.metadata("budget", std::to_string(o.budget));
-    w.metadata("buffer", std::to_string(o.buffer));
+    for (const auto& [key, value] : run_metadata(o, trace, reference, tr.has_attention())) w.metadata(key, value);
     w.write(out);
     if (!png.empty()) write_pngs(png, tr, r, layers, heads);
     std::printf("%s: %lld steps, peak %lld entries per head, %.2f us per step -> %s\n", o.policy.c_str(),

@@ -97,6 +97,15 @@ inline std::vector<float> full_attention(const Trace& tr) {
   return out;
 }
 
+// The full-cache attention the per-step error is measured against: `given` (the demo computes it
+// once for every policy), or computed by replay() once the policy's cache has accepted its
+// arguments (a bad argument fails before this, the costliest part of a run on a real trace), or
+// none (then Result::attn_rel_error stays empty).
+struct Reference {
+  const std::vector<float>* given = nullptr;
+  bool compute = false;
+};
+
 namespace detail {
 
 // Copies tokens [t0, t0 + n) of a [L, H, T, d] tensor into [L, H, n, d].
@@ -114,13 +123,19 @@ using Metadata = std::function<void(std::int64_t n, std::int64_t len, const std:
                                     const std::vector<float>& values, std::vector<float>& out)>;
 
 template <class C>
-Result run(C& cache, const Trace& tr, const Options& opt, const std::vector<float>* full, const Metadata& metadata = {}) {
+Result run(C& cache, const Trace& tr, const Options& opt, const Reference& reference, const Metadata& metadata = {}) {
   const int L = tr.layers, H = tr.kv_heads, Hq = tr.q_heads;
   const std::int64_t T = tr.tokens, d = std::max(tr.head_dim, 1);
   const bool attend = tr.has_attention();
   Result r;
   r.evicted_at.assign(static_cast<std::size_t>(L * H * T), -1);
   cache.add_sequence(0, opt.prefill);  // the first P tokens are the prompt
+  std::vector<float> computed;
+  const std::vector<float>* full = reference.given;
+  if (full == nullptr && reference.compute && attend) {
+    computed = full_attention(tr);
+    full = &computed;
+  }
   std::vector<EvictedEntry> evicted;
   double seconds = 0.0, entries_sum = 0.0;
   std::int64_t n = 0;
@@ -178,20 +193,21 @@ Result run(C& cache, const Trace& tr, const Options& opt, const std::vector<floa
   return r;
 }
 
-inline std::int64_t pool_pages(const Trace& tr, const Options& o) {
-  // enough for the full trace in every head: the budget bounds use, the pool bounds nothing here
-  return pages_for(CacheShape{tr.layers, tr.kv_heads, 1, 1}, tr.tokens + o.buffer, 1, 16);
+inline std::int64_t pool_pages(const Trace& tr) {
+  // no head ever holds more than the trace's T tokens, whatever the budget and buffer: enough for
+  // every head to hold all of them (the budget bounds use; the pool bounds nothing here)
+  return pages_for(CacheShape{tr.layers, tr.kv_heads, 1, 1}, tr.tokens, 1, 16);
 }
 
 }  // namespace detail
 
-// Replays `tr` through the policy `opt` names. `full` (from full_attention) enables the
-// per-step attention error.
-inline Result replay(const Trace& tr, const Options& opt, const std::vector<float>* full = nullptr) {
+// Replays `tr` through the policy `opt` names; `full` (see Reference) enables the per-step attention
+// error.
+inline Result replay(const Trace& tr, const Options& opt, const Reference& full = {}) {
   CacheShape shape = tr.shape();
   if (!tr.has_attention()) shape = CacheShape{tr.layers, tr.kv_heads, tr.kv_heads, 1};
   require(opt.prefill >= 0, "replay: --prefill P = ", opt.prefill, " must be >= 0");
-  const auto pages = detail::pool_pages(tr, opt);
+  const auto pages = detail::pool_pages(tr);
   if (opt.policy == "trimkv") {
     TrimKVCache<> cache(shape, memory::Paged<16>(pages),
                         trimkv_evictor({opt.budget, opt.buffer, opt.window, opt.threshold}));
@@ -299,6 +315,11 @@ inline Result replay(const Trace& tr, const Options& opt, const std::vector<floa
     return detail::run(cache, tr, opt, full);
   }
   fail("replay: unknown policy '", opt.policy, "' (known: ", policy_list(), ")");
+}
+
+// With the full-cache attention computed by the caller (full_attention), or nullptr for none.
+inline Result replay(const Trace& tr, const Options& opt, const std::vector<float>* full) {
+  return replay(tr, opt, Reference{full, false});
 }
 
 }  // namespace kvpolicy::replay

@@ -69,7 +69,13 @@ inline Trace parse_trace(const safetensors::File& f) {
   require(ki.shape.size() == 4 && ki.shape[3] >= 1 && ki.shape[3] <= std::int64_t{INT32_MAX}, "trace '", path, "': keys has shape ",
           safetensors::shape_string(ki.shape), ", expected [L, Hkv, T, d]");
   tr.head_dim = static_cast<int>(ki.shape[3]);
+  const auto& vi = f.info("values");
   const auto& qi = f.info("queries");
+  // d is every head's width: say which tensor disagrees, not only the one read second
+  const auto last = [](const safetensors::TensorInfo& t) { return t.shape.empty() ? std::int64_t{-1} : t.shape.back(); };
+  require(last(vi) == tr.head_dim && last(qi) == tr.head_dim, "trace '", path,
+          "': keys, values and queries disagree on the head width d: keys ", safetensors::shape_string(ki.shape),
+          ", values ", safetensors::shape_string(vi.shape), ", queries ", safetensors::shape_string(qi.shape));
   require(qi.shape.size() == 4 && qi.shape[1] >= tr.kv_heads && qi.shape[1] % tr.kv_heads == 0 &&
               qi.shape[1] <= std::int64_t{INT32_MAX}, "trace '", path,
           "': queries has shape ", safetensors::shape_string(qi.shape), ", expected [L, Hq, T, d] with Hq a multiple of Hkv = ",
