@@ -1,6 +1,7 @@
 // kvpolicy-lm: a real language model (LLaMA family, e.g. SmolLM2-135M from tools/fetch-model.sh)
 // decoding on the CPU with its K/V in a kvpolicy Cache of any policy: perplexity of a text, or
 // generation from prompts (several sequences in one pool).
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <iterator>
@@ -32,6 +33,9 @@ const char* kUsage = R"(kvpolicy-lm: a LLaMA-family model on the CPU, its K/V in
       top-1 >= 99.5%, mean |dlogit| <= 0.001, max <= 0.01.
   kvpolicy-lm --model DIR --prompt TEXT [--prompt TEXT ...] --generate N [--policy P ...]
       greedy continuation of each prompt; the prompts are sequences of one cache (one pool)
+  kvpolicy-lm --model DIR --text FILE --tokens N --generate D [--policy P ...]
+      the same from the first N tokens of FILE (a context of exactly N tokens: tools/bench_lm.sh)
+  Generation ends with a line `timing: prefill ... tokens/s; decode ... tokens/s`.
 
 model:   --model DIR       config.json, model.safetensors, tokenizer.json (tools/fetch-model.sh)
          --threads N       threads for the matrix products (OpenMP builds; default: all)
@@ -105,6 +109,7 @@ Args parse(int argc, char** argv) {
   require(a.threads >= 0, "--threads ", a.threads, " must be >= 0");
   require(a.prompts.empty() || a.generate >= 1, "--prompt needs --generate N >= 1");
   require(!a.golden_strict || !a.golden.empty(), "--golden-strict needs --golden FILE");
+  require(a.golden.empty() || a.generate == 0, "--golden compares a perplexity run: not with --generate");
   if (a.prefill == 0) a.prefill = a.chunk;
   return a;
 }
@@ -165,20 +170,21 @@ int perplexity_mode(const Args& a, const Model& model, const Tokenizer& tok) {
   return status;
 }
 
-int generate_mode(const Args& a, const Model& model, const Tokenizer& tok) {
-  std::vector<std::vector<int>> prompts;
+// Greedy generation from token prompts (one sequence each, one pool); prefill and decode are timed
+// apart.
+int generate_mode(const Args& a, const Model& model, const Tokenizer& tok, const std::vector<std::vector<int>>& prompts) {
   std::int64_t longest = 0;
-  for (const auto& p : a.prompts) {
-    prompts.push_back(tok.encode(p));
-    require(!prompts.back().empty(), "--prompt: an empty prompt");
-    longest = std::max<std::int64_t>(longest, static_cast<std::int64_t>(prompts.back().size()));
-  }
+  for (const auto& p : prompts) longest = std::max<std::int64_t>(longest, static_cast<std::int64_t>(p.size()));
   Decoder dec(model);
+  using Clock = std::chrono::steady_clock;
+  const auto seconds_since = [](Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); };
   const auto S = static_cast<std::int64_t>(prompts.size());
   return with_policy(a.policy, model.config, S, longest + a.generate, [&](auto& cache, const EntryMetadata& meta) {
     std::vector<std::vector<int>> out(prompts.size());
     std::vector<int> next(prompts.size());
     Matrix logits;
+    const auto prefill_start = Clock::now();
+    std::int64_t prefilled = 0, decoded = 0;
     for (std::int64_t s = 0; s < S; ++s) {  // chunked prefill of each prompt, declared as its prompt
       const auto& p = prompts[static_cast<std::size_t>(s)];
       cache.add_sequence(s, static_cast<std::int64_t>(p.size()));
@@ -187,24 +193,50 @@ int generate_mode(const Args& a, const Model& model, const Tokenizer& tok) {
         dec.step(cache, s, std::span<const int>(p).subspan(n, T), meta, &logits, 1);
         n += T;
       }
+      prefilled += static_cast<std::int64_t>(p.size());
       logits.row(0).maxCoeff(&next[static_cast<std::size_t>(s)]);
     }
+    const double prefill_seconds = seconds_since(prefill_start);
+    const auto decode_start = Clock::now();
     for (std::int64_t i = 0; i < a.generate; ++i)  // decode: one token per sequence per round, greedy
       for (std::int64_t s = 0; s < S; ++s) {
         auto& o = out[static_cast<std::size_t>(s)];
         o.push_back(next[static_cast<std::size_t>(s)]);
         if (i + 1 == a.generate) continue;
         dec.step(cache, s, std::span<const int>(&o.back(), 1), meta, &logits, 1);
+        ++decoded;
         logits.row(0).maxCoeff(&next[static_cast<std::size_t>(s)]);
       }
+    const double decode_seconds = seconds_since(decode_start);
     for (std::int64_t s = 0; s < S; ++s) {
-      std::printf("[%lld] %s%s\n", static_cast<long long>(s), a.prompts[static_cast<std::size_t>(s)].c_str(),
-                  tok.decode(out[static_cast<std::size_t>(s)]).c_str());
+      const std::string shown = a.prompts.empty() ? "[the first " + std::to_string(a.tokens) + " tokens of " + a.text + "]"
+                                                  : a.prompts[static_cast<std::size_t>(s)];
+      std::printf("[%lld] %s%s\n", static_cast<long long>(s), shown.c_str(), tok.decode(out[static_cast<std::size_t>(s)]).c_str());
       std::printf("[%lld] policy %s: %lld tokens, %lld entries held\n", static_cast<long long>(s), a.policy.name.c_str(),
                   static_cast<long long>(cache.tokens(s)), static_cast<long long>(cache.total_length(s)));
     }
+    std::printf("timing: prefill %lld tokens in %.3f s, %.1f tokens/s; decode %lld tokens in %.3f s, %.2f tokens/s\n",
+                static_cast<long long>(prefilled), prefill_seconds, static_cast<double>(prefilled) / prefill_seconds,
+                static_cast<long long>(decoded), decode_seconds,
+                decoded > 0 ? static_cast<double>(decoded) / decode_seconds : 0.0);
     return 0;
   });
+}
+
+std::vector<std::vector<int>> prompts_of(const Args& a, const Tokenizer& tok) {
+  std::vector<std::vector<int>> prompts;
+  if (a.prompts.empty()) {  // the first --tokens tokens of --text
+    auto ids = tok.encode(read_file(a.text));
+    require(static_cast<std::int64_t>(ids.size()) >= a.tokens, "--tokens ", a.tokens, ": '", a.text, "' has only ",
+            ids.size(), " tokens");
+    ids.resize(static_cast<std::size_t>(a.tokens));
+    prompts.push_back(std::move(ids));
+  }
+  for (const auto& p : a.prompts) {
+    prompts.push_back(tok.encode(p));
+    require(!prompts.back().empty(), "--prompt: an empty prompt");
+  }
+  return prompts;
 }
 
 }  // namespace
@@ -219,7 +251,8 @@ int main(int argc, char** argv) {
     const Tokenizer tok = Tokenizer::load(a.model + "/tokenizer.json");
     require(tok.vocab_size() == model.config.vocab, "kvpolicy-lm: the tokenizer has ", tok.vocab_size(),
             " tokens and the model ", model.config.vocab);
-    return a.text.empty() ? generate_mode(a, model, tok) : perplexity_mode(a, model, tok);
+    if (a.generate > 0) return generate_mode(a, model, tok, prompts_of(a, tok));
+    return perplexity_mode(a, model, tok);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "kvpolicy-lm: %s\n", e.what());
     return 2;
