@@ -4,17 +4,29 @@
 # (layer, kv head), each with and without 4 protected sinks, against the full cache. Eviction is
 # decided inside kvpolicy-lm's own loop: a 16-token first step (the prompt), then 16-token steps
 # (SnapKV compresses a prompt: its prompt is the first 1,024 tokens). One thread per run.
-#   tools/quality_table.sh [OUT_DIR]     (default build/lm/quality: results.csv, quality.png)
+#   tools/quality_table.sh [OUT_DIR] [--budgets "64 128 256 512"] [--append]
+# (default OUT_DIR build/lm/quality: results.csv, quality.png). --append adds the budgets' rows to an
+# existing results.csv (the full cache is not run again), so a long table can be made in parts.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-out=${1:-$root/build/lm/quality}
+out=$root/build/lm/quality budgets="64 128 256 512" append=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --budgets) budgets=$2; shift 2 ;;
+    --append) append=1; shift ;;
+    *) out=$1; shift ;;
+  esac
+done
 mkdir -p "$out"
 lm=$root/build/default/examples/kvpolicy-lm
 [ -x "$lm" ] || { echo "quality_table: build kvpolicy-lm first (cmake --build --preset default)" >&2; exit 1; }
 model=$("$root/tools/fetch-model.sh" | tail -n 1)
 text=/usr/share/common-licenses/GPL-3
 csv=$out/results.csv
-echo "policy,budget,sinks,ppl,peak_entries,final_entries,seconds" >"$csv"
+if [ $append -eq 0 ] || [ ! -s "$csv" ]; then
+  echo "policy,budget,sinks,ppl,peak_entries,final_entries,seconds" >"$csv"
+  append=0
+fi
 run() {  # policy budget sinks extra-args...
   local p=$1 m=$2 s=$3; shift 3
   local log; log=$("$lm" --model "$model" --text "$text" --tokens 2048 --score-from 1 --chunk 16 --threads 1 \
@@ -26,8 +38,8 @@ run() {  # policy budget sinks extra-args...
   secs=$(sed -n 's/.*; \([0-9.]*\) s, .*/\1/p' <<<"$log")
   echo "$p,$m,$s,$ppl,$peak,$final,$secs" | tee -a "$csv"
 }
-run full 1 0
-for m in 64 128 256 512; do
+[ $append -eq 1 ] || run full 1 0
+for m in $budgets; do
   for p in streamingllm h2o knorm keydiff random; do
     run "$p" "$m" 0
     run "$p" "$m" 4

@@ -13,6 +13,10 @@
 #include <span>
 #include <vector>
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 #include "kvpolicy/core/view.hpp"
 #include "model.hpp"
 
@@ -57,9 +61,9 @@ class Decoder {
     for (int l = 0; l < c_.layers; ++l) {
       const LayerWeights& w = m_.layers[static_cast<std::size_t>(l)];
       rms_norm(x, w.attn_norm, h);
-      q.noalias() = h * w.wq.transpose();
-      k.noalias() = h * w.wk.transpose();
-      v.noalias() = h * w.wv.transpose();
+      project(h, w.wq, q);
+      project(h, w.wk, k);
+      project(h, w.wv, v);
       to_heads(k, Hkv, kh_pre);
       rope(q, pos0);
       rope(k, pos0);
@@ -72,24 +76,52 @@ class Decoder {
                    View<const float, 2>(meta.data(), {Hkv, T}));
       cache.attend(seq, l, View<const float, 3>(qh.data(), {Hq, T, d}), View<float, 3>(oh.data(), {Hq, T, d}));
       from_heads(oh, Hq, T, o);
-      x.noalias() += o * w.wo.transpose();
+      project(o, w.wo, x, /*accumulate=*/true);
       rms_norm(x, w.ffn_norm, h);
-      gate.noalias() = h * w.w_gate.transpose();
-      up.noalias() = h * w.w_up.transpose();
+      project(h, w.w_gate, gate);
+      project(h, w.w_up, up);
       gate = gate.unaryExpr([](float g) { return g / (1.0f + std::exp(-g)); }).cwiseProduct(up);
-      x.noalias() += gate * w.w_down.transpose();
+      project(gate, w.w_down, x, /*accumulate=*/true);
     }
     auto report = cache.commit(seq);
     if (logits != nullptr) {
       const std::int64_t rows = logit_rows <= 0 ? T : std::min(logit_rows, T);
       Matrix last = x.bottomRows(rows);
       rms_norm(last, m_.output_norm, h);
-      logits->noalias() = h * m_.head().transpose();
+      project(h, m_.head(), *logits);
     }
     return report;
   }
 
  private:
+  // out = a W^T (or out += a W^T), W [out, in] row-major. Eigen spreads matrix-matrix products over
+  // OpenMP's threads but runs a matrix-vector product on one, so a decode step (a few rows) splits
+  // W's rows over the threads here: each thread streams its own slice of the weights. Every output
+  // is the same dot product either way; with one thread this is Eigen's product.
+  static void project(const Matrix& a, const Matrix& W, Matrix& out, bool accumulate = false) {
+#ifdef _OPENMP
+    const int threads = omp_get_max_threads();
+    if (a.rows() < kFewRows && threads > 1 && !omp_in_parallel()) {
+      if (!accumulate) out.resize(a.rows(), W.rows());
+      const Eigen::Index n = W.rows();
+#pragma omp parallel for num_threads(threads) schedule(static)
+      for (int t = 0; t < threads; ++t) {
+        const Eigen::Index r0 = n * t / threads, r1 = n * (t + 1) / threads;
+        if (accumulate)
+          out.middleCols(r0, r1 - r0).noalias() += a * W.middleRows(r0, r1 - r0).transpose();
+        else
+          out.middleCols(r0, r1 - r0).noalias() = a * W.middleRows(r0, r1 - r0).transpose();
+      }
+      return;
+    }
+#endif
+    if (accumulate)
+      out.noalias() += a * W.transpose();
+    else
+      out.noalias() = a * W.transpose();
+  }
+  static constexpr Eigen::Index kFewRows = 8;  // below this, a product is a few matrix-vector ones
+
   // y = x / sqrt(mean(x^2) + eps) * w per row (the sum of squares in double, as ggml's rms_norm)
   void rms_norm(const Matrix& x, const Vector& w, Matrix& y) const {
     y.resize(x.rows(), x.cols());
