@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <numeric>
 #include <span>
@@ -27,36 +28,35 @@ KVPOLICY_HD bool above(float score_a, std::int32_t pos_a, std::int64_t head_a, f
   return head_a < head_b;
 }
 
+namespace detail {
+/// The `count` entries of a head that come first under `before` (positions are unique within a head)
+/// score +inf.
+template <class Before>
+void protect_first(std::span<const std::int32_t> position, std::int64_t count, Before before, std::span<float> score) {
+  const auto len = static_cast<std::int64_t>(position.size());
+  if (count <= 0 || len == 0) return;
+  if (count >= len) {
+    std::fill(score.begin(), score.end(), std::numeric_limits<float>::infinity());
+    return;
+  }
+  std::vector<std::int32_t> p(position.begin(), position.end());
+  std::nth_element(p.begin(), p.begin() + (count - 1), p.end(), before);
+  const std::int32_t cut = p[static_cast<std::size_t>(count - 1)];
+  for (std::int64_t i = 0; i < len; ++i)
+    if (!before(cut, position[i])) score[i] = std::numeric_limits<float>::infinity();
+}
+}  // namespace detail
+
 /// Sink protection (SPEC §5, "Protection, for every evictor"): the `sinks` entries of a head with
 /// the smallest positions score +inf (the attention sinks at the sequence's start).
 inline void protect_sinks(std::span<const std::int32_t> position, std::int64_t sinks, std::span<float> score) {
-  const auto len = static_cast<std::int64_t>(position.size());
-  if (sinks <= 0 || len == 0) return;
-  if (sinks >= len) {
-    std::fill(score.begin(), score.end(), std::numeric_limits<float>::infinity());
-    return;
-  }
-  std::vector<std::int32_t> p(position.begin(), position.end());
-  std::nth_element(p.begin(), p.begin() + (sinks - 1), p.end());
-  const std::int32_t cut = p[static_cast<std::size_t>(sinks - 1)];
-  for (std::int64_t i = 0; i < len; ++i)
-    if (position[i] <= cut) score[i] = std::numeric_limits<float>::infinity();
+  detail::protect_first(position, sinks, std::less<>(), score);
 }
 
 /// Sliding-window protection (SPEC §1): the `window` entries of a head with the largest positions
-/// score +inf. Positions within a head are unique, so "the w largest" is a set of exactly w.
+/// score +inf.
 inline void protect_window(std::span<const std::int32_t> position, std::int64_t window, std::span<float> score) {
-  const auto len = static_cast<std::int64_t>(position.size());
-  if (window <= 0 || len == 0) return;
-  if (window >= len) {
-    std::fill(score.begin(), score.end(), std::numeric_limits<float>::infinity());
-    return;
-  }
-  std::vector<std::int32_t> p(position.begin(), position.end());
-  std::nth_element(p.begin(), p.begin() + (window - 1), p.end(), std::greater<>());
-  const std::int32_t cut = p[static_cast<std::size_t>(window - 1)];
-  for (std::int64_t i = 0; i < len; ++i)
-    if (position[i] >= cut) score[i] = std::numeric_limits<float>::infinity();
+  detail::protect_first(position, window, std::greater<>(), score);
 }
 
 /// keep[i] = 1 for the k entries of the segment that rank highest; others untouched (set to 0).
