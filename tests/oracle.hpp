@@ -53,7 +53,7 @@ std::vector<Ranked> scored(const std::vector<EntryMeta>& head, std::int64_t h, s
     // rank of this position from the newest (0) and from the oldest (0), by counting
     const auto newer = std::count_if(pos.begin(), pos.end(), [&](std::int32_t p) { return p > head[i].position; });
     const bool protect = newer < window || len - 1 - newer < sinks;
-    out.push_back({protect ? std::numeric_limits<float>::infinity() : s(head[i], kvpolicy::StepContext{n}),
+    out.push_back({protect ? std::numeric_limits<float>::infinity() : s(head[i], kvpolicy::StepContext{n, 0, false, 0, h}),
                    head[i].position, h, i});
   }
   return out;

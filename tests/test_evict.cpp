@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <numeric>
 #include <random>
 #include <vector>
 
@@ -326,6 +327,53 @@ TEST_CASE("baseline scores by hand (SPEC §5): recency with sinks, negative key 
   CHECK(sum / 4000 == doctest::Approx(0.5).epsilon(0.05));
   CHECK(same < 5);
   CHECK_THROWS_AS(score::Recency{-1}.validate(), Error);
+}
+
+// SPEC §5: Random draws per (layer, kv head, position). SplitMix64 written out again from its
+// published constants, over seed + golden * ((head << 32 | position) + 1).
+TEST_CASE("seeded random is independent per (layer, kv head, position) (SPEC §5)") {
+  const auto splitmix = [](std::uint64_t seed, std::int64_t head, std::int32_t p) {
+    std::uint64_t z = seed + 0x9E3779B97F4A7C15ull * (((std::uint64_t(head) << 32) | std::uint32_t(p)) + 1);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return float((z ^ (z >> 31)) >> 40) / 16777216.0f;
+  };
+  const score::SeededRandom r{7};
+  int same_as_head0 = 0;
+  for (std::int64_t head = 0; head < 6; ++head)
+    for (std::int32_t p = 0; p < 500; ++p) {
+      const StepContext c{1000, 0, false, 0, head};
+      CHECK(r(EntryMeta{p}, c) == splitmix(7, head, p));
+      if (head > 0) same_as_head0 += r(EntryMeta{p}, c) == r(EntryMeta{p}, StepContext{1000});
+    }
+  CHECK(same_as_head0 < 5);
+  // On a cache: two heads of one layer, 64 tokens, M = 8. Their survivors differ.
+  const CacheShape shape{1, 2, 2, 4};
+  RandomCache<> cache(shape, memory::Paged<16>(64), baseline_evictor({.budget = 8, .buffer = 1}), score::SeededRandom{3});
+  cache.add_sequence(0);
+  std::vector<float> kv(std::size_t(shape.kv_heads) * 4, 0.5f), lb(shape.kv_heads, 0.0f);
+  for (int t = 0; t < 64; ++t) {
+    cache.append(0, 0, View<const float, 3>(kv.data(), {2, 1, 4}), View<const float, 3>(kv.data(), {2, 1, 4}),
+                 View<const float, 2>(lb.data(), {2, 1}));
+    cache.commit(0);
+  }
+  std::vector<std::int32_t> kept[2];
+  for (int h = 0; h < 2; ++h) {
+    const auto layout = cache.allocator().layout(0, 0, h);
+    for (std::int64_t i = 0; i < layout.length; ++i) kept[h].push_back(cache.allocator().pool().meta(layout.slot(i)).position);
+    // exactly the 8 best by the formula of this head
+    std::vector<std::int32_t> expect(64);
+    std::iota(expect.begin(), expect.end(), 0);
+    std::sort(expect.begin(), expect.end(), [&](std::int32_t a, std::int32_t b) {
+      const float sa = splitmix(3, h, a), sb = splitmix(3, h, b);
+      return sa > sb || (sa == sb && a > b);
+    });
+    expect.resize(8);
+    std::sort(expect.begin(), expect.end());
+    std::sort(kept[h].begin(), kept[h].end());
+    CHECK(kept[h] == expect);
+  }
+  CHECK(kept[0] != kept[1]);
 }
 
 TEST_CASE("oracle: StreamingLLM, KNorm and Random baselines under the per-head budget") {

@@ -629,6 +629,8 @@ class Cache {
       for (int h = 0; h < shape_.kv_heads; ++h) {
         const auto i = static_cast<std::size_t>(head_index(shape_, l, h));
         if (!plan.active[i]) continue;
+        StepContext head_ctx = ctx;  // the context this head is scored in (StepContext::head)
+        head_ctx.head = static_cast<std::int64_t>(i);
         const auto head_layout = alloc_.layout(seq, l, h);
         stored.clear();
         for (std::int64_t j = 0; j < head_layout.length; ++j)
@@ -649,14 +651,14 @@ class Cache {
           }
           const View<const float, 2> keys{head_keys.data(), {static_cast<std::int64_t>(len), d}};
           if constexpr (WindowScorer<S>)
-            scorer_.score_window(keys, std::span<const EntryMeta>(head_meta), ctx,
+            scorer_.score_window(keys, std::span<const EntryMeta>(head_meta), head_ctx,
                                  state_of(seq).windows[static_cast<std::size_t>(l)].ordered(h, shape_.group(), window_buffer,
                                                                                            window_positions),
                                  std::span<float>(score).subspan(b, len));
           else
-            scorer_.score_head(keys, std::span<const EntryMeta>(head_meta), ctx, std::span<float>(score).subspan(b, len));
+            scorer_.score_head(keys, std::span<const EntryMeta>(head_meta), head_ctx, std::span<float>(score).subspan(b, len));
         } else {
-          for (std::size_t j = 0; j < len; ++j) score[b + j] = scorer_(meta_of(j), ctx);
+          for (std::size_t j = 0; j < len; ++j) score[b + j] = scorer_(meta_of(j), head_ctx);
         }
         for (std::size_t j = 0; j < len; ++j) {
           if (!std::isnan(score[b + j])) continue;

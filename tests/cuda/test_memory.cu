@@ -143,7 +143,9 @@ void cpu_evict(Twin& tw, const Evictor& e, std::int64_t n, const Scorer& scorer 
         const auto layout = tw.cpu.layout(q, static_cast<int>(i) / shape.kv_heads, static_cast<int>(i) % shape.kv_heads);
         for (std::int64_t j = 0; j < layout.length; ++j) {
           const auto& m = tw.cpu.pool().meta(layout.slot(j));
-          score.push_back(scorer(m, ctx));
+          kp::StepContext head_ctx = ctx;  // scored per (layer, kv head), as the Cache does
+          head_ctx.head = static_cast<std::int64_t>(i);
+          score.push_back(scorer(m, head_ctx));
           position.push_back(m.position);
         }
       }
@@ -217,8 +219,10 @@ TEST_CASE("evict_step keeps what the CPU evictors keep, step after step") {
     kc::Scope scope;
     std::int64_t budget, buffer, window;
     double threshold, floor_ratio;
+    bool random = false;  // score::SeededRandom (per (layer, head, position), SPEC §5) instead of TRIM-KV's
   };
   const Case cases[] = {{kc::Scope::per_head, 24, 4, 0, 0.0, 0.0},    {kc::Scope::per_head, 17, 1, 5, 0.0, 0.0},
+                        {kc::Scope::per_head, 9, 1, 0, 0.0, 0.0, true}, {kc::Scope::global, 10, 2, 0, 0.0, 0.0, true},
                         {kc::Scope::per_head, 30, 8, 3, 0.6, 0.0},    {kc::Scope::global, 20, 6, 0, 0.0, 0.0},
                         {kc::Scope::global, 20, 6, 4, 0.0, 0.3},      {kc::Scope::global, 12, 2, 2, 0.5, 0.0},
                         {kc::Scope::layer_wise, 16, 4, 0, 0.0, 0.0},  {kc::Scope::layer_wise, 16, 4, 2, 0.0, 0.5}};
@@ -242,18 +246,24 @@ TEST_CASE("evict_step keeps what the CPU evictors keep, step after step") {
       const int tokens = step == 0 ? 21 : 1;  // a prompt chunk, then decode
       tw.append(rng, tokens, static_cast<std::int32_t>(n));
       n += tokens;
-      if (c.scope == kc::Scope::per_head) {
-        kp::evict::PerHead<> e;
-        e.rule = {c.budget, c.buffer};
-        e.window = c.window;
-        e.threshold = c.threshold;
-        cpu_evict(tw, e, n);
-      } else if (c.scope == kc::Scope::global) {
-        cpu_evict(tw, kp::evict::Global{c.budget, c.buffer, c.floor_ratio, c.window, c.threshold}, n);
-      } else {
-        cpu_evict(tw, kp::evict::LayerWise{c.budget, c.buffer, c.window, c.threshold, c.floor_ratio}, n);
-      }
-      device_evict(tw, r, n);
+      const auto both = [&](const auto& scorer) {
+        if (c.scope == kc::Scope::per_head) {
+          kp::evict::PerHead<> e;
+          e.rule = {c.budget, c.buffer};
+          e.window = c.window;
+          e.threshold = c.threshold;
+          cpu_evict(tw, e, n, scorer);
+        } else if (c.scope == kc::Scope::global) {
+          cpu_evict(tw, kp::evict::Global{c.budget, c.buffer, c.floor_ratio, c.window, c.threshold}, n, scorer);
+        } else {
+          cpu_evict(tw, kp::evict::LayerWise{c.budget, c.buffer, c.window, c.threshold, c.floor_ratio}, n, scorer);
+        }
+        device_evict(tw, r, n, scorer);
+      };
+      if (c.random)
+        both(kp::score::SeededRandom{seed});
+      else
+        both(kp::score::RetentionDecay{});
       tw.compare("evict_step", step);
     }
   }

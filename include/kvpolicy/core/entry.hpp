@@ -30,11 +30,14 @@ struct EntryMeta {
 /// prompt_ends: this step reaches the prompt length the engine declared (SnapKV compresses then).
 /// entries: the sequence's entries over every layer and head after the step, before its eviction
 /// (WG-KV's hard budget, SPEC §3 appendix K) — after an Admitter's ring has dropped its departures.
+/// head: the (layer, kv head) whose entries are being scored, as head_index(shape, layer, head); every
+/// backend sets it per head before it scores (Random draws per (layer, head, position), SPEC §5).
 struct StepContext {
   std::int64_t n = 0;
   std::int64_t prompt = 0;
   bool prompt_ends = false;
   std::int64_t entries = 0;
+  std::int64_t head = 0;
 };
 
 /// The last queries a sequence attended with at one layer (oldest first), for scorers that rank

@@ -37,7 +37,8 @@ __global__ void score_kernel(Scorer scorer, EntryMetaView meta, BlockTables t, s
                              std::int32_t* position, int* failed, Status* status) {
   const int seg = static_cast<int>(blockIdx.x);
   if (active && !active[seg]) return;
-  const StepContext c = context[seg / segments_per_sequence];
+  StepContext c = context[seg / segments_per_sequence];
+  c.head = seg % segments_per_sequence;  // the (layer, kv head) scored, as the CPU Cache sets it
   const long long begin = offsets[seg];
   const long long n = t.length[seg];
   for (long long i = static_cast<long long>(blockIdx.y) * blockDim.x + threadIdx.x; i < n;

@@ -38,14 +38,16 @@ struct NegKeyNorm {
   KVPOLICY_HD float operator()(EntryMeta m, StepContext) const { return -m.key_norm; }
 };
 
-/// Random, SPEC §5: a uniform score in [0, 1) drawn once per position from `seed` (SplitMix64 of
-/// seed and position, top 24 bits): the same on every backend, every run, and every head.
+/// Random, SPEC §5: a uniform score in [0, 1) drawn independently per (layer, kv head, position)
+/// from `seed`: SplitMix64 of seed and (head_index << 32 | position), top 24 bits. The same on
+/// every backend and every run; different heads keep different survivors.
 struct SeededRandom {
   static constexpr bool needs_key_norm = false;
   std::uint64_t seed = 0;
   void validate() const {}
-  KVPOLICY_HD float operator()(EntryMeta m, StepContext) const {
-    std::uint64_t z = seed + 0x9E3779B97F4A7C15ull * (static_cast<std::uint64_t>(static_cast<std::uint32_t>(m.position)) + 1);
+  KVPOLICY_HD float operator()(EntryMeta m, StepContext c) const {
+    const std::uint64_t key = (static_cast<std::uint64_t>(c.head) << 32) | static_cast<std::uint32_t>(m.position);
+    std::uint64_t z = seed + 0x9E3779B97F4A7C15ull * (key + 1);
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     z ^= z >> 31;
