@@ -32,16 +32,32 @@ run_ok(${REPLAY} --trace ${WORK_DIR}/trace.safetensors --policy knorm --budget 3
 run_ok(${REPLAY} --trace ${WORK_DIR}/trace.safetensors --policy random --budget 32 --buffer 8 --seed 5
        --out ${WORK_DIR}/random.safetensors)
 # an option the policy does not take is refused, not ignored
-run_fails("--window does not apply to policy knorm \\(it is for: trimkv, dbtrimkv\\)" ${REPLAY}
-          --trace ${WORK_DIR}/trace.safetensors --policy knorm --window 4 --out ${WORK_DIR}/x.safetensors)
+run_fails("--pool does not apply to policy knorm \\(it is for: snapkv\\)" ${REPLAY}
+          --trace ${WORK_DIR}/trace.safetensors --policy knorm --pool max --out ${WORK_DIR}/x.safetensors)
+run_fails("--window does not apply to policy wgkv" ${REPLAY}
+          --trace ${WORK_DIR}/trace.safetensors --policy wgkv --window 4 --out ${WORK_DIR}/x.safetensors)
+run_fails("--sinks S = -1 must be >= 0" ${REPLAY} --trace ${WORK_DIR}/trace.safetensors --policy knorm
+          --sinks -1 --out ${WORK_DIR}/x.safetensors)
+run_fails("--pool 'min' must be avg or max" ${REPLAY} --trace ${WORK_DIR}/trace.safetensors --policy snapkv
+          --prefill 100 --pool min --out ${WORK_DIR}/x.safetensors)
 run_fails("--horizon does not apply to policy trimkv" ${REPLAY} --trace ${WORK_DIR}/trace.safetensors --policy trimkv
           --horizon 0 --out ${WORK_DIR}/x.safetensors)
 run_fails("--floor does not apply to policy trimkv" ${REPLAY} --trace ${WORK_DIR}/trace.safetensors --policy trimkv
           --floor 1.5 --out ${WORK_DIR}/x.safetensors)
 run_fails("--buffer does not apply to policy snapkv" ${REPLAY} --trace ${WORK_DIR}/trace.safetensors --policy snapkv
           --prefill 100 --buffer 4 --out ${WORK_DIR}/x.safetensors)
-run_fails("--sinks does not apply to policy knorm" ${REPLAY} --trace ${WORK_DIR}/trace.safetensors --policy knorm
-          --sinks 2 --out ${WORK_DIR}/x.safetensors)
+# SPEC §5: sinks and window for every policy; SnapKV's pooling, kernel and GQA reduction
+run_ok(${REPLAY} --trace ${WORK_DIR}/trace.safetensors --policy knorm --budget 32 --buffer 8 --sinks 2 --window 4
+       --out ${WORK_DIR}/knorm_protected.safetensors)
+run_ok(${REPLAY} --trace ${WORK_DIR}/trace.safetensors --policy snapkv --budget 32 --prefill 100 --window 8 --pool max
+       --pool-kernel 7 --gqa max --sinks 2 --out ${WORK_DIR}/snapkv.safetensors)
+file(READ ${WORK_DIR}/snapkv.safetensors header OFFSET 8 LIMIT 2048)
+foreach(want [["pooling":"max"]] [["pool_kernel":"7"]] [["gqa":"max"]] [["sinks":"2"]] [["window":"8"]])
+  string(FIND "${header}" "${want}" at)
+  if(at LESS 0)
+    message(FATAL_ERROR "the snapkv output's metadata lacks ${want}:\n${header}")
+  endif()
+endforeach()
 run_fails("--avg-budget M = -3 must be >= 0" ${REPLAY} --trace ${WORK_DIR}/trace.safetensors --policy wgkv
           --avg-budget -3 --out ${WORK_DIR}/x.safetensors)
 run_fails("--threshold alpha = 2 must be in \\(0, 1\\] for trimkv" ${REPLAY} --trace ${WORK_DIR}/trace.safetensors
@@ -73,7 +89,7 @@ run_ok(${REPLAY} --trace ${WORK_DIR}/trace.safetensors --policy trimkv --budget 
 run_ok(${REPLAY} --trace ${WORK_DIR}/trace.safetensors --policy trimkv --budget 32 --buffer 8 --prefill 50 --window 2
        --no-reference --out ${WORK_DIR}/no_reference.safetensors)
 file(READ ${WORK_DIR}/no_reference.safetensors header OFFSET 8 LIMIT 2048)
-foreach(want [["prefill":"50"]] [["window":"2"]] [["sinks":"4"]] [["band_a":"10"]] [["recency":"-1"]]
+foreach(want [["prefill":"50"]] [["window":"2"]] [["sinks":"0"]] [["band_a":"10"]] [["recency":"-1"]]
              [["reference":"none (--no-reference)"]] [["trace":"]])
   string(FIND "${header}" "${want}" at)
   if(at LESS 0)

@@ -26,20 +26,27 @@ struct Entry {
 };
 
 // One head after a step at n with prompt P: if more than K generated entries (position >= P), keep
-// every prompt entry, the R generated ones with the largest positions, and the best K - R others
-// (higher score first, then larger position).
-void oracle_evict(std::vector<Entry>& head, std::int64_t P, std::int64_t K, std::int64_t R) {
-  std::vector<Entry> prompt, generated;
-  for (const Entry& e : head) (e.position < P ? prompt : generated).push_back(e);
-  if (static_cast<std::int64_t>(generated.size()) <= K) return;
-  std::sort(generated.begin(), generated.end(), [](const Entry& a, const Entry& b) { return a.position > b.position; });
-  std::vector<Entry> kept = prompt;
-  kept.insert(kept.end(), generated.begin(), generated.begin() + R);
-  std::vector<Entry> rest(generated.begin() + R, generated.end());
+// every prompt entry, the S entries of the smallest positions (sinks, SPEC §5), the max(R, w) of the
+// largest positions, and fill up to (prompt entries) + K with the best others (higher score first,
+// then larger position).
+void oracle_evict(std::vector<Entry>& head, std::int64_t P, std::int64_t K, std::int64_t R, std::int64_t S = 0,
+                  std::int64_t w = 0) {
+  std::int64_t prompt = 0;
+  for (const Entry& e : head) prompt += e.position < P;
+  if (static_cast<std::int64_t>(head.size()) - prompt <= K) return;
+  std::vector<Entry> by_pos = head;
+  std::sort(by_pos.begin(), by_pos.end(), [](const Entry& a, const Entry& b) { return a.position < b.position; });
+  const auto n = static_cast<std::int64_t>(by_pos.size());
+  std::vector<Entry> kept, rest;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const bool keep = by_pos[i].position < P || i < S || n - i <= std::max(R, w);
+    (keep ? kept : rest).push_back(by_pos[i]);
+  }
   std::sort(rest.begin(), rest.end(), [](const Entry& a, const Entry& b) {
     return std::make_tuple(a.score, a.position) > std::make_tuple(b.score, b.position);
   });
-  kept.insert(kept.end(), rest.begin(), rest.begin() + (K - R));
+  const auto more = prompt + K - static_cast<std::int64_t>(kept.size());
+  kept.insert(kept.end(), rest.begin(), rest.begin() + std::max<std::int64_t>(0, more));
   head = kept;
 }
 
@@ -107,8 +114,12 @@ TEST_CASE("oracle: EpiKV-family eviction on random traces (frozen scores with ti
     const CacheShape shape{std::uniform_int_distribution<int>(1, 3)(rng), kv_heads, kv_heads, 4};
     const std::int64_t K = std::uniform_int_distribution<int>(1, 12)(rng);
     const std::int64_t R = std::uniform_int_distribution<int>(-1, static_cast<int>(K))(rng);
-    const evict::Generated ev{K, R};
+    evict::Generated ev{K, R};
     const std::int64_t recent = ev.recent();
+    // SPEC §5's protection for every evictor: sinks in half the trials, a window in a third
+    if (trial % 3 == 0) ev.window = std::uniform_int_distribution<int>(0, static_cast<int>(K))(rng);
+    if (trial % 2 == 1)
+      ev.sinks = std::uniform_int_distribution<int>(0, static_cast<int>(K - std::max(recent, ev.window)))(rng);
     // the prompt: 1..3 prefill chunks, then decode steps (a few multi-token ones, e.g. speculative)
     std::vector<std::int64_t> chunks;
     const int prefill_chunks = std::uniform_int_distribution<int>(1, 3)(rng);
@@ -138,10 +149,10 @@ TEST_CASE("oracle: EpiKV-family eviction on random traces (frozen scores with ti
         for (std::int64_t t = 0; t < T; ++t)
           ref[static_cast<std::size_t>(i)].push_back({static_cast<std::int32_t>(n + t), sc[static_cast<std::size_t>(i * T + t)]});
       n += T;
-      for (auto& head : ref) oracle_evict(head, std::min(P, n), K, recent);
+      for (auto& head : ref) oracle_evict(head, std::min(P, n), K, recent, ev.sinks, ev.window);
       evictions += report.evicted > 0;
       REQUIRE_MESSAGE(cache_positions(cache, 3) == positions(ref), "trial ", trial, " n ", n, " P ", P, " K ", K,
-                      " R ", recent, " declared ", declared);
+                      " R ", recent, " S ", ev.sinks, " w ", ev.window, " declared ", declared);
       for (const auto& head : ref) REQUIRE(static_cast<std::int64_t>(head.size()) <= std::min(P, n) + K);
     }
     CHECK(cache.prompt_tokens(3) == P);

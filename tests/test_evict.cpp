@@ -377,14 +377,11 @@ TEST_CASE("seeded random is independent per (layer, kv head, position) (SPEC §5
 }
 
 TEST_CASE("oracle: StreamingLLM, KNorm and Random baselines under the per-head budget") {
-  const auto evictor = [](const oracle::Params& p) {
-    return baseline_evictor({.budget = p.budget, .buffer = p.buffer, .sinks = p.sinks});
+  const auto evictor = [](const oracle::Params& p) {  // SPEC §5: sinks and window for every evictor
+    return baseline_evictor({.budget = p.budget, .buffer = p.buffer, .sinks = p.sinks, .window = p.window});
   };
   const auto per_head_no_window = [](const CacheShape& s, oracle::Heads& h, std::int64_t n, const auto& sc,
-                                     oracle::Params p) {
-    p.window = 0;  // the baseline presets have no window
-    oracle::per_head(s, h, n, sc, p);
-  };
+                                     oracle::Params p) { oracle::per_head(s, h, n, sc, p); };
   differential(11, 400, score::Recency{4}, evictor, per_head_no_window, false, false);
   differential(12, 400, score::Recency{0}, evictor, per_head_no_window, false, false);
   differential(13, 400, score::NegKeyNorm{}, evictor, per_head_no_window, false, false);

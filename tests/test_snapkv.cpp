@@ -1,5 +1,5 @@
 // SnapKV (SPEC §5): the observed-attention score by hand and against a naive dense recomputation
-// (softmax of the last W_obs queries, summed, max-pooled over the prefix, GQA max); the cache
+// (softmax of the last W_obs queries, summed, avg- or max-pooled over the prefix, GQA mean or max); the cache
 // compresses each head to M once, when the declared prompt ends, keeping the observation window,
 // with the window of queries spanning prefill chunks; decode tokens are never evicted.
 #include <doctest/doctest.h>
@@ -15,7 +15,7 @@
 
 using namespace kvpolicy;
 
-TEST_CASE("SnapKV score by hand: softmax of the observed queries, summed, max-pooled, GQA max") {
+TEST_CASE("SnapKV score by hand: softmax of the observed queries, summed, pooled, reduced over the group") {
   // keys at positions 0..4 (d = 1), keys 0,0,0,0,0 except key 2 = 1; one query head, two queries
   // q = ln(2) at position 3 (sees 0..3) and 0 at position 4 (sees all, uniform)
   const std::vector<float> keys{0, 0, 1, 0, 0};
@@ -29,9 +29,29 @@ TEST_CASE("SnapKV score by hand: softmax of the observed queries, summed, max-po
                                               ObservedQueries{q.data(), 1, 2, 1, qpos}, out);
   for (int j = 0; j < 5; ++j) CHECK(out[static_cast<std::size_t>(j)] == doctest::Approx(std::vector<double>{0.4, 0.4, 0.6, 0.4, 0.2}[static_cast<std::size_t>(j)]));
   // kernel 3 pools the prefix (positions 0..2; 3 and 4 are the window): 0.4, 0.6, 0.6; window unpooled
+  score::ObservedAttention{2, 3, score::Pooling::max}.score_window(View<const float, 2>(keys.data(), {5, 1}), meta,
+                                                                   StepContext{5}, ObservedQueries{q.data(), 1, 2, 1, qpos}, out);
+  for (int j = 0; j < 5; ++j) CHECK(out[static_cast<std::size_t>(j)] == doctest::Approx(std::vector<double>{0.4, 0.6, 0.6, 0.4, 0.2}[static_cast<std::size_t>(j)]));
+  // avg-pool, kernel 3, zero padding counted (SnapKV's avg_pool1d): (0+.4+.4)/3, (.4+.4+.6)/3, (.4+.6+0)/3
   score::ObservedAttention{2, 3}.score_window(View<const float, 2>(keys.data(), {5, 1}), meta, StepContext{5},
                                               ObservedQueries{q.data(), 1, 2, 1, qpos}, out);
-  for (int j = 0; j < 5; ++j) CHECK(out[static_cast<std::size_t>(j)] == doctest::Approx(std::vector<double>{0.4, 0.6, 0.6, 0.4, 0.2}[static_cast<std::size_t>(j)]));
+  for (int j = 0; j < 5; ++j)
+    CHECK(out[static_cast<std::size_t>(j)] == doctest::Approx(std::vector<double>{0.8 / 3, 1.4 / 3, 1.0 / 3, 0.4, 0.2}[static_cast<std::size_t>(j)]));
+  // two query heads (GQA group 2): the second's queries are both 0 (uniform over what each sees):
+  // sums 0.25+0.2, 0.25+0.2, 0.25+0.2, 0.25+0.2, 0.2 -> 0.45 .. 0.2; mean with the first's, or max
+  const std::vector<float> q2{std::log(2.0f), 0.0f, 0.0f, 0.0f};
+  score::ObservedAttention{2, 1}.score_window(View<const float, 2>(keys.data(), {5, 1}), meta, StepContext{5},
+                                              ObservedQueries{q2.data(), 2, 2, 1, qpos}, out);
+  for (int j = 0; j < 5; ++j)
+    CHECK(out[static_cast<std::size_t>(j)] == doctest::Approx(std::vector<double>{0.425, 0.425, 0.525, 0.425, 0.2}[static_cast<std::size_t>(j)]));
+  score::ObservedAttention{2, 1, score::Pooling::avg, score::GroupReduce::max}.score_window(
+      View<const float, 2>(keys.data(), {5, 1}), meta, StepContext{5}, ObservedQueries{q2.data(), 2, 2, 1, qpos}, out);
+  for (int j = 0; j < 5; ++j)
+    CHECK(out[static_cast<std::size_t>(j)] == doctest::Approx(std::vector<double>{0.45, 0.45, 0.6, 0.45, 0.2}[static_cast<std::size_t>(j)]));
+  CHECK(SnapKVConfig{}.window == 32);  // SPEC §5: the original SnapKV code's defaults
+  CHECK(SnapKVConfig{}.pool_kernel == 5);
+  CHECK(SnapKVConfig{}.pooling == score::Pooling::avg);
+  CHECK(SnapKVConfig{}.group_reduce == score::GroupReduce::mean);
   CHECK_THROWS_AS((score::ObservedAttention{2, 4}.validate()), Error);
   CHECK_THROWS_AS((score::ObservedAttention{0, 7}.validate()), Error);
   CHECK_THROWS_AS((evict::PromptEnd{4, 5}.validate(CacheShape{1, 1, 1, 1})), Error);
@@ -41,10 +61,11 @@ namespace {
 
 // SPEC §5 SnapKV, densely: scores [N] for keys (position order 0..N-1) of one kv head
 std::vector<double> naive_snapkv(const std::vector<std::vector<float>>& keys, const std::vector<std::vector<std::vector<float>>>& q,
-                                 const std::vector<std::int32_t>& qpos, std::int64_t W, int kernel) {
+                                 const std::vector<std::int32_t>& qpos, std::int64_t W, int kernel, bool avg_pool,
+                                 bool group_mean) {
   const auto N = static_cast<std::int64_t>(keys.size());
   const auto d = static_cast<std::int64_t>(keys[0].size());
-  std::vector<double> best(static_cast<std::size_t>(N), -INFINITY);
+  std::vector<double> best(static_cast<std::size_t>(N), group_mean ? 0.0 : -INFINITY);
   for (const auto& group_queries : q) {
     std::vector<double> sum(static_cast<std::size_t>(N), 0.0);
     for (std::size_t w = 0; w < group_queries.size(); ++w) {
@@ -61,11 +82,17 @@ std::vector<double> naive_snapkv(const std::vector<std::vector<float>>& keys, co
     }
     const std::int64_t prefix = std::max<std::int64_t>(0, N - W);
     for (std::int64_t i = 0; i < N; ++i) {
-      double v = sum[static_cast<std::size_t>(i)];
-      if (i < prefix)
+      double v = sum[static_cast<std::size_t>(i)], total = 0;
+      if (i < prefix) {
         for (std::int64_t k = i - kernel / 2; k <= i + kernel / 2; ++k)
-          if (k >= 0 && k < prefix) v = std::max(v, sum[static_cast<std::size_t>(k)]);
-      best[static_cast<std::size_t>(i)] = std::max(best[static_cast<std::size_t>(i)], v);
+          if (k >= 0 && k < prefix) {
+            v = std::max(v, sum[static_cast<std::size_t>(k)]);
+            total += sum[static_cast<std::size_t>(k)];  // outside the prefix: a zero pad, counted
+          }
+        if (avg_pool) v = total / kernel;
+      }
+      double& b = best[static_cast<std::size_t>(i)];
+      b = group_mean ? b + v / static_cast<double>(q.size()) : std::max(b, v);
     }
   }
   return best;
@@ -80,8 +107,11 @@ TEST_CASE("oracle: SnapKV compresses every head to M when the declared prompt en
     const int H = 1 + trial % 2, G = 1 + trial % 3, d = 4;
     const CacheShape shape{2, H, H * G, d};
     const std::int64_t P = std::uniform_int_distribution<int>(1, 60)(rng);
-    const SnapKVConfig cfg{std::uniform_int_distribution<int>(6, 20)(rng), std::uniform_int_distribution<int>(1, 6)(rng),
-                           trial % 3 == 0 ? 1 : 7};
+    SnapKVConfig cfg{std::uniform_int_distribution<int>(6, 20)(rng), std::uniform_int_distribution<int>(1, 6)(rng),
+                     trial % 3 == 0 ? 1 : trial % 3 == 1 ? 5 : 7};
+    cfg.pooling = trial % 2 == 0 ? score::Pooling::avg : score::Pooling::max;
+    cfg.group_reduce = trial % 4 < 2 ? score::GroupReduce::mean : score::GroupReduce::max;
+    if (trial % 5 == 0) cfg.sinks = std::uniform_int_distribution<int>(0, static_cast<int>(cfg.budget - cfg.window))(rng);
     SnapKVCache<cpu_backend, float, 4> cache(shape, memory::Paged<4>(2048), snapkv_evictor(cfg), snapkv_scorer(cfg));
     cache.add_sequence(0, P);
     // all tokens' keys and queries, per (layer, kv head) and (layer, query head)
@@ -129,12 +159,14 @@ TEST_CASE("oracle: SnapKV compresses every head to M when the declared prompt en
           std::vector<std::int32_t> qwpos;
           for (std::int64_t w = P - wobs; w < P; ++w) qwpos.push_back(static_cast<std::int32_t>(w));
           for (int g = 0; g < G; ++g) qw.emplace_back(Q[{l, h * G + g}].end() - wobs, Q[{l, h * G + g}].end());
-          const auto score = naive_snapkv(keys, qw, qwpos, cfg.window, cfg.pool_kernel);
+          const auto score = naive_snapkv(keys, qw, qwpos, cfg.window, cfg.pool_kernel,
+                                          cfg.pooling == score::Pooling::avg, cfg.group_reduce == score::GroupReduce::mean);
           REQUIRE(static_cast<std::int64_t>(got.size()) == cfg.budget);
           for (std::int64_t w = P - cfg.window; w < P; ++w) REQUIRE(got.count(static_cast<std::int32_t>(w)) == 1);  // window kept
+          for (std::int32_t w = 0; w < cfg.sinks; ++w) REQUIRE(got.count(w) == 1);  // sinks kept (SPEC §5)
           for (std::int32_t a : got)
             for (std::int32_t b = 0; b < P - cfg.window; ++b)
-              if (a < P - cfg.window && !got.count(b))
+              if (a < P - cfg.window && a >= cfg.sinks && !got.count(b))
                 REQUIRE_MESSAGE(score[static_cast<std::size_t>(a)] >= score[static_cast<std::size_t>(b)] - 1e-9, "trial ", trial,
                                 " kept ", a, " over ", b);
         }

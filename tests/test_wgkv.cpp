@@ -146,7 +146,8 @@ TEST_CASE("oracle: the WG-KV dual cache keeps exactly what a ring with lazy prom
     const CacheShape shape{std::uniform_int_distribution<int>(1, 2)(rng), kv_heads, kv_heads, 2};
     const std::int64_t W = std::uniform_int_distribution<int>(1, 12)(rng);
     const double tau = trial % 5 == 0 ? 0.5 : 0.1;
-    WGKVCache<cpu_backend, float, 4> cache(shape, memory::Paged<4>(4096), wgkv_evictor({W, tau}));
+    const std::int64_t S = trial % 3 == 0 ? std::uniform_int_distribution<int>(1, 4)(rng) : 0;  // sinks, SPEC §5
+    WGKVCache<cpu_backend, float, 4> cache(shape, memory::Paged<4>(4096), wgkv_evictor({W, tau, S}));
     cache.add_sequence(9);
     // per head: the ring (oldest first) and the global cache
     std::vector<std::deque<std::pair<std::int32_t, float>>> ring(static_cast<std::size_t>(shape.heads_total()));
@@ -170,7 +171,7 @@ TEST_CASE("oracle: the WG-KV dual cache keeps exactly what a ring with lazy prom
           if (static_cast<std::int64_t>(ring[i].size()) > W) {
             const auto [pos, gate] = ring[i].front();
             ring[i].pop_front();
-            if (gate >= static_cast<float>(tau)) {
+            if (gate >= static_cast<float>(tau) || pos < S) {  // a sink stays whatever its g
               global[i].insert(pos);
               ++promoted_total;
             } else {
@@ -183,7 +184,7 @@ TEST_CASE("oracle: the WG-KV dual cache keeps exactly what a ring with lazy prom
         std::set<std::int32_t> got;
         const int l = static_cast<int>(i) / H, h = static_cast<int>(i) % H;
         for (std::int64_t j = 0; j < cache.length(9, l, h); ++j) got.insert(cache.entry(9, l, h, j).position);
-        REQUIRE_MESSAGE(got == want, "trial ", trial, " step ", step, " head ", i, " W ", W, " T ", T);
+        REQUIRE_MESSAGE(got == want, "trial ", trial, " step ", step, " head ", i, " W ", W, " T ", T, " S ", S);
       }
       n += T;
     }
@@ -198,8 +199,9 @@ TEST_CASE("WG-KV attention applies the vertical-slash mask, in prefill chunks an
   for (int trial = 0; trial < 60; ++trial) {
     const int H = 1 + trial % 2, G = 1 + trial % 3, d = 8;
     const std::int64_t W = 1 + trial % 9;
+    const std::int64_t S = trial % 4 == 1 ? 2 : 0;  // sinks stay visible whatever their g (SPEC §5)
     const CacheShape shape{1, H, H * G, d};
-    WGKVCache<cpu_backend, float, 4> cache(shape, memory::Paged<4>(1024), wgkv_evictor({W, 0.3}));
+    WGKVCache<cpu_backend, float, 4> cache(shape, memory::Paged<4>(1024), wgkv_evictor({W, 0.3, S}));
     cache.add_sequence(1);
     std::vector<std::vector<float>> all_k(static_cast<std::size_t>(H)), all_v(all_k.size()), all_g(all_k.size());
     std::int64_t n = 0;
@@ -228,7 +230,7 @@ TEST_CASE("WG-KV attention applies the vertical-slash mask, in prefill chunks an
             std::vector<double> w;
             double mx = -INFINITY;
             for (std::int64_t j = 0; j <= i; ++j) {
-              const bool visible = i - j < W || Gt[static_cast<std::size_t>(j)] >= 0.3f;
+              const bool visible = i - j < W || Gt[static_cast<std::size_t>(j)] >= 0.3f || j < S;
               double s = -INFINITY;
               if (visible) {
                 s = 0;

@@ -45,9 +45,10 @@ policy:  --policy P        full (default), streamingllm, h2o, snapkv, knorm, key
                            kv-key, kv-val, lag-kv, and with --gate: trimkv, dbtrimkv, wgkv
          --budget M        entries per (layer, kv head) (default 256; K for kv-key/kv-val/lag-kv)
          --buffer B        eviction runs when a head reaches M + B (default 16)
-         --sinks S         the S oldest entries of each head are protected (default 4 for
-                           streamingllm, 0 elsewhere; not snapkv, kv-key, kv-val, lag-kv)
-         --window w        trimkv, dbtrimkv: the w newest are protected (default 0)
+         --sinks S         the S oldest entries of each head are protected, every policy
+                           (default 4 for streamingllm, 0 elsewhere)
+         --window w        the w newest are protected, every policy but wgkv (its ring,
+                           --local) (default 0; h2o: 0 = M/2; snapkv: W_obs, 0 = min(32, M))
          --recency R       kv-key, kv-val, lag-kv: newest kept (default min(128, M/4))
          --seed N          random (default 0)
          --gate FILE       the trained gate of trimkv, dbtrimkv or wgkv (safetensors, SPEC names)

@@ -27,7 +27,7 @@ struct PolicyOptions {
   std::int64_t budget = 256;   // M per (layer, kv head); K for the EpiKV family
   std::int64_t buffer = 16;    // B
   std::int64_t sinks = -1;     // S protected oldest entries per head; -1 = SPEC §5's default (4 for streamingllm, else 0)
-  std::int64_t window = 0;     // w (trimkv, dbtrimkv)
+  std::int64_t window = 0;     // w protected newest entries per head, every policy (h2o: 0 = M/2; snapkv: W_obs, 0 = min(32, M))
   std::int64_t recency = -1;   // R (EpiKV family)
   std::uint64_t seed = 0;      // random
   std::string gate;            // trimkv, dbtrimkv, wgkv: the gate's safetensors file
@@ -70,12 +70,10 @@ decltype(auto) with_policy(const PolicyOptions& o, const Config& c, std::int64_t
   require(gated || o.gate.empty(), "kvpolicy-lm: --gate applies to trimkv, dbtrimkv and wgkv, not to ", o.name);
   const EntryMetadata none;
   const std::int64_t sinks = o.sinks >= 0 ? o.sinks : o.name == "streamingllm" ? 4 : 0;
-  // SPEC §5 sink protection: the per-head and pooled evictors take it; SnapKV's, WG-KV's and the EpiKV
-  // family's rules do not yet (the EpiKV family keeps the whole prompt, sinks included)
-  const bool takes_sinks =
-      o.name != "snapkv" && o.name != "kv-key" && o.name != "kv-val" && o.name != "lag-kv" && o.name != "wgkv";
-  require(takes_sinks || sinks == 0, "kvpolicy-lm: --sinks ", sinks, ": policy ", o.name, " has no sink protection");
-  const BaselineConfig base{o.budget, o.buffer, sinks};
+  // SPEC §5: every evictor protects the S oldest and the w newest entries of each head
+  require(sinks >= 0 && o.window >= 0, "kvpolicy-lm: --sinks ", sinks, " and --window ", o.window, " must be >= 0");
+  require(o.name != "wgkv" || o.window == 0, "kvpolicy-lm: wgkv's protected window is its ring: set --local, not --window");
+  const BaselineConfig base{o.budget, o.buffer, sinks, o.window};
   if (o.name == "full") {  // never evicts: the budget is past any sequence
     StreamingLLMCache<> cache(shape, std::move(pool), baseline_evictor({std::numeric_limits<std::int32_t>::max() - 1, 1}),
                               score::Recency{0});
@@ -83,7 +81,8 @@ decltype(auto) with_policy(const PolicyOptions& o, const Config& c, std::int64_t
   }
   if (o.name == "streamingllm") {
     // the sinks rank first by the score itself (SPEC §5 StreamingLLM)
-    StreamingLLMCache<> cache(shape, std::move(pool), baseline_evictor({o.budget, o.buffer}), score::Recency{sinks});
+    StreamingLLMCache<> cache(shape, std::move(pool), baseline_evictor({o.budget, o.buffer, 0, o.window}),
+                              score::Recency{sinks});
     return f(cache, none);
   }
   if (o.name == "h2o") {
@@ -91,7 +90,10 @@ decltype(auto) with_policy(const PolicyOptions& o, const Config& c, std::int64_t
     return f(cache, none);
   }
   if (o.name == "snapkv") {  // compresses the prompt (add_sequence's prompt_tokens) to M per head once
-    const SnapKVConfig s{o.budget, std::min<std::int64_t>(32, o.budget), 7};
+    SnapKVConfig s;  // SPEC §5's defaults: avg-pool 5, GQA mean
+    s.budget = o.budget;
+    s.window = o.window > 0 ? o.window : std::min<std::int64_t>(32, o.budget);
+    s.sinks = sinks;
     SnapKVCache<> cache(shape, std::move(pool), snapkv_evictor(s), snapkv_scorer(s));
     return f(cache, none);
   }
@@ -121,7 +123,7 @@ decltype(auto) with_policy(const PolicyOptions& o, const Config& c, std::int64_t
                     View<const float, 3>(v.data(), {shape.kv_heads, T, shape.head_dim}),
                     View<float, 2>(out, {shape.kv_heads, T}));
     };
-    EpiKVCache<> cache(shape, std::move(pool), epikv_evictor({o.budget, o.recency}));
+    EpiKVCache<> cache(shape, std::move(pool), epikv_evictor({o.budget, o.recency, sinks, o.window}));
     return f(cache, scores);
   }
   if (o.name == "trimkv") {  // SPEC §1: log_beta from the retention gate on the layer's normed input
@@ -156,7 +158,7 @@ decltype(auto) with_policy(const PolicyOptions& o, const Config& c, std::int64_t
       g->forward(l, View<const float, 3>(k_pre.data(), {c.kv_heads, T, c.head_dim}),
                  View<const float, 3>(k.data(), {c.kv_heads, T, c.head_dim}), View<float, 2>(out, {c.kv_heads, T}));
     };
-    WGKVCache<> cache(shape, std::move(pool), wgkv_evictor({o.local, o.tau}));
+    WGKVCache<> cache(shape, std::move(pool), wgkv_evictor({o.local, o.tau, sinks}));
     return f(cache, gates);
   }
   std::string known;

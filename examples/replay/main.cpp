@@ -47,7 +47,9 @@ policies:
   h2o        H2O: accumulated attention mass, the newest M/2 protected, per-head budget M
              (needs keys, values and queries)
   snapkv     SnapKV: compress the --prefill prompt once to M per head by the attention of its
-             last 32 queries (max-pool 7, GQA max); decode tokens stay (needs keys and queries)
+             last W_obs queries (--window, default min(32, M)), pooled along positions (--pool,
+             --pool-kernel: avg 5) and reduced over the GQA group (--gqa: mean); decode tokens
+             stay (needs keys and queries)
   knorm      KNorm: keep the keys of smallest L2 norm, per-head budget M (needs keys in the trace)
   keydiff    KeyDiff: keep keys least aligned with the head's mean key direction, per-head budget M
   random     Random: seeded uniform scores, per-head budget M
@@ -57,10 +59,15 @@ options:
   --buffer B       eviction runs once a head (or the sequence) is B past its budget (default 128)
   --horizon h      lookahead horizon, dbtrimkv only (default 2)
   --floor f        floor_ratio in [0, 1), dbtrimkv only (default 0)
-  --window w       protect the w newest entries of every head (default 0)
+  --window w       protect the w newest entries of every head (default 0; h2o: 0 = M/2; snapkv:
+                   W_obs, default min(32, M); wgkv: its window is its ring, --local)
   --threshold a    keep every entry scoring >= log(a) instead of a top-M (default off)
   --prefill P      append the first P tokens as one chunk (default 0: one token per step)
-  --sinks S        attention sinks, streamingllm only (default 4)
+  --sinks S        protect the S oldest entries of every head, the attention sinks (default 4 for
+                   streamingllm, 0 for the others)
+  --pool avg|max   snapkv: pooling along positions (default avg)
+  --pool-kernel k  snapkv: the pooling kernel, odd (default 5)
+  --gqa mean|max   snapkv: reduction over the query heads of a kv head (default mean)
   --seed N         random only (default 0)
   --band-a A, --band-b B  hidden-state layers of epikv and hs-var (default 10 and 21)
   --recency R      newest generated tokens kept by the epikv family (default min(128, M/4))
@@ -97,9 +104,12 @@ const std::vector<FlagUse>& flag_uses() {
                     "knorm", "keydiff", "random"}},
       {"--horizon", {"dbtrimkv"}},
       {"--floor", {"dbtrimkv"}},
-      {"--window", {"trimkv", "dbtrimkv"}},
+      {"--window", {"trimkv", "dbtrimkv", "epikv", "hs-var", "kv-key", "kv-val", "lag-kv", "streamingllm", "h2o", "snapkv",
+                    "knorm", "keydiff", "random"}},
       {"--threshold", {"trimkv", "dbtrimkv"}},
-      {"--sinks", {"streamingllm"}},
+      {"--pool", {"snapkv"}},
+      {"--pool-kernel", {"snapkv"}},
+      {"--gqa", {"snapkv"}},
       {"--seed", {"random"}},
       {"--band-a", {"epikv", "hs-var"}},
       {"--band-b", {"epikv", "hs-var"}},
@@ -149,6 +159,9 @@ std::vector<std::pair<std::string, std::string>> run_metadata(const replay::Opti
           {"tau", num(o.tau)},
           {"gate", o.gate},
           {"average_budget", std::to_string(o.average_budget)},
+          {"pooling", o.pooling},
+          {"pool_kernel", std::to_string(o.pool_kernel)},
+          {"gqa", o.gqa},
           {"reference", !trace_has_attention ? "none (the trace has no keys, values and queries)"
                         : reference         ? "full-cache attention"
                                             : "none (--no-reference)"}};
@@ -306,7 +319,10 @@ int main(int argc, char** argv) {
       else if (a == "--horizon") o.horizon = static_cast<int>(cli::integer(a, value()));
       else if (a == "--floor") o.floor_ratio = cli::number(a, value());
       else if (a == "--window") o.window = cli::integer(a, value());
-      else if (a == "--sinks") o.sinks = cli::integer(a, value());
+      else if (a == "--sinks") {
+        o.sinks = cli::integer(a, value());
+        require(o.sinks >= 0, "--sinks S = ", o.sinks, " must be >= 0");
+      }
       else if (a == "--seed") o.seed = static_cast<std::uint64_t>(cli::integer(a, value()));
       else if (a == "--threshold") o.threshold = cli::number(a, value());
       else if (a == "--prefill") o.prefill = cli::integer(a, value());
@@ -317,6 +333,9 @@ int main(int argc, char** argv) {
       else if (a == "--tau") o.tau = cli::number(a, value());
       else if (a == "--gate") o.gate = value();
       else if (a == "--avg-budget") o.average_budget = cli::integer(a, value());
+      else if (a == "--pool") o.pooling = value();
+      else if (a == "--pool-kernel") o.pool_kernel = static_cast<int>(cli::integer(a, value()));
+      else if (a == "--gqa") o.gqa = value();
       else if (a == "--layers") layers = parse_list(value(), "--layers");
       else if (a == "--heads") heads = parse_list(value(), "--heads");
       else fail("unknown argument '", a, "' (see --help)");
@@ -343,6 +362,7 @@ int main(int argc, char** argv) {
     require(std::find(replay::policies().begin(), replay::policies().end(), o.policy) != replay::policies().end(),
             "--policy: unknown policy '", o.policy, "' (known: ", replay::policy_list(), ")");
     check_flags_apply(given, o.policy);
+    o.sinks = o.sinks_or_default();  // the metadata records the S the run used
     require(png.empty() ? layers.empty() && heads.empty() : true, "--layers and --heads choose heatmaps: give --png DIR");
     require(o.average_budget >= 0, "--avg-budget M = ", o.average_budget, " must be >= 0 (0: no hard budget)");
     // TRIM-KV's score log(beta) * age is <= 0, DBTrimKV's lookahead score <= log(h) (SPEC §1, §2): an

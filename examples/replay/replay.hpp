@@ -28,10 +28,10 @@ struct Options {
   std::int64_t buffer = 128;      // B
   int horizon = 2;                // h (dbtrimkv)
   double floor_ratio = 0.0;       // f (dbtrimkv)
-  std::int64_t window = 0;        // w
+  std::int64_t window = 0;        // w, every policy (snapkv: W_obs, 0 = min(32, M); wgkv: its ring is --local)
   double threshold = 0.0;         // alpha
   std::int64_t prefill = 0;       // P: the first P tokens as one chunk
-  std::int64_t sinks = 4;         // S (streamingllm)
+  std::int64_t sinks = -1;        // S, every policy; -1 = the policy's default (4 for streamingllm, else 0)
   std::uint64_t seed = 0;         // random
   int band_a = 10, band_b = 21;   // epikv, hs-var: hidden-state layers A and B
   std::int64_t recency = -1;      // R of the EpiKV family; -1 = min(128, K / 4)
@@ -39,6 +39,11 @@ struct Options {
   double tau = 0.1;               // admission threshold (wgkv)
   std::string gate;               // wgkv: a write-gate safetensors file, run on the trace's keys_pre_rope and keys
   std::int64_t average_budget = 0;  // wgkv: M_avg of the hard budget (appendix K); 0 = none
+  std::string pooling = "avg";    // snapkv: avg | max
+  int pool_kernel = 5;            // snapkv: odd
+  std::string gqa = "mean";       // snapkv: mean | max over the query heads of a kv head
+  /// S as the policy runs it: the given one, or the policy's default (SPEC §5)
+  std::int64_t sinks_or_default() const { return sinks >= 0 ? sinks : policy == "streamingllm" ? 4 : 0; }
 };
 
 // The EpiKV family (SPEC §4) takes --budget as K over the generated tokens of each head, protects
@@ -208,18 +213,20 @@ inline Result replay(const Trace& tr, const Options& opt, const Reference& full 
   if (!tr.has_attention()) shape = CacheShape{tr.layers, tr.kv_heads, tr.kv_heads, 1};
   require(opt.prefill >= 0, "replay: --prefill P = ", opt.prefill, " must be >= 0");
   const auto pages = detail::pool_pages(tr);
+  const std::int64_t sinks = opt.sinks_or_default();  // SPEC §5: every policy protects S sinks and w newest
   if (opt.policy == "trimkv") {
     TrimKVCache<> cache(shape, memory::Paged<16>(pages),
-                        trimkv_evictor({opt.budget, opt.buffer, opt.window, opt.threshold}));
+                        trimkv_evictor({opt.budget, opt.buffer, opt.window, opt.threshold, sinks}));
     return detail::run(cache, tr, opt, full);
   }
   if (opt.policy == "dbtrimkv") {
-    const DBTrimKVConfig c{opt.budget, opt.buffer, opt.horizon, opt.floor_ratio, opt.window, opt.threshold};
+    const DBTrimKVConfig c{opt.budget, opt.buffer, opt.horizon, opt.floor_ratio, opt.window, opt.threshold, sinks};
     DBTrimKVCache<> cache(shape, memory::Paged<16>(pages), dbtrimkv_evictor(c), dbtrimkv_scorer(c));
     return detail::run(cache, tr, opt, full);
   }
-  if (opt.window != 0 || opt.threshold != 0.0)
-    fail("replay: --window and --threshold apply to trimkv and dbtrimkv, not to ", opt.policy);
+  if (opt.threshold != 0.0) fail("replay: --threshold applies to trimkv and dbtrimkv, not to ", opt.policy);
+  if (opt.policy == "wgkv" && opt.window != 0)
+    fail("replay: wgkv's protected window is its ring: set --local W, not --window");
   const bool needs_kv = opt.policy == "h2o" || opt.policy == "snapkv" || opt.policy == "keydiff" || opt.policy == "kv-key" ||
                         opt.policy == "kv-val" || opt.policy == "lag-kv";
   require(!needs_kv || tr.has_attention(), "replay: policy ", opt.policy,
@@ -248,11 +255,11 @@ inline Result replay(const Trace& tr, const Options& opt, const Reference& full 
     };
     if (opt.average_budget > 0) {  // SPEC §3 "Admission with eviction"
       require(tr.has_attention(), "replay: wgkv with --avg-budget needs the trace's keys, values and queries");
-      const WGKVBudgetConfig c{opt.local, opt.tau, opt.average_budget, 256, 5, 0.1};
+      const WGKVBudgetConfig c{opt.local, opt.tau, opt.average_budget, 256, 5, 0.1, sinks};
       WGKVBudgetCache<> cache(shape, memory::Paged<16>(pages), wgkv_budget_evictor(shape, c), wgkv_budget_scorer(shape, c));
       return detail::run(cache, tr, opt, full, gates);
     }
-    WGKVCache<> cache(shape, memory::Paged<16>(pages), wgkv_evictor({opt.local, opt.tau}));
+    WGKVCache<> cache(shape, memory::Paged<16>(pages), wgkv_evictor({opt.local, opt.tau, sinks}));
     return detail::run(cache, tr, opt, full, gates);
   }
   if (opt.policy == "epikv" || opt.policy == "hs-var") {  // SPEC §4: one score per token from the hidden states
@@ -267,7 +274,7 @@ inline Result replay(const Trace& tr, const Options& opt, const Reference& full 
       signal.push_hidden(View<const float, 3>(hidden.data(), {tr.hidden_layers, len, tr.hidden_size}), token_scores);
       broadcast_token_scores(shape, token_scores, View<float, 3>(out.data(), {shape.layers, shape.kv_heads, len}));
     };
-    EpiKVCache<> cache(shape, memory::Paged<16>(pages), epikv_evictor({opt.budget, opt.recency}));
+    EpiKVCache<> cache(shape, memory::Paged<16>(pages), epikv_evictor({opt.budget, opt.recency, sinks, opt.window}));
     return detail::run(cache, tr, opt, full, scores);
   }
   if (opt.policy == "kv-key" || opt.policy == "kv-val" || opt.policy == "lag-kv") {
@@ -283,22 +290,27 @@ inline Result replay(const Trace& tr, const Options& opt, const Reference& full 
                      View<const float, 3>(v.data() + l * layer_kv, {shape.kv_heads, len, shape.head_dim}),
                      View<float, 2>(out.data() + std::int64_t{l} * shape.kv_heads * len, {shape.kv_heads, len}));
     };
-    EpiKVCache<> cache(shape, memory::Paged<16>(pages), epikv_evictor({opt.budget, opt.recency}));
+    EpiKVCache<> cache(shape, memory::Paged<16>(pages), epikv_evictor({opt.budget, opt.recency, sinks, opt.window}));
     return detail::run(cache, tr, opt, full, scores);
   }
   // SPEC §5 baselines: they score from position, attention mass, key norm, keys or a seed, and ignore log_beta
-  const auto evictor = baseline_evictor({opt.budget, opt.buffer});
-  if (opt.policy == "streamingllm") {
-    StreamingLLMCache<> cache(shape, memory::Paged<16>(pages), evictor, score::Recency{opt.sinks});
+  const auto evictor = baseline_evictor({opt.budget, opt.buffer, sinks, opt.window});
+  if (opt.policy == "streamingllm") {  // its sinks are its score's (SPEC §5 Recency), the evictor's none
+    StreamingLLMCache<> cache(shape, memory::Paged<16>(pages), baseline_evictor({opt.budget, opt.buffer, 0, opt.window}),
+                              score::Recency{sinks});
     return detail::run(cache, tr, opt, full);
   }
   if (opt.policy == "h2o") {
-    H2OCache<> cache(shape, memory::Paged<16>(pages), h2o_evictor({opt.budget, opt.buffer}));
+    H2OCache<> cache(shape, memory::Paged<16>(pages), h2o_evictor({opt.budget, opt.buffer, sinks, opt.window}));
     return detail::run(cache, tr, opt, full);
   }
   if (opt.policy == "snapkv") {  // compresses the --prefill prompt to M per head once
     require(opt.prefill > 0, "replay: snapkv compresses the prompt: give its length with --prefill P");
-    const SnapKVConfig c{opt.budget, std::min<std::int64_t>(32, opt.budget), 7};
+    require(opt.pooling == "avg" || opt.pooling == "max", "replay: --pool '", opt.pooling, "' must be avg or max");
+    require(opt.gqa == "mean" || opt.gqa == "max", "replay: --gqa '", opt.gqa, "' must be mean or max");
+    const SnapKVConfig c{opt.budget, opt.window > 0 ? opt.window : std::min<std::int64_t>(32, opt.budget), opt.pool_kernel,
+                         opt.pooling == "avg" ? score::Pooling::avg : score::Pooling::max,
+                         opt.gqa == "mean" ? score::GroupReduce::mean : score::GroupReduce::max, sinks};
     SnapKVCache<> cache(shape, memory::Paged<16>(pages), snapkv_evictor(c), snapkv_scorer(c));
     return detail::run(cache, tr, opt, full);
   }

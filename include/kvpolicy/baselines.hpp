@@ -27,10 +27,11 @@ struct BaselineConfig {
   std::int64_t budget = 1024;  ///< M per (layer, kv head)
   std::int64_t buffer = 128;   ///< B
   std::int64_t sinks = 0;      ///< S: the S oldest entries of each head are protected (SPEC §5)
+  std::int64_t window = 0;     ///< w: the w newest entries of each head are protected (SPEC §5); H2O: 0 = M / 2
 };
 
 inline evict::PerHead<trigger::Buffered> baseline_evictor(const BaselineConfig& c = {}) {
-  return evict::PerHead<trigger::Buffered>{trigger::Buffered{c.budget, c.buffer}, 0, 0.0, c.sinks};
+  return evict::PerHead<trigger::Buffered>{trigger::Buffered{c.budget, c.buffer}, c.window, 0.0, c.sinks};
 }
 
 /// Pages for `sequences` sequences under a per-head baseline (StreamingLLM, H2O, KNorm, KeyDiff,
@@ -42,20 +43,29 @@ std::int64_t baseline_pages(const CacheShape& shape, const BaselineConfig& c, st
                           sequences);
 }
 
-/// H2O, SPEC §5: the recent half of the budget (w = M / 2) is protected.
+/// H2O, SPEC §5: the recent half of the budget (w = M / 2) is protected, or the config's window
+/// when it names one (w > 0).
 inline evict::PerHead<trigger::Buffered> h2o_evictor(const BaselineConfig& c = {}) {
-  return evict::PerHead<trigger::Buffered>{trigger::Buffered{c.budget, c.buffer}, c.budget / 2, 0.0, c.sinks};
+  return evict::PerHead<trigger::Buffered>{trigger::Buffered{c.budget, c.buffer}, c.window > 0 ? c.window : c.budget / 2,
+                                           0.0, c.sinks};
 }
 
-/// SnapKV, SPEC §5: W_obs = 32 observed queries, max-pool 7, compress the prompt to M per head once.
+/// SnapKV, SPEC §5: compress the prompt to M per head once, by the attention of the last W_obs
+/// queries, pooled along positions and reduced over the GQA group. Defaults as the original SnapKV
+/// code: W_obs = 32, avg-pool, kernel 5, GQA mean (kvpress's reduction; docs/policies.md).
 struct SnapKVConfig {
   std::int64_t budget = 1024;  ///< M per (layer, kv head), after the prompt
-  std::int64_t window = 32;    ///< W_obs
-  int pool_kernel = 7;
+  std::int64_t window = 32;    ///< W_obs: the observation window, also the protected newest entries
+  int pool_kernel = 5;         ///< odd; 1 = no pooling
+  score::Pooling pooling = score::Pooling::avg;
+  score::GroupReduce group_reduce = score::GroupReduce::mean;
+  std::int64_t sinks = 0;      ///< S: the S oldest entries of each head are protected (SPEC §5)
 };
-inline evict::PromptEnd snapkv_evictor(const SnapKVConfig& c = {}) { return evict::PromptEnd{c.budget, c.window}; }
+inline evict::PromptEnd snapkv_evictor(const SnapKVConfig& c = {}) {
+  return evict::PromptEnd{c.budget, c.window, c.sinks};
+}
 inline score::ObservedAttention snapkv_scorer(const SnapKVConfig& c = {}) {
-  return score::ObservedAttention{c.window, c.pool_kernel};
+  return score::ObservedAttention{c.window, c.pool_kernel, c.pooling, c.group_reduce};
 }
 
 template <class Backend = cpu_backend, class Storage = float, int PageSize = 16>

@@ -35,9 +35,13 @@ namespace kvpolicy {
 struct EpiKVConfig {
   std::int64_t budget = 2048;  ///< K, generated tokens kept per (layer, kv head)
   std::int64_t recency = -1;   ///< R; -1 = min(128, K / 4)
+  std::int64_t sinks = 0;      ///< S: the S oldest entries of each head are protected (SPEC §5)
+  std::int64_t window = 0;     ///< w: the w newest entries of each head are protected (SPEC §5)
 };
 
-inline evict::Generated epikv_evictor(const EpiKVConfig& c = {}) { return evict::Generated{c.budget, c.recency}; }
+inline evict::Generated epikv_evictor(const EpiKVConfig& c = {}) {
+  return evict::Generated{c.budget, c.recency, c.sinks, c.window};
+}
 
 /// Every EpiKV-family policy: the frozen score in the entry's metadata, evict::Generated.
 template <class Backend = cpu_backend, class Storage = float, int PageSize = 16>

@@ -41,11 +41,12 @@
 namespace kvpolicy {
 
 struct WGKVConfig {
-  std::int64_t local = 256;  ///< W_local
+  std::int64_t local = 256;  ///< W_local (the ring: WG-KV's protected window)
   double tau = 0.1;          ///< admitted iff g >= tau
+  std::int64_t sinks = 0;    ///< S: positions 0..S-1 stay, whatever their g (SPEC §5)
 };
 
-inline evict::WriteGated wgkv_evictor(const WGKVConfig& c = {}) { return evict::WriteGated{c.local, c.tau}; }
+inline evict::WriteGated wgkv_evictor(const WGKVConfig& c = {}) { return evict::WriteGated{c.local, c.tau, c.sinks}; }
 inline admit::WriteGate wgkv_admitter(const WGKVConfig& c = {}) { return admit::WriteGate{c.local, c.tau}; }
 
 template <class Backend = cpu_backend, class Storage = float, int PageSize = 16>
@@ -64,6 +65,7 @@ struct WGKVBudgetConfig {
   std::int64_t observation_window = 256;  ///< W_obs
   int pool_kernel = 5;
   double fraction = 0.1;                  ///< of each head's global cache, per eviction
+  std::int64_t sinks = 0;                 ///< S: positions 0..S-1 stay, whatever their g (SPEC §5)
 };
 
 inline evict::WriteGatedBudget wgkv_budget_evictor(const CacheShape& shape, const WGKVBudgetConfig& c = {}) {

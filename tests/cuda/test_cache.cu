@@ -177,7 +177,8 @@ TEST_CASE("TrimKVCache<cuda_backend, half, 32>: fp16 storage, the same survivors
 TEST_CASE("WGKVCache<cuda_backend>: the ring, promotion and the vertical-slash mask match the CPU") {
   for (std::uint64_t seed = 1; seed <= cudatest::seeds(6); ++seed) {
     const kp::CacheShape shape{2, 2, 4, 64};
-    const kp::WGKVConfig c{.local = static_cast<std::int64_t>(3 + 5 * seed), .tau = 0.1};
+    // sinks (SPEC §5) in every other seed: kept whatever their g, and the mask shows them
+    const kp::WGKVConfig c{.local = static_cast<std::int64_t>(3 + 5 * seed), .tau = 0.1, .sinks = seed % 2 == 0 ? 2 : 0};
     const std::int64_t pages = 6 * shape.heads_total() * 20;
     kp::WGKVCache<kp::cpu_backend> cpu(shape, kp::memory::Paged<16>(pages), kp::wgkv_evictor(c));
     kp::WGKVCache<kp::cuda_backend> gpu(shape, kp::memory::Paged<16>(pages), kp::wgkv_evictor(c));
@@ -192,7 +193,9 @@ TEST_CASE("WGKVCache<cuda_backend>: the ring, promotion and the vertical-slash m
 TEST_CASE("EpiKVCache<cuda_backend>: the budget over generated tokens matches the CPU") {
   for (std::uint64_t seed = 1; seed <= cudatest::seeds(6); ++seed) {
     const kp::CacheShape shape{2, 1, 2, 64};
-    const kp::evict::Generated e{static_cast<std::int64_t>(8 + 3 * seed), seed % 2 == 0 ? 3 : -1};
+    // SPEC §5's sinks and window in some seeds
+    const kp::evict::Generated e{static_cast<std::int64_t>(8 + 3 * seed), seed % 2 == 0 ? 3 : -1, seed % 3 == 0 ? 2 : 0,
+                                 seed % 3 == 1 ? 5 : 0};
     const std::int64_t pages = 6 * shape.heads_total() * 20;
     kp::EpiKVCache<kp::cpu_backend> cpu(shape, kp::memory::Paged<16>(pages), e);
     kp::EpiKVCache<kp::cuda_backend> gpu(shape, kp::memory::Paged<16>(pages), e);

@@ -220,9 +220,13 @@ TEST_CASE("evict_step keeps what the CPU evictors keep, step after step") {
     std::int64_t budget, buffer, window;
     double threshold, floor_ratio;
     bool random = false;  // score::SeededRandom (per (layer, head, position), SPEC §5) instead of TRIM-KV's
+    std::int64_t sinks = 0;  // SPEC §5: the S oldest entries of each head protected
   };
   const Case cases[] = {{kc::Scope::per_head, 24, 4, 0, 0.0, 0.0},    {kc::Scope::per_head, 17, 1, 5, 0.0, 0.0},
                         {kc::Scope::per_head, 9, 1, 0, 0.0, 0.0, true}, {kc::Scope::global, 10, 2, 0, 0.0, 0.0, true},
+                        {kc::Scope::per_head, 12, 3, 2, 0.0, 0.0, false, 3}, {kc::Scope::per_head, 20, 4, 0, 0.5, 0.0, false, 2},
+                        {kc::Scope::global, 14, 3, 2, 0.0, 0.0, true, 4},     {kc::Scope::global, 16, 4, 1, 0.0, 0.4, false, 2},
+                        {kc::Scope::layer_wise, 12, 2, 0, 0.0, 0.0, false, 3},
                         {kc::Scope::per_head, 30, 8, 3, 0.6, 0.0},    {kc::Scope::global, 20, 6, 0, 0.0, 0.0},
                         {kc::Scope::global, 20, 6, 4, 0.0, 0.3},      {kc::Scope::global, 12, 2, 2, 0.5, 0.0},
                         {kc::Scope::layer_wise, 16, 4, 0, 0.0, 0.0},  {kc::Scope::layer_wise, 16, 4, 2, 0.0, 0.5}};
@@ -240,6 +244,7 @@ TEST_CASE("evict_step keeps what the CPU evictors keep, step after step") {
     r.window = c.window;
     r.threshold = c.threshold;
     r.floor_ratio = c.floor_ratio;
+    r.sinks = c.sinks;
     std::int64_t n = 0;
     // 24 steps reach every case's trigger (the last, M + B = 38, at step 17)
     for (int step = 0; step < cudatest::steps(160, 24); ++step) {
@@ -252,11 +257,12 @@ TEST_CASE("evict_step keeps what the CPU evictors keep, step after step") {
           e.rule = {c.budget, c.buffer};
           e.window = c.window;
           e.threshold = c.threshold;
+          e.sinks = c.sinks;
           cpu_evict(tw, e, n, scorer);
         } else if (c.scope == kc::Scope::global) {
-          cpu_evict(tw, kp::evict::Global{c.budget, c.buffer, c.floor_ratio, c.window, c.threshold}, n, scorer);
+          cpu_evict(tw, kp::evict::Global{c.budget, c.buffer, c.floor_ratio, c.window, c.threshold, c.sinks}, n, scorer);
         } else {
-          cpu_evict(tw, kp::evict::LayerWise{c.budget, c.buffer, c.window, c.threshold, c.floor_ratio}, n, scorer);
+          cpu_evict(tw, kp::evict::LayerWise{c.budget, c.buffer, c.window, c.threshold, c.floor_ratio, c.sinks}, n, scorer);
         }
         device_evict(tw, r, n, scorer);
       };

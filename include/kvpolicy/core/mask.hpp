@@ -18,10 +18,12 @@ struct AttentionMask {
   /// where a key's g is: EntryMeta::gate (an Admitter's ring, admit::WriteGate) when true, else the
   /// metadata float (WG-KV's own cache, where g is the frozen score)
   bool reads_gate = false;
+  /// sinks S (SPEC §5): keys at positions 0..S-1 stay visible whatever their g (the Evictor keeps them)
+  std::int64_t sinks = 0;
 
   KVPOLICY_HD bool visible(std::int32_t key_pos, float key_gate, std::int32_t query_pos) const {
     return key_pos <= query_pos &&
-           (local == 0 || std::int64_t{query_pos} - key_pos < local || key_gate >= tau);
+           (local == 0 || std::int64_t{query_pos} - key_pos < local || key_gate >= tau || key_pos < sinks);
   }
 };
 

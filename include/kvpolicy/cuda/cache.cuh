@@ -63,12 +63,10 @@ using device_storage_t = std::conditional_t<std::is_same_v<Storage, float>, floa
 /// The evict_step rule of a CPU Evictor (SPEC §1–2).
 template <class E>
 EvictionRule rule_of(const E& e, const CacheShape& shape) {
-  if constexpr (requires { e.sinks; })  // SPEC §5's sink protection runs on the host path only, so far
-    require(e.sinks == 0, "Cache<cuda_backend>: sinks S = ", e.sinks,
-            " (sink protection) is not implemented on the device; use sinks = 0 there");
   EvictionRule r;
   r.layers = shape.layers;
   r.kv_heads = shape.kv_heads;
+  if constexpr (requires { e.sinks; }) r.sinks = e.sinks;  // SPEC §5, every evictor
   if constexpr (std::is_same_v<E, evict::PerHead<trigger::Buffered>>) {
     r.scope = Scope::per_head;
     r.budget = e.rule.budget;
@@ -83,6 +81,7 @@ EvictionRule rule_of(const E& e, const CacheShape& shape) {
     r.scope = Scope::generated;
     r.budget = e.budget;
     r.recency = e.recency;
+    r.window = e.window;
   } else if constexpr (std::is_same_v<E, evict::LayerWise>) {
     r.scope = Scope::layer_wise;
     r.budget = e.budget;

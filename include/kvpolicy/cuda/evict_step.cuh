@@ -34,6 +34,7 @@ struct EvictionRule {
   std::int64_t budget = 1024; // M per head
   std::int64_t buffer = 128;  // B
   std::int64_t window = 0;    // w
+  std::int64_t sinks = 0;     // S oldest entries of each head protected (SPEC §5), every scope
   double threshold = 0.0;     // alpha; 0 = top-k
   double floor_ratio = 0.0;   // f (pooled scopes)
   std::int64_t local = 256;   // W_local (write_gated)
@@ -47,6 +48,7 @@ struct EvictionRule {
   }
   void validate(const char* who) const {
     require(layers >= 1 && kv_heads >= 1, who, ": layers = ", layers, " and kv_heads = ", kv_heads, " must be >= 1");
+    require(sinks >= 0 && sinks <= INT32_MAX, who, ": sinks S = ", sinks, " must be in [0, 2^31 - 1]");
     if (scope == Scope::write_gated) {
       require(local >= 1 && local <= INT32_MAX, who, ": W_local = ", local, " must be in [1, 2^31 - 1]");
       require(std::isfinite(tau) && tau > 0.0 && tau <= 1.0, who, ": tau = ", tau, " must be in (0, 1]");
@@ -186,6 +188,7 @@ void evict_step(void* workspace, std::size_t& workspace_bytes, const Scorer& sco
   if (r.scope == Scope::write_gated) {  // SPEC §3: the ring (the W_local newest) and g >= tau
     SegmentRule rule;
     rule.window = r.local;
+    rule.sinks = r.sinks;
     rule.threshold = true;
     rule.log_alpha = static_cast<float>(r.tau);
     rule.active = w.active;
@@ -193,7 +196,8 @@ void evict_step(void* workspace, std::size_t& workspace_bytes, const Scorer& sco
   } else if (r.scope == Scope::generated) {  // SPEC §4: prompt + the R newest protected, prompt + K kept
     SegmentRule rule;
     rule.k = r.budget;
-    rule.window = r.recent();
+    rule.window = std::max(r.recent(), r.window);
+    rule.sinks = r.sinks;
     rule.active = w.active;
     rule.prompt_of = context;
     rule.context_stride = per_sequence;
@@ -202,6 +206,7 @@ void evict_step(void* workspace, std::size_t& workspace_bytes, const Scorer& sco
     SegmentRule rule;
     rule.k = r.budget;
     rule.window = r.window;
+    rule.sinks = r.sinks;
     rule.threshold = threshold;
     rule.log_alpha = log_alpha;
     rule.active = w.active;
@@ -213,6 +218,7 @@ void evict_step(void* workspace, std::size_t& workspace_bytes, const Scorer& sco
     pr.per_head_budget = r.budget;
     pr.floor_ratio = r.floor_ratio;
     pr.window = r.window;
+    pr.sinks = r.sinks;
     pr.threshold = threshold;
     pr.log_alpha = log_alpha;
     pr.group_active = w.group_active;

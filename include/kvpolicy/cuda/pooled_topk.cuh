@@ -37,6 +37,7 @@ struct PooledRule {
   std::int64_t per_head_budget = 0;  // M, for the floor quota floor(M f)
   double floor_ratio = 0.0;          // f in [0, 1)
   std::int64_t window = 0;           // w newest entries of each head protected
+  std::int64_t sinks = 0;            // S oldest entries of each head protected (SPEC §5)
   bool threshold = false;            // keep score >= log_alpha instead
   float log_alpha = 0.0f;
   const std::uint8_t* group_active = nullptr;  // pools with 0 keep everything (null: all active)
@@ -57,23 +58,27 @@ struct PoolWork {
   PoolState* state;                // [groups]
   unsigned long long* hist;        // [groups, 256]
   std::int64_t* cut;               // [segments] window cut
+  std::int64_t* sink;              // [segments] the last sink position (sink_last)
   std::int64_t* ties;              // [segments] keys equal to the K-th
   std::int64_t* pooled;            // [segments] survivors of the pooled ranking (then the quota)
 };
 
 __device__ inline std::uint64_t pool_key(const DeviceSegments& s, const PoolWork& w, int seg, long long i) {
   const long long at = s.offsets[seg] + i;
-  return rank::entry_key(protected_score(s.score[at], s.position[at], w.cut[seg]), s.position[at]);
+  return rank::entry_key(protected_score(s.score[at], s.position[at], w.cut[seg], LLONG_MIN, w.sink[seg]), s.position[at]);
 }
 
 template <int = 0>  // header-only: a template kernel links once across translation units
-__global__ void __launch_bounds__(kSelectThreads) window_cut_kernel(DeviceSegments s, long long window, PoolWork w) {
+__global__ void __launch_bounds__(kSelectThreads) window_cut_kernel(DeviceSegments s, long long window, long long sinks, PoolWork w) {
   __shared__ SelectShared sh;
   const int seg = static_cast<int>(blockIdx.x);
   const long long begin = s.offsets[seg];
   const long long cut = window_cut(s.position + begin, s.offsets[seg + 1] - begin, window, sh);
+  __syncthreads();
+  const long long sink = sink_last(s.position + begin, s.offsets[seg + 1] - begin, sinks, sh);
   if (threadIdx.x == 0) {
     w.cut[seg] = cut;
+    w.sink[seg] = sink;
     w.ties[seg] = 0;
     w.pooled[seg] = 0;
   }
@@ -213,6 +218,7 @@ inline PoolWork carve(WorkspaceLayout& layout, void* base, int groups, int segme
   w.state = layout.take<PoolState>(base, groups);
   w.hist = layout.take<unsigned long long>(base, std::int64_t{groups} * kRadixBins);
   w.cut = layout.take<std::int64_t>(base, segments);
+  w.sink = layout.take<std::int64_t>(base, segments);
   w.ties = layout.take<std::int64_t>(base, segments);
   w.pooled = layout.take<std::int64_t>(base, segments);
   return w;
@@ -236,6 +242,7 @@ inline void pooled_select(void* workspace, std::size_t& workspace_bytes, const D
           " must be in [0, 1)");
   require(!(r.threshold && r.floor_ratio > 0.0), who, ": floor_ratio and threshold are exclusive variants");
   require(r.window >= 0, who, ": window w = ", r.window, " must be >= 0");
+  require(r.sinks >= 0, who, ": sinks S = ", r.sinks, " must be >= 0");
   require(max_segment_length >= 0, who, ": max_segment_length = ", max_segment_length, " must be >= 0");
   const int groups = s.segments / r.segments_per_group;
   WorkspaceLayout layout;
@@ -247,6 +254,7 @@ inline void pooled_select(void* workspace, std::size_t& workspace_bytes, const D
   if (r.threshold) {  // elementwise on the protected scores
     SegmentRule rule;
     rule.window = r.window;
+    rule.sinks = r.sinks;
     rule.threshold = true;
     rule.log_alpha = r.log_alpha;
     rule.active = r.group_active;  // an inactive pool keeps everything
@@ -263,7 +271,7 @@ inline void pooled_select(void* workspace, std::size_t& workspace_bytes, const D
   const dim3 pass_grid(static_cast<unsigned>(s.segments), chunks);
   const auto shapes = [&] { return " (segments = " + std::to_string(s.segments) + ", groups = " + std::to_string(groups) + ")"; };
 
-  detail::window_cut_kernel<><<<static_cast<unsigned>(s.segments), detail::kSelectThreads, 0, stream>>>(s, r.window, w);
+  detail::window_cut_kernel<><<<static_cast<unsigned>(s.segments), detail::kSelectThreads, 0, stream>>>(s, r.window, r.sinks, w);
   check_launch("window_cut_kernel", shapes());
   detail::pool_init_kernel<><<<blocks_for(groups, 128, "pool_init_kernel"), 128, 0, stream>>>(s, r, k_pooled, w, groups);
   check_launch("pool_init_kernel", shapes());
@@ -282,6 +290,7 @@ inline void pooled_select(void* workspace, std::size_t& workspace_bytes, const D
     SegmentRule rule;
     rule.k_of = w.pooled;
     rule.window = r.window;
+    rule.sinks = r.sinks;
     segmented_select(s, rule, keep, stream);
   } else {
     detail::pool_mark_kernel<><<<pass_grid, detail::kSelectThreads, 0, stream>>>(s, r, w, keep);

@@ -38,6 +38,7 @@ struct SegmentRule {
   std::int64_t k = 0;                     // survivors per segment (top-k variant)
   const std::int64_t* k_of = nullptr;     // or one k per segment (device), when set
   std::int64_t window = 0;                // the w newest entries of a segment score +inf (SPEC §1)
+  std::int64_t sinks = 0;                 // the S oldest entries of a segment score +inf (SPEC §5)
   bool threshold = false;                 // keep score >= log_alpha instead of a top-k
   float log_alpha = 0.0f;
   const std::uint8_t* active = nullptr;   // segments with active[s / active_stride] == 0 keep everything
@@ -68,8 +69,22 @@ __device__ inline long long window_cut(const std::int32_t* position, long long n
   return static_cast<long long>(static_cast<std::int32_t>(cut ^ 0x80000000u));
 }
 
-__device__ inline float protected_score(float score, std::int32_t position, long long cut, long long prompt = LLONG_MIN) {
-  return position >= cut || position < prompt ? __int_as_float(0x7f800000) : score;
+/// The largest position of the `sinks` oldest entries of a segment (they score +inf, SPEC §5), as
+/// int64: LLONG_MIN protects nothing, LLONG_MAX everything.
+__device__ inline long long sink_last(const std::int32_t* position, long long n, long long sinks, SelectShared& sh) {
+  if (sinks <= 0 || n == 0) return LLONG_MIN;
+  if (sinks >= n) return LLONG_MAX;
+  // the S-th largest of the complemented keys is the S-th smallest position
+  const auto get = [&](long long i) { return ~rank::ordered_position(position[i]); };
+  const std::uint32_t last = ~block_radix_select<std::uint32_t>(get, n, sinks, sh);
+  return static_cast<long long>(static_cast<std::int32_t>(last ^ 0x80000000u));
+}
+
+/// A score with the protections applied: the window (position >= cut), the sinks (position <=
+/// sink) and EpiKV's prompt (position < prompt) rank above every score.
+__device__ inline float protected_score(float score, std::int32_t position, long long cut, long long prompt = LLONG_MIN,
+                                        long long sink = LLONG_MIN) {
+  return position >= cut || position < prompt || position <= sink ? __int_as_float(0x7f800000) : score;
 }
 
 template <int = 0>  // header-only: a template kernel links once across translation units
@@ -103,13 +118,16 @@ __global__ void __launch_bounds__(kSelectThreads)
   if (!rule.threshold && k <= 0) return fill(0);
 
   const long long cut = window_cut(position, n, rule.window, sh.select);
+  __syncthreads();
+  const long long sink = sink_last(position, n, rule.sinks, sh.select);
+  __syncthreads();
   if (rule.threshold) {
     for (long long i = threadIdx.x; i < n; i += blockDim.x)
-      out[i] = protected_score(score[i], position[i], cut, prompt) >= rule.log_alpha ? 1 : 0;
+      out[i] = protected_score(score[i], position[i], cut, prompt, sink) >= rule.log_alpha ? 1 : 0;
     return;
   }
   const auto key_at = [&](long long i) {
-    return rank::entry_key(protected_score(score[i], position[i], cut, prompt), position[i]);
+    return rank::entry_key(protected_score(score[i], position[i], cut, prompt, sink), position[i]);
   };
   std::uint64_t kth;
   if (n <= kTile) {  // keyed once, selected in shared memory
@@ -146,6 +164,7 @@ inline void segmented_select(const DeviceSegments& s, const SegmentRule& rule, s
   require(rule.active_stride >= 1, who, ": active_stride = ", rule.active_stride, " must be >= 1");
   require(rule.context_stride >= 1, who, ": context_stride = ", rule.context_stride, " must be >= 1");
   require(rule.window >= 0, who, ": window w = ", rule.window, " must be >= 0");
+  require(rule.sinks >= 0, who, ": sinks S = ", rule.sinks, " must be >= 0");
   require(!rule.threshold || rule.log_alpha == rule.log_alpha, who, ": log_alpha is NaN");
   if (s.segments == 0) return;
   detail::segmented_select_kernel<><<<static_cast<unsigned>(s.segments), detail::kSelectThreads, 0, stream>>>(s, rule,

@@ -268,10 +268,15 @@ struct Global {
 /// R = min(128, K / 4) newest generated ones. A head whose generated entries exceed K drops its
 /// lowest-scoring other generated entries down to K: one per decode step. The trigger counts the
 /// generated entries as length - prompt, exact when every prompt token was stored (admit::All).
+/// SPEC §5's protection for every evictor: the S oldest entries (sinks) and the w newest (window)
+/// of a head also rank above every score, within the prompt + K it keeps (a policy run without a
+/// prompt otherwise may drop token 0, the attention sink).
 struct Generated {
   static constexpr bool counts_prompt_by_length = true;  // so it composes with admit::All only
   std::int64_t budget = 2048;  // K
   std::int64_t recency = -1;   // R; -1 = min(128, K / 4)
+  std::int64_t sinks = 0;      // S oldest entries of each head protected (SPEC §5)
+  std::int64_t window = 0;     // w newest entries of each head protected (SPEC §5), beside the R newest
 
   std::int64_t recent() const { return recency >= 0 ? recency : std::min<std::int64_t>(128, budget / 4); }
 
@@ -280,6 +285,11 @@ struct Generated {
     require(budget >= 1 && budget <= INT32_MAX, "evict::Generated: budget K = ", budget, " must be in [1, 2^31 - 1]");
     require(recency >= -1 && recency <= budget, "evict::Generated: recency R = ", recency,
             " must be -1 (min(128, K/4)) or in [0, budget K = ", budget, "]");
+    require(window >= 0 && window <= budget, "evict::Generated: window w = ", window, " must be in [0, budget K = ",
+            budget, "]");
+    const std::int64_t recent_max = std::max(recent(), window);
+    require(sinks >= 0 && sinks <= budget - recent_max, "evict::Generated: sinks S = ", sinks,
+            " must be in [0, budget K - max(R, w) = ", budget - recent_max, "]");
   }
   bool trigger(const CacheShape&, StepContext c, std::span<const std::int64_t> lengths,
                std::span<std::uint8_t> active) const {
@@ -304,7 +314,8 @@ struct Generated {
           ++prompt;
         }
       // the R newest entries are generated ones whenever more than K >= R of them are present
-      if (static_cast<std::int64_t>(n) - prompt > budget) rank::protect_window(pos, recent(), seg);
+      if (static_cast<std::int64_t>(n) - prompt > budget) rank::protect_window(pos, std::max(recent(), window), seg);
+      rank::protect_sinks(pos, sinks, seg);
       rank::keep_top_k(seg, pos, prompt + budget, keep.subspan(b, n));
     }
   }
@@ -318,16 +329,20 @@ struct Generated {
 /// and each earlier one is kept iff g >= tau. attention_mask() gives the attention the matching
 /// vertical-slash mask (core/mask.hpp), so a query never sees a token its ring has displaced.
 /// Cost per step: one pass over the metadata of the heads longer than W_local.
+/// Sinks (SPEC §5): the S oldest entries of a head stay whatever their g, and the mask shows them.
+/// Its window is the ring.
 struct WriteGated {
   std::int64_t local = 256;  // W_local
   double tau = 0.1;          // admission threshold
+  std::int64_t sinks = 0;    // S oldest entries (positions 0..S-1: every token enters the ring) kept
 
-  AttentionMask attention_mask() const { return {local, static_cast<float>(tau)}; }
+  AttentionMask attention_mask() const { return {local, static_cast<float>(tau), false, sinks}; }
 
   void validate(const CacheShape& shape) const {
     shape.validate();
     require(local >= 1 && local <= INT32_MAX, "evict::WriteGated: W_local = ", local, " must be in [1, 2^31 - 1]");
     require(std::isfinite(tau) && tau > 0.0 && tau <= 1.0, "evict::WriteGated: tau = ", tau, " must be in (0, 1]");
+    require(sinks >= 0 && sinks <= INT32_MAX, "evict::WriteGated: sinks S = ", sinks, " must be in [0, 2^31 - 1]");
   }
   bool trigger(const CacheShape&, std::span<const std::int64_t> lengths, std::span<std::uint8_t> active) const {
     bool any = false;
@@ -345,6 +360,7 @@ struct WriteGated {
       const auto n = static_cast<std::size_t>(s.length(h));
       const auto seg = std::span<float>(score).subspan(b, n);
       rank::protect_window(s.position.subspan(b, n), local, seg);  // the ring
+      rank::protect_sinks(s.position.subspan(b, n), sinks, seg);   // SPEC §5
       rank::keep_at_least(seg, gate, keep.subspan(b, n));          // promoted: g >= tau
     }
   }
@@ -417,15 +433,19 @@ struct WriteGatedBudget {
 /// (StepContext::prompt_ends), every head longer than M keeps its W_obs newest entries (the
 /// observation window) and its best M - W_obs others. Decode tokens are never evicted (SnapKV
 /// compresses the prompt); a sequence whose prompt length was not declared is never compressed.
+/// Sinks (SPEC §5): the S oldest entries of a head are kept too, within M.
 struct PromptEnd {
   std::int64_t budget = 1024;  // M per (layer, kv head)
-  std::int64_t window = 32;    // W_obs
+  std::int64_t window = 32;    // W_obs, the protected window
+  std::int64_t sinks = 0;      // S oldest entries of each head protected
 
   void validate(const CacheShape& shape) const {
     shape.validate();
     require(budget >= 1 && budget <= INT32_MAX, "evict::PromptEnd: budget M = ", budget, " must be in [1, 2^31 - 1]");
     require(window >= 0 && window <= budget, "evict::PromptEnd: window W_obs = ", window, " must be in [0, budget M = ",
             budget, "]");
+    require(sinks >= 0 && sinks <= budget - window, "evict::PromptEnd: sinks S = ", sinks,
+            " must be in [0, budget M - W_obs = ", budget - window, "]");
   }
   bool trigger(const CacheShape&, StepContext c, std::span<const std::int64_t> lengths,
                std::span<std::uint8_t> active) const {
@@ -437,7 +457,7 @@ struct PromptEnd {
     return any;
   }
   void select(const CacheShape&, StepContext, const SegmentedScores& s, std::span<std::uint8_t> keep) const {
-    const auto score = detail::protected_scores(s, window);
+    const auto score = detail::protected_scores(s, window, sinks);
     for (std::int64_t h = 0; h < s.segments(); ++h) {
       const auto b = static_cast<std::size_t>(s.offsets[h]);
       const auto n = static_cast<std::size_t>(s.length(h));

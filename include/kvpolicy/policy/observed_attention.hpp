@@ -1,11 +1,13 @@
 /// \file
-/// kvpolicy/policy/observed_attention.hpp — SnapKV's score (SPEC §5): the attention the last
-/// W_obs = 32 queries give each key, from the window of queries the Cache keeps per layer. Per
-/// query head g of the kv head's group: softmax(q k^T / sqrt(d)) of each observed query over the
-/// keys it may see (causal), summed over the queries; then max-pooled along positions with kernel
-/// 7 (stride 1, same length) over the keys outside the observation window (the SnapKV reference
-/// pools the prefix only); then the max over the group (GQA). Keys inside the window keep their
-/// unpooled score: the evictor protects them. In double, then fp32.
+/// kvpolicy/policy/observed_attention.hpp — SnapKV's score (SPEC §5): the attention the last W_obs
+/// queries give each key, from the window of queries the Cache keeps per layer. Per query head g of
+/// the kv head's group: softmax(q k^T / sqrt(d)) of each observed query over the keys it may see
+/// (causal), summed over the queries; then pooled along positions (stride 1, same length) over the
+/// keys outside the observation window (the SnapKV reference pools the prefix only): avg-pool with
+/// zero padding counted (PyTorch's avg_pool1d, as SnapKV calls it) or max-pool; then reduced over
+/// the group (GQA): the mean (kvpress) or the max. Defaults as the original SnapKV code: W_obs = 32,
+/// avg-pool, kernel 5, GQA mean. Keys inside the window keep their unpooled score: the evictor
+/// protects them. In double, then fp32.
 #pragma once
 
 #include <algorithm>
@@ -60,6 +62,19 @@ inline bool observed_softmax(const float* q, std::int32_t q_pos, View<const floa
   return true;
 }
 
+/// Avg-pool with stride 1 and zero padding counted (the length is kept): out[i] = sum v[i - k/2 ..
+/// i + k/2] / k — torch.nn.functional.avg_pool1d(padding = k/2, count_include_pad = True).
+inline std::vector<double> avg_pool(std::span<const double> v, int kernel) {
+  const auto n = static_cast<std::int64_t>(v.size()), r = std::int64_t{kernel / 2};
+  std::vector<double> out(v.size());
+  for (std::int64_t i = 0; i < n; ++i) {
+    double sum = 0.0;
+    for (std::int64_t k = std::max<std::int64_t>(0, i - r); k <= std::min(n - 1, i + r); ++k) sum += v[static_cast<std::size_t>(k)];
+    out[static_cast<std::size_t>(i)] = sum / kernel;
+  }
+  return out;
+}
+
 /// Max-pool with stride 1 and -inf padding (the length is kept): out[i] = max v[i - k/2 .. i + k/2].
 inline std::vector<double> max_pool(std::span<const double> v, int kernel) {
   const auto n = static_cast<std::int64_t>(v.size()), r = std::int64_t{kernel / 2};
@@ -74,16 +89,26 @@ inline std::vector<double> max_pool(std::span<const double> v, int kernel) {
 
 }  // namespace detail
 
+/// SnapKV's pooling along positions and its reduction over a GQA group (SPEC §5).
+enum class Pooling : std::uint8_t { avg, max };
+enum class GroupReduce : std::uint8_t { mean, max };
+
 struct ObservedAttention {
   static constexpr bool needs_key_norm = false;
   std::int64_t observation_window = 32;  ///< W_obs
-  int pool_kernel = 7;                   ///< odd; 1 = no pooling
+  int pool_kernel = 5;                   ///< odd; 1 = no pooling
+  Pooling pooling = Pooling::avg;
+  GroupReduce group_reduce = GroupReduce::mean;
 
   void validate() const {
     require(observation_window >= 1 && observation_window <= (1 << 20), "score::ObservedAttention: W_obs = ",
             observation_window, " must be in [1, 2^20]");
     require(pool_kernel >= 1 && pool_kernel % 2 == 1, "score::ObservedAttention: pool kernel = ", pool_kernel,
             " must be odd and >= 1");
+    require(pooling == Pooling::avg || pooling == Pooling::max, "score::ObservedAttention: pooling = ",
+            static_cast<int>(pooling), " is neither avg nor max");
+    require(group_reduce == GroupReduce::mean || group_reduce == GroupReduce::max,
+            "score::ObservedAttention: group_reduce = ", static_cast<int>(group_reduce), " is neither mean nor max");
   }
 
   void score_window(View<const float, 2> keys, std::span<const EntryMeta> meta, StepContext, ObservedQueries q,
@@ -91,20 +116,27 @@ struct ObservedAttention {
     const auto order = detail::by_position(meta);
     const auto N = static_cast<std::int64_t>(order.size());
     const std::int64_t prefix = std::max<std::int64_t>(0, N - observation_window);
-    std::vector<double> best(order.size(), -std::numeric_limits<double>::infinity()), sum(order.size()), p;
+    const bool mean = group_reduce == GroupReduce::mean;
+    std::vector<double> reduced(order.size(), mean ? 0.0 : -std::numeric_limits<double>::infinity()), sum(order.size()), p;
     for (std::int64_t g = 0; g < q.group; ++g) {  // in position order: sum over the window, pool the prefix
       std::fill(sum.begin(), sum.end(), 0.0);
       for (std::int64_t w = 0; w < q.window; ++w)
         if (detail::observed_softmax(q.query(g, w), q.position[static_cast<std::size_t>(w)], keys, meta, order, p))
           for (std::size_t i = 0; i < sum.size(); ++i) sum[i] += p[i];
-      const auto pooled = detail::max_pool(std::span<const double>(sum).first(static_cast<std::size_t>(prefix)), pool_kernel);
+      const auto head_prefix = std::span<const double>(sum).first(static_cast<std::size_t>(prefix));
+      const auto pooled = pooling == Pooling::avg ? detail::avg_pool(head_prefix, pool_kernel)
+                                                  : detail::max_pool(head_prefix, pool_kernel);
       for (std::int64_t i = 0; i < N; ++i) {
         const double v = i < prefix ? pooled[static_cast<std::size_t>(i)] : sum[static_cast<std::size_t>(i)];
-        best[static_cast<std::size_t>(i)] = std::max(best[static_cast<std::size_t>(i)], v);  // GQA: the max over the group
+        double& r = reduced[static_cast<std::size_t>(i)];
+        r = mean ? r + v : std::max(r, v);  // GQA: the mean or the max over the group
       }
     }
-    for (std::int64_t i = 0; i < N; ++i)
-      out[static_cast<std::size_t>(order[static_cast<std::size_t>(i)])] = q.group > 0 ? static_cast<float>(best[static_cast<std::size_t>(i)]) : 0.0f;
+    for (std::int64_t i = 0; i < N; ++i) {
+      const double r = reduced[static_cast<std::size_t>(i)];
+      out[static_cast<std::size_t>(order[static_cast<std::size_t>(i)])] =
+          q.group > 0 ? static_cast<float>(mean ? r / static_cast<double>(q.group) : r) : 0.0f;
+    }
   }
 };
 
@@ -129,7 +161,7 @@ struct GatedObservedAttention {
             " must be in (0, 1]");
     require(local >= 1, "score::GatedObservedAttention: W_local = ", local, " must be >= 1");
     require(budget_entries >= 0, "score::GatedObservedAttention: budget = ", budget_entries, " must be >= 0");
-    ObservedAttention{observation_window, pool_kernel}.validate();
+    ObservedAttention{observation_window, pool_kernel, Pooling::max}.validate();
   }
 
   void score_window(View<const float, 2> keys, std::span<const EntryMeta> meta, StepContext c, ObservedQueries q,
