@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kvpolicy/gate/retention_gate.hpp"
+#include "kvpolicy/gate/rg10_gate.hpp"
 #include "kvpolicy/gate/tied_gate.hpp"
 
 using namespace kvpolicy;
@@ -70,6 +71,104 @@ TEST_CASE("TRIM-KV retention gate = logsigmoid(W2 act(W1 x + b1) + b), batched a
         }
       }
     }
+}
+
+namespace {
+// An rg10 checkpoint (SPEC §2, the authors' names): per layer linear1, linear2; the tied linear3 and
+// bias written under every layer's name, as the authors' state dicts hold them.
+struct Rg10Weights {
+  std::vector<std::vector<float>> W1, b1, W2, b2;
+  std::vector<float> W3, b;
+};
+Rg10Weights rg10_file(std::mt19937_64& rng, st::Writer& w, int L, int D, int I, int H, st::DType dtype = st::DType::F32) {
+  Rg10Weights r;
+  r.W3 = randn(rng, static_cast<std::size_t>(H * I));
+  r.b = randn(rng, static_cast<std::size_t>(H), 1.0f);
+  for (auto& x : r.b) x += 9.0f;
+  for (int l = 0; l < L; ++l) {
+    r.W1.push_back(randn(rng, static_cast<std::size_t>(I * D)));
+    r.b1.push_back(randn(rng, static_cast<std::size_t>(I)));
+    r.W2.push_back(randn(rng, static_cast<std::size_t>(I * I)));
+    r.b2.push_back(randn(rng, static_cast<std::size_t>(I)));
+    const auto p = gate::Rg10Gate::prefix(l);
+    w.add_f32_as(p + "linear1.weight", dtype, {I, D}, r.W1.back());
+    w.add_f32_as(p + "linear1.bias", dtype, {I}, r.b1.back());
+    w.add_f32_as(p + "linear2.weight", dtype, {I, I}, r.W2.back());
+    w.add_f32_as(p + "linear2.bias", dtype, {I}, r.b2.back());
+    w.add_f32_as(p + "linear3.weight", dtype, {H, I}, r.W3);
+    w.add_f32_as(p + "bias", dtype, {H}, r.b);
+  }
+  return r;
+}
+}  // namespace
+
+TEST_CASE("DBTrimKV rg10 gate (the authors' checkpoints): two-layer MLP per layer, tied readout, against naive loops") {
+  const int L = 3, D = 10, I = 12, H = 3, T = 4;
+  std::mt19937_64 rng(29);
+  for (auto dtype : {st::DType::F32, st::DType::BF16})
+    for (auto act : {gate::Activation::silu, gate::Activation::gelu}) {
+      st::Writer w;
+      const auto r = rg10_file(rng, w, L, D, I, H, dtype);
+      const auto f = st::File::parse(w.bytes());
+      CHECK(gate::Rg10Gate::holds(f));
+      const auto g = gate::Rg10Gate::load(f, {L, D, H, I, act});
+      const auto x = randn(rng, T * D, 1.0f);
+      const auto a = [act](double s) {
+        return act == gate::Activation::silu ? s / (1 + std::exp(-s)) : 0.5 * s * (1 + std::erf(s / std::sqrt(2.0)));
+      };
+      for (int l = 0; l < L; ++l) {
+        std::vector<float> lb(H * T);
+        g.forward(l, View<const float, 2>(x.data(), {T, D}), View<float, 2>(lb.data(), {H, T}));
+        for (int t = 0; t < T; ++t) {
+          std::vector<double> u1(I), u2(I);
+          for (int i = 0; i < I; ++i) {
+            double s = round_to(dtype, r.b1[l][i]);
+            for (int c = 0; c < D; ++c) s += double(round_to(dtype, r.W1[l][i * D + c])) * x[t * D + c];
+            u1[i] = a(s);
+          }
+          for (int i = 0; i < I; ++i) {
+            double s = round_to(dtype, r.b2[l][i]);
+            for (int j = 0; j < I; ++j) s += double(round_to(dtype, r.W2[l][i * I + j])) * u1[j];
+            u2[i] = a(s);
+          }
+          float one[H];
+          g.forward(l, View<const float, 2>(x.data() + t * D, {1, D}), View<float, 2>(one, {H, 1}));
+          for (int h = 0; h < H; ++h) {
+            double z = round_to(dtype, r.b[h]);  // the same readout in every layer
+            for (int i = 0; i < I; ++i) z += double(round_to(dtype, r.W3[h * I + i])) * u2[i];
+            CHECK(lb[h * T + t] == doctest::Approx(-std::log1p(std::exp(-z))).epsilon(1e-4).scale(1e-3));
+            CHECK(one[h] == doctest::Approx(lb[h * T + t]).epsilon(1e-6));
+          }
+        }
+      }
+    }
+}
+
+TEST_CASE("rg10 gate: a layer whose tied copy differs is refused, naming the layer; a paper-literal file is not rg10") {
+  const int L = 3, D = 4, I = 6, H = 2;
+  std::mt19937_64 rng(31);
+  st::Writer w;
+  auto r = rg10_file(rng, w, L, D, I, H);
+  CHECK_NOTHROW(gate::Rg10Gate::load(st::File::parse(w.bytes()), {L, D, H, I}));
+  st::Writer edited;
+  for (int l = 0; l < L; ++l) {
+    const auto p = gate::Rg10Gate::prefix(l);
+    edited.add_f32(p + "linear1.weight", {I, D}, r.W1[l]);
+    edited.add_f32(p + "linear1.bias", {I}, r.b1[l]);
+    edited.add_f32(p + "linear2.weight", {I, I}, r.W2[l]);
+    edited.add_f32(p + "linear2.bias", {I}, r.b2[l]);
+    auto w3 = r.W3;
+    if (l == 2) w3[5] = std::nextafter(w3[5], 1.0f);  // one ulp off in layer 2's copy
+    edited.add_f32(p + "linear3.weight", {H, I}, w3);
+    edited.add_f32(p + "bias", {H}, r.b);
+  }
+  CHECK_THROWS_WITH_AS(gate::Rg10Gate::load(st::File::parse(edited.bytes()), {L, D, H, I}),
+                       doctest::Contains("layer 2's tied readout"), Error);
+  CHECK_THROWS_WITH_AS(gate::Rg10Gate::load(st::File::parse(w.bytes()), {L, D, H, I + 1}),
+                       doctest::Contains("linear1.weight' has shape [6, 4], expected [7, 4]"), Error);
+  st::Writer literal;
+  literal.add_f32(gate::TiedGate::prefix(0) + "proj.weight", {H * 2, D}, randn(rng, H * 2 * D));
+  CHECK_FALSE(gate::Rg10Gate::holds(st::File::parse(literal.bytes())));
 }
 
 TEST_CASE("DBTrimKV tied gate: per-layer projection, one readout shared by all layers and heads") {

@@ -221,3 +221,70 @@ TEST_CASE("replay: every policy runs on the synthetic trace within its budget, a
   o.policy = "lru";
   CHECK_THROWS_WITH_AS(replay::replay(bare, o), doctest::Contains("known: trimkv, dbtrimkv, wgkv, epikv"), Error);
 }
+
+// --gate with trimkv and dbtrimkv (SPEC §1-2): the gate runs on the trace's gate_input and its
+// log_beta replaces the trace's; the replay then equals one of the trace with those log_beta.
+TEST_CASE("replay --gate: TRIM-KV's gate and the authors' rg10 on gate_input replace the trace's log_beta") {
+  auto tr = replay::synthetic_trace(2, 2, 2, 8, 120);
+  const int D = 6, I = 8, H = tr.kv_heads, L = tr.layers;
+  std::mt19937_64 rng(5);
+  std::normal_distribution<float> normal(0.0f, 0.5f);
+  const auto randn = [&](std::int64_t n) {
+    std::vector<float> v(static_cast<std::size_t>(n));
+    for (auto& x : v) x = normal(rng);
+    return v;
+  };
+  tr.gate_input_size = D;
+  tr.gate_input = randn(std::int64_t{L} * tr.tokens * D);
+  safetensors::Writer trimkv_file, rg10_file;
+  const auto w3 = randn(H * I);
+  std::vector<float> b(static_cast<std::size_t>(H), 3.0f);
+  for (int l = 0; l < L; ++l) {
+    const auto p = gate::RetentionGate::prefix(l);
+    trimkv_file.add_f32(p + "linear1.weight", {I, D}, randn(I * D));
+    trimkv_file.add_f32(p + "linear1.bias", {I}, randn(I));
+    trimkv_file.add_f32(p + "linear2.weight", {H, I}, randn(H * I));
+    trimkv_file.add_f32(p + "bias", {H}, b);
+    rg10_file.add_f32(p + "linear1.weight", {I, D}, randn(I * D));
+    rg10_file.add_f32(p + "linear1.bias", {I}, randn(I));
+    rg10_file.add_f32(p + "linear2.weight", {I, I}, randn(I * I));
+    rg10_file.add_f32(p + "linear2.bias", {I}, randn(I));
+    rg10_file.add_f32(p + "linear3.weight", {H, I}, w3);  // tied: the same pair under every layer
+    rg10_file.add_f32(p + "bias", {H}, b);
+  }
+  const std::string dir = std::filesystem::temp_directory_path() / ("kvpolicy_replay_gate_" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  trimkv_file.write(dir + "/trimkv.safetensors");
+  rg10_file.write(dir + "/rg10.safetensors");
+  for (const std::string policy : {"trimkv", "dbtrimkv"}) {
+    replay::Options o;
+    o.policy = policy;
+    o.budget = 12;
+    o.buffer = 4;
+    o.gate = dir + (policy == "trimkv" ? "/trimkv.safetensors" : "/rg10.safetensors");
+    const auto gated = replay::replay(tr, o, replay::Reference{nullptr, false});
+    // the same log_beta by the library's gate, by hand
+    auto expect = tr;
+    const auto f = safetensors::File::read(o.gate);
+    for (int l = 0; l < L; ++l) {
+      const View<const float, 2> x(tr.gate_input.data() + std::int64_t{l} * tr.tokens * D, {tr.tokens, D});
+      const View<float, 2> out(expect.log_beta.data() + std::int64_t{l} * H * tr.tokens, {H, tr.tokens});
+      if (policy == "trimkv")
+        gate::RetentionGate::load(f, {L, D, H, I}).forward(l, x, out);
+      else
+        gate::Rg10Gate::load(f, {L, D, H, I}).forward(l, x, out);
+    }
+    CHECK(expect.log_beta != tr.log_beta);
+    o.gate.clear();
+    const auto direct = replay::replay(expect, o, replay::Reference{nullptr, false});
+    CHECK(gated.evicted_at == direct.evicted_at);
+    CHECK(std::count(gated.evicted_at.begin(), gated.evicted_at.end(), -1) < static_cast<long>(gated.evicted_at.size()));
+  }
+  replay::Options o;
+  o.policy = "dbtrimkv";
+  o.gate = dir + "/rg10.safetensors";
+  auto no_input = tr;
+  no_input.gate_input.clear();
+  CHECK_THROWS_WITH_AS(replay::replay(no_input, o), doctest::Contains("needs the trace's gate_input"), Error);
+  std::filesystem::remove_all(dir);
+}

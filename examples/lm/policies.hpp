@@ -14,6 +14,7 @@
 #include "kvpolicy/dbtrimkv.hpp"
 #include "kvpolicy/epikv.hpp"
 #include "kvpolicy/gate/retention_gate.hpp"
+#include "kvpolicy/gate/rg10_gate.hpp"
 #include "kvpolicy/gate/tied_gate.hpp"
 #include "kvpolicy/gate/write_gate.hpp"
 #include "kvpolicy/policy/kv_statistics.hpp"
@@ -139,13 +140,26 @@ decltype(auto) with_policy(const PolicyOptions& o, const Config& c, std::int64_t
     return f(cache, lb);
   }
   if (o.name == "dbtrimkv") {  // SPEC §2: the tied gate, one global budget
+    // the authors' rg10 (their released checkpoints), or the paper's literal tied gate (SPEC §2)
     const auto file = safetensors::File::read(o.gate);
-    const int proj = static_cast<int>(file.info(gate::TiedGate::readout_weight).shape.at(0));
-    auto g = std::make_shared<gate::TiedGate>(gate::TiedGate::load(file, {c.layers, c.hidden, c.kv_heads, proj, gate::Activation::silu}));
-    const EntryMetadata lb = [g, c](std::int64_t, int l, const Matrix& h, const std::vector<float>&, const std::vector<float>&,
-                                    const std::vector<float>&, std::int64_t T, float* out) {
-      g->forward(l, View<const float, 2>(h.data(), {T, c.hidden}), View<float, 2>(out, {c.kv_heads, T}));
-    };
+    EntryMetadata lb;
+    if (gate::Rg10Gate::holds(file)) {
+      const int inner = static_cast<int>(file.info(gate::Rg10Gate::prefix(0) + "linear1.weight").shape.at(0));
+      auto g = std::make_shared<gate::Rg10Gate>(
+          gate::Rg10Gate::load(file, {c.layers, c.hidden, c.kv_heads, inner, gate::Activation::silu}));
+      lb = [g, c](std::int64_t, int l, const Matrix& h, const std::vector<float>&, const std::vector<float>&,
+                  const std::vector<float>&, std::int64_t T, float* out) {
+        g->forward(l, View<const float, 2>(h.data(), {T, c.hidden}), View<float, 2>(out, {c.kv_heads, T}));
+      };
+    } else {
+      const int proj = static_cast<int>(file.info(gate::TiedGate::readout_weight).shape.at(0));
+      auto g = std::make_shared<gate::TiedGate>(
+          gate::TiedGate::load(file, {c.layers, c.hidden, c.kv_heads, proj, gate::Activation::silu}));
+      lb = [g, c](std::int64_t, int l, const Matrix& h, const std::vector<float>&, const std::vector<float>&,
+                  const std::vector<float>&, std::int64_t T, float* out) {
+        g->forward(l, View<const float, 2>(h.data(), {T, c.hidden}), View<float, 2>(out, {c.kv_heads, T}));
+      };
+    }
     const DBTrimKVConfig d{o.budget, o.buffer, 2, 0.0, o.window, 0.0, sinks};
     DBTrimKVCache<> cache(shape, std::move(pool), dbtrimkv_evictor(d), dbtrimkv_scorer(d));
     return f(cache, lb);

@@ -73,7 +73,9 @@ options:
   --recency R      newest generated tokens kept by the epikv family (default min(128, M/4))
   --local W        W_local, wgkv only (default 256)
   --tau t          admission threshold, wgkv only (default 0.1)
-  --gate FILE      wgkv: write-gate weights (docs/formats.md) to run on the trace's keys
+  --gate FILE      trimkv, dbtrimkv: retention-gate weights (dbtrimkv: the authors' rg10, or the
+                   paper's tied gate) run on the trace's gate_input, in place of its log_beta;
+                   wgkv: write-gate weights (docs/formats.md) to run on the trace's keys
   --avg-budget M   wgkv: hard budget of L*Hkv*M entries; past it each head drops the bottom 10% of
                    its global cache by the attention of the last 256 queries (default 0: none)
   --png DIR        write retention and eviction heatmaps (TRIM-KV paper, Fig. 4)
@@ -86,7 +88,8 @@ output is written atomically (a failed run leaves an existing OUT as it was) and
 records every option of the run.
 
 input  (safetensors): log_beta [L,Hkv,T] f32; optional keys, values [L,Hkv,T,d], queries [L,Hq,T,d],
-                      hidden_states [L',T,D], write_gate [L,Hkv,T], keys_pre_rope [L,Hkv,T,d]
+                      hidden_states [L',T,D], write_gate [L,Hkv,T], keys_pre_rope [L,Hkv,T,d],
+                      gate_input [L,T,D]
 output (safetensors): evicted_at [L,Hkv,T] i64 (n at eviction, -1 = survived), step_end [S] i64,
                       attn_rel_error [S] f32 (with keys/values/queries)
 )";
@@ -116,7 +119,7 @@ const std::vector<FlagUse>& flag_uses() {
       {"--recency", epikv_family},
       {"--local", {"wgkv"}},
       {"--tau", {"wgkv"}},
-      {"--gate", {"wgkv"}},
+      {"--gate", {"wgkv", "trimkv", "dbtrimkv"}},
       {"--avg-budget", {"wgkv"}},
   };
   return uses;

@@ -15,6 +15,9 @@
 #include "kvpolicy/baselines.hpp"
 #include "kvpolicy/dbtrimkv.hpp"
 #include "kvpolicy/epikv.hpp"
+#include "kvpolicy/gate/retention_gate.hpp"
+#include "kvpolicy/gate/rg10_gate.hpp"
+#include "kvpolicy/gate/tied_gate.hpp"
 #include "kvpolicy/gate/write_gate.hpp"
 #include "kvpolicy/wgkv.hpp"
 #include "kvpolicy/trimkv.hpp"
@@ -37,7 +40,8 @@ struct Options {
   std::int64_t recency = -1;      // R of the EpiKV family; -1 = min(128, K / 4)
   std::int64_t local = 256;       // W_local (wgkv)
   double tau = 0.1;               // admission threshold (wgkv)
-  std::string gate;               // wgkv: a write-gate safetensors file, run on the trace's keys_pre_rope and keys
+  std::string gate;               // a gate file: wgkv's write gate (on keys_pre_rope and keys); trimkv's and
+                                  // dbtrimkv's retention gate (on gate_input), replacing the trace's log_beta
   std::int64_t average_budget = 0;  // wgkv: M_avg of the hard budget (appendix K); 0 = none
   std::string pooling = "avg";    // snapkv: avg | max
   int pool_kernel = 5;            // snapkv: odd
@@ -208,7 +212,38 @@ inline std::int64_t pool_pages(const Trace& tr) {
 
 // Replays `tr` through the policy `opt` names; `full` (see Reference) enables the per-step attention
 // error.
-inline Result replay(const Trace& tr, const Options& opt, const Reference& full = {}) {
+/// log_beta [L, Hkv, T] from a retention gate file run on the trace's gate_input: TRIM-KV's gate
+/// (SPEC §1) for trimkv; for dbtrimkv the authors' rg10 (SPEC §2), or the paper's literal tied gate.
+inline std::vector<float> gated_log_beta(const Trace& tr, const std::string& policy, const std::string& path) {
+  require(!tr.gate_input.empty(), "replay: --gate with ", policy,
+          " needs the trace's gate_input [L, T, D] (each layer's attention input after its input RMSNorm)");
+  const auto file = safetensors::File::read(path);
+  const int L = tr.layers, H = tr.kv_heads, D = tr.gate_input_size;
+  const std::int64_t T = tr.tokens;
+  std::vector<float> out(static_cast<std::size_t>(std::int64_t{L} * H * T));
+  const auto run = [&](const auto& g) {
+    for (int l = 0; l < L; ++l)
+      g.forward(l, View<const float, 2>(tr.gate_input.data() + std::int64_t{l} * T * D, {T, D}),
+                View<float, 2>(out.data() + std::int64_t{l} * H * T, {H, T}));
+  };
+  const auto inner = [&](const std::string& name) { return static_cast<int>(file.info(name).shape.at(0)); };
+  if (policy == "trimkv")
+    run(gate::RetentionGate::load(file, {L, D, H, inner(gate::RetentionGate::prefix(0) + "linear1.weight")}));
+  else if (gate::Rg10Gate::holds(file))
+    run(gate::Rg10Gate::load(file, {L, D, H, inner(gate::Rg10Gate::prefix(0) + "linear1.weight")}));
+  else
+    run(gate::TiedGate::load(file, {L, D, H, inner(gate::TiedGate::readout_weight)}));
+  return out;
+}
+
+inline Result replay(const Trace& trace, const Options& opt, const Reference& full = {}) {
+  // --gate with trimkv or dbtrimkv: the trace's log_beta is replaced by the gate's on its gate_input
+  Trace with_gate;
+  if (!opt.gate.empty() && (opt.policy == "trimkv" || opt.policy == "dbtrimkv")) {
+    with_gate = trace;
+    with_gate.log_beta = gated_log_beta(trace, opt.policy, opt.gate);
+  }
+  const Trace& tr = with_gate.layers > 0 ? with_gate : trace;
   CacheShape shape = tr.shape();
   if (!tr.has_attention()) shape = CacheShape{tr.layers, tr.kv_heads, tr.kv_heads, 1};
   require(opt.prefill >= 0, "replay: --prefill P = ", opt.prefill, " must be >= 0");

@@ -2,7 +2,9 @@
 //   log_beta [L, Hkv, T] (required), keys/values [L, Hkv, T, d] and queries [L, Hq, T, d] (optional),
 //   hidden_states [L', T, D] (optional: the model's hidden states in HF output_hidden_states indexing,
 //   for EpiKV and HS-var, SPEC §4), write_gate [L, Hkv, T] (optional: recorded WG-KV gate values g,
-//   SPEC §3) or keys_pre_rope [L, Hkv, T, d] (optional, with keys: the gate's input, for --gate).
+//   SPEC §3) or keys_pre_rope [L, Hkv, T, d] (optional, with keys: the gate's input, for --gate),
+//   gate_input [L, T, D] (optional: each layer's attention input after its input RMSNorm, the input
+//   of TRIM-KV's and DBTrimKV's retention gates, for --gate with trimkv and dbtrimkv).
 #pragma once
 
 #include <cmath>
@@ -26,6 +28,8 @@ struct Trace {
   std::vector<float> hidden;                 // [L', T, D], empty unless has_hidden()
   std::vector<float> write_gate;             // [L, Hkv, T] or empty
   std::vector<float> keys_pre_rope;          // [L, Hkv, T, d] or empty
+  int gate_input_size = 0;                   // D of gate_input
+  std::vector<float> gate_input;             // [L, T, D] or empty
 
   bool has_attention() const { return !queries.empty(); }
   bool has_hidden() const { return !hidden.empty(); }
@@ -55,6 +59,15 @@ inline Trace parse_trace(const safetensors::File& f) {
     tr.hidden_layers = static_cast<int>(hi.shape[0]);
     tr.hidden_size = static_cast<int>(hi.shape[2]);
     tr.hidden = f.floats("hidden_states", {tr.hidden_layers, tr.tokens, tr.hidden_size});
+  }
+  if (f.contains("gate_input")) {
+    const auto& gi = f.info("gate_input");
+    require(gi.shape.size() == 3 && gi.shape[0] == tr.layers && gi.shape[1] == tr.tokens && gi.shape[2] >= 1 &&
+                gi.shape[2] <= std::int64_t{INT32_MAX},
+            "trace '", path, "': gate_input has shape ", safetensors::shape_string(gi.shape), ", expected [L = ", tr.layers,
+            ", T = ", tr.tokens, ", D]");
+    tr.gate_input_size = static_cast<int>(gi.shape[2]);
+    tr.gate_input = f.floats("gate_input", {tr.layers, tr.tokens, tr.gate_input_size}, /*finite=*/true);
   }
   if (f.contains("write_gate")) {
     tr.write_gate = f.floats("write_gate", {tr.layers, tr.kv_heads, tr.tokens}, /*finite=*/true);
@@ -101,6 +114,7 @@ inline void write_trace(const Trace& tr, const std::string& path) {
   }
   if (tr.has_hidden()) w.add_f32("hidden_states", {tr.hidden_layers, tr.tokens, tr.hidden_size}, tr.hidden);
   if (!tr.write_gate.empty()) w.add_f32("write_gate", {tr.layers, tr.kv_heads, tr.tokens}, tr.write_gate);
+  if (!tr.gate_input.empty()) w.add_f32("gate_input", {tr.layers, tr.tokens, tr.gate_input_size}, tr.gate_input);
   if (!tr.keys_pre_rope.empty())
     w.add_f32("keys_pre_rope", {tr.layers, tr.kv_heads, tr.tokens, tr.head_dim}, tr.keys_pre_rope);
   w.write(path);

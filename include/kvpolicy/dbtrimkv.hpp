@@ -1,7 +1,9 @@
 /// \file
 /// kvpolicy/dbtrimkv.hpp — DBTrimKV presets (SPEC §2): weight-tied retention gates, lookahead score
 /// (Eq. 9) and one global budget L * Hkv * M per sequence shared by every layer and kv head, on a
-/// ragged paged cache (heads end up with different lengths).
+/// ragged paged cache (heads end up with different lengths). The log_beta come from the authors'
+/// `rg10` gate (gate/rg10_gate.hpp, cuda::rg10_gate_forward on the device), which loads their
+/// released checkpoints; gate::TiedGate is the paper's literal form.
 #pragma once
 
 #include "kvpolicy/core/cxx20.hpp"  // first: names a missing -std=c++20

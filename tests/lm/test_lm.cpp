@@ -75,14 +75,18 @@ std::string write_gate(const std::string& kind, float bias) {
       w.add_f32(p + "linear2.weight", {H, I}, random(H * I));
       w.add_f32(p + "bias", {H}, fill(H, bias));
     }
-  } else if (kind == "dbtrimkv") {
-    const int J = 16;
+  } else if (kind == "dbtrimkv") {  // the authors' rg10 (SPEC §2): the tied readout under every layer's name
+    const int I = 32;
+    const auto w3 = random(H * I);
     for (int l = 0; l < c.layers; ++l) {
-      w.add_f32(gate::TiedGate::prefix(l) + "proj.weight", {H * J, D}, random(H * J * D));
-      w.add_f32(gate::TiedGate::prefix(l) + "proj.bias", {H * J}, random(H * J));
+      const auto p = gate::Rg10Gate::prefix(l);
+      w.add_f32(p + "linear1.weight", {I, D}, random(I * D));
+      w.add_f32(p + "linear1.bias", {I}, random(I));
+      w.add_f32(p + "linear2.weight", {I, I}, random(I * I));
+      w.add_f32(p + "linear2.bias", {I}, random(I));
+      w.add_f32(p + "linear3.weight", {H, I}, w3);
+      w.add_f32(p + "bias", {H}, fill(H, bias));
     }
-    w.add_f32(gate::TiedGate::readout_weight, {J}, random(J));
-    w.add_f32(gate::TiedGate::readout_bias, {1}, fill(1, bias));
   } else {
     const int E = d;
     for (int l = 0; l < c.layers; ++l) {
