@@ -12,8 +12,9 @@
 ///   cache.commit(seq);                                           // tokens that left the ring with g < tau go
 ///
 /// With a hard budget (SPEC §3 "Admission with eviction", paper appendix K): WGKVBudgetCache, whose
-/// scorer keeps the last W_obs = 256 queries of every layer and, once the sequence holds more than
-/// L * Hkv * M_avg entries, drops the bottom 10% of each head's global cache by their attention.
+/// scorer keeps the last W_obs = 256 queries of every layer and, once the sequence's global caches
+/// (the rings not counted) hold more than L * Hkv * M_avg entries, drops floor(10%) of each head's
+/// global cache by the attention its keys alone draw (as the authors' code does).
 ///
 /// WG-KV admission composed with TRIM-KV retention eviction (any Admitter with any Evictor): the
 /// gate decides at write time (admit::WriteGate: g >= tau is admitted, any other token lives in the
@@ -69,11 +70,11 @@ struct WGKVBudgetConfig {
 };
 
 inline evict::WriteGatedBudget wgkv_budget_evictor(const CacheShape& shape, const WGKVBudgetConfig& c = {}) {
-  return evict::WriteGatedBudget{c.local, c.tau, shape.heads_total() * c.average_budget, c.fraction};
+  return evict::WriteGatedBudget{c.local, c.tau, shape.heads_total() * c.average_budget, c.fraction, c.sinks};
 }
 inline score::GatedObservedAttention wgkv_budget_scorer(const CacheShape& shape, const WGKVBudgetConfig& c = {}) {
   return score::GatedObservedAttention{c.tau, c.local, shape.heads_total() * c.average_budget, c.observation_window,
-                                       c.pool_kernel};
+                                       c.pool_kernel, c.sinks};
 }
 
 /// WG-KV admission under a hard budget: attend every step (the scorer observes the queries).

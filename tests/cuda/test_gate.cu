@@ -68,6 +68,57 @@ TEST_CASE("retention_gate_forward matches the gate's formula") {
     }
 }
 
+TEST_CASE("rg10_gate_forward matches the authors' rg10 gate (gate::Rg10Gate's formula, SPEC §2)") {
+  cudatest::BlasHandle blas;
+  const cublasHandle_t handle = blas.get();
+  std::mt19937_64 rng(13);
+  std::normal_distribution<float> normal;
+  for (auto act : {kp::gate::Activation::silu, kp::gate::Activation::gelu})
+    for (std::int64_t T : {1, 6, 129}) {
+      const int D = 48, I = 40, H = 3;
+      std::vector<float> w1(I * D), b1(I), w2(I * I), b2(I), w3(H * I), b(H), x(T * D);
+      for (auto* v : {&w1, &w2, &w3})
+        for (auto& e : *v) e = normal(rng) * 0.15f;
+      for (auto* v : {&b1, &b2})
+        for (auto& e : *v) e = normal(rng) * 0.1f;
+      for (auto& v : b) v = normal(rng) + 2.0f;
+      for (auto& v : x) v = normal(rng);
+      DeviceBuffer<float> dw1(w1), db1(b1), dw2(w2), db2(b2), dw3(w3), db(b), dx(x), out(std::size_t(H) * T);
+      out.poison(0xFF);
+      kc::Rg10GateWeights w{dw1.get(), db1.get(), dw2.get(), db2.get(), dw3.get(), db.get(), D, I, H, act};
+      std::size_t bytes = 0;
+      kc::rg10_gate_forward(nullptr, bytes, handle, w, dx.get(), T, out.get(), nullptr);
+      DeviceBuffer<unsigned char> ws(bytes);
+      kc::rg10_gate_forward(ws.get(), bytes, handle, w, dx.get(), T, out.get(), nullptr);
+      cudatest::sync();
+      const auto got = out.download();
+      for (std::int64_t t = 0; t < T; ++t) {
+        std::vector<double> u1(I), u2(I);
+        for (int i = 0; i < I; ++i) {
+          double s = b1[i];
+          for (int c = 0; c < D; ++c) s += double(w1[i * D + c]) * x[t * D + c];
+          u1[i] = act_ref(act, s);
+        }
+        for (int i = 0; i < I; ++i) {
+          double s = b2[i];
+          for (int j = 0; j < I; ++j) s += double(w2[i * I + j]) * u1[j];
+          u2[i] = act_ref(act, s);
+        }
+        for (int h = 0; h < H; ++h) {
+          double z = b[h];
+          for (int i = 0; i < I; ++i) z += double(w3[h * I + i]) * u2[i];
+          const double want = logsigmoid_ref(z);
+          INFO("token ", t, ", head ", h, ", T = ", T);
+          CHECK(std::abs(got[h * T + t] - want) <= 1e-5 * std::max(1.0, std::abs(want)));
+        }
+      }
+    }
+  kc::Rg10GateWeights bad;
+  std::size_t bytes = 0;
+  CHECK_THROWS_WITH(kc::rg10_gate_forward(nullptr, bytes, nullptr, bad, nullptr, 1, nullptr, nullptr),
+                    doctest::Contains("hidden = 0"));
+}
+
 TEST_CASE("tied_gate_forward matches DBTrimKV's tied gate formula") {
   cudatest::BlasHandle blas;
   const cublasHandle_t handle = blas.get();

@@ -5,7 +5,10 @@
 ///   U = act(X W1^T + b1)   [T, I]   cuBLAS SGEMM (cuda/gemm.cuh), then a fused bias + activation kernel
 ///   Z = U W2^T             [T, Hkv] cuBLAS SGEMM
 ///   log_beta[h, t] = logsigmoid(Z[t, h] + b[h])   [Hkv, T]  (the layout append takes)
-/// DBTrimKV, tied:
+/// DBTrimKV, the authors' rg10 (SPEC §2; gate::Rg10Gate), the TRIM-KV pipeline with a second layer:
+///   U1 = act(X W1^T + b1), U2 = act(U1 W2^T + b2)   [T, I]    two SGEMMs, each with the fused bias + activation
+///   log_beta[h, t] = logsigmoid((U2 W3^T)[t, h] + b[h])    SGEMM, then the fused bias + logsigmoid
+/// DBTrimKV, the paper's literal tied gate:
 ///   P = X Wp^T             [T, Hkv J] cuBLAS SGEMM
 ///   log_beta[h, t] = logsigmoid(sum_j act(P[t, h J + j] + bp[h J + j]) wg[j] + bg)   one fused kernel
 /// fp32 throughout (no TF32: the handle's math mode is left to the engine, whose default is exact
@@ -95,6 +98,68 @@ inline void retention_gate_forward(void* workspace, std::size_t& workspace_bytes
       u, w.b1, tokens, w.intermediate, w.activation);
   check_launch("bias_activation_kernel", shapes);
   detail::gemm_nt(handle, T, w.kv_heads, w.intermediate, u, 0, w.w2, 0, z, 0, 1, stream, "cublasSgemm (U W2^T)",
+                  shapes);
+  const std::int64_t nz = tokens * w.kv_heads;
+  detail::bias_logsigmoid_kernel<><<<blocks_for(nz, 256, "bias_logsigmoid_kernel"), 256, 0, stream>>>(
+      z, w.b, tokens, w.kv_heads, log_beta);
+  check_launch("bias_logsigmoid_kernel", shapes);
+}
+
+/// One layer of DBTrimKV's rg10 gate in device memory, row-major as the checkpoint stores it (SPEC
+/// §2): w1 [I, D], b1 [I], w2 [I, I], b2 [I]; w3 [Hkv, I] and b [Hkv], the readout every layer shares
+/// (load it once: gate::Rg10Gate::load checks the copies are identical).
+struct Rg10GateWeights {
+  const float* w1 = nullptr;
+  const float* b1 = nullptr;
+  const float* w2 = nullptr;
+  const float* b2 = nullptr;
+  const float* w3 = nullptr;
+  const float* b = nullptr;
+  std::int32_t hidden = 0;        // D
+  std::int32_t intermediate = 0;  // I
+  std::int32_t kv_heads = 0;      // Hkv
+  gate::Activation activation = gate::Activation::silu;
+};
+
+inline std::size_t rg10_gate_workspace_bytes(const Rg10GateWeights& w, std::int64_t tokens) {
+  WorkspaceLayout layout;
+  layout.take<float>(nullptr, tokens * w.intermediate);
+  layout.take<float>(nullptr, tokens * w.intermediate);
+  layout.take<float>(nullptr, tokens * w.kv_heads);
+  return layout.bytes();
+}
+
+/// x [tokens, D] fp32 (the attention block's normalised input) -> log_beta [Hkv, tokens] fp32 by
+/// the rg10 gate, on `stream`. Two-phase: workspace == nullptr sets workspace_bytes and returns.
+inline void rg10_gate_forward(void* workspace, std::size_t& workspace_bytes, cublasHandle_t handle,
+                              const Rg10GateWeights& w, const float* x, std::int64_t tokens, float* log_beta,
+                              cudaStream_t stream) {
+  constexpr const char* who = "cuda::rg10_gate_forward";
+  require(w.hidden >= 1 && w.intermediate >= 1 && w.kv_heads >= 1, who, ": hidden = ", w.hidden,
+          ", intermediate = ", w.intermediate, ", kv_heads = ", w.kv_heads, " must all be >= 1");
+  require(tokens >= 0 && tokens <= INT32_MAX, who, ": tokens = ", tokens, " must be in [0, 2^31 - 1]");
+  if (size_query(workspace, workspace_bytes, rg10_gate_workspace_bytes(w, tokens), who)) return;
+  if (tokens == 0) return;
+  require((handle || !gemm_uses_cublas) && w.w1 && w.b1 && w.w2 && w.b2 && w.w3 && w.b && x && log_beta, who,
+          ": the handle, weights, x and log_beta must be set");
+  WorkspaceLayout layout;
+  float* u1 = layout.take<float>(workspace, tokens * w.intermediate);
+  float* u2 = layout.take<float>(workspace, tokens * w.intermediate);
+  float* z = layout.take<float>(workspace, tokens * w.kv_heads);
+  const std::string shapes = "tokens = " + std::to_string(tokens) + ", D = " + std::to_string(w.hidden) +
+                             ", I = " + std::to_string(w.intermediate) + ", Hkv = " + std::to_string(w.kv_heads);
+  const int T = static_cast<int>(tokens);
+  const std::int64_t nu = tokens * w.intermediate;
+  detail::gemm_nt(handle, T, w.intermediate, w.hidden, x, 0, w.w1, 0, u1, 0, 1, stream, "cublasSgemm (X W1^T)", shapes);
+  detail::bias_activation_kernel<><<<blocks_for(nu, 256, "bias_activation_kernel"), 256, 0, stream>>>(
+      u1, w.b1, tokens, w.intermediate, w.activation);
+  check_launch("bias_activation_kernel (linear1)", shapes);
+  detail::gemm_nt(handle, T, w.intermediate, w.intermediate, u1, 0, w.w2, 0, u2, 0, 1, stream, "cublasSgemm (U1 W2^T)",
+                  shapes);
+  detail::bias_activation_kernel<><<<blocks_for(nu, 256, "bias_activation_kernel"), 256, 0, stream>>>(
+      u2, w.b2, tokens, w.intermediate, w.activation);
+  check_launch("bias_activation_kernel (linear2)", shapes);
+  detail::gemm_nt(handle, T, w.kv_heads, w.intermediate, u2, 0, w.w3, 0, z, 0, 1, stream, "cublasSgemm (U2 W3^T)",
                   shapes);
   const std::int64_t nz = tokens * w.kv_heads;
   detail::bias_logsigmoid_kernel<><<<blocks_for(nz, 256, "bias_logsigmoid_kernel"), 256, 0, stream>>>(

@@ -366,65 +366,75 @@ struct WriteGated {
   }
 };
 
-/// WG-KV's admission under a hard budget (SPEC §3 "Admission with eviction", paper appendix K), with
-/// score::GatedObservedAttention: every step, each head keeps its W_local newest entries (the ring)
-/// and drops the older ones its gate refused (scored -inf), as evict::WriteGated; and when the
-/// sequence holds more than budget_entries = L * Hkv * M_avg entries (counted after the gate's
-/// refusals are gone, as a ring that drops them on the spot would count), each head also drops the
-/// bottom `fraction` (10%) of its remaining global entries by score, rounded up so that a small
-/// head still gives one (SPEC says "bottom 10%" and no rounding), ties going to the newer entry.
+/// WG-KV's admission under a hard budget (SPEC §3 "Admission with eviction", as the authors' code
+/// runs appendix K), with score::GatedObservedAttention: every step, each head keeps its W_local
+/// newest entries (the ring) and drops the older ones its gate refused (scored -inf), as
+/// evict::WriteGated; and when the sum over the sequence's heads of their global-cache lengths (the
+/// entries outside the ring; the rings are not counted) exceeds budget_entries = L * Hkv * M_avg,
+/// each head also drops floor(fraction * its global length) of its global entries (a head where
+/// that is 0 drops none), the lowest by score, ties going to the newer entry. Sinks (SPEC §5): the
+/// S oldest entries stay whatever their g and are never dropped; outside the ring they are part of
+/// the global cache and count in its length.
 struct WriteGatedBudget {
   std::int64_t local = 256;         // W_local
   double tau = 0.1;                 // for the attention mask; the scorer applies it to the ranking
   std::int64_t budget_entries = 0;  // L * Hkv * M_avg; 0 = no budget
   double fraction = 0.1;
+  std::int64_t sinks = 0;           // S oldest entries kept (SPEC §5)
 
-  AttentionMask attention_mask() const { return {local, static_cast<float>(tau)}; }
+  AttentionMask attention_mask() const { return {local, static_cast<float>(tau), false, sinks}; }
 
   void validate(const CacheShape& shape) const {
-    WriteGated{local, tau}.validate(shape);
+    WriteGated{local, tau, sinks}.validate(shape);
     require(budget_entries >= 0, "evict::WriteGatedBudget: budget = ", budget_entries, " must be >= 0 (0: none)");
     require(fraction > 0.0 && fraction <= 1.0, "evict::WriteGatedBudget: fraction = ", fraction, " must be in (0, 1]");
   }
-  /// The scorer must draw the same ring, gate and budget (the Cache calls this at construction).
+  /// The scorer must draw the same ring, gate, budget and sinks (the Cache calls this at construction).
   template <class Scorer>
   void validate_scorer(const Scorer& s) const {
-    if constexpr (requires { s.local; s.tau; s.budget_entries; })
-      require(s.local == local && s.tau == tau && s.budget_entries == budget_entries,
+    if constexpr (requires { s.local; s.tau; s.budget_entries; s.sinks; })
+      require(s.local == local && s.tau == tau && s.budget_entries == budget_entries && s.sinks == sinks,
               "evict::WriteGatedBudget: the scorer's W_local = ", s.local, ", tau = ", s.tau, ", budget = ",
-              s.budget_entries, " differ from the evictor's ", local, ", ", tau, ", ", budget_entries);
+              s.budget_entries, ", sinks = ", s.sinks, " differ from the evictor's ", local, ", ", tau, ", ",
+              budget_entries, ", ", sinks);
   }
   bool trigger(const CacheShape&, StepContext, std::span<const std::int64_t> lengths, std::span<std::uint8_t> active) const {
     bool any = false;
-    for (std::size_t h = 0; h < lengths.size(); ++h) {  // only a head past its ring has entries to drop
+    for (std::size_t h = 0; h < lengths.size(); ++h) {  // only a head past its ring has a global cache
       active[h] = lengths[h] > local ? 1 : 0;
       any = any || active[h];
     }
     return any;
   }
-  void select(const CacheShape&, StepContext c, const SegmentedScores& s, std::span<std::uint8_t> keep) const {
+  void select(const CacheShape&, StepContext, const SegmentedScores& s, std::span<std::uint8_t> keep) const {
     std::vector<float> score(s.score.begin(), s.score.end());
-    std::vector<std::int64_t> ring(static_cast<std::size_t>(s.segments())), admitted(ring.size());
-    std::int64_t held = c.entries;  // what the ring and the global cache hold once the gate's refusals are gone
+    const auto heads = static_cast<std::size_t>(s.segments());
+    std::vector<std::int64_t> held(heads), droppable(heads), global(heads);
+    std::int64_t global_total = 0;  // the sequence's global cache: every head is here that has one
     for (std::int64_t h = 0; h < s.segments(); ++h) {
       const auto b = static_cast<std::size_t>(s.offsets[h]);
       const auto n = static_cast<std::size_t>(s.length(h));
       const auto seg = std::span<float>(score).subspan(b, n);
-      rank::protect_window(s.position.subspan(b, n), local, seg);
-      for (const float v : seg) {  // the ring (+inf), the admitted global entries (finite), the refused (-inf)
-        ring[static_cast<std::size_t>(h)] += v == std::numeric_limits<float>::infinity();
-        admitted[static_cast<std::size_t>(h)] += std::isfinite(v);
-        held -= v == -std::numeric_limits<float>::infinity();
+      rank::protect_window(s.position.subspan(b, n), local, seg);  // the ring
+      rank::protect_sinks(s.position.subspan(b, n), sinks, seg);
+      const auto i = static_cast<std::size_t>(h);
+      for (const float v : seg) {  // protected (+inf), admitted global entries (finite), refused (-inf)
+        held[i] += v != -std::numeric_limits<float>::infinity();
+        droppable[i] += std::isfinite(v);
       }
+      global[i] = held[i] - std::min<std::int64_t>(local, static_cast<std::int64_t>(n));
+      global_total += global[i];
     }
-    const bool pressure = budget_entries > 0 && held > budget_entries;
+    const bool pressure = budget_entries > 0 && global_total > budget_entries;
     for (std::int64_t h = 0; h < s.segments(); ++h) {
+      const auto i = static_cast<std::size_t>(h);
       const auto b = static_cast<std::size_t>(s.offsets[h]);
       const auto n = static_cast<std::size_t>(s.length(h));
-      const auto a = admitted[static_cast<std::size_t>(h)];
-      const auto drop = pressure ? static_cast<std::int64_t>(std::ceil(fraction * static_cast<double>(a))) : 0;
-      rank::keep_top_k(std::span<const float>(score).subspan(b, n), s.position.subspan(b, n),
-                       ring[static_cast<std::size_t>(h)] + a - drop, keep.subspan(b, n));
+      const auto drop = pressure ? std::min(droppable[i], static_cast<std::int64_t>(std::floor(
+                                                              fraction * static_cast<double>(global[i]))))
+                                 : 0;
+      rank::keep_top_k(std::span<const float>(score).subspan(b, n), s.position.subspan(b, n), held[i] - drop,
+                       keep.subspan(b, n));
     }
   }
 };

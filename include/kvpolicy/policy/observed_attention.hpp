@@ -140,13 +140,15 @@ struct ObservedAttention {
   }
 };
 
-/// WG-KV's admission with a hard budget (SPEC §3, paper appendix K): the entry's metadata float is
-/// its write-gate value g. The head holds its W_local newest entries (the ring) and the older ones
-/// with g >= tau; an older entry with g < tau scores -inf (a ring would have dropped it already, so
-/// it takes no part in what follows). While the sequence holds at most budget_entries, every held
-/// entry scores 0 (no attention is computed). Above it, S_j = MaxPool_5(sum over the last W_obs =
-/// 256 queries of the max over the kv head's query group of softmax(q k^T / sqrt(d))_j), softmax
-/// and pooling along positions over the held entries. In double, then fp32.
+/// WG-KV's admission with a hard budget (SPEC §3, appendix K as the authors' code runs it): the
+/// entry's metadata float is its write-gate value g. The head holds its W_local newest entries (the
+/// ring, scored 0: the evictor protects them) and, older, its global cache: the entries with
+/// g >= tau and the S oldest (sinks, SPEC §5); an older entry with neither scores -inf (a ring would
+/// have dropped it already). While the sequence holds at most budget_entries entries, every global
+/// entry scores 0 (no attention is computed: the global cache, a part of them, is then within it
+/// too). Above it, over the head's global entries only (no ring key in the softmax):
+/// S_j = MaxPool_5(sum over the last W_obs = 256 queries of the max over the kv head's query group
+/// of softmax(q k^T / sqrt(d))_j), softmax and pooling along the global positions. In double, then fp32.
 struct GatedObservedAttention {
   static constexpr bool needs_key_norm = false;
   static constexpr bool static_score = true;  // the metadata float is g, in [0, 1]
@@ -155,12 +157,14 @@ struct GatedObservedAttention {
   std::int64_t budget_entries = 0;        ///< L * Hkv * M_avg; 0 = no budget
   std::int64_t observation_window = 256;  ///< W_obs
   int pool_kernel = 5;
+  std::int64_t sinks = 0;                 ///< S oldest entries kept whatever their g (SPEC §5)
 
   void validate() const {
     require(std::isfinite(tau) && tau > 0.0 && tau <= 1.0, "score::GatedObservedAttention: tau = ", tau,
             " must be in (0, 1]");
     require(local >= 1, "score::GatedObservedAttention: W_local = ", local, " must be >= 1");
     require(budget_entries >= 0, "score::GatedObservedAttention: budget = ", budget_entries, " must be >= 0");
+    require(sinks >= 0, "score::GatedObservedAttention: sinks S = ", sinks, " must be >= 0");
     ObservedAttention{observation_window, pool_kernel, Pooling::max}.validate();
   }
 
@@ -168,25 +172,27 @@ struct GatedObservedAttention {
                     std::span<float> out) const {
     const auto order = detail::by_position(meta);
     const auto N = static_cast<std::int64_t>(order.size());
-    std::vector<std::int64_t> held;  // in position order: the ring (the W_local newest) and the admitted older ones
+    std::vector<std::int64_t> global;  // in position order: the global cache, outside the ring
     for (std::int64_t i = 0; i < N; ++i) {
       const std::int64_t j = order[static_cast<std::size_t>(i)];
-      if (N - i <= local || meta[j].log_beta >= static_cast<float>(tau))
-        held.push_back(j);
+      if (N - i <= local)
+        out[static_cast<std::size_t>(j)] = 0.0f;  // the ring
+      else if (meta[j].log_beta >= static_cast<float>(tau) || i < sinks)
+        global.push_back(j);
       else
         out[static_cast<std::size_t>(j)] = -std::numeric_limits<float>::infinity();
     }
-    std::vector<double> raw(held.size(), 0.0), best(held.size()), p;
-    if (budget_entries > 0 && c.entries > budget_entries)
+    std::vector<double> raw(global.size(), 0.0), best(global.size()), p;
+    if (budget_entries > 0 && c.entries > budget_entries)  // c.entries >= the global total the evictor compares
       for (std::int64_t w = 0; w < q.window; ++w) {
         std::fill(best.begin(), best.end(), 0.0);
         for (std::int64_t g = 0; g < q.group; ++g)
-          if (detail::observed_softmax(q.query(g, w), q.position[static_cast<std::size_t>(w)], keys, meta, held, p))
+          if (detail::observed_softmax(q.query(g, w), q.position[static_cast<std::size_t>(w)], keys, meta, global, p))
             for (std::size_t i = 0; i < best.size(); ++i) best[i] = std::max(best[i], p[i]);  // max over the group
         for (std::size_t i = 0; i < raw.size(); ++i) raw[i] += best[i];                     // summed over the window
       }
-    const auto pooled = detail::max_pool(raw, pool_kernel);  // along positions
-    for (std::size_t i = 0; i < held.size(); ++i) out[static_cast<std::size_t>(held[i])] = static_cast<float>(pooled[i]);
+    const auto pooled = detail::max_pool(raw, pool_kernel);  // along the global positions
+    for (std::size_t i = 0; i < global.size(); ++i) out[static_cast<std::size_t>(global[i])] = static_cast<float>(pooled[i]);
   }
 };
 
