@@ -2,12 +2,19 @@
 """Converts the authors' gate checkpoints to the safetensors files kvpolicy loads (docs/formats.md).
 
     python3 tools/convert_checkpoint.py trimkv trimkv_weights.pth trimkv_gate.safetensors
+    python3 tools/convert_checkpoint.py dbtrimkv dbtrimkv_weights.pth dbtrimkv_gate.safetensors
     python3 tools/convert_checkpoint.py wgkv   Llama-3.1-8B-0.1.pt  wgkv_gate.safetensors
 
 trimkv  TRIM-KV's `trimkv_weights.pth`: a flat state dict whose keys end in
         `layers.{l}.self_attn.retention_gate.{linear1.weight, linear1.bias, linear2.weight, bias}`
         (any prefix before `layers.`, as in the vision-language models). Written under SPEC §1's
         names `model.layers.{l}.self_attn.retention_gate.*`, shapes unchanged.
+dbtrimkv  DBTrimKV's released checkpoints, the authors' `rg10` gate (SPEC §2): keys ending in
+        `layers.{l}.self_attn.retention_gate.{linear1.weight [I, D], linear1.bias, linear2.weight
+        [I, I], linear2.bias, linear3.weight [Hkv, I], bias [Hkv]}`; linear3 and bias are tied across
+        the layers, so every layer's copy must be identical (an edited copy is an error naming its
+        layer). Written under the same names with `model.` first, every layer's copy kept (the C++
+        loader checks them again).
 wgkv    WG-KV's `*.pt`: a flat dict of the write gate's parameters
         `...layers.{l}.self_attn.g_predictors.{pre_key_norm.weight [d], post_key_norm.weight [d],
         conv1.weight [H*E, 2d, 1], conv1.bias [H*E], conv2.weight [H, E, 1], conv2.bias [H]}`
@@ -227,6 +234,26 @@ def convert_trimkv(state):
     return out, info, ignored
 
 
+def convert_dbtrimkv(state):
+    fields = ["linear1.weight", "linear1.bias", "linear2.weight", "linear2.bias", "linear3.weight", "bias"]
+    layers, ignored = by_layer(state, "retention_gate", fields)
+    inner, hidden = layers[0]["linear1.weight"].shape
+    heads = layers[0]["bias"].shape[0]
+    out = {}
+    for l, p in enumerate(layers):
+        name = "model.layers.%d.self_attn.retention_gate." % l
+        shapes = ([inner, hidden], [inner], [inner, inner], [inner], [heads, inner], [heads])
+        for field, shape in zip(fields, shapes):
+            expect(name + field, p[field], shape)
+            out[name + field] = p[field]
+        for field in ("linear3.weight", "bias"):  # tied (rg10): one pair for the whole model
+            if (p[field].dtype, p[field].data) != (layers[0][field].dtype, layers[0][field].data):
+                raise ValueError("layer %d's %s differs from layer 0's: rg10 ties it across every layer "
+                                 "(SPEC §2), so this is not an rg10 checkpoint or it was edited" % (l, field))
+    info = {"layers": len(layers), "hidden": hidden, "kv_heads": heads, "intermediate": inner, "gate": "rg10"}
+    return out, info, ignored
+
+
 def convert_wgkv(state):
     fields = ["pre_key_norm.weight", "post_key_norm.weight", "conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias"]
     layers, ignored = by_layer(state, "g_predictors", fields)
@@ -269,7 +296,7 @@ def write_safetensors(path, tensors, metadata):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("kind", choices=["trimkv", "wgkv"])
+    ap.add_argument("kind", choices=["trimkv", "dbtrimkv", "wgkv"])
     ap.add_argument("checkpoint")
     ap.add_argument("output")
     ap.add_argument("--dtype", choices=["keep", "F32", "F16", "BF16"], default="keep")
@@ -285,7 +312,8 @@ def main(argv=None):
             reader = "zip"
     try:
         state = read_with_torch(args.checkpoint) if reader == "torch" else read_without_torch(args.checkpoint)
-        tensors, info, ignored = (convert_trimkv if args.kind == "trimkv" else convert_wgkv)(state)
+        convert = {"trimkv": convert_trimkv, "dbtrimkv": convert_dbtrimkv, "wgkv": convert_wgkv}[args.kind]
+        tensors, info, ignored = convert(state)
     except (ValueError, KeyError, OSError, zipfile.BadZipFile, pickle.UnpicklingError) as e:
         print("convert_checkpoint: %s: %s" % (args.checkpoint, e), file=sys.stderr)
         return 1

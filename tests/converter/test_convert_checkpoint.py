@@ -153,4 +153,24 @@ torch.save(wg, wckpt)
 msg = run("wgkv", wckpt, os.path.join(work, "bad.safetensors"), "--reader", "zip", ok=False)
 assert "conv2.bias has shape [3]" in msg, msg
 print("errors: a missing layer and a wrong shape are refused")
+
+# a hostile pickle is refused by torch.load(weights_only=True) too, and runs nothing
+import pickle
+import zipfile
+
+marker = os.path.join(work, "pwned_torch")
+
+
+class Exploit:
+    def __reduce__(self):
+        return (os.system, ("touch %s" % marker,))
+
+
+hostile = os.path.join(work, "hostile.pth")
+with zipfile.ZipFile(hostile, "w") as z:
+    z.writestr("archive/data.pkl", pickle.dumps({"w": Exploit()}, protocol=2))
+    z.writestr("archive/version", "3\n")
+msg = run("trimkv", hostile, os.path.join(work, "x.safetensors"), "--reader", "torch", ok=False)
+assert not os.path.exists(marker), "torch.load ran the hostile pickle's command"
+print("hostile pickle: torch.load(weights_only=True) refused it, nothing executed")
 print("PASSED")
