@@ -76,8 +76,9 @@ options:
   --gate FILE      trimkv, dbtrimkv: retention-gate weights (dbtrimkv: the authors' rg10, or the
                    paper's tied gate) run on the trace's gate_input, in place of its log_beta;
                    wgkv: write-gate weights (docs/formats.md) to run on the trace's keys
-  --avg-budget M   wgkv: hard budget of L*Hkv*M entries; past it each head drops the bottom 10% of
-                   its global cache by the attention of the last 256 queries (default 0: none)
+  --avg-budget M   wgkv: hard budget of L*Hkv*M global-cache entries (rings not counted); past it
+                   each head drops floor(10%) of its global cache by the attention the last 256
+                   queries give its global keys (default 0: none)
   --png DIR        write retention and eviction heatmaps (TRIM-KV paper, Fig. 4)
   --layers, --heads  which heatmaps (default: layer 0, every kv head)
   --no-reference   skip the full-cache attention (no attn_rel_error; most of a run's time on a
