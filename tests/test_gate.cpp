@@ -144,7 +144,7 @@ TEST_CASE("DBTrimKV rg10 gate (the authors' checkpoints): two-layer MLP per laye
     }
 }
 
-TEST_CASE("rg10 gate: a layer whose tied copy differs is refused, naming the layer; a paper-literal file is not rg10") {
+TEST_CASE("rg10 gate: a layer whose tied copy differs is refused, naming the layer, and a paper-literal file is not rg10") {
   const int L = 3, D = 4, I = 6, H = 2;
   std::mt19937_64 rng(31);
   st::Writer w;

@@ -320,7 +320,7 @@ std::map<std::int32_t, double> naive_appendix_k(const std::map<std::int32_t, std
 }
 }  // namespace
 
-TEST_CASE("oracle: WG-KV under a hard budget (appendix K as the authors run it): the ring rule every step; past the budget on the global caches, floor(10%) of each by the attention its own keys draw") {
+TEST_CASE("oracle: WG-KV under a hard budget (appendix K as the authors run it): the ring rule every step, and past the budget on the global caches, floor(10%) of each by the attention its own keys draw") {
   std::mt19937_64 rng(29);
   int pressured = 0, dropped_heads = 0;
   for (int trial = 0; trial < 80; ++trial) {
