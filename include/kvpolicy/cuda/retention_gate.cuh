@@ -63,6 +63,29 @@ __global__ void bias_logsigmoid_kernel(const float* z, const float* b, std::int6
   log_beta[h * tokens + t] = math::logsigmoid(z[i] + b[h]);
 }
 
+/// One dense layer of a gate: out [T, N] = act(in [T, K] W^T + b), W [N, K] row-major (an SGEMM,
+/// then the fused bias + activation).
+inline void dense_activated(cublasHandle_t handle, int tokens, int n, int k, const float* in, const float* w,
+                            const float* b, float* out, gate::Activation act, cudaStream_t stream, const char* what,
+                            const std::string& shapes) {
+  gemm_nt(handle, tokens, n, k, in, 0, w, 0, out, 0, 1, stream, what, shapes);
+  const std::int64_t count = std::int64_t{tokens} * n;
+  bias_activation_kernel<><<<blocks_for(count, 256, "bias_activation_kernel"), 256, 0, stream>>>(out, b, tokens, n, act);
+  check_launch("bias_activation_kernel", what, ", ", shapes);
+}
+
+/// A gate's readout: log_beta [Hkv, T] = logsigmoid(in [T, K] W^T + b)^T, W [Hkv, K] (an SGEMM into
+/// z [T, Hkv], then the fused bias + logsigmoid).
+inline void readout_logsigmoid(cublasHandle_t handle, int tokens, int kv_heads, int k, const float* in, const float* w,
+                               const float* b, float* z, float* log_beta, cudaStream_t stream, const char* what,
+                               const std::string& shapes) {
+  gemm_nt(handle, tokens, kv_heads, k, in, 0, w, 0, z, 0, 1, stream, what, shapes);
+  const std::int64_t count = std::int64_t{tokens} * kv_heads;
+  bias_logsigmoid_kernel<><<<blocks_for(count, 256, "bias_logsigmoid_kernel"), 256, 0, stream>>>(z, b, tokens, kv_heads,
+                                                                                               log_beta);
+  check_launch("bias_logsigmoid_kernel", shapes);
+}
+
 }  // namespace detail
 
 inline std::size_t retention_gate_workspace_bytes(const RetentionGateWeights& w, std::int64_t tokens) {
@@ -92,17 +115,10 @@ inline void retention_gate_forward(void* workspace, std::size_t& workspace_bytes
   const std::string shapes = "tokens = " + std::to_string(tokens) + ", D = " + std::to_string(w.hidden) +
                              ", I = " + std::to_string(w.intermediate) + ", Hkv = " + std::to_string(w.kv_heads);
   const int T = static_cast<int>(tokens);
-  detail::gemm_nt(handle, T, w.intermediate, w.hidden, x, 0, w.w1, 0, u, 0, 1, stream, "cublasSgemm (X W1^T)", shapes);
-  const std::int64_t nu = tokens * w.intermediate;
-  detail::bias_activation_kernel<><<<blocks_for(nu, 256, "bias_activation_kernel"), 256, 0, stream>>>(
-      u, w.b1, tokens, w.intermediate, w.activation);
-  check_launch("bias_activation_kernel", shapes);
-  detail::gemm_nt(handle, T, w.kv_heads, w.intermediate, u, 0, w.w2, 0, z, 0, 1, stream, "cublasSgemm (U W2^T)",
-                  shapes);
-  const std::int64_t nz = tokens * w.kv_heads;
-  detail::bias_logsigmoid_kernel<><<<blocks_for(nz, 256, "bias_logsigmoid_kernel"), 256, 0, stream>>>(
-      z, w.b, tokens, w.kv_heads, log_beta);
-  check_launch("bias_logsigmoid_kernel", shapes);
+  detail::dense_activated(handle, T, w.intermediate, w.hidden, x, w.w1, w.b1, u, w.activation, stream,
+                          "cublasSgemm (X W1^T)", shapes);
+  detail::readout_logsigmoid(handle, T, w.kv_heads, w.intermediate, u, w.w2, w.b, z, log_beta, stream,
+                             "cublasSgemm (U W2^T)", shapes);
 }
 
 /// One layer of DBTrimKV's rg10 gate in device memory, row-major as the checkpoint stores it (SPEC
@@ -149,22 +165,12 @@ inline void rg10_gate_forward(void* workspace, std::size_t& workspace_bytes, cub
   const std::string shapes = "tokens = " + std::to_string(tokens) + ", D = " + std::to_string(w.hidden) +
                              ", I = " + std::to_string(w.intermediate) + ", Hkv = " + std::to_string(w.kv_heads);
   const int T = static_cast<int>(tokens);
-  const std::int64_t nu = tokens * w.intermediate;
-  detail::gemm_nt(handle, T, w.intermediate, w.hidden, x, 0, w.w1, 0, u1, 0, 1, stream, "cublasSgemm (X W1^T)", shapes);
-  detail::bias_activation_kernel<><<<blocks_for(nu, 256, "bias_activation_kernel"), 256, 0, stream>>>(
-      u1, w.b1, tokens, w.intermediate, w.activation);
-  check_launch("bias_activation_kernel (linear1)", shapes);
-  detail::gemm_nt(handle, T, w.intermediate, w.intermediate, u1, 0, w.w2, 0, u2, 0, 1, stream, "cublasSgemm (U1 W2^T)",
-                  shapes);
-  detail::bias_activation_kernel<><<<blocks_for(nu, 256, "bias_activation_kernel"), 256, 0, stream>>>(
-      u2, w.b2, tokens, w.intermediate, w.activation);
-  check_launch("bias_activation_kernel (linear2)", shapes);
-  detail::gemm_nt(handle, T, w.kv_heads, w.intermediate, u2, 0, w.w3, 0, z, 0, 1, stream, "cublasSgemm (U2 W3^T)",
-                  shapes);
-  const std::int64_t nz = tokens * w.kv_heads;
-  detail::bias_logsigmoid_kernel<><<<blocks_for(nz, 256, "bias_logsigmoid_kernel"), 256, 0, stream>>>(
-      z, w.b, tokens, w.kv_heads, log_beta);
-  check_launch("bias_logsigmoid_kernel", shapes);
+  detail::dense_activated(handle, T, w.intermediate, w.hidden, x, w.w1, w.b1, u1, w.activation, stream,
+                          "cublasSgemm (X W1^T)", shapes);
+  detail::dense_activated(handle, T, w.intermediate, w.intermediate, u1, w.w2, w.b2, u2, w.activation, stream,
+                          "cublasSgemm (U1 W2^T)", shapes);
+  detail::readout_logsigmoid(handle, T, w.kv_heads, w.intermediate, u2, w.w3, w.b, z, log_beta, stream,
+                             "cublasSgemm (U2 W3^T)", shapes);
 }
 
 /// DBTrimKV's tied gate in device memory (SPEC §2): per layer proj.weight [Hkv J, D] and

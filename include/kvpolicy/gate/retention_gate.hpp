@@ -32,11 +32,12 @@ struct RetentionGateConfig {
   int intermediate = 512;  // I
   Activation activation = Activation::silu;
 
-  void validate() const {
-    require(layers >= 1, "RetentionGate: layers = ", layers, " must be >= 1");
-    require(hidden >= 1, "RetentionGate: hidden = ", hidden, " must be >= 1");
-    require(kv_heads >= 1, "RetentionGate: kv_heads = ", kv_heads, " must be >= 1");
-    require(intermediate >= 1, "RetentionGate: intermediate = ", intermediate, " must be >= 1");
+  /// `who` names the gate in the errors (the rg10 gate shares this config: gate/rg10_gate.hpp).
+  void validate(const char* who = "RetentionGate") const {
+    require(layers >= 1, who, ": layers = ", layers, " must be >= 1");
+    require(hidden >= 1, who, ": hidden = ", hidden, " must be >= 1");
+    require(kv_heads >= 1, who, ": kv_heads = ", kv_heads, " must be >= 1");
+    require(intermediate >= 1, who, ": intermediate = ", intermediate, " must be >= 1");
   }
 };
 

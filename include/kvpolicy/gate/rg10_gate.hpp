@@ -17,20 +17,8 @@
 
 namespace kvpolicy::gate {
 
-struct Rg10GateConfig {
-  int layers = 0;
-  int hidden = 0;          // D
-  int kv_heads = 0;        // Hkv
-  int intermediate = 512;  // I
-  Activation activation = Activation::silu;
-
-  void validate() const {
-    require(layers >= 1, "Rg10Gate: layers = ", layers, " must be >= 1");
-    require(hidden >= 1, "Rg10Gate: hidden = ", hidden, " must be >= 1");
-    require(kv_heads >= 1, "Rg10Gate: kv_heads = ", kv_heads, " must be >= 1");
-    require(intermediate >= 1, "Rg10Gate: intermediate = ", intermediate, " must be >= 1");
-  }
-};
+/// The rg10 gate's sizes are TRIM-KV's: layers, D, Hkv, I (512 in the released checkpoints), act.
+using Rg10GateConfig = RetentionGateConfig;
 
 class Rg10Gate {
  public:
@@ -49,7 +37,7 @@ class Rg10Gate {
   /// Loads every layer by the authors' state-dict names (SPEC §2); F32, F16 and BF16 all load. A
   /// layer whose tied copy (linear3.weight, bias) differs from layer 0's is an error naming it.
   static Rg10Gate load(const safetensors::File& f, const Rg10GateConfig& c) {
-    c.validate();
+    c.validate("Rg10Gate");
     Rg10Gate g;
     g.config_ = c;
     const std::int64_t I = c.intermediate;
