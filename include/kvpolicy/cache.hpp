@@ -26,6 +26,7 @@
 #include "kvpolicy/core/dtype.hpp"
 #include "kvpolicy/core/error.hpp"
 #include "kvpolicy/core/mask.hpp"
+#include "kvpolicy/core/parallel.hpp"
 #include "kvpolicy/core/shape.hpp"
 #include "kvpolicy/core/view.hpp"
 #include "kvpolicy/memory/pool.hpp"
@@ -533,7 +534,6 @@ class Cache {
     st.attended[static_cast<std::size_t>(layer)] = 1;
     std::vector<std::int32_t> q_pos(static_cast<std::size_t>(st.pending));
     for (std::int64_t t = 0; t < st.pending; ++t) q_pos[static_cast<std::size_t>(t)] = static_cast<std::int32_t>(st.n + t);
-    std::vector<float> mass;
     // WG-KV's vertical-slash mask, SPEC §3: from its Evictor, or from an Admitter with a ring
     constexpr bool masked = requires { evictor_.attention_mask(); } || requires { admitter_.attention_mask(); };
     AttentionMask mask{};
@@ -541,23 +541,40 @@ class Cache {
       mask = evictor_.attention_mask();
     else if constexpr (masked)
       mask = admitter_.attention_mask();
-    for (int h = 0; h < shape_.kv_heads; ++h) {
+    // One task per kv head: each writes its own query heads of `out` and its own mass vector.
+    std::vector<std::vector<float>> mass(scorer_needs_attention_mass<S> ? static_cast<std::size_t>(shape_.kv_heads) : 0);
+    const auto attend_head = [&](int h) {
       const auto head_layout = alloc_.layout(seq, layer, h);
       if constexpr (scorer_needs_attention_mass<S>) {  // H2O, SPEC §5: summed over every query so far
-        mass.assign(static_cast<std::size_t>(head_layout.length), 0.0f);
-        Backend::attend(alloc_.pool(), head_layout, h, shape_.group(), queries, q_pos, out, std::span<float>(mass), mask);
-        for (std::int64_t j = 0; j < head_layout.length; ++j) {
-          const std::int64_t slot = head_layout.slot(j);
-          st.mass_undo.emplace_back(slot, alloc_.pool().meta(slot).attention_mass);
-          alloc_.pool().add_attention_mass(slot, mass[static_cast<std::size_t>(j)]);
-        }
+        auto& m = mass[static_cast<std::size_t>(h)];
+        m.assign(static_cast<std::size_t>(head_layout.length), 0.0f);
+        Backend::attend(std::as_const(alloc_).pool(), head_layout, h, shape_.group(), queries, q_pos, out,
+                        std::span<float>(m), mask);
       } else if constexpr (masked) {
         Backend::attend(std::as_const(alloc_).pool(), head_layout, h, shape_.group(), queries, q_pos, out,
                         std::span<float>{}, mask);
       } else {
         Backend::attend(std::as_const(alloc_).pool(), head_layout, h, shape_.group(), queries, q_pos, out);
       }
-    }
+    };
+    detail::for_each_kv_head<Backend>(shape_.kv_heads, attention_work(seq, layer, st.pending), attend_head);
+    if constexpr (scorer_needs_attention_mass<S>)  // applied in head order, with the undo log
+      for (int h = 0; h < shape_.kv_heads; ++h) {
+        const auto head_layout = alloc_.layout(seq, layer, h);
+        const auto& m = mass[static_cast<std::size_t>(h)];
+        for (std::int64_t j = 0; j < head_layout.length; ++j) {
+          const std::int64_t slot = head_layout.slot(j);
+          st.mass_undo.emplace_back(slot, alloc_.pool().meta(slot).attention_mass);
+          alloc_.pool().add_attention_mass(slot, m[static_cast<std::size_t>(j)]);
+        }
+      }
+  }
+
+  /// (query rows) x (entries) over the layer's kv heads: what decides whether threads pay off.
+  std::int64_t attention_work(std::int64_t seq, int layer, std::int64_t T) const {
+    std::int64_t entries = 0;
+    for (int h = 0; h < shape_.kv_heads; ++h) entries += alloc_.length(seq, layer, h);
+    return entries * T * shape_.group();
   }
 
 

@@ -1,22 +1,55 @@
 /// \file
-/// kvpolicy/cpu/backend.hpp — the CPU reference backend: how a Cache attends over its entries.
+/// kvpolicy/cpu/backend.hpp — the CPU backend: how a Cache attends over its entries on the host.
+///
+/// Two kernels, one answer (SPEC §6, up to fp32 rounding):
+///   - cpu::attend_tiled (cpu/tiled_attention.hpp): Eigen matrix products on tiles, the online
+///     softmax across them; used when Eigen's headers are on the include path (a target linked to
+///     kvpolicy::cpu) and the translation unit is not compiled by nvcc;
+///   - cpu::attend_paged (cpu/attention.hpp): plain loops, no dependency; used otherwise, or
+///     everywhere with -DKVPOLICY_PORTABLE_ATTENTION.
+/// Each choice puts cpu_backend in its own inline namespace, so one program may hold translation
+/// units of both kinds without two definitions of one name.
 #pragma once
 
 #include "kvpolicy/cpu/attention.hpp"
 
+#if !defined(KVPOLICY_PORTABLE_ATTENTION) && !defined(__CUDACC__) && __has_include(<Eigen/Core>)
+#define KVPOLICY_TILED_ATTENTION 1
+#include "kvpolicy/cpu/tiled_attention.hpp"
+#else
+#define KVPOLICY_TILED_ATTENTION 0
+#endif
+
 namespace kvpolicy {
+
+#if KVPOLICY_TILED_ATTENTION
+inline namespace tiled_attention {
+#else
+inline namespace portable_attention {
+#endif
 
 struct cpu_backend {
   static constexpr const char* name = "cpu";
   /// attend() can add each key's attention mass to key_mass (H2O, SPEC §5).
   static constexpr bool emits_attention_mass = true;
+  /// attend() may run for different kv heads at once (core/parallel.hpp): each call writes only its
+  /// group's rows of `out` and its own key_mass, and each thread has its own scratch.
+  static constexpr bool parallel_heads = true;
+  /// The kernel this translation unit uses: "tiled" or "portable".
+  static constexpr const char* kernel = KVPOLICY_TILED_ATTENTION ? "tiled" : "portable";
 
   template <class Storage>
   static void attend(const memory::EntryPool<Storage>& pool, const memory::HeadLayout& head, int kv_head, int group,
                      View<const float, 3> queries, std::span<const std::int32_t> q_pos, View<float, 3> out,
                      std::span<float> key_mass = {}, AttentionMask mask = {}) {
+#if KVPOLICY_TILED_ATTENTION
+    cpu::attend_tiled(pool, head, kv_head, group, queries, q_pos, out, key_mass, mask);
+#else
     cpu::attend_paged(pool, head, kv_head, group, queries, q_pos, out, key_mass, mask);
+#endif
   }
 };
+
+}  // namespace tiled_attention / portable_attention
 
 }  // namespace kvpolicy

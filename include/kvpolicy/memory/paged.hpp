@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <mutex>
 #include <new>
 #include <span>
 #include <vector>
@@ -16,6 +17,17 @@
 #include "kvpolicy/memory/pool.hpp"
 
 namespace kvpolicy::memory {
+
+namespace detail {
+/// A mutex an allocator can hold and still be moved into its Cache: a copy or a move makes a new,
+/// unlocked mutex (an allocator is moved before any thread uses it).
+struct MovableMutex {
+  mutable std::mutex m;
+  MovableMutex() = default;
+  MovableMutex(const MovableMutex&) {}
+  MovableMutex& operator=(const MovableMutex&) { return *this; }
+};
+}  // namespace detail
 
 template <int PageSize = 16, class Storage = float>
 class Paged {
@@ -62,6 +74,7 @@ class Paged {
 
   void add_sequence(std::int64_t seq) { tables_.add(seq); }
   void remove_sequence(std::int64_t seq) {
+    const std::lock_guard lock(free_mutex_.m);
     for (auto& t : tables_.of(seq)) free_.insert(free_.end(), t.pages.rbegin(), t.pages.rend());
     tables_.erase(seq);
   }
@@ -92,11 +105,16 @@ class Paged {
     require(tokens >= 0, "memory::Paged::append: tokens = ", tokens, " must be >= 0");
     BlockTable& t = tables_.at(seq, layer, head);
     const std::int64_t need = pages_for(t.length + tokens) - static_cast<std::int64_t>(t.pages.size());
-    require(need <= pages_free(), "memory::Paged: out of pages: appending ", tokens, " entries to sequence ", seq,
-            " layer ", layer, " head ", head, " needs ", need, " pages, ", pages_free(), " of ", pages_, " are free");
-    for (std::int64_t i = 0; i < need; ++i) {
-      t.pages.push_back(free_.back());
-      free_.pop_back();
+    {
+      const std::lock_guard lock(free_mutex_.m);  // the free list is every sequence's (docs/concurrency.md)
+      const auto free = static_cast<std::int64_t>(free_.size());
+      require(need <= free, "memory::Paged: out of pages: appending ", tokens, " entries to sequence ", seq, " layer ",
+              layer, " head ", head, " needs ", need, " pages, ", free, " of ", pages_, " are free");
+      t.pages.reserve(t.pages.size() + static_cast<std::size_t>(std::max<std::int64_t>(need, 0)));
+      for (std::int64_t i = 0; i < need; ++i) {
+        t.pages.push_back(free_.back());
+        free_.pop_back();
+      }
     }
     write_entries(pool_, HeadLayout{t.pages, PageSize, t.length + tokens}, t.length, tokens, keys, values, meta);
     t.length += tokens;
@@ -116,6 +134,7 @@ class Paged {
     const std::int64_t new_length = compact_head(pool_, HeadLayout{t.pages, PageSize, t.length}, keep);
     const std::int64_t evicted = t.length - new_length;
     t.length = new_length;
+    const std::lock_guard lock(free_mutex_.m);
     while (static_cast<std::int64_t>(t.pages.size()) > pages_for(new_length)) {
       free_.push_back(t.pages.back());
       t.pages.pop_back();
@@ -127,7 +146,10 @@ class Paged {
   /// Mutable only for the metadata the attention accumulates (EntryMeta::attention_mass).
   EntryPool<Storage>& pool() { return pool_; }
   std::int64_t pages_total() const { return pages_; }
-  std::int64_t pages_free() const { return static_cast<std::int64_t>(free_.size()); }
+  std::int64_t pages_free() const {
+    const std::lock_guard lock(free_mutex_.m);
+    return static_cast<std::int64_t>(free_.size());
+  }
   std::int64_t pages_used(std::int64_t seq) const {
     std::int64_t used = 0;
     for (const auto& t : tables_.of(seq)) used += static_cast<std::int64_t>(t.pages.size());
@@ -141,6 +163,7 @@ class Paged {
   BlockTables tables_;
   EntryPool<Storage> pool_;
   std::vector<std::int32_t> free_;
+  detail::MovableMutex free_mutex_;  // guards free_: sequences on different threads share it
 };
 
 static_assert(Allocator<Paged<16, float>>, "memory::Paged must model kvpolicy::Allocator");

@@ -1,0 +1,205 @@
+/// \file
+/// kvpolicy/cpu/tiled_attention.hpp — the fast CPU attention over one kv head of a cache (SPEC §6),
+/// FlashAttention's scheme on Eigen: the head's G·T query rows (every query head of the group, every
+/// token of the step) go in blocks of up to kRowBlock rows; each block streams the head's entries in
+/// tiles of up to kTile, widened once per tile to fp32 (cpu/widen.hpp), and
+///   S = (Q_block / sqrt(d)) · K_tileᵀ            an Eigen matrix product
+///   S_rj = -inf where key j is not visible to row r (causal, WG-KV's vertical-slash mask, SPEC §3)
+///   m' = max(m, rowmax S);  P = exp(S - m');  l = l·e^(m - m') + rowsum P
+///   acc = acc·e^(m - m') + P · V_tile             an Eigen matrix product
+/// and o = acc / l at the end (0 for a row that saw no key). A tile wholly after a block's last
+/// query is skipped; a tile wholly before its first query, with no WG-KV mask, needs no mask at all.
+/// The G query heads of a group share every pass over K/V, so a decode step reads each entry once.
+/// With key_mass, a second pass adds each entry's probability from every row, P_rj = exp(S_rj - m_r)
+/// / l_r (H2O's accumulation, SPEC §5), from the rows' final (m, l): no attention matrix is kept.
+/// Same answers as attend_paged and attend_dense up to fp32 rounding (tests/test_attention.cpp).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <type_traits>
+#include <vector>
+
+#include <Eigen/Core>
+
+#include "kvpolicy/core/mask.hpp"
+#include "kvpolicy/core/view.hpp"
+#include "kvpolicy/cpu/widen.hpp"
+#include "kvpolicy/memory/pool.hpp"
+
+namespace kvpolicy::cpu {
+
+/// Block sizes of attend_tiled: a tile of 64 fp32 keys and values of d = 128 is 64 KiB, which stays
+/// in L2 while every row block of the step reads it.
+struct TiledAttentionTuning {
+  static constexpr std::int64_t kTile = 64;
+  static constexpr std::int64_t kRowBlock = 64;
+  /// Up to this many rows (a decode step: G query heads, T = 1) the logits are one matrix-vector
+  /// product per entry and P·V one rank-1 update per entry, on each entry where it lies: no tile
+  /// copy and no GEMM packing, whose cost a few rows would not amortize.
+  static constexpr std::int64_t kFewRows = 8;
+};
+
+namespace detail {
+
+using RowMatrixF = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+/// Scratch of one thread: reused across calls, so a decode step allocates nothing.
+struct TiledScratch {
+  RowMatrixF q, k, v, s, acc;
+  Eigen::VectorXf m, l, correction;
+  std::vector<std::int32_t> key_pos;
+  std::vector<float> key_gate;
+  std::vector<const float*> key_ptr, value_ptr;  // each entry's fp32 K and V: in the pool, or widened
+};
+
+inline TiledScratch& tiled_scratch() {
+  thread_local TiledScratch scratch;
+  return scratch;
+}
+
+}  // namespace detail
+
+template <class Storage>
+void attend_tiled(const memory::EntryPool<Storage>& pool, const memory::HeadLayout& head, int kv_head, int group,
+                  View<const float, 3> queries, std::span<const std::int32_t> q_pos, View<float, 3> out,
+                  std::span<float> key_mass = {}, AttentionMask mask = {}) {
+  using Tuning = TiledAttentionTuning;
+  constexpr float kMasked = -std::numeric_limits<float>::infinity();
+  const std::int64_t T = queries.dim(1), d = queries.dim(2), N = head.length;
+  const std::int64_t rows = std::int64_t{group} * T;  // row r = (query head r / T of the group, token r % T)
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  // The group's query heads are adjacent in [Hq, T, d]: its rows are one [G·T, d] block.
+  const Eigen::Map<const detail::RowMatrixF> q_all(&queries(std::int64_t{kv_head} * group, 0, 0), rows, d);
+  Eigen::Map<detail::RowMatrixF> out_all(&out(std::int64_t{kv_head} * group, 0, 0), rows, d);
+  auto& w = detail::tiled_scratch();
+  const std::int64_t row_block = std::min(rows, Tuning::kRowBlock);
+  w.q.resize(row_block, d);
+  w.acc.resize(row_block, d);
+  w.s.resize(row_block, Tuning::kTile);
+  w.k.resize(Tuning::kTile, d);
+  w.v.resize(Tuning::kTile, d);
+  w.key_pos.resize(Tuning::kTile);
+  w.key_gate.resize(Tuning::kTile);
+  w.key_ptr.resize(Tuning::kTile);
+  w.value_ptr.resize(Tuning::kTile);
+  const bool few_rows = row_block <= Tuning::kFewRows;
+  w.m.resize(row_block);
+  w.l.resize(row_block);
+  w.correction.resize(row_block);
+  const auto row_pos = [&](std::int64_t r) { return q_pos[static_cast<std::size_t>(r % T)]; };
+
+  // Widens entries [b0, b0 + nb) into the tile (fp32 with few rows: points at them in the pool);
+  // returns their (min, max) position.
+  const auto load_tile = [&](std::int64_t b0, std::int64_t nb, bool with_values) {
+    std::int32_t lo = std::numeric_limits<std::int32_t>::max(), hi = std::numeric_limits<std::int32_t>::min();
+    for (std::int64_t j = 0; j < nb; ++j) {
+      const std::int64_t slot = head.slot(b0 + j);
+      const auto jj = static_cast<std::size_t>(j);
+      if (std::is_same_v<Storage, float> && few_rows) {  // read in place: one entry at a time
+        w.key_ptr[jj] = reinterpret_cast<const float*>(pool.key(slot));
+        w.value_ptr[jj] = reinterpret_cast<const float*>(pool.value(slot));
+      } else {
+        widen(pool.key(slot), w.k.row(j).data(), d);
+        w.key_ptr[jj] = w.k.row(j).data();
+        if (with_values) {
+          widen(pool.value(slot), w.v.row(j).data(), d);
+          w.value_ptr[jj] = w.v.row(j).data();
+        }
+      }
+      const EntryMeta& meta = pool.meta(slot);
+      w.key_pos[static_cast<std::size_t>(j)] = meta.position;
+      w.key_gate[static_cast<std::size_t>(j)] = mask.reads_gate ? meta.gate : meta.log_beta;
+      lo = std::min(lo, meta.position);
+      hi = std::max(hi, meta.position);
+    }
+    return std::pair{lo, hi};
+  };
+  const auto visible = [&](std::int64_t r, std::int64_t j) {  // row r of the head, entry j of the tile
+    return mask.visible(w.key_pos[static_cast<std::size_t>(j)], w.key_gate[static_cast<std::size_t>(j)], row_pos(r));
+  };
+  // S = Q_block · K_tileᵀ with the invisible keys at -inf. kSkip when no key of the tile is visible
+  // to any row of the block (causality alone decides that), kMaskedTile when some S_rj is -inf.
+  enum TileKind { kSkip, kVisibleTile, kMaskedTile };
+  const auto logits = [&](std::int64_t r0, std::int64_t rb, std::int64_t nb, std::pair<std::int32_t, std::int32_t> span_pos,
+                          std::int32_t first_q, std::int32_t last_q) {
+    if (span_pos.first > last_q) return kSkip;
+    auto s = w.s.topLeftCorner(rb, nb);
+    if (few_rows)
+      for (std::int64_t j = 0; j < nb; ++j)
+        s.col(j).noalias() = w.q.topRows(rb) * Eigen::Map<const Eigen::VectorXf>(w.key_ptr[static_cast<std::size_t>(j)], d);
+    else
+      s.noalias() = w.q.topRows(rb) * w.k.topRows(nb).transpose();
+    if (mask.local == 0 && span_pos.second <= first_q) return kVisibleTile;
+    for (std::int64_t r = 0; r < rb; ++r)
+      for (std::int64_t j = 0; j < nb; ++j)
+        if (!visible(r0 + r, j)) s(r, j) = kMasked;
+    return kMaskedTile;
+  };
+
+  for (std::int64_t r0 = 0; r0 < rows; r0 += row_block) {
+    const std::int64_t rb = std::min(row_block, rows - r0);
+    std::int32_t first_q = std::numeric_limits<std::int32_t>::max(), last_q = std::numeric_limits<std::int32_t>::min();
+    for (std::int64_t r = r0; r < r0 + rb; ++r) {
+      first_q = std::min(first_q, row_pos(r));
+      last_q = std::max(last_q, row_pos(r));
+    }
+    w.q.topRows(rb) = q_all.middleRows(r0, rb) * scale;
+    w.acc.topRows(rb).setZero();
+    w.m.head(rb).setConstant(kMasked);
+    w.l.head(rb).setZero();
+    for (std::int64_t b0 = 0; b0 < N; b0 += Tuning::kTile) {
+      const std::int64_t nb = std::min(Tuning::kTile, N - b0);
+      const TileKind kind = logits(r0, rb, nb, load_tile(b0, nb, true), first_q, last_q);
+      if (kind == kSkip) continue;
+      auto s = w.s.topLeftCorner(rb, nb);
+      for (std::int64_t r = 0; r < rb; ++r) {
+        const float m_new = std::max(w.m(r), s.row(r).maxCoeff());
+        if (m_new == kMasked) {  // nothing visible to this row yet: P = 0, acc and l stay 0
+          w.correction(r) = 1.0f;
+          s.row(r).setZero();
+          continue;
+        }
+        w.correction(r) = std::exp(w.m(r) - m_new);  // 0 on the row's first visible tile
+        // One exp for every tile, so a masked tile's visible keys get the bits an unmasked tile's would.
+        s.row(r) = (s.row(r).array() - m_new).exp().matrix();
+        if (kind == kMaskedTile)  // a masked key adds exactly nothing (a vectorized exp(-inf) may not be 0)
+          for (std::int64_t j = 0; j < nb; ++j)
+            if (!visible(r0 + r, j)) s(r, j) = 0.0f;
+        w.l(r) = w.l(r) * w.correction(r) + s.row(r).sum();
+        w.m(r) = m_new;
+      }
+      w.acc.topRows(rb).array().colwise() *= w.correction.head(rb).array();
+      if (few_rows)
+        for (std::int64_t j = 0; j < nb; ++j)
+          w.acc.topRows(rb).noalias() +=
+              s.col(j) * Eigen::Map<const Eigen::RowVectorXf>(w.value_ptr[static_cast<std::size_t>(j)], d);
+      else
+        w.acc.topRows(rb).noalias() += s * w.v.topRows(nb);
+    }
+    for (std::int64_t r = 0; r < rb; ++r) {
+      const float inv = w.l(r) > 0.0f ? 1.0f / w.l(r) : 0.0f;
+      out_all.row(r0 + r) = w.acc.row(r) * inv;
+    }
+    if (key_mass.empty()) continue;
+    for (std::int64_t b0 = 0; b0 < N; b0 += Tuning::kTile) {  // P_rj = exp(S_rj - m_r) / l_r
+      const std::int64_t nb = std::min(Tuning::kTile, N - b0);
+      if (logits(r0, rb, nb, load_tile(b0, nb, false), first_q, last_q) == kSkip) continue;
+      for (std::int64_t r = 0; r < rb; ++r) {
+        if (w.l(r) == 0.0f) continue;
+        const float inv = 1.0f / w.l(r);
+        for (std::int64_t j = 0; j < nb; ++j) {
+          const float sj = w.s(r, j);
+          if (sj == kMasked) continue;
+          const float p = std::exp(sj - w.m(r)) * inv;
+          if (std::isfinite(p)) key_mass[static_cast<std::size_t>(b0 + j)] += p;  // a logit past fp32 adds nothing
+        }
+      }
+    }
+  }
+}
+
+}  // namespace kvpolicy::cpu
