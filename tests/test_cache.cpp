@@ -401,4 +401,8 @@ TEST_CASE("sizing: the page size comes from the allocator, bytes from its storag
                        doctest::Contains("trimkv_pages: the threshold variant (alpha = 0.5)"), Error);
   CHECK_THROWS_WITH_AS(dbtrimkv_pages(shape, {.budget = 8, .buffer = 0}, 1),
                        doctest::Contains("dbtrimkv_pages: budget M = 8, buffer B = 0"), Error);
+  // the free pages_for names its page size: 0 would divide by zero
+  CHECK(pages_for(shape, 33, 2, 16) == 2 * 6 * 3);
+  CHECK_THROWS_WITH_AS(pages_for(shape, 33, 2, 0), doctest::Contains("pages_for: page_size = 0 must be >= 1"), Error);
+  CHECK_THROWS_WITH_AS(pages_for(shape, -1, 2, 16), doctest::Contains("entries_per_head = -1"), Error);
 }

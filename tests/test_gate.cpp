@@ -149,7 +149,10 @@ TEST_CASE("rg10 gate: a layer whose tied copy differs is refused, naming the lay
   std::mt19937_64 rng(31);
   st::Writer w;
   auto r = rg10_file(rng, w, L, D, I, H);
-  CHECK_NOTHROW(gate::Rg10Gate::load(st::File::parse(w.bytes()), {L, D, H, I}));
+  const auto good = gate::Rg10Gate::load(st::File::parse(w.bytes()), {L, D, H, I});
+  CHECK_NOTHROW(good.layer(L - 1));
+  CHECK_THROWS_WITH_AS(good.layer(L), "kvpolicy: Rg10Gate::layer: layer 3 out of range [0, 3)", Error);
+  CHECK_THROWS_WITH_AS(good.layer(-1), doctest::Contains("layer -1 out of range"), Error);
   st::Writer edited;
   for (int l = 0; l < L; ++l) {
     const auto p = gate::Rg10Gate::prefix(l);

@@ -90,11 +90,13 @@ TEST_CASE("heatmaps: the map is beta_p^(t-p) and kept/evicted per step, with a l
   CHECK(dec.at(x, sw_y) == C::white);
 }
 
-TEST_CASE("heatmaps: a long trace is downsampled to max_side, and the legend names every token") {
+TEST_CASE("heatmaps: a long trace is downsampled to max_side, the legend below the smaller map") {
   Trace tr = tiny_trace();
   std::vector<std::int64_t> evicted_at(40, -1);
   const Image img = render_heatmap(HeatmapKind::decisions, tr, evicted_at, 0, 0, /*max_side=*/16);
   CHECK(img.height == 16 + HeatmapLegend::kBand);
   CHECK(img.at(15, 15) == HeatmapColors::blue);  // the last step sees the last token, kept
   CHECK(img.at(15, 0) == HeatmapColors::white);
+  CHECK(ink_pixels(img, 0, 16) == 0);
+  CHECK(ink_pixels(img, 16 + HeatmapLegend::kPad, 16 + HeatmapLegend::kPad + 10) > 20);
 }

@@ -2,13 +2,14 @@
 # Runs the CUDA path without a GPU: builds the CUDA tests, engine_cuda, the fault probes and
 # sim_ratios for GPGPU-Sim (the `gpusim` preset: sm_75, shared CUDA runtime, the gates' products
 # without cuBLAS) and runs the probes, the tests and engine_cuda under the simulator's functional
-# mode, one test case per simulator process, with
+# mode, one test case per simulator process (as many at once as there are cores), with
 # the tests scaled down (KVPOLICY_CUDA_TEST_SCALE, default 8 here: fewer random seeds, shorter
 # heads; every kernel, dtype and HEAD_DIM instantiation still runs). Fails on any failing case and
 # on any PTX syntax error in the simulator's log (after one, the simulator carries on and crashes
 # later). The simulator is found, never built, here: docs/gpusim.md says how to install it.
 #   tools/gpusim-check.sh [PREFIX]     (default /opt/kvpolicy-gpusim; OUT=dir keeps the logs there;
-#                                        KVPOLICY_GPUSIM_CASES=regex runs only the matching cases)
+#                                        KVPOLICY_GPUSIM_CASES=regex runs only the matching cases;
+#                                        KVPOLICY_GPUSIM_JOBS=n simulators at once, default every core)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 prefix=${1:-/opt/kvpolicy-gpusim}
@@ -59,17 +60,50 @@ async_fault=0
 run_sim "$out/probe_async_pageable.log" "$root/build/gpusim/tests/cuda/kvpolicy_probe_async_pageable" || async_fault=1
 printf 'gpusim: probe %-89s %s  %s\n' "async_pageable" "$([ $async_fault = 1 ] && echo "shows the simulator's fault" || echo passed)" \
   "$(grep -a 'async pageable' "$out/probe_async_pageable.log" || true)"
-n=0
 # The case names, from the sources: the binary lists nothing without a device.
-while IFS= read -r name; do
-  n=$((n + 1))
-  pattern=${name//,/?}  # doctest splits filters on commas
+mapfile -t cases < <(grep -ho 'TEST_CASE("[^"]*")' tests/cuda/*.cu | grep -v 'test_suite("host")' |
+                     sed 's/^TEST_CASE("//; s/")$//' | grep -E -- "${KVPOLICY_GPUSIM_CASES:-.}")
+# Each simulator process runs on one core: KVPOLICY_GPUSIM_JOBS of them at once (default: every core).
+# A case writes its line to case<n>.result; the lines are printed in the sources' order at the end.
+jobs_max=${KVPOLICY_GPUSIM_JOBS:-$(nproc)}
+if ! [[ $jobs_max =~ ^[1-9][0-9]*$ ]]; then
+  echo "gpusim: KVPOLICY_GPUSIM_JOBS = '$jobs_max' must be an integer >= 1" >&2
+  exit 2
+fi
+if [ ${#cases[@]} -eq 0 ]; then
+  echo "gpusim: no test case matches KVPOLICY_GPUSIM_CASES = '${KVPOLICY_GPUSIM_CASES:-}'" >&2
+  exit 2
+fi
+run_case() {  # n, name
+  local n=$1 name=$2 start status summary
   start=$(date +%s)
-  if run_sim "$out/case$n.log" "$root/$tests" --test-case="$pattern"; then status=passed; else status="FAILED (rc $?)"; failed=1; fi
-  summary=$(grep -E '^\[doctest\] (test cases|assertions)' "$out/case$n.log" | tr -s ' ' | tr '\n' ' ')
-  printf 'gpusim: %-95s %s, %ss  %s\n' "$name" "$status" "$(( $(date +%s) - start ))" "$summary"
-done < <(grep -ho 'TEST_CASE("[^"]*")' tests/cuda/*.cu | grep -v 'test_suite("host")' | sed 's/^TEST_CASE("//; s/")$//' |
-         grep -E -- "${KVPOLICY_GPUSIM_CASES:-.}")
+  if run_sim "$out/case$n.log" "$root/$tests" --test-case="${name//,/?}"; then  # doctest splits filters on commas
+    status=passed
+    # a filter that ran nothing is not a pass
+    if ! grep -Eq '^\[doctest\] test cases: +[1-9]' "$out/case$n.log"; then status="FAILED (rc 0: the filter ran no test case)"; fi
+  else
+    status="FAILED (rc $?)"
+  fi
+  summary=$(grep -E '^\[doctest\] (test cases|assertions)' "$out/case$n.log" | tr -s ' ' | tr '\n' ' ' || true)
+  printf 'gpusim: %-95s %s, %ss  %s\n' "$name" "$status" "$(( $(date +%s) - start ))" "$summary" >"$out/case$n.result"
+}
+rm -f "$out"/case*.result
+trap 'kill $(jobs -p) 2>/dev/null || true' EXIT  # an interrupted check leaves no simulator behind
+n=0
+for name in "${cases[@]}"; do
+  n=$((n + 1))
+  while [ "$(jobs -rp | wc -l)" -ge "$jobs_max" ]; do wait -n || true; done
+  run_case "$n" "$name" &
+done
+wait
+for i in $(seq 1 "$n"); do
+  if [ ! -f "$out/case$i.result" ]; then
+    echo "gpusim: case $i (${cases[$((i - 1))]}) left no result" >&2; failed=1; continue
+  fi
+  cat "$out/case$i.result"
+  if grep -q " FAILED (rc" "$out/case$i.result"; then failed=1; fi
+done
+trap - EXIT
 
 start=$(date +%s)
 if run_sim "$out/engine_cuda.log" "$root/build/gpusim/examples/engine_cuda"; then

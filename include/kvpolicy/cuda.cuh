@@ -2,8 +2,11 @@
 /// kvpolicy/cuda.cuh — the CUDA path (DESIGN, Device path): views over engine-owned device memory
 /// and the kernels every policy step is made of — append, scoring, per-head and pooled top-K,
 /// compaction, paged decode attention, the retention gates — and the Cache composition on the GPU
-/// (Backend = cuda_backend: TrimKVCache<cuda_backend>, DBTrimKVCache<cuda_backend>). Every entry point takes a cudaStream_t,
-/// sizes its scratch in two phases, never allocates or synchronises, and checks every launch.
+/// (Backend = cuda_backend: TrimKVCache<cuda_backend>, DBTrimKVCache<cuda_backend>). Every kernel entry
+/// point in kvpolicy::cuda takes a cudaStream_t, sizes its scratch in two phases, never allocates or
+/// synchronises, and checks every launch. Cache<cuda_backend> is the convenience layer above them: it
+/// allocates its pool and scratch when constructed and synchronises its stream on each call
+/// (cuda/cache.cuh).
 /// Needs nvcc (C++20) and links CUDA::cudart and CUDA::cublas (the target kvpolicy::cuda).
 #pragma once
 

@@ -45,6 +45,8 @@ using TrimKVKNormCache = Cache<score::KNormRetention, admit::All, evict::PerHead
 /// to repeat) or a preset's bound (trimkv_pages, dbtrimkv_pages, baseline_pages).
 inline std::int64_t pages_for(const CacheShape& shape, std::int64_t entries_per_head, std::int64_t sequences,
                               std::int64_t page_size) {
+  require(page_size >= 1 && entries_per_head >= 0 && sequences >= 0, "pages_for: page_size = ", page_size,
+          " must be >= 1, entries_per_head = ", entries_per_head, " and sequences = ", sequences, " >= 0");
   return sequences * shape.heads_total() * ((entries_per_head + page_size - 1) / page_size);
 }
 

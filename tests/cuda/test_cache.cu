@@ -323,3 +323,10 @@ TEST_CASE("Cache<cuda_backend>: errors as on the CPU, and a refused or aborted s
   CHECK(gpu.tokens(0) == 20);
   CHECK_THROWS_WITH(gpu.entry(0, 0, 1, 0), doctest::Contains("head 1 out of range"));
 }
+
+TEST_CASE("Cache<cuda_backend>: an evictor's horizon its scorer lacks is refused before any allocation, as on the CPU" *
+          doctest::test_suite("host")) {
+  const kp::CacheShape shape{2, 2, 2, 64};
+  CHECK_THROWS_WITH_AS(kp::DBTrimKVCache<kp::cuda_backend>(shape, kp::memory::Paged<16>(64), kp::dbtrimkv_evictor({.horizon = 5})),
+                       doctest::Contains("the config's horizon h = 5 is not the scorer's h = 2"), kp::Error);
+}

@@ -202,4 +202,18 @@ void attend_tiled(const memory::EntryPool<Storage>& pool, const memory::HeadLayo
   }
 }
 
+// Compiling the kernel once instead of in every translation unit (it is most of a TU's compile time
+// under the sanitizers): define KVPOLICY_EXTERN_TILED_ATTENTION in every TU of the program, and
+// include kvpolicy/cpu/tiled_attention_instances.hpp in exactly one, built with the same flags.
+#if defined(KVPOLICY_EXTERN_TILED_ATTENTION)
+#define KVPOLICY_TILED_ATTENTION_INSTANCE(Storage)                                                                    \
+  extern template void attend_tiled<Storage>(const memory::EntryPool<Storage>&, const memory::HeadLayout&, int, int, \
+                                             View<const float, 3>, std::span<const std::int32_t>, View<float, 3>,   \
+                                             std::span<float>, AttentionMask);
+KVPOLICY_TILED_ATTENTION_INSTANCE(float)
+KVPOLICY_TILED_ATTENTION_INSTANCE(half)
+KVPOLICY_TILED_ATTENTION_INSTANCE(bfloat16)
+#undef KVPOLICY_TILED_ATTENTION_INSTANCE
+#endif
+
 }  // namespace kvpolicy::cpu

@@ -184,6 +184,9 @@ class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
         pages_(static_cast<std::int32_t>(allocator.pages_total())) {
     evictor_.validate(shape_);
     scorer_.validate();
+    if constexpr (requires { admitter_.validate(); }) admitter_.validate();
+    // as on the CPU (cache.hpp): an evictor's config may not name a scorer the cache was not given
+    if constexpr (requires { evictor_.validate_scorer(scorer_); }) evictor_.validate_scorer(scorer_);
     const int d = shape_.head_dim;
     require(d == 64 || d == 128 || d == 256, "Cache<cuda_backend>: head_dim = ", d, " has no kernel (64, 128 or 256)");
     rule_ = cuda::detail::rule_of(evictor_, shape_);

@@ -85,7 +85,11 @@ class Rg10Gate {
   /// The tied readout every layer shares: W3 [Hkv, I] and b [Hkv, 1].
   const RowMatrix& readout_weight() const { return w3_; }
   const RowMatrix& readout_bias() const { return b_; }
-  const Layer& layer(int l) const { return layers_.at(static_cast<std::size_t>(l)); }
+  const Layer& layer(int l) const {
+    require(l >= 0 && static_cast<std::size_t>(l) < layers_.size(), "Rg10Gate::layer: layer ", l, " out of range [0, ",
+            layers_.size(), ")");
+    return layers_[static_cast<std::size_t>(l)];
+  }
 
  private:
   Rg10GateConfig config_;
