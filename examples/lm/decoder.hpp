@@ -7,6 +7,7 @@
 // the rows asked for from the final RMSNorm and the output head.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -25,9 +26,27 @@ namespace kvpolicy::lm {
 /// What a policy needs of a layer's new entries of sequence `seq`, besides K and V: fills out [Hkv, T] (log_beta, a
 /// frozen score or WG-KV's g). h [T, D] is the layer's normed input, keys_pre/keys/values [Hkv, T, d]
 /// (keys before and after RoPE). Empty: zeros (policies that ignore it).
-using EntryMetadata = std::function<void(std::int64_t seq, int layer, const Matrix& h, const std::vector<float>& keys_pre,
+using LayerMetadata = std::function<void(std::int64_t seq, int layer, const Matrix& h, const std::vector<float>& keys_pre,
                                          const std::vector<float>& keys, const std::vector<float>& values,
                                          std::int64_t T, float* out)>;
+
+/// EpiKV's score (SPEC §4): one frozen score per token from the hidden states of bands A and B, in
+/// HF output_hidden_states indexing (0 = the embeddings, l = the residual stream after layer l - 1,
+/// L = the final RMSNorm's output). Band B exists only after layer B - 1, long after layer 0 has
+/// appended its entries, so the step appends them with a placeholder and sets every layer's scores
+/// (Cache::set_step_scores) before commit, where the eviction reads them. score(seq, h_a, h_b, out)
+/// fills out [T] from h_a, h_b [T, D].
+struct HiddenStateScore {
+  int band_a = -1, band_b = -1;
+  std::function<void(std::int64_t seq, const Matrix& h_a, const Matrix& h_b, float* out)> score;
+  explicit operator bool() const { return static_cast<bool>(score); }
+};
+
+/// Everything a policy takes from the forward pass: per-layer metadata, or the hidden-state score.
+struct EntryMetadata {
+  LayerMetadata layer;
+  HiddenStateScore hidden;
+};
 
 class Decoder {
  public:
@@ -53,12 +72,16 @@ class Decoder {
     for (std::int64_t t = 0; t < T; ++t) {
       const int id = tokens[static_cast<std::size_t>(t)];
       require(id >= 0 && id < c_.vocab, "kvpolicy-lm: token id ", id, " is not in [0, ", c_.vocab, ")");
-      x.row(t) = m_.embed.row(id);
+      x.row(t) = m_.embed.dense.row(id);
     }
     Matrix h, q, k, v, o, gate, up;
     std::vector<float> qh(static_cast<std::size_t>(Hq * T * d)), kh_pre(static_cast<std::size_t>(Hkv * T * d)),
         kh(kh_pre.size()), vh(kh_pre.size()), oh(qh.size()), meta(static_cast<std::size_t>(Hkv * T));
+    const HiddenStateScore& hidden = metadata.hidden;
+    Matrix band_a, band_b;  // EpiKV's hidden states of this step's tokens
     for (int l = 0; l < c_.layers; ++l) {
+      if (hidden && l == hidden.band_a) band_a = x;
+      if (hidden && l == hidden.band_b) band_b = x;
       const LayerWeights& w = m_.layers[static_cast<std::size_t>(l)];
       rms_norm(x, w.attn_norm, h);
       project(h, w.wq, q);
@@ -71,7 +94,7 @@ class Decoder {
       to_heads(k, Hkv, kh);
       to_heads(v, Hkv, vh);
       std::fill(meta.begin(), meta.end(), 0.0f);
-      if (metadata) metadata(seq, l, h, kh_pre, kh, vh, T, meta.data());
+      if (metadata.layer) metadata.layer(seq, l, h, kh_pre, kh, vh, T, meta.data());
       cache.append(seq, l, View<const float, 3>(kh.data(), {Hkv, T, d}), View<const float, 3>(vh.data(), {Hkv, T, d}),
                    View<const float, 2>(meta.data(), {Hkv, T}));
       cache.attend(seq, l, View<const float, 3>(qh.data(), {Hq, T, d}), View<float, 3>(oh.data(), {Hq, T, d}));
@@ -83,6 +106,7 @@ class Decoder {
       gate = gate.unaryExpr([](float g) { return g / (1.0f + std::exp(-g)); }).cwiseProduct(up);
       project(gate, w.w_down, x, /*accumulate=*/true);
     }
+    if (hidden) set_hidden_scores(cache, seq, x, T, band_a, band_b, hidden);
     auto report = cache.commit(seq);
     if (logits != nullptr) {
       const std::int64_t rows = logit_rows <= 0 ? T : std::min(logit_rows, T);
@@ -94,31 +118,56 @@ class Decoder {
   }
 
  private:
+  // SPEC §4: the step's T scores from bands A and B, the same in every layer and kv head.
+  template <class CacheT>
+  void set_hidden_scores(CacheT& cache, std::int64_t seq, const Matrix& x, std::int64_t T, Matrix& band_a, Matrix& band_b,
+                         const HiddenStateScore& hidden) const {
+    if constexpr (requires { cache.set_step_scores(seq, 0, View<const float, 2>{}); }) {
+      if (hidden.band_a == c_.layers) rms_norm(x, m_.output_norm, band_a);  // HF's last hidden state is normed
+      if (hidden.band_b == c_.layers) rms_norm(x, m_.output_norm, band_b);
+      std::vector<float> token_scores(static_cast<std::size_t>(T)), scores(static_cast<std::size_t>(c_.kv_heads * T));
+      hidden.score(seq, band_a, band_b, token_scores.data());
+      for (int h = 0; h < c_.kv_heads; ++h)
+        std::copy(token_scores.begin(), token_scores.end(), scores.begin() + static_cast<std::ptrdiff_t>(h * T));
+      for (int l = 0; l < c_.layers; ++l)
+        cache.set_step_scores(seq, l, View<const float, 2>(scores.data(), {c_.kv_heads, T}));
+    } else {
+      fail("kvpolicy-lm: a hidden-state score needs a cache with a frozen-score Scorer (EpiKVCache)");
+    }
+  }
+
   // out = a W^T (or out += a W^T), W [out, in] row-major. Eigen spreads matrix-matrix products over
   // OpenMP's threads but runs a matrix-vector product on one, so a decode step (a few rows) splits
-  // W's rows over the threads here: each thread streams its own slice of the weights. Every output
-  // is the same dot product either way; with one thread this is Eigen's product.
-  static void project(const Matrix& a, const Matrix& W, Matrix& out, bool accumulate = false) {
+  // W's rows over the threads here: each thread streams its own slice of the weights. A few rows
+  // read the GGUF's blocks where the model has them (quant.hpp: a fifth of F32's bytes); otherwise
+  // every output is the same dot product either way, and with one thread this is Eigen's product.
+  static void project(const Matrix& a, const Weight& W, Matrix& out, bool accumulate = false) {
+    const Eigen::Index n = W.dense.rows();
+    const bool few = a.rows() < kFewRows, blocks = few && !W.blocks.empty();
+    const auto rows = [&](Eigen::Index r0, Eigen::Index r1) {
+      if (blocks) {
+        thread_local Eigen::VectorXf row;  // one row of W widened to fp32
+        quant_product(a, W.blocks, out, r0, r1, accumulate, row);
+      } else if (accumulate) {
+        out.middleCols(r0, r1 - r0).noalias() += a * W.dense.middleRows(r0, r1 - r0).transpose();
+      } else {
+        out.middleCols(r0, r1 - r0).noalias() = a * W.dense.middleRows(r0, r1 - r0).transpose();
+      }
+    };
+    if (!accumulate) out.resize(a.rows(), n);
 #ifdef _OPENMP
     const int threads = omp_get_max_threads();
-    if (a.rows() < kFewRows && threads > 1 && !omp_in_parallel()) {
-      if (!accumulate) out.resize(a.rows(), W.rows());
-      const Eigen::Index n = W.rows();
+    if (few && threads > 1 && !omp_in_parallel()) {
 #pragma omp parallel for num_threads(threads) schedule(static)
-      for (int t = 0; t < threads; ++t) {
-        const Eigen::Index r0 = n * t / threads, r1 = n * (t + 1) / threads;
-        if (accumulate)
-          out.middleCols(r0, r1 - r0).noalias() += a * W.middleRows(r0, r1 - r0).transpose();
-        else
-          out.middleCols(r0, r1 - r0).noalias() = a * W.middleRows(r0, r1 - r0).transpose();
-      }
+      for (int t = 0; t < threads; ++t) rows(n * t / threads, n * (t + 1) / threads);
       return;
     }
 #endif
+    if (blocks) return rows(0, n);
     if (accumulate)
-      out.noalias() += a * W.transpose();
+      out.noalias() += a * W.dense.transpose();
     else
-      out.noalias() = a * W.transpose();
+      out.noalias() = a * W.dense.transpose();
   }
   static constexpr Eigen::Index kFewRows = 8;  // below this, a product is a few matrix-vector ones
 

@@ -39,17 +39,25 @@ const char* kUsage = R"(kvpolicy-lm: a LLaMA-family model on the CPU, its K/V in
 
 model:   --model DIR       config.json, model.safetensors, tokenizer.json (tools/fetch-model.sh)
          --threads N       threads for the matrix products (OpenMP builds; default: all)
+         --decode-weights W  gguf (default): decode steps read the GGUF's Q4_1/Q8_0 blocks
+                           (model.quant.safetensors; 96 MB a token instead of 540 MB), widened
+                           to the F32 file's exact values; f32: F32 everywhere. Prefill always
+                           reads F32.
 steps:   --prefill P       the first step's tokens, declared as the prompt (default: --chunk)
          --chunk C         tokens per later step of a text (default 16); generation decodes 1
 policy:  --policy P        full (default), streamingllm, h2o, snapkv, knorm, keydiff, random,
-                           kv-key, kv-val, lag-kv, and with --gate: trimkv, dbtrimkv, wgkv
-         --budget M        entries per (layer, kv head) (default 256; K for kv-key/kv-val/lag-kv)
+                           kv-key, kv-val, lag-kv, epikv, hs-var, and with --gate: trimkv,
+                           dbtrimkv, wgkv
+         --budget M        entries per (layer, kv head) (default 256; K, the generated tokens
+                           kept, for kv-key/kv-val/lag-kv/epikv/hs-var)
          --buffer B        eviction runs when a head reaches M + B (default 16)
          --sinks S         the S oldest entries of each head are protected, every policy
                            (default 4 for streamingllm, 0 elsewhere)
          --window w        the w newest are protected, every policy but wgkv (its ring,
                            --local) (default 0; h2o: 0 = M/2; snapkv: W_obs, 0 = min(32, M))
-         --recency R       kv-key, kv-val, lag-kv: newest kept (default min(128, M/4))
+         --recency R       kv-key, kv-val, lag-kv, epikv, hs-var: newest kept (default min(128, M/4))
+         --band-a A, --band-b B  epikv, hs-var: the hidden states scored, HF indexing (0 = the
+                           embeddings, l = after layer l-1; default 10 and 21, SPEC §4)
          --seed N          random (default 0)
          --gate FILE       the trained gate of trimkv, dbtrimkv or wgkv (safetensors, SPEC names)
          --local W, --tau t  wgkv (default 256, 0.1)
@@ -61,6 +69,7 @@ struct Args {
   std::vector<std::string> prompts;
   std::int64_t tokens = 1024, score_from = 1, prefill = 0, chunk = 16, generate = 0;
   int threads = 0;
+  DecodeWeights decode_weights = DecodeWeights::gguf;
   PolicyOptions policy;
 };
 
@@ -88,12 +97,21 @@ Args parse(int argc, char** argv) {
     else if (f == "--chunk") a.chunk = cli::integer(f, v);
     else if (f == "--generate") a.generate = cli::integer(f, v);
     else if (f == "--threads") a.threads = static_cast<int>(cli::integer(f, v));
+    else if (f == "--decode-weights") {
+      require(v == "gguf" || v == "f32", "--decode-weights '", v, "' must be gguf or f32");
+      a.decode_weights = v == "gguf" ? DecodeWeights::gguf : DecodeWeights::f32;
+    }
     else if (f == "--policy") a.policy.name = v;
     else if (f == "--budget") a.policy.budget = cli::integer(f, v);
     else if (f == "--buffer") a.policy.buffer = cli::integer(f, v);
     else if (f == "--sinks") a.policy.sinks = cli::integer(f, v);
     else if (f == "--window") a.policy.window = cli::integer(f, v);
     else if (f == "--recency") a.policy.recency = cli::integer(f, v);
+    else if (f == "--band-a" || f == "--band-b") {
+      const std::int64_t band = cli::integer(f, v);
+      require(band >= 0 && band <= 1 << 20, f, " ", v, " must be a hidden-state index (>= 0)");
+      (f == "--band-a" ? a.policy.band_a : a.policy.band_b) = static_cast<int>(band);
+    }
     else if (f == "--seed") a.policy.seed = static_cast<std::uint64_t>(cli::integer(f, v));
     else if (f == "--gate") a.policy.gate = v;
     else if (f == "--local") a.policy.local = cli::integer(f, v);
@@ -248,7 +266,7 @@ int main(int argc, char** argv) {
 #ifdef _OPENMP
     if (a.threads > 0) omp_set_num_threads(a.threads);
 #endif
-    const Model model = Model::load(a.model);
+    const Model model = Model::load(a.model, a.decode_weights);
     const Tokenizer tok = Tokenizer::load(a.model + "/tokenizer.json");
     require(tok.vocab_size() == model.config.vocab, "kvpolicy-lm: the tokenizer has ", tok.vocab_size(),
             " tokens and the model ", model.config.vocab);

@@ -1,9 +1,12 @@
-// kvpolicy-lm's model: a LLaMA-family decoder's configuration and F32 weights, as
-// tools/gguf_to_lm.py writes them (config.json, model.safetensors under the GGUF tensor names).
+// kvpolicy-lm's model: a LLaMA-family decoder's configuration and weights, as tools/gguf_to_lm.py
+// writes them (config.json, model.safetensors: F32 under the GGUF tensor names;
+// model.quant.safetensors: the GGUF's Q4_1/Q8_0 blocks, which decode steps read).
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -13,6 +16,7 @@
 #include "kvpolicy/core/error.hpp"
 #include "kvpolicy/core/shape.hpp"
 #include "kvpolicy/gate/safetensors.hpp"
+#include "quant.hpp"
 
 namespace kvpolicy::lm {
 
@@ -82,39 +86,64 @@ struct Config {
   }
 };
 
+/// A weight matrix [out, in]: F32 for every product, and the GGUF's blocks (when loaded) for the
+/// products of a few rows (decode steps), which are bound by the bytes of weights they read.
+struct Weight {
+  Matrix dense;
+  QuantMatrix blocks;  // empty: F32 only
+};
+
 struct LayerWeights {
   Vector attn_norm, ffn_norm;                     // [D]
-  Matrix wq, wk, wv, wo, w_gate, w_up, w_down;    // [out, in]
+  Weight wq, wk, wv, wo, w_gate, w_up, w_down;    // [out, in]
+};
+
+/// Which weights the decode steps read.
+enum class DecodeWeights {
+  gguf,  ///< the GGUF's blocks where the model has them (model.quant.safetensors), F32 elsewhere
+  f32    ///< F32 everywhere (prefill always reads F32)
 };
 
 struct Model {
   Config config;
-  Matrix embed;       // [V, D]: token embeddings, and the output head when tied
-  Matrix output;      // [V, D] when not tied; empty otherwise
+  Weight embed;        // [V, D]: token embeddings, and the output head when tied
+  Weight output;       // [V, D] when not tied; empty otherwise
   Vector output_norm;  // [D]
   std::vector<LayerWeights> layers;
 
-  const Matrix& head() const { return config.tied_output ? embed : output; }
+  const Weight& head() const { return config.tied_output ? embed : output; }
 
-  /// dir: config.json + model.safetensors (tools/gguf_to_lm.py). Every shape is checked.
-  static Model load(const std::string& dir) {
+  /// dir: config.json + model.safetensors (tools/gguf_to_lm.py), and with DecodeWeights::gguf its
+  /// model.quant.safetensors. Every shape is checked.
+  static Model load(const std::string& dir, DecodeWeights decode = DecodeWeights::gguf) {
     Model m;
     m.config = Config::load(dir + "/config.json");
     const Config& c = m.config;
     const auto f = safetensors::File::read(dir + "/model.safetensors");
+    std::optional<safetensors::File> q;
+    if (decode == DecodeWeights::gguf) {
+      const std::string path = dir + "/model.quant.safetensors";
+      std::error_code ec;
+      require(std::filesystem::exists(path, ec), "kvpolicy-lm: '", path,
+              "' is missing: convert the model again (tools/fetch-model.sh) or decode from F32 (--decode-weights f32)");
+      q = safetensors::File::read(path);
+    }
     const std::int64_t D = c.hidden, F = c.ffn, d = c.head_dim;
-    m.embed = matrix(f, "token_embd.weight", c.vocab, D);
-    if (!c.tied_output) m.output = matrix(f, "output.weight", c.vocab, D);
+    const auto weight = [&](const std::string& name, std::int64_t rows, std::int64_t cols) {
+      return Weight{matrix(f, name, rows, cols), q ? blocks(*q, name, rows, cols) : QuantMatrix{}};
+    };
+    m.embed = weight("token_embd.weight", c.vocab, D);
+    if (!c.tied_output) m.output = weight("output.weight", c.vocab, D);
     m.output_norm = vector(f, "output_norm.weight", D);
     for (int l = 0; l < c.layers; ++l) {
       const std::string p = "blk." + std::to_string(l) + ".";
       m.layers.push_back(LayerWeights{vector(f, p + "attn_norm.weight", D), vector(f, p + "ffn_norm.weight", D),
-                                      matrix(f, p + "attn_q.weight", c.q_heads * d, D),
-                                      matrix(f, p + "attn_k.weight", c.kv_heads * d, D),
-                                      matrix(f, p + "attn_v.weight", c.kv_heads * d, D),
-                                      matrix(f, p + "attn_output.weight", D, c.q_heads * d),
-                                      matrix(f, p + "ffn_gate.weight", F, D), matrix(f, p + "ffn_up.weight", F, D),
-                                      matrix(f, p + "ffn_down.weight", D, F)});
+                                      weight(p + "attn_q.weight", c.q_heads * d, D),
+                                      weight(p + "attn_k.weight", c.kv_heads * d, D),
+                                      weight(p + "attn_v.weight", c.kv_heads * d, D),
+                                      weight(p + "attn_output.weight", D, c.q_heads * d),
+                                      weight(p + "ffn_gate.weight", F, D), weight(p + "ffn_up.weight", F, D),
+                                      weight(p + "ffn_down.weight", D, F)});
     }
     return m;
   }
@@ -123,6 +152,26 @@ struct Model {
   static Matrix matrix(const safetensors::File& f, const std::string& name, std::int64_t rows, std::int64_t cols) {
     const auto v = f.floats(name, {rows, cols}, true);
     return Eigen::Map<const Matrix>(v.data(), rows, cols);
+  }
+  // The tensor's ggml blocks (U8 [rows, row bytes], its type in the metadata); none when the
+  // GGUF stored it as F32.
+  static QuantMatrix blocks(const safetensors::File& q, const std::string& name, std::int64_t rows, std::int64_t cols) {
+    if (!q.contains(name)) return {};
+    const auto kind = q.metadata().find(name);
+    require(kind != q.metadata().end() && (kind->second == "Q4_1" || kind->second == "Q8_0"), "kvpolicy-lm: '",
+            q.source(), "': tensor '", name, "' has no ggml type Q4_1 or Q8_0 in the metadata");
+    QuantMatrix m;
+    m.format = kind->second == "Q4_1" ? BlockFormat::q4_1 : BlockFormat::q8_0;
+    m.rows = rows;
+    m.cols = cols;
+    const safetensors::TensorInfo& info = q.info(name);
+    require(info.dtype == safetensors::DType::U8 && info.shape == std::vector<std::int64_t>{rows, m.row_bytes()},
+            "kvpolicy-lm: '", q.source(), "': tensor '", name, "' is ", safetensors::dtype_name(info.dtype), " ",
+            safetensors::shape_string(info.shape), ", want U8 [", rows, ", ", m.row_bytes(), "] of ", kind->second, " blocks");
+    const auto bytes = q.raw(name);
+    m.blocks.assign(bytes.begin(), bytes.end());
+    m.validate(name);
+    return m;
   }
   static Vector vector(const safetensors::File& f, const std::string& name, std::int64_t n) {
     const auto v = f.floats(name, {n}, true);

@@ -30,6 +30,7 @@ struct PolicyOptions {
   std::int64_t sinks = -1;     // S protected oldest entries per head; -1 = SPEC §5's default (4 for streamingllm, else 0)
   std::int64_t window = 0;     // w protected newest entries per head, every policy (h2o: 0 = M/2; snapkv: W_obs, 0 = min(32, M))
   std::int64_t recency = -1;   // R (EpiKV family)
+  int band_a = 10, band_b = 21;  // epikv, hs-var: hidden-state bands A and B (SPEC §4's defaults)
   std::uint64_t seed = 0;      // random
   std::string gate;            // trimkv, dbtrimkv, wgkv: the gate's safetensors file
   std::int64_t local = 256;    // W_local (wgkv)
@@ -38,14 +39,14 @@ struct PolicyOptions {
 
 inline const std::vector<std::string>& policy_names() {
   static const std::vector<std::string> names{"full",   "streamingllm", "h2o",    "snapkv", "knorm",    "keydiff", "random",
-                                              "kv-key", "kv-val",       "lag-kv", "trimkv", "dbtrimkv", "wgkv"};
+                                              "kv-key", "kv-val",       "lag-kv", "epikv",  "hs-var",   "trimkv",  "dbtrimkv", "wgkv"};
   return names;
 }
 
 /// The gate-free policies (every one but the learned gates'), the quality table's rows.
 inline const std::vector<std::string>& gate_free_policies() {
   static const std::vector<std::string> names{"streamingllm", "h2o", "snapkv", "knorm", "keydiff", "random",
-                                              "kv-key", "kv-val", "lag-kv"};
+                                              "kv-key", "kv-val", "lag-kv", "epikv", "hs-var"};
   return names;
 }
 
@@ -116,7 +117,7 @@ decltype(auto) with_policy(const PolicyOptions& o, const Config& c, std::int64_t
                                            : kvstats::Statistic::lag;
     // one tracker per sequence: the statistics follow each sequence's own tokens
     auto trackers = std::make_shared<std::map<std::int64_t, kvstats::Tracker>>();
-    const EntryMetadata scores = [trackers, shape, stat](std::int64_t seq, int l, const Matrix&, const std::vector<float>&,
+    const LayerMetadata scores = [trackers, shape, stat](std::int64_t seq, int l, const Matrix&, const std::vector<float>&,
                                                          const std::vector<float>& k, const std::vector<float>& v,
                                                          std::int64_t T, float* out) {
       auto it = trackers->try_emplace(seq, shape, kvstats::Config{stat, 64}).first;
@@ -125,24 +126,45 @@ decltype(auto) with_policy(const PolicyOptions& o, const Config& c, std::int64_t
                     View<float, 2>(out, {shape.kv_heads, T}));
     };
     EpiKVCache<> cache(shape, std::move(pool), epikv_evictor({o.budget, o.recency, sinks, o.window}));
-    return f(cache, scores);
+    return f(cache, EntryMetadata{scores, {}});
+  }
+  if (o.name == "epikv" || o.name == "hs-var") {  // SPEC §4: one score per token from two hidden-state bands
+    require(o.band_a >= 0 && o.band_a <= c.layers && o.band_b >= 0 && o.band_b <= c.layers, "kvpolicy-lm: --band-a ",
+            o.band_a, " and --band-b ", o.band_b, " must be hidden-state indices in [0, ", c.layers,
+            "] (0 = embeddings, ", c.layers, " = the final norm's output)");
+    epiphany::SignalConfig config;
+    config.band_a = o.band_a;
+    config.band_b = o.band_b;
+    config.variant = o.name == "epikv" ? epiphany::Variant::epikv : epiphany::Variant::hs_var;
+    // one signal per sequence: g(t) and the rolling windows follow each sequence's own tokens
+    auto signals = std::make_shared<std::map<std::int64_t, epiphany::Signal>>();
+    EntryMetadata m;
+    m.hidden = {o.band_a, o.band_b,
+                [signals, config, D = c.hidden](std::int64_t seq, const Matrix& h_a, const Matrix& h_b, float* out) {
+                  const std::int64_t T = h_a.rows();
+                  auto it = signals->try_emplace(seq, config, D).first;
+                  it->second.push(View<const float, 2>(h_a.data(), {T, D}), View<const float, 2>(h_b.data(), {T, D}),
+                                  std::span<float>(out, static_cast<std::size_t>(T)));
+                }};
+    EpiKVCache<> cache(shape, std::move(pool), epikv_evictor({o.budget, o.recency, sinks, o.window}));
+    return f(cache, m);
   }
   if (o.name == "trimkv") {  // SPEC §1: log_beta from the retention gate on the layer's normed input
     const auto file = safetensors::File::read(o.gate);
     const int inner = static_cast<int>(file.info(gate::RetentionGate::prefix(0) + "linear1.weight").shape.at(0));
     auto g = std::make_shared<gate::RetentionGate>(gate::RetentionGate::load(
         file, {c.layers, c.hidden, c.kv_heads, inner, gate::Activation::silu}));
-    const EntryMetadata lb = [g, c](std::int64_t, int l, const Matrix& h, const std::vector<float>&, const std::vector<float>&,
+    const LayerMetadata lb = [g, c](std::int64_t, int l, const Matrix& h, const std::vector<float>&, const std::vector<float>&,
                                     const std::vector<float>&, std::int64_t T, float* out) {
       g->forward(l, View<const float, 2>(h.data(), {T, c.hidden}), View<float, 2>(out, {c.kv_heads, T}));
     };
     TrimKVCache<> cache(shape, std::move(pool), trimkv_evictor({o.budget, o.buffer, o.window, 0.0, sinks}));
-    return f(cache, lb);
+    return f(cache, EntryMetadata{lb, {}});
   }
   if (o.name == "dbtrimkv") {  // SPEC §2: the tied gate, one global budget
     // the authors' rg10 (their released checkpoints), or the paper's literal tied gate (SPEC §2)
     const auto file = safetensors::File::read(o.gate);
-    EntryMetadata lb;
+    LayerMetadata lb;
     if (gate::Rg10Gate::holds(file)) {
       const int inner = static_cast<int>(file.info(gate::Rg10Gate::prefix(0) + "linear1.weight").shape.at(0));
       auto g = std::make_shared<gate::Rg10Gate>(
@@ -162,18 +184,18 @@ decltype(auto) with_policy(const PolicyOptions& o, const Config& c, std::int64_t
     }
     const DBTrimKVConfig d{o.budget, o.buffer, 2, 0.0, o.window, 0.0, sinks};
     DBTrimKVCache<> cache(shape, std::move(pool), dbtrimkv_evictor(d), dbtrimkv_scorer(d));
-    return f(cache, lb);
+    return f(cache, EntryMetadata{lb, {}});
   }
   if (o.name == "wgkv") {  // SPEC §3: g from the write gate on the keys before and after RoPE
     auto g = std::make_shared<gate::WriteGate>(gate::WriteGate::load(safetensors::File::read(o.gate),
                                                                     {.layers = c.layers, .kv_heads = c.kv_heads, .head_dim = c.head_dim}));
-    const EntryMetadata gates = [g, c](std::int64_t, int l, const Matrix&, const std::vector<float>& k_pre, const std::vector<float>& k,
+    const LayerMetadata gates = [g, c](std::int64_t, int l, const Matrix&, const std::vector<float>& k_pre, const std::vector<float>& k,
                                        const std::vector<float>&, std::int64_t T, float* out) {
       g->forward(l, View<const float, 3>(k_pre.data(), {c.kv_heads, T, c.head_dim}),
                  View<const float, 3>(k.data(), {c.kv_heads, T, c.head_dim}), View<float, 2>(out, {c.kv_heads, T}));
     };
     WGKVCache<> cache(shape, std::move(pool), wgkv_evictor({o.local, o.tau, sinks}));
-    return f(cache, gates);
+    return f(cache, EntryMetadata{gates, {}});
   }
   std::string known;
   for (const auto& n : policy_names()) known += (known.empty() ? "" : ", ") + n;

@@ -73,16 +73,17 @@ inline StepContext step_context(std::int64_t n_before, std::int64_t pending, std
 /// The metadata float of each appended token: a frozen score (finite or -inf, SPEC §4) for a
 /// static-score Scorer, else log_beta in [-inf, 0] (SPEC, Notation). NaN never enters.
 template <class S>
-void check_log_beta(int layer, std::int64_t first_position, View<const float, 2> log_beta) {
+void check_log_beta(int layer, std::int64_t first_position, View<const float, 2> log_beta,
+                    const char* who = "Cache::append") {
   for (std::int64_t h = 0; h < log_beta.dim(0); ++h)
     for (std::int64_t t = 0; t < log_beta.dim(1); ++t) {
       const float lb = log_beta(h, t);
       if constexpr (scorer_static_score<S>)  // +inf is what protection ranks as
-        require(!std::isnan(lb) && lb != std::numeric_limits<float>::infinity(), "Cache::append: score[layer ", layer,
+        require(!std::isnan(lb) && lb != std::numeric_limits<float>::infinity(), who, ": score[layer ", layer,
                 ", head ", h, ", token ", t, " of the step (position ", first_position + t, ")] = ", lb,
                 " must be finite or -inf");
       else  // beta in (0, 1] so log_beta <= 0; -inf (beta -> 0) ranks last
-        require(!std::isnan(lb) && lb <= 0.0f, "Cache::append: log_beta[layer ", layer, ", head ", h, ", token ", t,
+        require(!std::isnan(lb) && lb <= 0.0f, who, ": log_beta[layer ", layer, ", head ", h, ", token ", t,
                 " of the step (position ", first_position + t, ")] = ", lb, " is not in [-inf, 0]");
     }
 }
@@ -208,6 +209,32 @@ class Cache {
     } catch (...) {  // an Admitter or an allocation failed midway: take back this layer's entries
       drop_open_entries(seq, st, layer);
       throw;
+    }
+  }
+
+  /// Sets the frozen score (SPEC §4) of the open step's entries at `layer`: scores [Hkv, T], finite
+  /// or -inf, as append() takes them. For an engine whose score needs hidden states it has only
+  /// after later layers (EpiKV's bands A and B): append with any placeholder, set the scores before
+  /// commit(), which is where the trigger and the eviction read them. Only for a static-score Scorer;
+  /// the Admitter decided at append(). Validated whole before any entry changes.
+  void set_step_scores(std::int64_t seq, int layer, View<const float, 2> scores)
+    requires scorer_static_score<S>
+  {
+    SequenceState& st = state_of(seq);
+    check_layer(layer, "set_step_scores");
+    require(st.pending > 0 && st.appended[static_cast<std::size_t>(layer)], "Cache::set_step_scores: layer ", layer,
+            " of sequence ", seq, " has not been appended in an open step");
+    require_shape(scores, {shape_.kv_heads, st.pending}, "Cache::set_step_scores: scores");
+    detail::check_log_beta<S>(layer, st.n, scores, "Cache::set_step_scores");
+    for (int h = 0; h < shape_.kv_heads; ++h) {
+      // the open step's entries are a head's last ones: nothing compacts a head before commit()
+      const auto head_layout = alloc_.layout(seq, layer, h);
+      for (std::int64_t j = head_layout.length - 1; j >= 0; --j) {
+        const std::int64_t slot = head_layout.slot(j);
+        const std::int64_t t = alloc_.pool().meta(slot).position - st.n;
+        if (t < 0) break;
+        alloc_.pool().set_log_beta(slot, scores(h, t));
+      }
     }
   }
 

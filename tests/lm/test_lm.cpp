@@ -9,9 +9,13 @@
 #include <doctest/doctest.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <random>
+#include <set>
+#include <tuple>
 
 #include "evaluate.hpp"
 #include "policies.hpp"
@@ -177,7 +181,8 @@ TEST_CASE("at a small budget every policy evicts, holds what its rule allows, an
     CHECK(got.final_entries < 160 * heads);  // something was dropped
     if (name == "snapkv") {                  // the prompt (the first chunk) compressed once; decode keeps all
       CHECK(got.final_entries <= (160 - prompt + M) * heads);
-    } else if (name == "kv-key" || name == "kv-val" || name == "lag-kv") {  // the prompt plus K generated
+    } else if (name == "kv-key" || name == "kv-val" || name == "lag-kv" || name == "epikv" ||
+               name == "hs-var") {  // the prompt plus K generated
       CHECK(got.final_entries <= (chunk + M) * heads);
     } else if (name == "wgkv") {  // the W_local ring (and the step's tokens)
       CHECK(got.final_entries <= (M + chunk) * heads);
@@ -187,6 +192,121 @@ TEST_CASE("at a small budget every policy evicts, holds what its rule allows, an
     CHECK(std::isfinite(ppl));
     CHECK(ppl < 50.0 * full_ppl);  // a model that still reads the text, not noise (vocab 49152)
   }
+}
+
+TEST_CASE("epikv and hs-var score each token once from the two bands: every head keeps the same tokens") {
+  const auto ids = text_tokens(160);
+  const std::int64_t chunk = 8, K = 32;
+  std::map<std::string, std::set<std::int32_t>> kept_by;
+  for (const auto& [name, a, b] : {std::tuple{"epikv", 10, 21}, std::tuple{"hs-var", 10, 21}, std::tuple{"epikv", 2, 28}}) {
+    const std::string label = std::string(name) + " " + std::to_string(a) + "," + std::to_string(b);
+    CAPTURE(label);
+    PolicyOptions o;
+    o.name = name;
+    o.budget = K;
+    o.recency = 8;
+    o.band_a = a;
+    o.band_b = b;
+    Decoder dec(model());
+    with_policy(o, model().config, 1, 160, [&](auto& cache, const EntryMetadata& meta) {
+      cache.add_sequence(0, chunk);
+      for (std::size_t n = 0; n < ids.size(); n += chunk)
+        dec.step(cache, 0, std::span<const int>(ids).subspan(n, chunk), meta, nullptr);
+      const CacheShape shape = cache.shape();
+      std::set<std::int32_t> first;
+      for (int l = 0; l < shape.layers; ++l)
+        for (int h = 0; h < shape.kv_heads; ++h) {
+          std::set<std::int32_t> kept;
+          for (std::int64_t i = 0; i < cache.length(0, l, h); ++i) kept.insert(cache.entry(0, l, h, i).position);
+          if (l == 0 && h == 0) first = kept;
+          CHECK(kept == first);  // SPEC §4: one score per token, shared by every layer and head
+        }
+      CHECK(static_cast<std::int64_t>(first.size()) == chunk + K);  // the prompt plus K generated
+      for (std::int32_t p = 0; p < chunk; ++p) CHECK(first.count(p) == 1);
+      for (std::int32_t p = 160 - 8; p < 160; ++p) CHECK(first.count(p) == 1);  // R = 8 newest
+      kept_by[label] = first;
+    });
+  }
+  // the score comes from the hidden states the options name: other bands or the other variant keep
+  // other tokens (K = 32 of 144 generated: neither keeps only the newest)
+  CHECK(kept_by["epikv 10,21"] != kept_by["hs-var 10,21"]);
+  CHECK(kept_by["epikv 10,21"] != kept_by["epikv 2,28"]);
+  std::set<std::int32_t> newest;
+  for (std::int32_t p = 0; p < chunk; ++p) newest.insert(p);
+  for (std::int32_t p = 160 - K; p < 160; ++p) newest.insert(p);
+  for (const auto& [label, kept] : kept_by) CHECK(kept != newest);
+  PolicyOptions bad;
+  bad.name = "epikv";
+  bad.band_b = 31;
+  CHECK_THROWS_WITH(run_policy(bad, ids, chunk), doctest::Contains("--band-b 31 must be hidden-state indices in [0, 30]"));
+}
+
+TEST_CASE("the GGUF's blocks dequantize to the F32 file's weights, bit for bit") {
+  const Model& m = model();
+  std::int64_t q4_1 = 0, q8_0 = 0;
+  const auto check = [&](const Weight& w, const std::string& what) {
+    CAPTURE(what);
+    REQUIRE(!w.blocks.empty());
+    REQUIRE(w.blocks.rows == w.dense.rows());
+    REQUIRE(w.blocks.cols == w.dense.cols());
+    (w.blocks.format == BlockFormat::q4_1 ? q4_1 : q8_0) += w.blocks.rows * w.blocks.cols;
+    std::vector<float> row(static_cast<std::size_t>(w.blocks.cols));
+    std::int64_t differ = 0;
+    for (std::int64_t r = 0; r < w.blocks.rows; ++r) {
+      w.blocks.dequantize_row(r, row.data());
+      differ += std::memcmp(row.data(), w.dense.row(r).data(), row.size() * sizeof(float)) != 0;
+    }
+    CHECK(differ == 0);
+  };
+  check(m.embed, "token_embd");
+  for (std::size_t l = 0; l < m.layers.size(); ++l) {
+    const LayerWeights& w = m.layers[l];
+    for (const auto& [name, weight] : {std::pair{"attn_q", &w.wq}, std::pair{"attn_k", &w.wk}, std::pair{"attn_v", &w.wv},
+                                       std::pair{"attn_output", &w.wo}, std::pair{"ffn_gate", &w.w_gate},
+                                       std::pair{"ffn_up", &w.w_up}, std::pair{"ffn_down", &w.w_down}})
+      check(*weight, "blk." + std::to_string(l) + "." + name);
+  }
+  CHECK(q4_1 == 106168320);  // every layer's weights (SmolLM2-135M's GGUF)
+  CHECK(q8_0 == 28311552);   // the tied embedding / output head
+}
+
+TEST_CASE("decode steps from the blocks agree with decode steps from F32") {
+  // The same tokens, teacher-forced: a 16-token prompt, then 24 one-token steps; the full cache.
+  // The weights are the same values (above); only the order of each dot product's additions differs.
+  const Model f32 = Model::load(model_dir(), DecodeWeights::f32);
+  REQUIRE(f32.layers[0].wq.blocks.empty());
+  const auto ids = text_tokens(40);
+  std::vector<Matrix> logits[2];
+  for (int which = 0; which < 2; ++which) {
+    Decoder dec(which == 0 ? model() : f32);
+    PolicyOptions full;
+    with_policy(full, model().config, 1, 40, [&](auto& cache, const EntryMetadata& meta) {
+      cache.add_sequence(0, 16);
+      Matrix out;
+      for (std::size_t n = 0; n < ids.size(); n += n == 0 ? 16 : 1) {
+        dec.step(cache, 0, std::span<const int>(ids).subspan(n, n == 0 ? 16 : 1), meta, &out, 1);
+        logits[which].push_back(out);
+      }
+      return 0;
+    });
+  }
+  REQUIRE(logits[0].size() == 25);
+  float worst = 0.0f;
+  int same_top1 = 0;
+  for (std::size_t i = 0; i < logits[0].size(); ++i) {
+    const Matrix& a = logits[0][i];
+    const Matrix& b = logits[1][i];
+    REQUIRE(a.cols() == b.cols());
+    worst = std::max(worst, (a - b).cwiseAbs().maxCoeff());
+    Eigen::Index ia = 0, ib = 0;
+    a.row(0).maxCoeff(&ia);
+    b.row(0).maxCoeff(&ib);
+    same_top1 += ia == ib;
+  }
+  CAPTURE(worst);
+  CHECK(worst > 0.0f);    // the blocks were read: the sums' order differs
+  CHECK(worst < 2e-3f);   // and only that: fp32 rounding
+  CHECK(same_top1 == 25);
 }
 
 int main(int argc, char** argv) {

@@ -28,13 +28,14 @@
 
 namespace kvpolicy::safetensors {
 
-enum class DType { F32, F16, BF16, I32, I64, F64 };
+enum class DType { F32, F16, BF16, I32, I64, F64, U8 };
 
 inline std::int64_t dtype_size(DType t) {
   switch (t) {
     case DType::F32: case DType::I32: return 4;
     case DType::F16: case DType::BF16: return 2;
     case DType::I64: case DType::F64: return 8;
+    case DType::U8: return 1;
   }
   return 0;
 }
@@ -46,6 +47,7 @@ inline const char* dtype_name(DType t) {
     case DType::I32: return "I32";
     case DType::I64: return "I64";
     case DType::F64: return "F64";
+    case DType::U8: return "U8";
   }
   return "?";
 }
@@ -245,7 +247,8 @@ class File {
     else if (dt == "I32") t.dtype = DType::I32;
     else if (dt == "I64") t.dtype = DType::I64;
     else if (dt == "F64") t.dtype = DType::F64;
-    else fail(where, ": unknown dtype '", dt, "' (supported: F32, F16, BF16, F64, I32, I64)");
+    else if (dt == "U8") t.dtype = DType::U8;  // bytes a caller decodes (raw()), e.g. ggml blocks
+    else fail(where, ": unknown dtype '", dt, "' (supported: F32, F16, BF16, F64, I32, I64, U8)");
 
     std::int64_t numel = 1;
     for (const auto& d : e["shape"]) {

@@ -1,0 +1,131 @@
+// kvpolicy-lm's quantized weights: the GGUF's ggml blocks (Q4_1, Q8_0) as tools/gguf_to_lm.py keeps
+// them (model.quant.safetensors), for the products of a decode step. A decode step multiplies one
+// row by every weight matrix, so it is bound by the bytes of weights it reads: 96 MB of blocks
+// against 540 MB of F32 for SmolLM2-135M. Each row of blocks is widened to fp32 in L1, exactly as
+// gguf-py (and tools/gguf_to_lm.py's F32 file) dequantizes it, then dotted with the activations:
+//   Q4_1  block of 32: fp16 d, fp16 m, 16 bytes of nibbles (low nibble = element j, high = j + 16);
+//         w = d * q + m
+//   Q8_0  block of 32: fp16 d, 32 int8; w = d * q
+// d * q is exact in fp32 (11 + 8 significant bits at most), so w has the F32 file's bits whether the
+// sum is fused (the AVX2 path's FMA) or not (the portable one). Only the order of the dot product's
+// additions differs from Eigen's product over the F32 matrix.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <Eigen/Core>
+
+#include "kvpolicy/core/dtype.hpp"
+#include "kvpolicy/core/error.hpp"
+
+#if defined(__AVX2__) && defined(__FMA__) && (defined(__x86_64__) || defined(_M_X64))
+#include <immintrin.h>
+#define KVPOLICY_LM_QUANT_AVX2 1
+#else
+#define KVPOLICY_LM_QUANT_AVX2 0
+#endif
+
+namespace kvpolicy::lm {
+
+enum class BlockFormat { q4_1, q8_0 };
+
+inline const char* block_format_name(BlockFormat f) { return f == BlockFormat::q4_1 ? "Q4_1" : "Q8_0"; }
+
+/// One weight matrix [rows, cols] as rows of ggml blocks of 32 weights.
+struct QuantMatrix {
+  static constexpr std::int64_t kBlock = 32;
+  BlockFormat format = BlockFormat::q4_1;
+  std::int64_t rows = 0, cols = 0;
+  std::vector<std::uint8_t> blocks;  // [rows, row_bytes()]
+
+  static std::int64_t block_bytes(BlockFormat f) { return f == BlockFormat::q4_1 ? 20 : 34; }
+  std::int64_t row_bytes() const { return cols / kBlock * block_bytes(format); }
+  bool empty() const { return blocks.empty(); }
+
+  /// Checks the sizes (cols a multiple of 32, rows * row_bytes bytes); `what` names the tensor.
+  void validate(const std::string& what) const {
+    require(rows >= 1 && cols >= kBlock && cols % kBlock == 0, "kvpolicy-lm: ", what, ": ", block_format_name(format),
+            " needs rows >= 1 and a multiple of ", kBlock, " columns, not [", rows, ", ", cols, "]");
+    require(static_cast<std::int64_t>(blocks.size()) == rows * row_bytes(), "kvpolicy-lm: ", what, ": ", blocks.size(),
+            " bytes of ", block_format_name(format), " blocks for [", rows, ", ", cols, "], want ", rows * row_bytes());
+  }
+
+  /// Row r as fp32 (out[cols]): the weights gguf-py's dequantize gives, bit for bit.
+  void dequantize_row(std::int64_t r, float* out) const {
+    const std::uint8_t* p = blocks.data() + r * row_bytes();
+    const std::int64_t bb = block_bytes(format);
+    for (std::int64_t b = 0; b < cols / kBlock; ++b, p += bb, out += kBlock) {
+      if (format == BlockFormat::q4_1)
+        dequantize_q4_1(p, out);
+      else
+        dequantize_q8_0(p, out);
+    }
+  }
+
+ private:
+  static float half_at(const std::uint8_t* p) {
+    return dtype::half_to_float(static_cast<std::uint16_t>(p[0] | (p[1] << 8)));  // little-endian, as ggml
+  }
+  static void dequantize_q4_1(const std::uint8_t* p, float* out) {
+    const float d = half_at(p), m = half_at(p + 2);
+    const std::uint8_t* qs = p + 4;
+#if KVPOLICY_LM_QUANT_AVX2
+    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+    const __m128i mask = _mm_set1_epi8(0x0F);
+    const __m128i lo = _mm_and_si128(q, mask), hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
+    const __m256 vd = _mm256_set1_ps(d), vm = _mm256_set1_ps(m);
+    const auto put = [&](float* o, __m128i bytes8) {  // the low 8 bytes -> 8 weights
+      _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes8)), vd, vm));
+    };
+    put(out, lo);
+    put(out + 8, _mm_srli_si128(lo, 8));
+    put(out + 16, hi);
+    put(out + 24, _mm_srli_si128(hi, 8));
+#else
+    for (int j = 0; j < 16; ++j) {
+      out[j] = d * static_cast<float>(qs[j] & 0x0F) + m;
+      out[j + 16] = d * static_cast<float>(qs[j] >> 4) + m;
+    }
+#endif
+  }
+  static void dequantize_q8_0(const std::uint8_t* p, float* out) {
+    const float d = half_at(p);
+    const std::uint8_t* qs = p + 2;
+#if KVPOLICY_LM_QUANT_AVX2
+    const __m256 vd = _mm256_set1_ps(d);
+    for (int j = 0; j < 32; j += 8)
+      _mm256_storeu_ps(out + j, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                                                  _mm_loadl_epi64(reinterpret_cast<const __m128i*>(qs + j)))),
+                                              vd));
+#else
+    for (int j = 0; j < 32; ++j) {
+      std::int8_t q;
+      std::memcpy(&q, qs + j, 1);
+      out[j] = d * static_cast<float>(q);
+    }
+#endif
+  }
+};
+
+/// out[t, r] = (or +=) dot(W row r, a row t) for rows [r0, r1) of W: each row of blocks is widened
+/// once into `row` (cols floats) and dotted with every row of a.
+template <class RowMatrix>
+void quant_product(const RowMatrix& a, const QuantMatrix& W, RowMatrix& out, std::int64_t r0, std::int64_t r1,
+                   bool accumulate, Eigen::VectorXf& row) {
+  row.resize(W.cols);
+  for (std::int64_t r = r0; r < r1; ++r) {
+    W.dequantize_row(r, row.data());
+    for (Eigen::Index t = 0; t < a.rows(); ++t) {
+      const float v = a.row(t).dot(row.transpose());
+      if (accumulate)
+        out(t, r) += v;
+      else
+        out(t, r) = v;
+    }
+  }
+}
+
+}  // namespace kvpolicy::lm
