@@ -4,16 +4,18 @@
 # (layer, kv head), each with and without 4 protected sinks, against the full cache. Eviction is
 # decided inside kvpolicy-lm's own loop: a 16-token first step (the prompt), then 16-token steps
 # (SnapKV compresses a prompt: its prompt is the first 1,024 tokens). One thread per run.
-#   tools/quality_table.sh [OUT_DIR] [--budgets "64 128 256 512"] [--append]
+#   tools/quality_table.sh [OUT_DIR] [--budgets "64 128 256 512"] [--append] [--only "epikv hs-var"]
 # (default OUT_DIR build/lm/quality: results.csv, quality.png). --append adds the budgets' rows to an
-# existing results.csv (the full cache is not run again), so a long table can be made in parts.
+# existing results.csv (the full cache is not run again), so a long table can be made in parts;
+# --only runs just the policies it names.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-out=$root/build/lm/quality budgets="64 128 256 512" append=0
+out=$root/build/lm/quality budgets="64 128 256 512" append=0 only=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --budgets) budgets=$2; shift 2 ;;
     --append) append=1; shift ;;
+    --only) only=" $2 "; shift 2 ;;
     *) out=$1; shift ;;
   esac
 done
@@ -29,6 +31,7 @@ if [ $append -eq 0 ] || [ ! -s "$csv" ]; then
 fi
 run() {  # policy budget sinks extra-args...
   local p=$1 m=$2 s=$3; shift 3
+  [ -z "$only" ] || [[ "$only" == *" $p "* ]] || return 0
   local log; log=$("$lm" --model "$model" --text "$text" --tokens 2048 --score-from 1 --chunk 16 --threads 1 \
                    --policy "$p" --budget "$m" --buffer 16 --sinks "$s" "$@")
   local ppl peak final secs
@@ -45,7 +48,7 @@ for m in $budgets; do
     run "$p" "$m" 4
   done
   run snapkv "$m" 0 --prefill 1024
-  for p in kv-key kv-val lag-kv; do run "$p" "$m" 0; done
+  for p in kv-key kv-val lag-kv epikv hs-var; do run "$p" "$m" 0; done
 done
 "$root/build/lm/venv/bin/python" -c "import matplotlib" 2>/dev/null ||
   "$root/build/lm/venv/bin/pip" install -q --disable-pip-version-check "matplotlib<4"

@@ -1,14 +1,16 @@
 // kvpolicy-lm's quantized weights: the GGUF's ggml blocks (Q4_1, Q8_0) as tools/gguf_to_lm.py keeps
 // them (model.quant.safetensors), for the products of a decode step. A decode step multiplies one
 // row by every weight matrix, so it is bound by the bytes of weights it reads: 96 MB of blocks
-// against 540 MB of F32 for SmolLM2-135M. Each row of blocks is widened to fp32 in L1, exactly as
-// gguf-py (and tools/gguf_to_lm.py's F32 file) dequantizes it, then dotted with the activations:
+// against 540 MB of F32 for SmolLM2-135M. A single activation row (a decode step) is dotted with
+// the blocks directly on AVX2 (quant_product); otherwise, and for the tests, a row of blocks widens
+// to fp32 exactly as gguf-py (and tools/gguf_to_lm.py's F32 file) dequantizes it:
 //   Q4_1  block of 32: fp16 d, fp16 m, 16 bytes of nibbles (low nibble = element j, high = j + 16);
 //         w = d * q + m
 //   Q8_0  block of 32: fp16 d, 32 int8; w = d * q
 // d * q is exact in fp32 (11 + 8 significant bits at most), so w has the F32 file's bits whether the
-// sum is fused (the AVX2 path's FMA) or not (the portable one). Only the order of the dot product's
-// additions differs from Eigen's product over the F32 matrix.
+// sum is fused (the AVX2 path's FMA) or not (the portable one). The products differ from Eigen's
+// over the F32 matrix only by fp32 rounding (the order of the additions, and d * sum(q x) + m * sum(x)
+// in place of sum((d q + m) x) on the direct path).
 #pragma once
 
 #include <cstdint>
@@ -110,11 +112,89 @@ struct QuantMatrix {
   }
 };
 
-/// out[t, r] = (or +=) dot(W row r, a row t) for rows [r0, r1) of W: each row of blocks is widened
-/// once into `row` (cols floats) and dotted with every row of a.
+namespace detail {
+
+#if KVPOLICY_LM_QUANT_AVX2
+inline float half_bits_to_float(const std::uint8_t* p) {
+#if defined(__F16C__)
+  return _cvtsh_ss(static_cast<unsigned short>(p[0] | (p[1] << 8)));  // exact, as the portable conversion
+#else
+  return dtype::half_to_float(static_cast<std::uint16_t>(p[0] | (p[1] << 8)));
+#endif
+}
+inline float hsum(__m256 v) {
+  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
+}
+inline __m256 widen8(__m128i low8_bytes_u8) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(low8_bytes_u8)); }
+
+// dot(row, x) without widening the weights: per block, d * sum(q x) + m * sum(x), with sum(x) of
+// each block in xsum (Q4_1; Q8_0 has no m). Fewer instructions than w = d q + m then w x, and the
+// same sum up to fp32 rounding.
+inline float dot_q4_1(const std::uint8_t* p, const float* x, const float* xsum, std::int64_t blocks) {
+  const __m128i mask = _mm_set1_epi8(0x0F);
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  float m_acc = 0.0f;
+  for (std::int64_t b = 0; b < blocks; ++b, p += 20, x += 32) {
+    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 4));
+    const __m128i lo = _mm_and_si128(q, mask), hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
+    __m256 s = _mm256_mul_ps(widen8(lo), _mm256_loadu_ps(x));
+    s = _mm256_fmadd_ps(widen8(_mm_srli_si128(lo, 8)), _mm256_loadu_ps(x + 8), s);
+    __m256 t = _mm256_mul_ps(widen8(hi), _mm256_loadu_ps(x + 16));
+    t = _mm256_fmadd_ps(widen8(_mm_srli_si128(hi, 8)), _mm256_loadu_ps(x + 24), t);
+    const __m256 d = _mm256_set1_ps(half_bits_to_float(p));
+    acc0 = _mm256_fmadd_ps(d, s, acc0);
+    acc1 = _mm256_fmadd_ps(d, t, acc1);
+    m_acc += half_bits_to_float(p + 2) * xsum[b];
+  }
+  return hsum(_mm256_add_ps(acc0, acc1)) + m_acc;
+}
+
+inline float dot_q8_0(const std::uint8_t* p, const float* x, std::int64_t blocks) {
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  const auto widen_s8 = [](const std::uint8_t* q) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q))));
+  };
+  for (std::int64_t b = 0; b < blocks; ++b, p += 34, x += 32) {
+    __m256 s = _mm256_mul_ps(widen_s8(p + 2), _mm256_loadu_ps(x));
+    s = _mm256_fmadd_ps(widen_s8(p + 10), _mm256_loadu_ps(x + 8), s);
+    __m256 t = _mm256_mul_ps(widen_s8(p + 18), _mm256_loadu_ps(x + 16));
+    t = _mm256_fmadd_ps(widen_s8(p + 26), _mm256_loadu_ps(x + 24), t);
+    const __m256 d = _mm256_set1_ps(half_bits_to_float(p));
+    acc0 = _mm256_fmadd_ps(d, s, acc0);
+    acc1 = _mm256_fmadd_ps(d, t, acc1);
+  }
+  return hsum(_mm256_add_ps(acc0, acc1));
+}
+#endif
+
+}  // namespace detail
+
+/// out[t, r] = (or +=) dot(W row r, a row t) for rows [r0, r1) of W. One activation row (a decode
+/// step) on AVX2: straight from the blocks (detail::dot_q4_1, dot_q8_0). Otherwise each row of
+/// blocks is widened once into `row` (cols floats) and dotted with every row of a.
 template <class RowMatrix>
 void quant_product(const RowMatrix& a, const QuantMatrix& W, RowMatrix& out, std::int64_t r0, std::int64_t r1,
                    bool accumulate, Eigen::VectorXf& row) {
+  const std::int64_t blocks = W.cols / QuantMatrix::kBlock;
+#if KVPOLICY_LM_QUANT_AVX2
+  if (a.rows() == 1) {
+    const float* x = a.data();
+    row.resize(blocks);  // sum(x) of each block (Q4_1's m term)
+    for (std::int64_t b = 0; b < blocks; ++b) row(b) = Eigen::Map<const Eigen::VectorXf>(x + b * 32, 32).sum();
+    for (std::int64_t r = r0; r < r1; ++r) {
+      const std::uint8_t* p = W.blocks.data() + r * W.row_bytes();
+      const float v = W.format == BlockFormat::q4_1 ? detail::dot_q4_1(p, x, row.data(), blocks)
+                                                    : detail::dot_q8_0(p, x, blocks);
+      if (accumulate)
+        out(0, r) += v;
+      else
+        out(0, r) = v;
+    }
+    return;
+  }
+#endif
   row.resize(W.cols);
   for (std::int64_t r = r0; r < r1; ++r) {
     W.dequantize_row(r, row.data());

@@ -305,7 +305,7 @@ TEST_CASE("decode steps from the blocks agree with decode steps from F32") {
   }
   CAPTURE(worst);
   CHECK(worst > 0.0f);    // the blocks were read: the sums' order differs
-  CHECK(worst < 2e-3f);   // and only that: fp32 rounding
+  CHECK(worst < 1e-3f);   // and only that: fp32 rounding (7.1e-5 on 2026-11-23)
   CHECK(same_top1 == 25);
 }
 
