@@ -7,7 +7,6 @@
 // the rows asked for from the final RMSNorm and the output head.
 #pragma once
 
-#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -19,6 +18,7 @@
 #endif
 
 #include "kvpolicy/core/view.hpp"
+#include "kvpolicy/epikv.hpp"
 #include "model.hpp"
 
 namespace kvpolicy::lm {
@@ -125,12 +125,12 @@ class Decoder {
     if constexpr (requires { cache.set_step_scores(seq, 0, View<const float, 2>{}); }) {
       if (hidden.band_a == c_.layers) rms_norm(x, m_.output_norm, band_a);  // HF's last hidden state is normed
       if (hidden.band_b == c_.layers) rms_norm(x, m_.output_norm, band_b);
-      std::vector<float> token_scores(static_cast<std::size_t>(T)), scores(static_cast<std::size_t>(c_.kv_heads * T));
+      std::vector<float> token_scores(static_cast<std::size_t>(T)), scores(static_cast<std::size_t>(c_.layers * c_.kv_heads * T));
       hidden.score(seq, band_a, band_b, token_scores.data());
-      for (int h = 0; h < c_.kv_heads; ++h)
-        std::copy(token_scores.begin(), token_scores.end(), scores.begin() + static_cast<std::ptrdiff_t>(h * T));
+      const CacheShape shape = c_.cache_shape();
+      broadcast_token_scores(shape, token_scores, View<float, 3>(scores.data(), {c_.layers, c_.kv_heads, T}));
       for (int l = 0; l < c_.layers; ++l)
-        cache.set_step_scores(seq, l, View<const float, 2>(scores.data(), {c_.kv_heads, T}));
+        cache.set_step_scores(seq, l, View<const float, 2>(scores.data() + std::int64_t{l} * c_.kv_heads * T, {c_.kv_heads, T}));
     } else {
       fail("kvpolicy-lm: a hidden-state score needs a cache with a frozen-score Scorer (EpiKVCache)");
     }
@@ -146,7 +146,7 @@ class Decoder {
     const bool few = a.rows() < kFewRows, blocks = few && !W.blocks.empty();
     const auto rows = [&](Eigen::Index r0, Eigen::Index r1) {
       if (blocks) {
-        thread_local Eigen::VectorXf row;  // one row of W widened to fp32
+        thread_local Eigen::VectorXf row;  // quant_product's scratch: a widened row, or the blocks' sums of x
         quant_product(a, W.blocks, out, r0, r1, accumulate, row);
       } else if (accumulate) {
         out.middleCols(r0, r1 - r0).noalias() += a * W.dense.middleRows(r0, r1 - r0).transpose();

@@ -23,14 +23,27 @@
 #include "kvpolicy/core/dtype.hpp"
 #include "kvpolicy/core/error.hpp"
 
-#if defined(__AVX2__) && defined(__FMA__) && (defined(__x86_64__) || defined(_M_X64))
+#if (defined(__AVX2__) || defined(__F16C__)) && (defined(__x86_64__) || defined(_M_X64))
 #include <immintrin.h>
+#endif
+#if defined(__AVX2__) && defined(__FMA__) && (defined(__x86_64__) || defined(_M_X64))
 #define KVPOLICY_LM_QUANT_AVX2 1
 #else
 #define KVPOLICY_LM_QUANT_AVX2 0
 #endif
 
 namespace kvpolicy::lm {
+
+namespace detail {
+/// A block's little-endian fp16 scale as fp32 (exact either way: F16C where compiled in).
+inline float half_bits_to_float(const std::uint8_t* p) {
+#if defined(__F16C__) && (defined(__x86_64__) || defined(_M_X64))
+  return _cvtsh_ss(static_cast<unsigned short>(p[0] | (p[1] << 8)));
+#else
+  return dtype::half_to_float(static_cast<std::uint16_t>(p[0] | (p[1] << 8)));
+#endif
+}
+}  // namespace detail
 
 enum class BlockFormat { q4_1, q8_0 };
 
@@ -68,11 +81,8 @@ struct QuantMatrix {
   }
 
  private:
-  static float half_at(const std::uint8_t* p) {
-    return dtype::half_to_float(static_cast<std::uint16_t>(p[0] | (p[1] << 8)));  // little-endian, as ggml
-  }
   static void dequantize_q4_1(const std::uint8_t* p, float* out) {
-    const float d = half_at(p), m = half_at(p + 2);
+    const float d = detail::half_bits_to_float(p), m = detail::half_bits_to_float(p + 2);
     const std::uint8_t* qs = p + 4;
 #if KVPOLICY_LM_QUANT_AVX2
     const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
@@ -94,7 +104,7 @@ struct QuantMatrix {
 #endif
   }
   static void dequantize_q8_0(const std::uint8_t* p, float* out) {
-    const float d = half_at(p);
+    const float d = detail::half_bits_to_float(p);
     const std::uint8_t* qs = p + 2;
 #if KVPOLICY_LM_QUANT_AVX2
     const __m256 vd = _mm256_set1_ps(d);
@@ -115,13 +125,6 @@ struct QuantMatrix {
 namespace detail {
 
 #if KVPOLICY_LM_QUANT_AVX2
-inline float half_bits_to_float(const std::uint8_t* p) {
-#if defined(__F16C__)
-  return _cvtsh_ss(static_cast<unsigned short>(p[0] | (p[1] << 8)));  // exact, as the portable conversion
-#else
-  return dtype::half_to_float(static_cast<std::uint16_t>(p[0] | (p[1] << 8)));
-#endif
-}
 inline float hsum(__m256 v) {
   const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
