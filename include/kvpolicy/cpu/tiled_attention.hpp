@@ -27,6 +27,7 @@
 
 #include "kvpolicy/core/mask.hpp"
 #include "kvpolicy/core/view.hpp"
+#include "kvpolicy/cpu/decode_kernels.hpp"
 #include "kvpolicy/cpu/widen.hpp"
 #include "kvpolicy/memory/pool.hpp"
 
@@ -37,10 +38,10 @@ namespace kvpolicy::cpu {
 struct TiledAttentionTuning {
   static constexpr std::int64_t kTile = 64;
   static constexpr std::int64_t kRowBlock = 64;
-  /// Up to this many rows (a decode step: G query heads, T = 1) the logits are one matrix-vector
-  /// product per entry and P·V one rank-1 update per entry, on each entry where it lies: no tile
+  /// Up to this many rows (a decode step: G query heads, T = 1) the logits and P·V are the decode
+  /// kernels (cpu/decode_kernels.hpp), on each entry where it lies and in its storage dtype: no tile
   /// copy and no GEMM packing, whose cost a few rows would not amortize.
-  static constexpr std::int64_t kFewRows = 8;
+  static constexpr std::int64_t kFewRows = kDecodeMaxRows;
 };
 
 namespace detail {
@@ -53,12 +54,24 @@ struct TiledScratch {
   Eigen::VectorXf m, l, correction;
   std::vector<std::int32_t> key_pos;
   std::vector<float> key_gate;
-  std::vector<const float*> key_ptr, value_ptr;  // each entry's fp32 K and V: in the pool, or widened
 };
 
 inline TiledScratch& tiled_scratch() {
   thread_local TiledScratch scratch;
   return scratch;
+}
+
+/// Where a tile's entries lie in the pool, for the decode kernels (one thread's, reused).
+template <class Storage>
+struct TileEntries {
+  std::vector<const Storage*> key, value;              // this tile's
+  std::vector<const Storage*> next_key, next_value;    // the next tile's, asked for ahead (DecodeAhead)
+};
+
+template <class Storage>
+TileEntries<Storage>& tile_entries() {
+  thread_local TileEntries<Storage> entries;
+  return entries;
 }
 
 }  // namespace detail
@@ -84,31 +97,30 @@ void attend_tiled(const memory::EntryPool<Storage>& pool, const memory::HeadLayo
   w.v.resize(Tuning::kTile, d);
   w.key_pos.resize(Tuning::kTile);
   w.key_gate.resize(Tuning::kTile);
-  w.key_ptr.resize(Tuning::kTile);
-  w.value_ptr.resize(Tuning::kTile);
+  auto& in_pool = detail::tile_entries<Storage>();
+  in_pool.key.resize(Tuning::kTile);
+  in_pool.value.resize(Tuning::kTile);
+  in_pool.next_key.resize(Tuning::kTile);
+  in_pool.next_value.resize(Tuning::kTile);
   const bool few_rows = row_block <= Tuning::kFewRows;
   w.m.resize(row_block);
   w.l.resize(row_block);
   w.correction.resize(row_block);
   const auto row_pos = [&](std::int64_t r) { return q_pos[static_cast<std::size_t>(r % T)]; };
 
-  // Widens entries [b0, b0 + nb) into the tile (fp32 with few rows: points at them in the pool);
-  // returns their (min, max) position.
+  // Widens entries [b0, b0 + nb) into the tile (with few rows: points at them in the pool, where the
+  // decode kernels read them); returns their (min, max) position.
   const auto load_tile = [&](std::int64_t b0, std::int64_t nb, bool with_values) {
     std::int32_t lo = std::numeric_limits<std::int32_t>::max(), hi = std::numeric_limits<std::int32_t>::min();
     for (std::int64_t j = 0; j < nb; ++j) {
       const std::int64_t slot = head.slot(b0 + j);
       const auto jj = static_cast<std::size_t>(j);
-      if (std::is_same_v<Storage, float> && few_rows) {  // read in place: one entry at a time
-        w.key_ptr[jj] = reinterpret_cast<const float*>(pool.key(slot));
-        w.value_ptr[jj] = reinterpret_cast<const float*>(pool.value(slot));
+      if (few_rows) {
+        in_pool.key[jj] = pool.key(slot);
+        in_pool.value[jj] = pool.value(slot);
       } else {
         widen(pool.key(slot), w.k.row(j).data(), d);
-        w.key_ptr[jj] = w.k.row(j).data();
-        if (with_values) {
-          widen(pool.value(slot), w.v.row(j).data(), d);
-          w.value_ptr[jj] = w.v.row(j).data();
-        }
+        if (with_values) widen(pool.value(slot), w.v.row(j).data(), d);
       }
       const EntryMeta& meta = pool.meta(slot);
       w.key_pos[static_cast<std::size_t>(j)] = meta.position;
@@ -118,19 +130,32 @@ void attend_tiled(const memory::EntryPool<Storage>& pool, const memory::HeadLayo
     }
     return std::pair{lo, hi};
   };
+  // With few rows: where the tile after [b0, b0 + nb) lies, for the decode kernels to ask for ahead.
+  const auto ahead = [&](std::int64_t b0, std::int64_t nb, bool with_values) {
+    const std::int64_t next = std::min(Tuning::kTile, N - (b0 + nb));
+    for (std::int64_t j = 0; j < next; ++j) {
+      const std::int64_t slot = head.slot(b0 + nb + j);
+      in_pool.next_key[static_cast<std::size_t>(j)] = pool.key(slot);
+      in_pool.next_value[static_cast<std::size_t>(j)] = pool.value(slot);
+    }
+    const auto n = static_cast<std::size_t>(std::max<std::int64_t>(next, 0));
+    return DecodeAhead<Storage>{std::span<const Storage* const>(in_pool.next_key.data(), n),
+                                std::span<const Storage* const>(in_pool.next_value.data(), with_values ? n : 0)};
+  };
   const auto visible = [&](std::int64_t r, std::int64_t j) {  // row r of the head, entry j of the tile
     return mask.visible(w.key_pos[static_cast<std::size_t>(j)], w.key_gate[static_cast<std::size_t>(j)], row_pos(r));
   };
   // S = Q_block · K_tileᵀ with the invisible keys at -inf. kSkip when no key of the tile is visible
   // to any row of the block (causality alone decides that), kMaskedTile when some S_rj is -inf.
   enum TileKind { kSkip, kVisibleTile, kMaskedTile };
-  const auto logits = [&](std::int64_t r0, std::int64_t rb, std::int64_t nb, std::pair<std::int32_t, std::int32_t> span_pos,
-                          std::int32_t first_q, std::int32_t last_q) {
+  const auto logits = [&](std::int64_t r0, std::int64_t rb, std::int64_t b0, std::int64_t nb,
+                          std::pair<std::int32_t, std::int32_t> span_pos, std::int32_t first_q, std::int32_t last_q,
+                          bool with_values) {
     if (span_pos.first > last_q) return kSkip;
     auto s = w.s.topLeftCorner(rb, nb);
     if (few_rows)
-      for (std::int64_t j = 0; j < nb; ++j)
-        s.col(j).noalias() = w.q.topRows(rb) * Eigen::Map<const Eigen::VectorXf>(w.key_ptr[static_cast<std::size_t>(j)], d);
+      decode_logits(w.q.data(), rb, d, std::span<const Storage* const>(in_pool.key.data(), static_cast<std::size_t>(nb)),
+                    w.s.data(), w.s.cols(), ahead(b0, nb, with_values));
     else
       s.noalias() = w.q.topRows(rb) * w.k.topRows(nb).transpose();
     if (mask.local == 0 && span_pos.second <= first_q) return kVisibleTile;
@@ -153,7 +178,7 @@ void attend_tiled(const memory::EntryPool<Storage>& pool, const memory::HeadLayo
     w.l.head(rb).setZero();
     for (std::int64_t b0 = 0; b0 < N; b0 += Tuning::kTile) {
       const std::int64_t nb = std::min(Tuning::kTile, N - b0);
-      const TileKind kind = logits(r0, rb, nb, load_tile(b0, nb, true), first_q, last_q);
+      const TileKind kind = logits(r0, rb, b0, nb, load_tile(b0, nb, true), first_q, last_q, true);
       if (kind == kSkip) continue;
       auto s = w.s.topLeftCorner(rb, nb);
       for (std::int64_t r = 0; r < rb; ++r) {
@@ -174,9 +199,8 @@ void attend_tiled(const memory::EntryPool<Storage>& pool, const memory::HeadLayo
       }
       w.acc.topRows(rb).array().colwise() *= w.correction.head(rb).array();
       if (few_rows)
-        for (std::int64_t j = 0; j < nb; ++j)
-          w.acc.topRows(rb).noalias() +=
-              s.col(j) * Eigen::Map<const Eigen::RowVectorXf>(w.value_ptr[static_cast<std::size_t>(j)], d);
+        decode_accumulate(w.s.data(), w.s.cols(), rb, d,
+                          std::span<const Storage* const>(in_pool.value.data(), static_cast<std::size_t>(nb)), w.acc.data());
       else
         w.acc.topRows(rb).noalias() += s * w.v.topRows(nb);
     }
@@ -187,7 +211,7 @@ void attend_tiled(const memory::EntryPool<Storage>& pool, const memory::HeadLayo
     if (key_mass.empty()) continue;
     for (std::int64_t b0 = 0; b0 < N; b0 += Tuning::kTile) {  // P_rj = exp(S_rj - m_r) / l_r
       const std::int64_t nb = std::min(Tuning::kTile, N - b0);
-      if (logits(r0, rb, nb, load_tile(b0, nb, false), first_q, last_q) == kSkip) continue;
+      if (logits(r0, rb, b0, nb, load_tile(b0, nb, false), first_q, last_q, false) == kSkip) continue;
       for (std::int64_t r = 0; r < rb; ++r) {
         if (w.l(r) == 0.0f) continue;
         const float inv = 1.0f / w.l(r);

@@ -28,6 +28,21 @@ struct HeadLayout {
   std::int64_t slot(std::int64_t i) const { return std::int64_t{block_table[i / page_size]} * page_size + i % page_size; }
 };
 
+/// Allocates on 64-byte (cache-line) boundaries, so that no K/V row whose size is a multiple of 32
+/// bytes straddles two lines: a 32-byte vector load of it is one line, not two (cpu/decode_kernels.hpp).
+template <class T>
+struct CacheLineAllocator {
+  using value_type = T;
+  static constexpr std::align_val_t kAlignment{64};
+  CacheLineAllocator() = default;
+  template <class U>
+  CacheLineAllocator(const CacheLineAllocator<U>&) noexcept {}
+  T* allocate(std::size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), kAlignment)); }
+  void deallocate(T* p, std::size_t) noexcept { ::operator delete(p, kAlignment); }
+  template <class U>
+  bool operator==(const CacheLineAllocator<U>&) const noexcept { return true; }
+};
+
 template <class Storage>
 class EntryPool {
   static_assert(is_storage_type_v<Storage>, "K/V storage must be float, kvpolicy::half or kvpolicy::bfloat16");
@@ -36,7 +51,7 @@ class EntryPool {
   /// Allocates the pool; a pool the machine cannot hold is a kvpolicy::Error naming its size, not
   /// std::bad_alloc, and leaves the old pool as it was.
   void resize(std::int64_t slots, int head_dim) {
-    std::vector<Storage> keys, values;
+    std::vector<Storage, CacheLineAllocator<Storage>> keys, values;
     std::vector<EntryMeta> meta;
     try {
       keys.assign(static_cast<std::size_t>(slots * head_dim), Storage{});
@@ -90,7 +105,7 @@ class EntryPool {
 
  private:
   int head_dim_ = 0;
-  std::vector<Storage> keys_, values_;
+  std::vector<Storage, CacheLineAllocator<Storage>> keys_, values_;  // 64-byte aligned: each row's loads stay in its lines
   std::vector<EntryMeta> meta_;
 };
 

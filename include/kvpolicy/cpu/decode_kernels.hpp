@@ -1,0 +1,277 @@
+/// \file
+/// kvpolicy/cpu/decode_kernels.hpp — the two inner loops of a decode step's attention (SPEC §6) for a
+/// few query rows (the G query heads of a group, T small) over entries that lie wherever the pool put
+/// them, read in their storage dtype:
+///   decode_logits:     s_rj = q_r · k_j                      (q already scaled by 1/sqrt(d))
+///   decode_accumulate: acc_r += Σ_j p_rj · v_j
+/// A decode step reads each entry once and does 2·rows·d flops on it, so these loops decide whether
+/// the step runs at the memory's speed. The AVX2 kernels (x86-64 compiled with AVX2, FMA and F16C,
+/// e.g. -march=native) keep every row's partial sums in vector registers: the logits of several
+/// entries at once, each k_j loaded and widened (fp16 by F16C, bf16 by a 16-bit shift) once for all
+/// rows; the values in blocks of entries with acc's columns held in registers across the block, so
+/// acc is loaded and stored once per block, not once per entry. Elsewhere, or for a head dimension
+/// that is not a multiple of 8, the portable kernels: each entry widened to fp32 (cpu/widen.hpp) and
+/// one Eigen matrix-vector product or rank-1 update. Both orders of summation are fp32; they differ
+/// from each other and from the dense reference only by rounding (tests/test_decode_kernels.cpp).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <span>
+#include <type_traits>
+
+#include <Eigen/Core>
+
+#include "kvpolicy/core/dtype.hpp"
+#include "kvpolicy/cpu/widen.hpp"
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && (defined(__x86_64__) || defined(_M_X64))
+#include <immintrin.h>
+#define KVPOLICY_DECODE_AVX2 1
+#else
+#define KVPOLICY_DECODE_AVX2 0
+#endif
+
+namespace kvpolicy::cpu {
+
+/// The most query rows the decode kernels take at once (TiledAttentionTuning::kFewRows).
+inline constexpr std::int64_t kDecodeMaxRows = 8;
+
+/// The entries a caller reads next (its next tile): while decode_logits reads keys[j] it asks the
+/// memory for ahead.key[j] and ahead.value[j] (a software prefetch, only a hint), so that they are
+/// on their way while this tile computes; the stream alone does not keep enough reads in flight.
+template <class Storage>
+struct DecodeAhead {
+  std::span<const Storage* const> key, value;
+};
+
+namespace detail {
+
+/// Entry j widened to fp32: in place for float storage, else into `buf` (d floats).
+template <class Storage>
+const float* entry_as_float(const Storage* entry, float* buf, std::int64_t d) {
+  if constexpr (std::is_same_v<Storage, float>) {
+    (void)buf, (void)d;
+    return entry;
+  } else {
+    widen(entry, buf, d);
+    return buf;
+  }
+}
+
+}  // namespace detail
+
+/// Portable decode_logits: s[r·ld + j] = q[r·d, d) · keys[j] for r < rows, j < keys.size().
+template <class Storage>
+void decode_logits_portable(const float* q, std::int64_t rows, std::int64_t d, std::span<const Storage* const> keys,
+                            float* s, std::int64_t ld) {
+  using RowMatrixF = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  const Eigen::Map<const RowMatrixF> qm(q, rows, d);
+  Eigen::Map<RowMatrixF, 0, Eigen::OuterStride<>> sm(s, rows, static_cast<std::int64_t>(keys.size()), Eigen::OuterStride<>(ld));
+  Eigen::VectorXf buf(d);
+  for (std::size_t j = 0; j < keys.size(); ++j)
+    sm.col(static_cast<std::int64_t>(j)).noalias() =
+        qm * Eigen::Map<const Eigen::VectorXf>(detail::entry_as_float(keys[j], buf.data(), d), d);
+}
+
+/// Portable decode_accumulate: acc[r·d, d) += Σ_j p[r·ld + j] · values[j] for r < rows.
+template <class Storage>
+void decode_accumulate_portable(const float* p, std::int64_t ld, std::int64_t rows, std::int64_t d,
+                                std::span<const Storage* const> values, float* acc) {
+  using RowMatrixF = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  const Eigen::Map<const RowMatrixF, 0, Eigen::OuterStride<>> pm(p, rows, static_cast<std::int64_t>(values.size()),
+                                                                  Eigen::OuterStride<>(ld));
+  Eigen::Map<RowMatrixF> am(acc, rows, d);
+  Eigen::RowVectorXf buf(d);
+  for (std::size_t j = 0; j < values.size(); ++j)
+    am.noalias() += pm.col(static_cast<std::int64_t>(j)) *
+                    Eigen::Map<const Eigen::RowVectorXf>(detail::entry_as_float(values[j], buf.data(), d), d);
+}
+
+#if KVPOLICY_DECODE_AVX2
+namespace detail::avx2 {
+
+inline __m256 load8(const float* x) { return _mm256_loadu_ps(x); }
+inline __m256 load8(const half* x) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x))); }
+inline __m256 load8(const bfloat16* x) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x))), 16));
+}
+
+/// The eight lane sums of a0..a7 as one vector, lane i = the sum of a_i's lanes.
+inline __m256 sum_lanes8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4, __m256 a5, __m256 a6, __m256 a7) {
+  const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+  const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(a4, a5), _mm256_hadd_ps(a6, a7));
+  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+/// Asks for the cache lines of one row of d values (a hint: never faults, never changes a result).
+template <class Storage>
+void prefetch_row(const Storage* row, std::int64_t d) {
+  const auto* bytes = reinterpret_cast<const char*>(row);
+  for (std::int64_t o = 0; o < d * static_cast<std::int64_t>(sizeof(Storage)); o += 64) _mm_prefetch(bytes + o, _MM_HINT_T0);
+}
+
+/// The I-th of up to eight vectors (a compile-time choice).
+template <int I>
+__m256 pick(__m256 x0, __m256 x1, __m256 x2, __m256 x3, __m256 x4 = _mm256_setzero_ps(), __m256 x5 = _mm256_setzero_ps(),
+             __m256 x6 = _mm256_setzero_ps(), __m256 x7 = _mm256_setzero_ps()) {
+  static_assert(I >= 0 && I < 8);
+  if constexpr (I == 0) return x0;
+  else if constexpr (I == 1) return x1;
+  else if constexpr (I == 2) return x2;
+  else if constexpr (I == 3) return x3;
+  else if constexpr (I == 4) return x4;
+  else if constexpr (I == 5) return x5;
+  else if constexpr (I == 6) return x6;
+  else return x7;
+}
+
+// The kernels keep their accumulators in eight named variables a0..a7, not in an array: GCC keeps
+// an array of vectors on the stack and stores it on every iteration, which halves the speed.
+#define KVPOLICY_DECODE_EACH8(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
+
+/// Logits of R rows against the E entries keys[0, E): accumulator i holds (row i / E, entry i % E);
+/// each key chunk is loaded and widened once for every row. Needs R·E ≤ 8 and d % 8 == 0.
+template <int R, int E, class Storage>
+void logits_block(const float* q, std::int64_t d, const Storage* const* keys, float* s, std::int64_t ld) {
+  static_assert(R * E <= 8);
+  const __m256 zero = _mm256_setzero_ps();
+#define KVPOLICY_DECODE_ZERO(i) __m256 a##i = zero;
+  KVPOLICY_DECODE_EACH8(KVPOLICY_DECODE_ZERO)
+#undef KVPOLICY_DECODE_ZERO
+  for (std::int64_t c = 0; c < d; c += 8) {
+#define KVPOLICY_DECODE_KEY(i) const __m256 k##i = i < E ? load8(keys[i < E ? i : 0] + c) : zero;
+    KVPOLICY_DECODE_EACH8(KVPOLICY_DECODE_KEY)
+#undef KVPOLICY_DECODE_KEY
+#define KVPOLICY_DECODE_FMA(i) \
+  if constexpr (i < R * E) a##i = _mm256_fmadd_ps(_mm256_loadu_ps(q + (i / E) * d + c), pick<i % E>(k0, k1, k2, k3, k4, k5, k6, k7), a##i);
+    KVPOLICY_DECODE_EACH8(KVPOLICY_DECODE_FMA)
+#undef KVPOLICY_DECODE_FMA
+  }
+  alignas(32) float sums[8];
+  _mm256_store_ps(sums, sum_lanes8(a0, a1, a2, a3, a4, a5, a6, a7));
+  for (int i = 0; i < R * E; ++i) s[(i / E) * ld + i % E] = sums[i];
+}
+
+template <int R, class Storage>
+void logits(const float* q, std::int64_t d, std::span<const Storage* const> keys, float* s, std::int64_t ld,
+            DecodeAhead<Storage> ahead) {
+  constexpr int E = R >= 8 ? 1 : 8 / R;
+  const auto n = static_cast<std::int64_t>(keys.size());
+  const auto ahead_key = static_cast<std::int64_t>(ahead.key.size()), ahead_value = static_cast<std::int64_t>(ahead.value.size());
+  const auto prefetch = [&](std::int64_t j0, std::int64_t j1) {
+    for (std::int64_t j = j0; j < j1; ++j) {
+      if (j < ahead_key) prefetch_row(ahead.key[static_cast<std::size_t>(j)], d);
+      if (j < ahead_value) prefetch_row(ahead.value[static_cast<std::size_t>(j)], d);
+    }
+  };
+  std::int64_t j = 0;
+  for (; j + E <= n; j += E) {
+    prefetch(j, j + E);
+    logits_block<R, E>(q, d, keys.data() + j, s + j, ld);
+  }
+  for (; j < n; ++j) {
+    prefetch(j, j + 1);
+    logits_block<R, 1>(q, d, keys.data() + j, s + j, ld);
+  }
+  prefetch(n, std::max(ahead_key, ahead_value));  // a shorter tile still asks for all of the next
+}
+
+/// acc[R, d) columns [c0, c0 + 8·W) += P[R, nb) · V[nb, those columns): accumulator i holds (row i / W,
+/// columns c0 + 8·(i % W) ...) in a register while the nb entries stream through, so acc is read and
+/// written once per block of entries, not once per entry. Needs R·W ≤ 8.
+template <int R, int W, class Storage>
+void accumulate_columns(const float* p, std::int64_t ld, std::int64_t d, std::int64_t c0, const Storage* const* values,
+                        std::int64_t nb, float* acc) {
+  static_assert(R * W <= 8 && W <= 4);
+  const __m256 zero = _mm256_setzero_ps();
+#define KVPOLICY_DECODE_LOAD(i) __m256 a##i = i < R * W ? _mm256_loadu_ps(acc + (i / W) * d + c0 + 8 * (i % W)) : zero;
+  KVPOLICY_DECODE_EACH8(KVPOLICY_DECODE_LOAD)
+#undef KVPOLICY_DECODE_LOAD
+  for (std::int64_t j = 0; j < nb; ++j) {
+    const Storage* v = values[j] + c0;
+    const __m256 v0 = load8(v), v1 = W > 1 ? load8(v + 8) : zero, v2 = W > 2 ? load8(v + 16) : zero,
+                 v3 = W > 3 ? load8(v + 24) : zero;
+#define KVPOLICY_DECODE_FMA(i) \
+  if constexpr (i < R * W) a##i = _mm256_fmadd_ps(_mm256_broadcast_ss(p + (i / W) * ld + j), pick<i % W>(v0, v1, v2, v3), a##i);
+    KVPOLICY_DECODE_EACH8(KVPOLICY_DECODE_FMA)
+#undef KVPOLICY_DECODE_FMA
+  }
+#define KVPOLICY_DECODE_STORE(i) \
+  if constexpr (i < R * W) _mm256_storeu_ps(acc + (i / W) * d + c0 + 8 * (i % W), a##i);
+  KVPOLICY_DECODE_EACH8(KVPOLICY_DECODE_STORE)
+#undef KVPOLICY_DECODE_STORE
+}
+#undef KVPOLICY_DECODE_EACH8
+
+template <int R, class Storage>
+void accumulate(const float* p, std::int64_t ld, std::int64_t d, std::span<const Storage* const> values, float* acc) {
+  constexpr int W = R <= 2 ? 4 : R <= 4 ? 2 : 1;  // R·W ≤ 8 accumulators, with v and the broadcast: ≤ 16 registers
+  constexpr std::int64_t kBlock = 16;  // entries per pass: 16 rows of K/V of a page, acc touched once per block
+  const auto n = static_cast<std::int64_t>(values.size());
+  for (std::int64_t j0 = 0; j0 < n; j0 += kBlock) {
+    const std::int64_t nb = std::min(kBlock, n - j0);
+    std::int64_t c = 0;
+    for (; c + 8 * W <= d; c += 8 * W) accumulate_columns<R, W>(p + j0, ld, d, c, values.data() + j0, nb, acc);
+    for (; c < d; c += 8) accumulate_columns<R, 1>(p + j0, ld, d, c, values.data() + j0, nb, acc);
+  }
+}
+
+}  // namespace detail::avx2
+
+/// AVX2 decode_logits (needs d % 8 == 0 and 1 ≤ rows ≤ kDecodeMaxRows).
+template <class Storage>
+void decode_logits_avx2(const float* q, std::int64_t rows, std::int64_t d, std::span<const Storage* const> keys, float* s,
+                        std::int64_t ld, DecodeAhead<Storage> ahead = {}) {
+  switch (rows) {
+    case 1: return detail::avx2::logits<1>(q, d, keys, s, ld, ahead);
+    case 2: return detail::avx2::logits<2>(q, d, keys, s, ld, ahead);
+    case 3: return detail::avx2::logits<3>(q, d, keys, s, ld, ahead);
+    case 4: return detail::avx2::logits<4>(q, d, keys, s, ld, ahead);
+    case 5: return detail::avx2::logits<5>(q, d, keys, s, ld, ahead);
+    case 6: return detail::avx2::logits<6>(q, d, keys, s, ld, ahead);
+    case 7: return detail::avx2::logits<7>(q, d, keys, s, ld, ahead);
+    default: return detail::avx2::logits<8>(q, d, keys, s, ld, ahead);
+  }
+}
+
+/// AVX2 decode_accumulate (needs d % 8 == 0 and 1 ≤ rows ≤ kDecodeMaxRows).
+template <class Storage>
+void decode_accumulate_avx2(const float* p, std::int64_t ld, std::int64_t rows, std::int64_t d,
+                            std::span<const Storage* const> values, float* acc) {
+  switch (rows) {
+    case 1: return detail::avx2::accumulate<1>(p, ld, d, values, acc);
+    case 2: return detail::avx2::accumulate<2>(p, ld, d, values, acc);
+    case 3: return detail::avx2::accumulate<3>(p, ld, d, values, acc);
+    case 4: return detail::avx2::accumulate<4>(p, ld, d, values, acc);
+    case 5: return detail::avx2::accumulate<5>(p, ld, d, values, acc);
+    case 6: return detail::avx2::accumulate<6>(p, ld, d, values, acc);
+    case 7: return detail::avx2::accumulate<7>(p, ld, d, values, acc);
+    default: return detail::avx2::accumulate<8>(p, ld, d, values, acc);
+  }
+}
+#endif
+
+/// s[r·ld + j] = q[r·d, d) · keys[j] (fp32 sums) for r < rows ≤ kDecodeMaxRows, j < keys.size();
+/// `ahead` names the entries the caller reads next (DecodeAhead), or none.
+template <class Storage>
+void decode_logits(const float* q, std::int64_t rows, std::int64_t d, std::span<const Storage* const> keys, float* s,
+                   std::int64_t ld, DecodeAhead<Storage> ahead = {}) {
+#if KVPOLICY_DECODE_AVX2
+  if (d % 8 == 0 && rows >= 1 && rows <= kDecodeMaxRows) return decode_logits_avx2(q, rows, d, keys, s, ld, ahead);
+#endif
+  (void)ahead;
+  decode_logits_portable(q, rows, d, keys, s, ld);
+}
+
+/// acc[r·d, d) += Σ_j p[r·ld + j] · values[j] (fp32) for r < rows ≤ kDecodeMaxRows.
+template <class Storage>
+void decode_accumulate(const float* p, std::int64_t ld, std::int64_t rows, std::int64_t d,
+                       std::span<const Storage* const> values, float* acc) {
+#if KVPOLICY_DECODE_AVX2
+  if (d % 8 == 0 && rows >= 1 && rows <= kDecodeMaxRows) return decode_accumulate_avx2(p, ld, rows, d, values, acc);
+#endif
+  decode_accumulate_portable(p, ld, rows, d, values, acc);
+}
+
+}  // namespace kvpolicy::cpu
