@@ -91,12 +91,6 @@ void decode_accumulate_portable(const float* p, std::int64_t ld, std::int64_t ro
 #if KVPOLICY_DECODE_AVX2
 namespace detail::avx2 {
 
-inline __m256 load8(const float* x) { return _mm256_loadu_ps(x); }
-inline __m256 load8(const half* x) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x))); }
-inline __m256 load8(const bfloat16* x) {
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x))), 16));
-}
-
 /// The eight lane sums of a0..a7 as one vector, lane i = the sum of a_i's lanes.
 inline __m256 sum_lanes8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4, __m256 a5, __m256 a6, __m256 a7) {
   const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
@@ -140,7 +134,7 @@ void logits_block(const float* q, std::int64_t d, const Storage* const* keys, fl
   KVPOLICY_DECODE_EACH8(KVPOLICY_DECODE_ZERO)
 #undef KVPOLICY_DECODE_ZERO
   for (std::int64_t c = 0; c < d; c += 8) {
-#define KVPOLICY_DECODE_KEY(i) const __m256 k##i = i < E ? load8(keys[i < E ? i : 0] + c) : zero;
+#define KVPOLICY_DECODE_KEY(i) const __m256 k##i = i < E ? widen8(keys[i < E ? i : 0] + c) : zero;
     KVPOLICY_DECODE_EACH8(KVPOLICY_DECODE_KEY)
 #undef KVPOLICY_DECODE_KEY
 #define KVPOLICY_DECODE_FMA(i) \
@@ -190,8 +184,8 @@ void accumulate_columns(const float* p, std::int64_t ld, std::int64_t d, std::in
 #undef KVPOLICY_DECODE_LOAD
   for (std::int64_t j = 0; j < nb; ++j) {
     const Storage* v = values[j] + c0;
-    const __m256 v0 = load8(v), v1 = W > 1 ? load8(v + 8) : zero, v2 = W > 2 ? load8(v + 16) : zero,
-                 v3 = W > 3 ? load8(v + 24) : zero;
+    const __m256 v0 = widen8(v), v1 = W > 1 ? widen8(v + 8) : zero, v2 = W > 2 ? widen8(v + 16) : zero,
+                 v3 = W > 3 ? widen8(v + 24) : zero;
 #define KVPOLICY_DECODE_FMA(i) \
   if constexpr (i < R * W) a##i = _mm256_fmadd_ps(_mm256_broadcast_ss(p + (i / W) * ld + j), pick<i % W>(v0, v1, v2, v3), a##i);
     KVPOLICY_DECODE_EACH8(KVPOLICY_DECODE_FMA)

@@ -28,14 +28,25 @@
 
 namespace kvpolicy::cpu {
 
+// Eight values widened into one fp32 vector register: the one place the vector conversions live
+// (widen below and the decode kernels, cpu/decode_kernels.hpp, use them).
+#if KVPOLICY_WIDEN_F16C
+inline __m256 widen8(const half* src) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src))); }
+#endif
+#if KVPOLICY_WIDEN_AVX2
+inline __m256 widen8(const float* src) { return _mm256_loadu_ps(src); }
+inline __m256 widen8(const bfloat16* src) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src))), 16));
+}
+#endif
+
 /// dst[i] = to_float(src[i]) for i < n.
 inline void widen(const float* src, float* dst, std::int64_t n) { std::memcpy(dst, src, static_cast<std::size_t>(n) * sizeof(float)); }
 
 inline void widen(const half* src, float* dst, std::int64_t n) {
   std::int64_t i = 0;
 #if KVPOLICY_WIDEN_F16C
-  for (; i + 8 <= n; i += 8)
-    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, widen8(src + i));
 #endif
   for (; i < n; ++i) dst[i] = dtype::half_to_float(src[i].bits);
 }
@@ -43,10 +54,7 @@ inline void widen(const half* src, float* dst, std::int64_t n) {
 inline void widen(const bfloat16* src, float* dst, std::int64_t n) {
   std::int64_t i = 0;
 #if KVPOLICY_WIDEN_AVX2
-  for (; i + 8 <= n; i += 8) {
-    const __m256i u = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))), 16);
-    _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(u));
-  }
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, widen8(src + i));
 #endif
   for (; i < n; ++i) {
     const std::uint32_t u = static_cast<std::uint32_t>(src[i].bits) << 16;
