@@ -1,7 +1,7 @@
 // cpu/decode_kernels.hpp (the decode step's logits and P·V, SPEC §6) against a brute-force oracle in
 // double on thousands of random cases: fp32/fp16/bf16 storage, every row count 1..8, head dims that
-// are and are not multiples of 8 (the AVX2 kernels and the portable fallback), entry counts that
-// leave partial blocks, entries anywhere in memory and repeated (tied logits), and the AVX2 kernels
+// are and are not multiples of 8 (the packet kernels and the portable fallback), entry counts that
+// leave partial blocks, entries anywhere in memory and repeated (tied logits), and the packet kernels
 // held to the portable ones where compiled in. Asking for entries ahead (DecodeAhead) changes no bit.
 // The pool's rows start on cache lines (memory/pool.hpp), so a row's vector loads never straddle two.
 #include <doctest/doctest.h>
@@ -133,15 +133,15 @@ void run_cases(std::uint32_t seed, int cases) {
     check_accumulate(c, store, acc0, acc);
     cpu::decode_accumulate_portable(c.p.data(), c.ld, c.rows, c.d, values, acc_portable.data());
     check_accumulate(c, store, acc0, acc_portable);
-#if KVPOLICY_DECODE_AVX2
-    if (c.d % 8 == 0) {  // the dispatch took the AVX2 kernels: the same as calling them
-      std::vector<float> s_avx2(s_size, NAN), acc_avx2 = acc0;
-      cpu::decode_logits_avx2(c.q.data(), c.rows, c.d, keys, s_avx2.data(), c.ld);
-      cpu::decode_accumulate_avx2(c.p.data(), c.ld, c.rows, c.d, values, acc_avx2.data());
+#if KVPOLICY_DECODE_PACKET8
+    if (c.d % 8 == 0) {  // the dispatch took the packet kernels: the same as calling them
+      std::vector<float> s_packet(s_size, NAN), acc_packet = acc0;
+      cpu::decode_logits_packet8(c.q.data(), c.rows, c.d, keys, s_packet.data(), c.ld);
+      cpu::decode_accumulate_packet8(c.p.data(), c.ld, c.rows, c.d, values, acc_packet.data());
       for (std::int64_t r = 0; r < c.rows; ++r)
         for (std::int64_t j = 0; j < c.n; ++j)
-          REQUIRE(std::memcmp(&s[static_cast<std::size_t>(r * c.ld + j)], &s_avx2[static_cast<std::size_t>(r * c.ld + j)], sizeof(float)) == 0);
-      REQUIRE(std::memcmp(acc.data(), acc_avx2.data(), acc.size() * sizeof(float)) == 0);
+          REQUIRE(std::memcmp(&s[static_cast<std::size_t>(r * c.ld + j)], &s_packet[static_cast<std::size_t>(r * c.ld + j)], sizeof(float)) == 0);
+      REQUIRE(std::memcmp(acc.data(), acc_packet.data(), acc.size() * sizeof(float)) == 0);
     }
 #endif
   }
@@ -152,6 +152,14 @@ void run_cases(std::uint32_t seed, int cases) {
 TEST_CASE("decode kernels: logits and P.V match a double oracle (fp32 storage)") { run_cases<float>(11, 1500); }
 TEST_CASE("decode kernels: logits and P.V match a double oracle (fp16 storage)") { run_cases<half>(12, 1500); }
 TEST_CASE("decode kernels: logits and P.V match a double oracle (bf16 storage)") { run_cases<bfloat16>(13, 1500); }
+
+#ifdef KVPOLICY_EXPECT_DECODE_PACKET8
+// The builds of this file for other x86-64 targets (tests/CMakeLists.txt) say which kernels they meant
+// to test: the packet kernels under -mavx alone, the portable ones without AVX.
+TEST_CASE("decode kernels: this build runs the kernels it was built to test") {
+  CHECK(KVPOLICY_DECODE_PACKET8 == KVPOLICY_EXPECT_DECODE_PACKET8);
+}
+#endif
 
 TEST_CASE("decode kernels: the pool's K and V rows start on 64-byte cache lines") {
   memory::EntryPool<half> pool;

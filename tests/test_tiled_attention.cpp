@@ -203,7 +203,6 @@ TEST_CASE("widen: F16C (where compiled in) and the portable conversions agree on
     if (std::memcmp(&pb, &wb[i], 4) != 0) ++mismatches;
   }
   CHECK(mismatches == 0);
-  const std::string route = std::string("widen: F16C ") + (KVPOLICY_WIDEN_F16C ? "on" : "off") + ", AVX2 bf16 " +
-                            (KVPOLICY_WIDEN_AVX2 ? "on" : "off");
+  const std::string route = std::string("widen: Eigen's 8-lane packets ") + (KVPOLICY_WIDEN_PACKET8 ? "on" : "off");
   MESSAGE(route);
 }

@@ -5,14 +5,15 @@
 ///   decode_logits:     s_rj = q_r · k_j                      (q already scaled by 1/sqrt(d))
 ///   decode_accumulate: acc_r += Σ_j p_rj · v_j
 /// A decode step reads each entry once and does 2·rows·d flops on it, so these loops decide whether
-/// the step runs at the memory's speed. The AVX2 kernels (x86-64 compiled with AVX2, FMA and F16C,
-/// e.g. -march=native) keep every row's partial sums in vector registers: the logits of several
-/// entries at once, each k_j loaded and widened (fp16 by F16C, bf16 by a 16-bit shift) once for all
-/// rows; the values in blocks of entries with acc's columns held in registers across the block, so
-/// acc is loaded and stored once per block, not once per entry. Elsewhere, or for a head dimension
-/// that is not a multiple of 8, the portable kernels: each entry widened to fp32 (cpu/widen.hpp) and
-/// one Eigen matrix-vector product or rank-1 update. Both orders of summation are fp32; they differ
-/// from each other and from the dense reference only by rounding (tests/test_decode_kernels.cpp).
+/// the step runs at the memory's speed. The packet kernels (Eigen's 8-lane AVX packets: x86-64 built
+/// with -mavx or -march=native; FMA where compiled in) keep every row's partial sums in registers:
+/// the logits of several entries at once, each k_j loaded and widened (cpu/widen.hpp: fp16 by F16C,
+/// bf16 by a 16-bit shift) once for all rows; the values in blocks of entries with acc's columns held
+/// in registers across the block, so acc is loaded and stored once per block, not once per entry.
+/// Elsewhere, or for a head dimension that is not a multiple of 8, the portable kernels: each entry
+/// widened to fp32 and one Eigen matrix-vector product or rank-1 update. Both orders of summation are
+/// fp32; they differ from each other and from the dense reference only by rounding
+/// (tests/test_decode_kernels.cpp).
 #pragma once
 
 #include <algorithm>
@@ -25,12 +26,7 @@
 #include "kvpolicy/core/dtype.hpp"
 #include "kvpolicy/cpu/widen.hpp"
 
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && (defined(__x86_64__) || defined(_M_X64))
-#include <immintrin.h>
-#define KVPOLICY_DECODE_AVX2 1
-#else
-#define KVPOLICY_DECODE_AVX2 0
-#endif
+#define KVPOLICY_DECODE_PACKET8 KVPOLICY_WIDEN_PACKET8
 
 namespace kvpolicy::cpu {
 
@@ -88,27 +84,41 @@ void decode_accumulate_portable(const float* p, std::int64_t ld, std::int64_t ro
                     Eigen::Map<const Eigen::RowVectorXf>(detail::entry_as_float(values[j], buf.data(), d), d);
 }
 
-#if KVPOLICY_DECODE_AVX2
-namespace detail::avx2 {
+#if KVPOLICY_DECODE_PACKET8
+namespace detail::packet8 {
 
-/// The eight lane sums of a0..a7 as one vector, lane i = the sum of a_i's lanes.
-inline __m256 sum_lanes8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4, __m256 a5, __m256 a6, __m256 a7) {
-  const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
-  const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(a4, a5), _mm256_hadd_ps(a6, a7));
-  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+namespace ei = Eigen::internal;
+
+/// The eight lane sums of a0..a7 as one packet, lane i = the sum of a_i's lanes (one 8×8 transpose,
+/// then seven adds).
+#if defined(__GNUC__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wignored-attributes"  // __m256's alignment attribute in a template argument, as Eigen's own
+#endif
+inline Packet8f sum_lanes8(Packet8f a0, Packet8f a1, Packet8f a2, Packet8f a3, Packet8f a4, Packet8f a5, Packet8f a6,
+                           Packet8f a7) {
+  ei::PacketBlock<Packet8f, 8> t;
+  t.packet[0] = a0, t.packet[1] = a1, t.packet[2] = a2, t.packet[3] = a3;
+  t.packet[4] = a4, t.packet[5] = a5, t.packet[6] = a6, t.packet[7] = a7;
+  ei::ptranspose(t);
+  return ei::padd(ei::padd(ei::padd(t.packet[0], t.packet[1]), ei::padd(t.packet[2], t.packet[3])),
+                  ei::padd(ei::padd(t.packet[4], t.packet[5]), ei::padd(t.packet[6], t.packet[7])));
 }
+#if defined(__GNUC__)
+#pragma GCC diagnostic pop
+#endif
 
 /// Asks for the cache lines of one row of d values (a hint: never faults, never changes a result).
 template <class Storage>
 void prefetch_row(const Storage* row, std::int64_t d) {
   const auto* bytes = reinterpret_cast<const char*>(row);
-  for (std::int64_t o = 0; o < d * static_cast<std::int64_t>(sizeof(Storage)); o += 64) _mm_prefetch(bytes + o, _MM_HINT_T0);
+  for (std::int64_t o = 0; o < d * static_cast<std::int64_t>(sizeof(Storage)); o += 64) ei::prefetch(bytes + o);
 }
 
-/// The I-th of up to eight vectors (a compile-time choice).
+/// The I-th of up to eight packets (a compile-time choice).
 template <int I>
-__m256 pick(__m256 x0, __m256 x1, __m256 x2, __m256 x3, __m256 x4 = _mm256_setzero_ps(), __m256 x5 = _mm256_setzero_ps(),
-             __m256 x6 = _mm256_setzero_ps(), __m256 x7 = _mm256_setzero_ps()) {
+Packet8f pick(Packet8f x0, Packet8f x1, Packet8f x2, Packet8f x3, Packet8f x4 = ei::pzero(Packet8f()),
+              Packet8f x5 = ei::pzero(Packet8f()), Packet8f x6 = ei::pzero(Packet8f()), Packet8f x7 = ei::pzero(Packet8f())) {
   static_assert(I >= 0 && I < 8);
   if constexpr (I == 0) return x0;
   else if constexpr (I == 1) return x1;
@@ -127,23 +137,24 @@ __m256 pick(__m256 x0, __m256 x1, __m256 x2, __m256 x3, __m256 x4 = _mm256_setze
 /// Logits of R rows against the E entries keys[0, E): accumulator i holds (row i / E, entry i % E);
 /// each key chunk is loaded and widened once for every row. Needs R·E ≤ 8 and d % 8 == 0.
 template <int R, int E, class Storage>
-void logits_block(const float* q, std::int64_t d, const Storage* const* keys, float* s, std::int64_t ld) {
+KVPOLICY_PACKET_KERNEL void logits_block(const float* q, std::int64_t d, const Storage* const* keys, float* s, std::int64_t ld) {
   static_assert(R * E <= 8);
-  const __m256 zero = _mm256_setzero_ps();
-#define KVPOLICY_DECODE_ZERO(i) __m256 a##i = zero;
+  const Packet8f zero = ei::pzero(Packet8f());
+#define KVPOLICY_DECODE_ZERO(i) Packet8f a##i = zero;
   KVPOLICY_DECODE_EACH8(KVPOLICY_DECODE_ZERO)
 #undef KVPOLICY_DECODE_ZERO
   for (std::int64_t c = 0; c < d; c += 8) {
-#define KVPOLICY_DECODE_KEY(i) const __m256 k##i = i < E ? widen8(keys[i < E ? i : 0] + c) : zero;
+#define KVPOLICY_DECODE_KEY(i) const Packet8f k##i = i < E ? widen8(keys[i < E ? i : 0] + c) : zero;
     KVPOLICY_DECODE_EACH8(KVPOLICY_DECODE_KEY)
 #undef KVPOLICY_DECODE_KEY
-#define KVPOLICY_DECODE_FMA(i) \
-  if constexpr (i < R * E) a##i = _mm256_fmadd_ps(_mm256_loadu_ps(q + (i / E) * d + c), pick<i % E>(k0, k1, k2, k3, k4, k5, k6, k7), a##i);
+#define KVPOLICY_DECODE_FMA(i)                                                                                   \
+  if constexpr (i < R * E)                                                                                       \
+    a##i = ei::pmadd(ei::ploadu<Packet8f>(q + (i / E) * d + c), pick<i % E>(k0, k1, k2, k3, k4, k5, k6, k7), a##i);
     KVPOLICY_DECODE_EACH8(KVPOLICY_DECODE_FMA)
 #undef KVPOLICY_DECODE_FMA
   }
   alignas(32) float sums[8];
-  _mm256_store_ps(sums, sum_lanes8(a0, a1, a2, a3, a4, a5, a6, a7));
+  ei::pstore(sums, sum_lanes8(a0, a1, a2, a3, a4, a5, a6, a7));
   for (int i = 0; i < R * E; ++i) s[(i / E) * ld + i % E] = sums[i];
 }
 
@@ -175,24 +186,24 @@ void logits(const float* q, std::int64_t d, std::span<const Storage* const> keys
 /// columns c0 + 8·(i % W) ...) in a register while the nb entries stream through, so acc is read and
 /// written once per block of entries, not once per entry. Needs R·W ≤ 8.
 template <int R, int W, class Storage>
-void accumulate_columns(const float* p, std::int64_t ld, std::int64_t d, std::int64_t c0, const Storage* const* values,
+KVPOLICY_PACKET_KERNEL void accumulate_columns(const float* p, std::int64_t ld, std::int64_t d, std::int64_t c0, const Storage* const* values,
                         std::int64_t nb, float* acc) {
   static_assert(R * W <= 8 && W <= 4);
-  const __m256 zero = _mm256_setzero_ps();
-#define KVPOLICY_DECODE_LOAD(i) __m256 a##i = i < R * W ? _mm256_loadu_ps(acc + (i / W) * d + c0 + 8 * (i % W)) : zero;
+  const Packet8f zero = ei::pzero(Packet8f());
+#define KVPOLICY_DECODE_LOAD(i) Packet8f a##i = i < R * W ? ei::ploadu<Packet8f>(acc + (i / W) * d + c0 + 8 * (i % W)) : zero;
   KVPOLICY_DECODE_EACH8(KVPOLICY_DECODE_LOAD)
 #undef KVPOLICY_DECODE_LOAD
   for (std::int64_t j = 0; j < nb; ++j) {
     const Storage* v = values[j] + c0;
-    const __m256 v0 = widen8(v), v1 = W > 1 ? widen8(v + 8) : zero, v2 = W > 2 ? widen8(v + 16) : zero,
-                 v3 = W > 3 ? widen8(v + 24) : zero;
+    const Packet8f v0 = widen8(v), v1 = W > 1 ? widen8(v + 8) : zero, v2 = W > 2 ? widen8(v + 16) : zero,
+                   v3 = W > 3 ? widen8(v + 24) : zero;
 #define KVPOLICY_DECODE_FMA(i) \
-  if constexpr (i < R * W) a##i = _mm256_fmadd_ps(_mm256_broadcast_ss(p + (i / W) * ld + j), pick<i % W>(v0, v1, v2, v3), a##i);
+  if constexpr (i < R * W) a##i = ei::pmadd(ei::pload1<Packet8f>(p + (i / W) * ld + j), pick<i % W>(v0, v1, v2, v3), a##i);
     KVPOLICY_DECODE_EACH8(KVPOLICY_DECODE_FMA)
 #undef KVPOLICY_DECODE_FMA
   }
 #define KVPOLICY_DECODE_STORE(i) \
-  if constexpr (i < R * W) _mm256_storeu_ps(acc + (i / W) * d + c0 + 8 * (i % W), a##i);
+  if constexpr (i < R * W) ei::pstoreu(acc + (i / W) * d + c0 + 8 * (i % W), a##i);
   KVPOLICY_DECODE_EACH8(KVPOLICY_DECODE_STORE)
 #undef KVPOLICY_DECODE_STORE
 }
@@ -211,37 +222,37 @@ void accumulate(const float* p, std::int64_t ld, std::int64_t d, std::span<const
   }
 }
 
-}  // namespace detail::avx2
+}  // namespace detail::packet8
 
-/// AVX2 decode_logits (needs d % 8 == 0 and 1 ≤ rows ≤ kDecodeMaxRows).
+/// The packet decode_logits (needs d % 8 == 0 and 1 ≤ rows ≤ kDecodeMaxRows).
 template <class Storage>
-void decode_logits_avx2(const float* q, std::int64_t rows, std::int64_t d, std::span<const Storage* const> keys, float* s,
-                        std::int64_t ld, DecodeAhead<Storage> ahead = {}) {
+void decode_logits_packet8(const float* q, std::int64_t rows, std::int64_t d, std::span<const Storage* const> keys, float* s,
+                           std::int64_t ld, DecodeAhead<Storage> ahead = {}) {
   switch (rows) {
-    case 1: return detail::avx2::logits<1>(q, d, keys, s, ld, ahead);
-    case 2: return detail::avx2::logits<2>(q, d, keys, s, ld, ahead);
-    case 3: return detail::avx2::logits<3>(q, d, keys, s, ld, ahead);
-    case 4: return detail::avx2::logits<4>(q, d, keys, s, ld, ahead);
-    case 5: return detail::avx2::logits<5>(q, d, keys, s, ld, ahead);
-    case 6: return detail::avx2::logits<6>(q, d, keys, s, ld, ahead);
-    case 7: return detail::avx2::logits<7>(q, d, keys, s, ld, ahead);
-    default: return detail::avx2::logits<8>(q, d, keys, s, ld, ahead);
+    case 1: return detail::packet8::logits<1>(q, d, keys, s, ld, ahead);
+    case 2: return detail::packet8::logits<2>(q, d, keys, s, ld, ahead);
+    case 3: return detail::packet8::logits<3>(q, d, keys, s, ld, ahead);
+    case 4: return detail::packet8::logits<4>(q, d, keys, s, ld, ahead);
+    case 5: return detail::packet8::logits<5>(q, d, keys, s, ld, ahead);
+    case 6: return detail::packet8::logits<6>(q, d, keys, s, ld, ahead);
+    case 7: return detail::packet8::logits<7>(q, d, keys, s, ld, ahead);
+    default: return detail::packet8::logits<8>(q, d, keys, s, ld, ahead);
   }
 }
 
-/// AVX2 decode_accumulate (needs d % 8 == 0 and 1 ≤ rows ≤ kDecodeMaxRows).
+/// The packet decode_accumulate (needs d % 8 == 0 and 1 ≤ rows ≤ kDecodeMaxRows).
 template <class Storage>
-void decode_accumulate_avx2(const float* p, std::int64_t ld, std::int64_t rows, std::int64_t d,
-                            std::span<const Storage* const> values, float* acc) {
+void decode_accumulate_packet8(const float* p, std::int64_t ld, std::int64_t rows, std::int64_t d,
+                               std::span<const Storage* const> values, float* acc) {
   switch (rows) {
-    case 1: return detail::avx2::accumulate<1>(p, ld, d, values, acc);
-    case 2: return detail::avx2::accumulate<2>(p, ld, d, values, acc);
-    case 3: return detail::avx2::accumulate<3>(p, ld, d, values, acc);
-    case 4: return detail::avx2::accumulate<4>(p, ld, d, values, acc);
-    case 5: return detail::avx2::accumulate<5>(p, ld, d, values, acc);
-    case 6: return detail::avx2::accumulate<6>(p, ld, d, values, acc);
-    case 7: return detail::avx2::accumulate<7>(p, ld, d, values, acc);
-    default: return detail::avx2::accumulate<8>(p, ld, d, values, acc);
+    case 1: return detail::packet8::accumulate<1>(p, ld, d, values, acc);
+    case 2: return detail::packet8::accumulate<2>(p, ld, d, values, acc);
+    case 3: return detail::packet8::accumulate<3>(p, ld, d, values, acc);
+    case 4: return detail::packet8::accumulate<4>(p, ld, d, values, acc);
+    case 5: return detail::packet8::accumulate<5>(p, ld, d, values, acc);
+    case 6: return detail::packet8::accumulate<6>(p, ld, d, values, acc);
+    case 7: return detail::packet8::accumulate<7>(p, ld, d, values, acc);
+    default: return detail::packet8::accumulate<8>(p, ld, d, values, acc);
   }
 }
 #endif
@@ -251,8 +262,8 @@ void decode_accumulate_avx2(const float* p, std::int64_t ld, std::int64_t rows, 
 template <class Storage>
 void decode_logits(const float* q, std::int64_t rows, std::int64_t d, std::span<const Storage* const> keys, float* s,
                    std::int64_t ld, DecodeAhead<Storage> ahead = {}) {
-#if KVPOLICY_DECODE_AVX2
-  if (d % 8 == 0 && rows >= 1 && rows <= kDecodeMaxRows) return decode_logits_avx2(q, rows, d, keys, s, ld, ahead);
+#if KVPOLICY_DECODE_PACKET8
+  if (d % 8 == 0 && rows >= 1 && rows <= kDecodeMaxRows) return decode_logits_packet8(q, rows, d, keys, s, ld, ahead);
 #endif
   (void)ahead;
   decode_logits_portable(q, rows, d, keys, s, ld);
@@ -262,8 +273,8 @@ void decode_logits(const float* q, std::int64_t rows, std::int64_t d, std::span<
 template <class Storage>
 void decode_accumulate(const float* p, std::int64_t ld, std::int64_t rows, std::int64_t d,
                        std::span<const Storage* const> values, float* acc) {
-#if KVPOLICY_DECODE_AVX2
-  if (d % 8 == 0 && rows >= 1 && rows <= kDecodeMaxRows) return decode_accumulate_avx2(p, ld, rows, d, values, acc);
+#if KVPOLICY_DECODE_PACKET8
+  if (d % 8 == 0 && rows >= 1 && rows <= kDecodeMaxRows) return decode_accumulate_packet8(p, ld, rows, d, values, acc);
 #endif
   decode_accumulate_portable(p, ld, rows, d, values, acc);
 }
