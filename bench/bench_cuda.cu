@@ -125,7 +125,7 @@ struct DecodeSetup {
     return {keys.p, values.p, position.p, meta.p, nullptr, nullptr,
             static_cast<std::int32_t>(pages_per_copy * copies), kPage, kDim};
   }
-  kc::BlockTables tables_view() const {
+  kc::BlockTableView tables_view() const {
     return {table.p, lengths.p, batch * kKv * copies, static_cast<std::int32_t>(max_pages())};
   }
   kc::DecodeBatch batch_of(int copy) const {
@@ -238,32 +238,30 @@ struct EvictSetup {
   kc::PagedKV<__half> kv() const {
     return {keys.p, values.p, position.p, meta.p, nullptr, nullptr, static_cast<std::int32_t>(pages), kPage, kDim};
   }
-  kc::BlockTables tables_view() const {
+  kc::BlockTableView tables_view() const {
     return {table.p, lengths.p, segments, static_cast<std::int32_t>(kLength / kPage + 1)};
   }
   kc::FreeList free() const { return {free_pages.p, free_count.p, static_cast<std::int32_t>(pages)}; }
-  kc::EvictionRule rule() const {
-    kc::EvictionRule r;
-    r.layers = kLayers;
-    r.kv_heads = kKv;
-    r.budget = kBudget;
-    r.buffer = kBuffer;
-    return r;
+  static kp::evict::PerHead<> evictor() {
+    kp::evict::PerHead<> e;
+    e.rule = {kBudget, kBuffer};
+    return e;
   }
+  static kp::CacheShape shape() { return {kLayers, kKv, kKv, kDim}; }
 };
 
 void BM_evict_step(benchmark::State& state) {
   EvictSetup s(static_cast<int>(state.range(0)));
   std::size_t bytes = 0;
-  kc::evict_step(nullptr, bytes, kp::score::RetentionDecay{}, s.rule(), s.kv(), s.tables_view(), s.free(),
-                 s.context.p, nullptr, nullptr, nullptr);
+  kc::evict_step(nullptr, bytes, kp::score::RetentionDecay{}, s.evictor(), s.shape(), s.kv(), s.tables_view(),
+                 s.free(), s.context.p, nullptr, nullptr, nullptr);
   Buffer<char> ws(bytes);
   Timer timer;
   for (auto _ : state) {
     s.restore(nullptr);
     timer.begin(nullptr);
-    kc::evict_step(ws.p, bytes, kp::score::RetentionDecay{}, s.rule(), s.kv(), s.tables_view(), s.free(), s.context.p,
-                   nullptr, nullptr, nullptr);
+    kc::evict_step(ws.p, bytes, kp::score::RetentionDecay{}, s.evictor(), s.shape(), s.kv(), s.tables_view(), s.free(),
+                   s.context.p, nullptr, nullptr, nullptr);
     state.SetIterationTime(timer.end_seconds(nullptr));
   }
   state.counters["entries"] = double(s.segments) * EvictSetup::kLength;

@@ -88,7 +88,7 @@ struct Pool {
   kc::PagedKV<__half> kv() const {
     return {keys, values, position, meta, nullptr, nullptr, static_cast<std::int32_t>(pages), page, dim};
   }
-  kc::BlockTables tables() const {
+  kc::BlockTableView tables() const {
     return {table, lengths, segments, static_cast<std::int32_t>(pages_per_head)};
   }
   double kv_bytes() const { return 2.0 * segments * double(length) * dim * sizeof(__half); }
@@ -161,18 +161,16 @@ int main(int argc, char** argv) {
   std::int32_t* dcount = upload(free_count);
   const kc::FreeList fl{dfree, dcount, static_cast<std::int32_t>(cache.pages)};
   kp::StepContext* ctx = upload(std::vector<kp::StepContext>{kp::StepContext{kBudget + kBuffer, 0, false, 0}});
-  kc::EvictionRule rule;
-  rule.layers = kLayers;
-  rule.kv_heads = kHeads;
-  rule.budget = kBudget;
-  rule.buffer = kBuffer;
+  kp::evict::PerHead<> evictor;  // TRIM-KV's rule, SPEC §1
+  evictor.rule = {kBudget, kBuffer};
+  const kp::CacheShape shape{kLayers, kHeads, kHeads * kGroup, 128};
   std::size_t bytes = 0;
-  kc::evict_step(nullptr, bytes, kp::score::RetentionDecay{}, rule, cache.kv(), cache.tables(), fl, ctx, nullptr,
+  kc::evict_step(nullptr, bytes, kp::score::RetentionDecay{}, evictor, shape, cache.kv(), cache.tables(), fl, ctx, nullptr,
                  nullptr, nullptr);
   void* ws = nullptr;
   KVPOLICY_CUDA_CHECK(cudaMalloc(&ws, std::max<std::size_t>(bytes, 1)), "workspace");
   begin("evict", 0);
-  kc::evict_step(ws, bytes, kp::score::RetentionDecay{}, rule, cache.kv(), cache.tables(), fl, ctx, nullptr, nullptr,
+  kc::evict_step(ws, bytes, kp::score::RetentionDecay{}, evictor, shape, cache.kv(), cache.tables(), fl, ctx, nullptr, nullptr,
                  nullptr);
   end("evict");
   std::vector<std::int32_t> after(static_cast<std::size_t>(cache.segments));

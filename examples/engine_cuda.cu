@@ -58,7 +58,7 @@ int main() {
   kc::PagedKV<float> kv{device<float>(std::size_t(kPages) * kPage * kDim), device<float>(std::size_t(kPages) * kPage * kDim),
                         device<std::int32_t>(std::size_t(kPages) * kPage), device<float>(std::size_t(kPages) * kPage),
                         nullptr, nullptr, kPages, kPage, kDim};
-  kc::BlockTables tables{device<std::int32_t>(std::size_t(kSegments) * kMaxPages), device<std::int32_t>(kSegments),
+  kc::BlockTableView tables{device<std::int32_t>(std::size_t(kSegments) * kMaxPages), device<std::int32_t>(kSegments),
                          kSegments, kMaxPages};
   kc::FreeList free{device<std::int32_t>(kPages), device<std::int32_t>(1), kPages};
   auto* status = device<kc::Status>(1);
@@ -91,11 +91,8 @@ int main() {
   auto* d_out = device<float>(std::size_t(kSeqs) * kQ * kDim);
   auto* d_context = device<kp::StepContext>(kSeqs);
 
-  kc::EvictionRule rule;
-  rule.layers = kLayers;
-  rule.kv_heads = kKv;
-  rule.budget = kBudget;
-  rule.buffer = kBuffer;
+  const kp::CacheShape shape{kLayers, kKv, kQ, kDim};
+  const auto evictor = kp::trimkv_evictor({kBudget, kBuffer});  // TRIM-KV's rule (SPEC §1), as the CPU cache below
   const kc::DecodeBatch batch0{d_queries, d_bases, kSeqs, kQ, kKv, d_out};
 
   // ---- every workspace sized once, before the loop ----
@@ -103,15 +100,14 @@ int main() {
   kc::AppendRows<float> largest{d_rows, kSeqs * kKv, static_cast<std::int32_t>(kPrompt)};
   kc::append(nullptr, append_bytes, kv, tables, free, largest, status, stream);
   kc::decode_attention(nullptr, attention_bytes, kv, tables, batch0, kBudget + kBuffer + kPrompt, stream);
-  kc::evict_step(nullptr, evict_bytes, kp::score::RetentionDecay{}, rule, kv, tables, free, d_context, nullptr, status,
+  kc::evict_step(nullptr, evict_bytes, kp::score::RetentionDecay{}, evictor, shape, kv, tables, free, d_context, nullptr, status,
                  stream);
   void* ws_append = device<char>(append_bytes);
   void* ws_attention = device<char>(attention_bytes);
   void* ws_evict = device<char>(evict_bytes);
 
   // ---- the CPU reference ----
-  const kp::CacheShape shape{kLayers, kKv, kQ, kDim};
-  kp::TrimKVCache<> cpu(shape, kp::memory::Paged<kPage>(kPages), kp::trimkv_evictor({kBudget, kBuffer}));
+  kp::TrimKVCache<> cpu(shape, kp::memory::Paged<kPage>(kPages), evictor);
   for (int s = 0; s < kSeqs; ++s) cpu.add_sequence(s);
 
   std::mt19937 rng(7);
@@ -153,7 +149,7 @@ int main() {
     }
     n += T;
     upload(d_context, std::vector<kp::StepContext>(kSeqs, kp::StepContext{n, 0, false, 0}), stream);
-    kc::evict_step(ws_evict, evict_bytes, kp::score::RetentionDecay{}, rule, kv, tables, free, d_context, nullptr,
+    kc::evict_step(ws_evict, evict_bytes, kp::score::RetentionDecay{}, evictor, shape, kv, tables, free, d_context, nullptr,
                    status, stream);
 
     // the CPU reference takes the same step; its decode attention is compared with the device's

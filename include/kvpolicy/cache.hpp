@@ -29,6 +29,7 @@
 #include "kvpolicy/core/parallel.hpp"
 #include "kvpolicy/core/shape.hpp"
 #include "kvpolicy/core/view.hpp"
+#include "kvpolicy/engine/step_state.hpp"
 #include "kvpolicy/memory/pool.hpp"
 #include "kvpolicy/memory/query_window.hpp"
 
@@ -48,62 +49,11 @@ struct EvictionReport {
   std::int64_t evicted = 0;
 };
 
-namespace detail {
 
-/// Layer l of a [L, ...] view (null stays null): how step() hands each layer to append().
-template <class T, int R>
-View<T, R - 1> layer_of(View<T, R> v, int l) {
-  std::array<std::int64_t, R - 1> s{};
-  for (int i = 1; i < R; ++i) s[static_cast<std::size_t>(i - 1)] = v.shape[static_cast<std::size_t>(i)];
-  View<T, R - 1> out{nullptr, s};
-  out.data = v.data == nullptr ? nullptr : v.data + std::int64_t{l} * out.size();
-  return out;
-}
-
-/// The context an open step's eviction is planned in (SPEC, Notation; SPEC §4 for the prompt):
-/// n after the step; the prompt declared (prompt >= 0) or, undeclared, every token before the
-/// first single-token step that follows another.
-inline StepContext step_context(std::int64_t n_before, std::int64_t pending, std::int64_t prompt) {
-  const std::int64_t n = n_before + pending;
-  if (prompt >= 0) return {n, std::min(prompt, n), n_before < prompt && n >= prompt};
-  if (pending == 1 && n_before > 0) return {n, n_before, false};
-  return {n, n, false};
-}
-
-/// The metadata float of each appended token: a frozen score (finite or -inf, SPEC §4) for a
-/// static-score Scorer, else log_beta in [-inf, 0] (SPEC, Notation). NaN never enters.
-template <class S>
-void check_log_beta(int layer, std::int64_t first_position, View<const float, 2> log_beta,
-                    const char* who = "Cache::append") {
-  for (std::int64_t h = 0; h < log_beta.dim(0); ++h)
-    for (std::int64_t t = 0; t < log_beta.dim(1); ++t) {
-      const float lb = log_beta(h, t);
-      if constexpr (scorer_static_score<S>)  // +inf is what protection ranks as
-        require(!std::isnan(lb) && lb != std::numeric_limits<float>::infinity(), who, ": score[layer ", layer,
-                ", head ", h, ", token ", t, " of the step (position ", first_position + t, ")] = ", lb,
-                " must be finite or -inf");
-      else  // beta in (0, 1] so log_beta <= 0; -inf (beta -> 0) ranks last
-        require(!std::isnan(lb) && lb <= 0.0f, who, ": log_beta[layer ", layer, ", head ", h, ", token ", t,
-                " of the step (position ", first_position + t, ")] = ", lb, " is not in [-inf, 0]");
-    }
-}
-
-/// K/V must stay finite in the storage dtype (70000 is finite in fp32, +inf in fp16).
-template <class Storage>
-void check_storage_finite(int layer, View<const float, 3> keys, View<const float, 3> values) {
-  for (std::int64_t i = 0; i < keys.size(); ++i)
-    require(std::isfinite(to_float(from_float<Storage>(keys.data[i]))) &&
-                std::isfinite(to_float(from_float<Storage>(values.data[i]))),
-            "Cache::append: layer ", layer, " keys/values hold a value that is not finite in ", dtype_name<Storage>(),
-            " at flat index ", i, " (key ", keys.data[i], ", value ", values.data[i], ")");
-}
-
-}  // namespace detail
-
-template <Scorer S, Admitter A, Evictor E, Allocator Alloc, class Backend>
+template <Scorer S, Admitter A, Evictor E, Allocator Alloc, Backend B>
 class Cache {
   // Compositions that cannot work fail here, with one line each (DESIGN, "The four concepts").
-  static_assert(!scorer_needs_attention_mass<S> || backend_emits_attention_mass<Backend>,
+  static_assert(!scorer_needs_attention_mass<S> || backend_emits_attention_mass<B>,
                 "kvpolicy::Cache: this Scorer ranks by attention mass (H2O), which this Backend's attention does not emit");
   static_assert(!scorer_needs_attention_mass<S> || requires(Alloc& a) { a.pool().add_attention_mass(0, 0.0f); },
                 "kvpolicy::Cache: this Scorer ranks by attention mass, and this Allocator's pool cannot accumulate it");
@@ -124,11 +74,12 @@ class Cache {
   using admitter_type = A;
   using evictor_type = E;
   using allocator_type = Alloc;
-  using backend_type = Backend;
+  using backend_type = B;
   using storage_type = typename Alloc::storage_type;
 
   Cache(CacheShape shape, Alloc allocator, E evictor = {}, S scorer = {}, A admitter = {})
-      : shape_(shape), alloc_(std::move(allocator)), evictor_(evictor), scorer_(scorer), admitter_(admitter) {
+      : shape_(shape), checks_{shape}, alloc_(std::move(allocator)), evictor_(evictor), scorer_(scorer),
+        admitter_(admitter) {
     evictor_.validate(shape_);
     scorer_.validate();
     if constexpr (requires { admitter_.validate(); }) admitter_.validate();
@@ -150,9 +101,7 @@ class Cache {
             "Cache::add_sequence: prompt_tokens = ", prompt_tokens, " must be -1 (unknown) or in [0, 2^31 - 1]");
     require(!has_sequence(seq), "Cache::add_sequence: sequence ", seq, " already exists");
     SequenceState st;
-    st.prompt = prompt_tokens;
-    st.appended.assign(static_cast<std::size_t>(shape_.layers), 0);
-    st.attended.assign(static_cast<std::size_t>(shape_.layers), 0);
+    static_cast<detail::StepState&>(st) = detail::StepState(shape_.layers, prompt_tokens);
     if constexpr (WindowScorer<S>)  // SnapKV: the last W queries of every layer
       st.windows.assign(static_cast<std::size_t>(shape_.layers),
                         memory::QueryWindow(scorer_.observation_window, shape_.q_heads, shape_.head_dim));
@@ -169,10 +118,7 @@ class Cache {
   std::int64_t tokens(std::int64_t seq) const { return state_of(seq).n; }
   /// The prompt length the policies see (declared, or detected at the first decode step; while the
   /// sequence is still in its prefill, every committed token).
-  std::int64_t prompt_tokens(std::int64_t seq) const {
-    const SequenceState& st = state_of(seq);
-    return st.prompt >= 0 ? std::min(st.prompt, st.n) : st.n;
-  }
+  std::int64_t prompt_tokens(std::int64_t seq) const { return state_of(seq).prompt_tokens(); }
   std::int64_t length(std::int64_t seq, int layer, int head) const { return alloc_.length(seq, layer, head); }
   std::int64_t total_length(std::int64_t seq) const {
     std::int64_t total = 0;
@@ -195,12 +141,9 @@ class Cache {
   void append(std::int64_t seq, int layer, View<const float, 3> keys, View<const float, 3> values,
               View<const float, 2> log_beta, View<const float, 2> gate = {}) {
     SequenceState& st = state_of(seq);
-    check_layer(layer, "append");
     const std::int64_t T = keys.dim(1);
-    check_step_tokens(seq, st, T);
-    require(!st.appended[static_cast<std::size_t>(layer)], "Cache::append: layer ", layer, " of sequence ", seq,
-            " was already appended in this step; call commit() first");
-    check_layer_inputs(layer, T, st.n, keys, values, log_beta, gate);
+    checks_.append(seq, st, layer, T);
+    checks_.layer_inputs(layer, T, st.n, keys, values, log_beta, gate);
     require(alloc_.can_append(seq, T, layer), "Cache::append: out of memory: sequence ", seq, " layer ", layer,
             " cannot take ", T, " more entries per head (", alloc_.pages_free(), " of ", alloc_.pages_total(),
             " pages free)");
@@ -221,7 +164,7 @@ class Cache {
     requires scorer_static_score<S>
   {
     SequenceState& st = state_of(seq);
-    check_layer(layer, "set_step_scores");
+    checks_.layer(layer, "set_step_scores");
     require(st.pending > 0 && st.appended[static_cast<std::size_t>(layer)], "Cache::set_step_scores: layer ", layer,
             " of sequence ", seq, " has not been appended in an open step");
     require_shape(scores, {shape_.kv_heads, st.pending}, "Cache::set_step_scores: scores");
@@ -243,7 +186,7 @@ class Cache {
   /// from these queries to the key's metadata (abort_step takes it back).
   void attend(std::int64_t seq, int layer, View<const float, 3> queries, View<float, 3> out) {
     SequenceState& st = state_of(seq);
-    check_layer(layer, "attend");
+    checks_.layer(layer, "attend");
     require(st.appended[static_cast<std::size_t>(layer)], "Cache::attend: layer ", layer, " of sequence ", seq,
             " has not been appended in this step");
     if constexpr (observes_attention)  // the attention adds to the policy's state: once per layer and step
@@ -252,7 +195,7 @@ class Cache {
     const std::array<std::int64_t, 3> qshape{shape_.q_heads, st.pending, shape_.head_dim};
     require_shape(queries, qshape, "Cache::attend: queries");
     require_shape(View<const float, 3>(out), qshape, "Cache::attend: out");
-    check_queries(queries, layer);
+    checks_.queries(queries, layer);
     attend_layer(seq, st, layer, queries, out);
   }
 
@@ -269,7 +212,7 @@ class Cache {
     }
     // Plan first (it may throw: a scorer that returns NaN), then change state: a commit that
     // throws leaves the step open and the cache as it was.
-    const EvictionPlan plan = plan_eviction(seq, context(st));
+    const EvictionPlan plan = plan_eviction(seq, st.context());
     return close_step(seq, st, plan, evicted);
   }
 
@@ -289,15 +232,8 @@ class Cache {
 
   // ---- one step, every layer at once -----------------------------------------------------------
   /// keys/values [L, Hkv, T, d], log_beta [L, Hkv, T]; queries/out [L, Hq, T, d], or empty views to
-  /// skip attention. One sequence's whole forward step.
-  struct SequenceStep {
-    std::int64_t seq = 0;
-    View<const float, 4> keys, values;
-    View<const float, 3> log_beta;
-    View<const float, 4> queries{};
-    View<float, 4> out{};
-    View<const float, 3> gate{};  ///< [L, Hkv, T] write gates, for an Admitter that reads them
-  };
+  /// skip attention. One sequence's whole forward step (engine/step_state.hpp).
+  using SequenceStep = kvpolicy::SequenceStep;
 
   /// Validated whole before anything is written.
   EvictionReport step(const SequenceStep& s, std::vector<EvictedEntry>* evicted = nullptr) {
@@ -343,7 +279,7 @@ class Cache {
       }
       for (const auto& s : batch) {
         const SequenceState& st = state_of(s.seq);
-        plans.push_back(plan_eviction(s.seq, context(st)));
+        plans.push_back(plan_eviction(s.seq, st.context()));
       }
     } catch (...) {
       for (std::size_t i = started; i-- > 0;) abort_step(batch[i].seq);  // last first: pages return in reverse
@@ -355,11 +291,8 @@ class Cache {
   }
 
  private:
-  struct SequenceState {
-    std::int64_t n = 0;        // tokens processed by committed steps
-    std::int64_t pending = 0;  // T of the open step, 0 when none
-    std::int64_t prompt = -1;  // declared or detected prompt length; -1 while unknown
-    std::vector<std::uint8_t> appended, attended;
+  /// The shared step state (engine/step_state.hpp) and what the CPU's policies keep beside it.
+  struct SequenceState : detail::StepState {
     std::vector<memory::QueryWindow> windows;  // per layer, for a WindowScorer only
     std::vector<std::pair<std::int64_t, float>> mass_undo;  // (slot, mass before) of the open step, H2O only
   };
@@ -380,28 +313,7 @@ class Cache {
     return detail::layer_of(v, l);
   }
 
-  void validate_step(const SequenceStep& s) const {
-    const SequenceState& st = state_of(s.seq);
-    require(st.pending == 0, "Cache::step: sequence ", s.seq, " has a step open by append(); commit() it first");
-    const std::int64_t T = s.keys.dim(2);
-    check_step_tokens(s.seq, st, T);
-    require_shape(s.keys, {shape_.layers, shape_.kv_heads, T, shape_.head_dim}, "Cache::step: keys");
-    require_shape(s.values, {shape_.layers, shape_.kv_heads, T, shape_.head_dim}, "Cache::step: values");
-    require_shape(s.log_beta, {shape_.layers, shape_.kv_heads, T}, "Cache::step: log_beta");
-    if (s.gate.data != nullptr) require_shape(s.gate, {shape_.layers, shape_.kv_heads, T}, "Cache::step: gate");
-    if constexpr (observes_attention)
-      require(s.queries.data != nullptr, "Cache::step: sequence ", s.seq,
-              ": this policy ranks by attention; a step needs queries and out");
-    if (s.queries.data != nullptr || s.out.data != nullptr) {
-      require_shape(s.queries, {shape_.layers, shape_.q_heads, T, shape_.head_dim}, "Cache::step: queries");
-      require_shape(View<const float, 4>(s.out), {shape_.layers, shape_.q_heads, T, shape_.head_dim}, "Cache::step: out");
-    }
-    for (int l = 0; l < shape_.layers; ++l) {
-      check_layer_inputs(l, T, st.n, layer_of(s.keys, l), layer_of(s.values, l), layer_of(s.log_beta, l),
-                         layer_of(s.gate, l));
-      if (s.queries.data != nullptr) check_queries(layer_of(s.queries, l), l);
-    }
-  }
+  void validate_step(const SequenceStep& s) const { checks_.step(s, state_of(s.seq), observes_attention); }
   void write_and_attend(const SequenceStep& s) {
     SequenceState& st = state_of(s.seq);
     const std::int64_t T = s.keys.dim(2);
@@ -449,24 +361,16 @@ class Cache {
                             std::vector<EvictedEntry>* evicted) {
     if (evicted != nullptr) evicted->reserve(evicted->size() + static_cast<std::size_t>(plan.evicted));
     // the first decode step fixes an undeclared prompt (SPEC §4 protects it from then on)
-    if (st.prompt < 0 && plan.context.prompt < plan.context.n) st.prompt = plan.context.prompt;
-    st.n += st.pending;
+    st.commit(plan.context);  // n += T; the first decode step fixes an undeclared prompt (SPEC §4)
     for (auto& w : st.windows) w.commit();
-    end_step(st);
+    st.mass_undo.clear();
     return apply_eviction(seq, plan, evicted);
   }
 
   static void end_step(SequenceState& st) {
-    st.pending = 0;
-    std::fill(st.appended.begin(), st.appended.end(), std::uint8_t{0});
-    std::fill(st.attended.begin(), st.attended.end(), std::uint8_t{0});
+    st.end();
     st.mass_undo.clear();
   }
-
-  /// The context the open step's eviction is planned in: n after the step, and the prompt (SPEC §4):
-  /// the declared length; else, at the first single-token step after some tokens, the tokens before
-  /// it; else (still prefilling) everything.
-  static StepContext context(const SequenceState& st) { return detail::step_context(st.n, st.pending, st.prompt); }
 
   const SequenceState& state_of(std::int64_t seq) const {
     auto it = state_.find(seq);
@@ -476,49 +380,6 @@ class Cache {
   SequenceState& state_of(std::int64_t seq) {
     return const_cast<SequenceState&>(static_cast<const Cache&>(*this).state_of(seq));
   }
-  void check_layer(int layer, const char* what) const {
-    require(layer >= 0 && layer < shape_.layers, "Cache::", what, ": layer ", layer, " out of range [0, ",
-            shape_.layers, ")");
-  }
-  void check_step_tokens(std::int64_t seq, const SequenceState& st, std::int64_t T) const {
-    require(T >= 1, "Cache: a step appends T = ", T, " tokens; T must be >= 1");
-    require(st.pending == 0 || st.pending == T, "Cache::append: sequence ", seq, " step has T = ", st.pending,
-            " tokens, this layer has T = ", T);
-    // positions are int32 on every backend
-    require(st.n + T <= std::int64_t{std::numeric_limits<std::int32_t>::max()}, "Cache: sequence ", seq, " at n = ",
-            st.n, " cannot take ", T, " more tokens: positions must stay below 2^31 - 1");
-  }
-  void check_layer_inputs(int layer, std::int64_t T, std::int64_t first_position, View<const float, 3> keys,
-                          View<const float, 3> values, View<const float, 2> log_beta, View<const float, 2> gate) const {
-    require_shape(keys, {shape_.kv_heads, T, shape_.head_dim}, "Cache::append: keys");
-    require_shape(values, {shape_.kv_heads, T, shape_.head_dim}, "Cache::append: values");
-    require_shape(log_beta, {shape_.kv_heads, T}, "Cache::append: log_beta");
-    if constexpr (admitter_reads_gate<A>)
-      require(gate.data != nullptr, "Cache: layer ", layer,
-              ": this Admitter decides by the write gate g; append needs gate [Hkv, T] (step: SequenceStep::gate "
-              "[L, Hkv, T])");
-    if (gate.data != nullptr) {  // SPEC §3: g = sigmoid(...) is in [0, 1]
-      require_shape(gate, {shape_.kv_heads, T}, "Cache::append: gate");
-      for (std::int64_t h = 0; h < shape_.kv_heads; ++h)
-        for (std::int64_t t = 0; t < T; ++t)
-          require(gate(h, t) >= 0.0f && gate(h, t) <= 1.0f, "Cache::append: gate[layer ", layer, ", head ", h,
-                  ", token ", t, " of the step (position ", first_position + t, ")] = ", gate(h, t),
-                  " is not in [0, 1]");
-    }
-    detail::check_log_beta<S>(layer, first_position, log_beta);
-    detail::check_storage_finite<storage_type>(layer, keys, values);
-    if constexpr (S::needs_key_norm)  // SPEC §1 knorm: log ||k|| must be finite for the score to be
-      for (std::int64_t h = 0; h < shape_.kv_heads; ++h)
-        for (std::int64_t t = 0; t < T; ++t)
-          require(std::isfinite(memory::key_norm(&keys(h, t, 0), shape_.head_dim)), "Cache::append: layer ", layer,
-                  " head ", h, " token ", t, ": the key's norm overflows fp32");
-  }
-  void check_queries(View<const float, 3> queries, int layer) const {
-    for (std::int64_t i = 0; i < queries.size(); ++i)
-      require(std::isfinite(queries.data[i]), "Cache::attend: layer ", layer, " queries hold ", queries.data[i],
-              " at flat index ", i);
-  }
-
   void write_layer(std::int64_t seq, SequenceState& st, int layer, std::int64_t T, View<const float, 3> keys,
                    View<const float, 3> values, View<const float, 2> log_beta, View<const float, 2> gate) {
     const int d = shape_.head_dim;
@@ -575,16 +436,16 @@ class Cache {
       if constexpr (scorer_needs_attention_mass<S>) {  // H2O, SPEC §5: summed over every query so far
         auto& m = mass[static_cast<std::size_t>(h)];
         m.assign(static_cast<std::size_t>(head_layout.length), 0.0f);
-        Backend::attend(std::as_const(alloc_).pool(), head_layout, h, shape_.group(), queries, q_pos, out,
+        B::attend(std::as_const(alloc_).pool(), head_layout, h, shape_.group(), queries, q_pos, out,
                         std::span<float>(m), mask);
       } else if constexpr (masked) {
-        Backend::attend(std::as_const(alloc_).pool(), head_layout, h, shape_.group(), queries, q_pos, out,
+        B::attend(std::as_const(alloc_).pool(), head_layout, h, shape_.group(), queries, q_pos, out,
                         std::span<float>{}, mask);
       } else {
-        Backend::attend(std::as_const(alloc_).pool(), head_layout, h, shape_.group(), queries, q_pos, out);
+        B::attend(std::as_const(alloc_).pool(), head_layout, h, shape_.group(), queries, q_pos, out);
       }
     };
-    detail::for_each_kv_head<Backend>(shape_.kv_heads, attention_work(seq, layer, st.pending), attend_head);
+    detail::for_each_kv_head<B>(shape_.kv_heads, attention_work(seq, layer, st.pending), attend_head);
     if constexpr (scorer_needs_attention_mass<S>)  // applied in head order, with the undo log
       for (int h = 0; h < shape_.kv_heads; ++h) {
         const auto head_layout = alloc_.layout(seq, layer, h);
@@ -768,6 +629,7 @@ class Cache {
   }
 
   CacheShape shape_;
+  detail::StepChecks<S, A, storage_type> checks_;
   Alloc alloc_;
   E evictor_;
   S scorer_;

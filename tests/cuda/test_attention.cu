@@ -153,7 +153,7 @@ double run_case(const AttnCase& c, std::uint64_t seed, bool with_mass = false) {
   dout.poison(0xFF);  // NaN everywhere
   kc::PagedKV<T> kv{dk.get(),  dv.get(), dpos.get(), dmeta.get(), nullptr, with_mass ? dmass.get() : nullptr,
                     static_cast<std::int32_t>(pages), P, d};
-  kc::BlockTables t{dtable.get(), dlen.get(), segments, static_cast<std::int32_t>(max_pages)};
+  kc::BlockTableView t{dtable.get(), dlen.get(), segments, static_cast<std::int32_t>(max_pages)};
   kc::DecodeBatch a{dq.get(), dbase.get(), c.batch, q_heads, c.kv_heads, dout.get()};
   a.accumulate_mass = with_mass;
   a.mask = c.mask;  // g is the metadata float (WG-KV's own cache)
@@ -242,7 +242,7 @@ TEST_CASE("decode attention arguments are checked before any launch" * doctest::
   float dummy = 0.0f;
   std::int32_t idummy = 0;
   kc::PagedKV<float> kv{&dummy, &dummy, &idummy, &dummy, nullptr, nullptr, 4, 16, 96};
-  kc::BlockTables t{&idummy, &idummy, 2, 4};
+  kc::BlockTableView t{&idummy, &idummy, 2, 4};
   kc::DecodeBatch a{&dummy, &idummy, 1, 8, 2, &dummy};
   std::size_t bytes = 0;
   CHECK_THROWS_WITH(kc::decode_attention(nullptr, bytes, kv, t, a, 100, nullptr, 132),

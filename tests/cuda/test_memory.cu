@@ -60,7 +60,7 @@ struct Twin {
     return {keys.get(), values.get(), position.get(), meta.get(), nullptr, with_mass ? mass.get() : nullptr, pages, kPage,
             shape.head_dim};
   }
-  kc::BlockTables tables() const { return {table.get(), length.get(), segments, pages}; }
+  kc::BlockTableView tables() const { return {table.get(), length.get(), segments, pages}; }
   kc::FreeList free() const { return {free_pages.get(), free_count.get(), pages}; }
   int seq_of(int seg) const { return seg / static_cast<int>(shape.heads_total()); }
   int layer_of(int seg) const { return (seg % static_cast<int>(shape.heads_total())) / shape.kv_heads; }
@@ -160,13 +160,15 @@ void cpu_evict(Twin& tw, const Evictor& e, std::int64_t n, const Scorer& scorer 
   }
 }
 
-template <class Scorer = kp::score::RetentionDecay>
-void device_evict(Twin& tw, const kc::EvictionRule& r, std::int64_t n, const Scorer& scorer = {}) {
+template <class Evictor, class Scorer = kp::score::RetentionDecay>
+void device_evict(Twin& tw, const Evictor& e, std::int64_t n, const Scorer& scorer = {}) {
   DeviceBuffer<kp::StepContext> ctx(std::vector<kp::StepContext>(tw.sequences, kp::StepContext{n, 0, false, 0}));
   std::size_t bytes = 0;
-  kc::evict_step(nullptr, bytes, scorer, r, tw.kv(), tw.tables(), tw.free(), ctx.get(), nullptr, tw.status.get(), nullptr);
+  kc::evict_step(nullptr, bytes, scorer, e, tw.shape, tw.kv(), tw.tables(), tw.free(), ctx.get(), nullptr,
+                 tw.status.get(), nullptr);
   DeviceBuffer<unsigned char> ws(bytes);
-  kc::evict_step(ws.get(), bytes, scorer, r, tw.kv(), tw.tables(), tw.free(), ctx.get(), nullptr, tw.status.get(), nullptr);
+  kc::evict_step(ws.get(), bytes, scorer, e, tw.shape, tw.kv(), tw.tables(), tw.free(), ctx.get(), nullptr,
+                 tw.status.get(), nullptr);
   cudatest::sync();
 }
 
@@ -215,36 +217,27 @@ TEST_CASE("append and compact leave the pool as memory::Paged leaves it") {
 }
 
 TEST_CASE("evict_step keeps what the CPU evictors keep, step after step") {
+  enum class Scope { per_head, layer_wise, global };
   struct Case {
-    kc::Scope scope;
+    Scope scope;
     std::int64_t budget, buffer, window;
     double threshold, floor_ratio;
     bool random = false;  // score::SeededRandom (per (layer, head, position), SPEC §5) instead of TRIM-KV's
     std::int64_t sinks = 0;  // SPEC §5: the S oldest entries of each head protected
   };
-  const Case cases[] = {{kc::Scope::per_head, 24, 4, 0, 0.0, 0.0},    {kc::Scope::per_head, 17, 1, 5, 0.0, 0.0},
+  const Case cases[] = {{Scope::per_head, 24, 4, 0, 0.0, 0.0},    {Scope::per_head, 17, 1, 5, 0.0, 0.0},
                         // SPEC §5: sinks on every selection, and Random drawn per (layer, head, position)
-                        {kc::Scope::per_head, 12, 3, 2, 0.0, 0.0, true, 3},   {kc::Scope::per_head, 20, 4, 0, 0.5, 0.0, false, 2},
-                        {kc::Scope::global, 14, 3, 2, 0.0, 0.0, true, 4},     {kc::Scope::global, 16, 4, 1, 0.0, 0.4, false, 2},
-                        {kc::Scope::layer_wise, 12, 2, 0, 0.0, 0.0, true, 3},
-                        {kc::Scope::per_head, 30, 8, 3, 0.6, 0.0},    {kc::Scope::global, 20, 6, 0, 0.0, 0.0},
-                        {kc::Scope::global, 20, 6, 4, 0.0, 0.3},      {kc::Scope::global, 12, 2, 2, 0.5, 0.0},
-                        {kc::Scope::layer_wise, 16, 4, 0, 0.0, 0.0},  {kc::Scope::layer_wise, 16, 4, 2, 0.0, 0.5}};
+                        {Scope::per_head, 12, 3, 2, 0.0, 0.0, true, 3},   {Scope::per_head, 20, 4, 0, 0.5, 0.0, false, 2},
+                        {Scope::global, 14, 3, 2, 0.0, 0.0, true, 4},     {Scope::global, 16, 4, 1, 0.0, 0.4, false, 2},
+                        {Scope::layer_wise, 12, 2, 0, 0.0, 0.0, true, 3},
+                        {Scope::per_head, 30, 8, 3, 0.6, 0.0},    {Scope::global, 20, 6, 0, 0.0, 0.0},
+                        {Scope::global, 20, 6, 4, 0.0, 0.3},      {Scope::global, 12, 2, 2, 0.5, 0.0},
+                        {Scope::layer_wise, 16, 4, 0, 0.0, 0.0},  {Scope::layer_wise, 16, 4, 2, 0.0, 0.5}};
   std::uint64_t seed = 0;
   for (const Case& c : cases) {
     std::mt19937_64 rng(++seed);
     const kp::CacheShape shape{3, 2, 4, 64};
     Twin tw(shape, 3, 3 * 6 * 8);
-    kc::EvictionRule r;
-    r.scope = c.scope;
-    r.layers = shape.layers;
-    r.kv_heads = shape.kv_heads;
-    r.budget = c.budget;
-    r.buffer = c.buffer;
-    r.window = c.window;
-    r.threshold = c.threshold;
-    r.floor_ratio = c.floor_ratio;
-    r.sinks = c.sinks;
     std::int64_t n = 0;
     // 24 steps reach every case's trigger (the last, M + B = 38, at step 17); the sink cases
     // (M + B <= 24) trigger by step 4, so 12 steps of them under the simulator suffice
@@ -254,19 +247,23 @@ TEST_CASE("evict_step keeps what the CPU evictors keep, step after step") {
       tw.append(rng, tokens, static_cast<std::int32_t>(n));
       n += tokens;
       const auto both = [&](const auto& scorer) {
-        if (c.scope == kc::Scope::per_head) {
+        // the same Evictor on both sides: the host runs its select(), the device its stated rule
+        const auto run = [&](const auto& e) {
+          cpu_evict(tw, e, n, scorer);
+          device_evict(tw, e, n, scorer);
+        };
+        if (c.scope == Scope::per_head) {
           kp::evict::PerHead<> e;
           e.rule = {c.budget, c.buffer};
           e.window = c.window;
           e.threshold = c.threshold;
           e.sinks = c.sinks;
-          cpu_evict(tw, e, n, scorer);
-        } else if (c.scope == kc::Scope::global) {
-          cpu_evict(tw, kp::evict::Global{c.budget, c.buffer, c.floor_ratio, c.window, c.threshold, c.sinks}, n, scorer);
+          run(e);
+        } else if (c.scope == Scope::global) {
+          run(kp::evict::Global{c.budget, c.buffer, c.floor_ratio, c.window, c.threshold, c.sinks});
         } else {
-          cpu_evict(tw, kp::evict::LayerWise{c.budget, c.buffer, c.window, c.threshold, c.floor_ratio, c.sinks}, n, scorer);
+          run(kp::evict::LayerWise{c.budget, c.buffer, c.window, c.threshold, c.floor_ratio, c.sinks});
         }
-        device_evict(tw, r, n, scorer);
       };
       if (c.random)
         both(kp::score::SeededRandom{seed});
@@ -286,16 +283,9 @@ TEST_CASE("H2O on the device: evict_step ranks by the attention mass and compact
     Twin tw(shape, 3, 3 * 4 * 6);
     tw.with_mass = true;
     const std::int64_t M = 24, B = seed % 2 == 0 ? 1 : 4;  // B = 1: one eviction per decode step, as H2O
-    kc::EvictionRule r;
-    r.scope = kc::Scope::per_head;
-    r.layers = shape.layers;
-    r.kv_heads = shape.kv_heads;
-    r.budget = M;
-    r.buffer = B;
-    r.window = M / 2;  // h2o_evictor: the recent half of the budget
     kp::evict::PerHead<> e;
     e.rule = {M, B};
-    e.window = M / 2;
+    e.window = M / 2;  // h2o_evictor: the recent half of the budget
     std::int64_t n = 0;
     static const float increments[] = {0.0f, 0.0f, 0.25f, 0.5f, 1.0f};
     for (int step = 0; step < cudatest::steps(120, 24); ++step) {
@@ -313,7 +303,7 @@ TEST_CASE("H2O on the device: evict_step ranks by the attention mass and compact
       for (std::int64_t slot = 0; slot < pool.slots(); ++slot) am[slot] = pool.meta(slot).attention_mass;
       tw.mass.upload(am);
       cpu_evict(tw, e, n, kp::score::AttentionMass{});
-      device_evict(tw, r, n, kp::score::AttentionMass{});
+      device_evict(tw, e, n, kp::score::AttentionMass{});
       tw.compare("evict_step (H2O)", step);
     }
   }
@@ -329,18 +319,15 @@ TEST_CASE("an eviction step meeting a NaN score reports it and changes nothing")
   const auto before_len = tw.length.download(), before_table = tw.table.download();
   const auto before_free = tw.free_count.download();
   const auto before_meta = tw.meta.download();
-  kc::EvictionRule r;
-  r.layers = 2;
-  r.kv_heads = 2;
-  r.budget = 8;
-  r.buffer = 1;
+  kp::evict::PerHead<> e;
+  e.rule = {8, 1};
   DeviceBuffer<kp::StepContext> ctx(std::vector<kp::StepContext>(2, kp::StepContext{40, 0, false, 0}));
   std::size_t bytes = 0;
-  kc::evict_step(nullptr, bytes, NaNAt{7}, r, tw.kv(), tw.tables(), tw.free(), ctx.get(), nullptr, tw.status.get(),
-                 nullptr);
+  kc::evict_step(nullptr, bytes, NaNAt{7}, e, shape, tw.kv(), tw.tables(), tw.free(), ctx.get(), nullptr,
+                 tw.status.get(), nullptr);
   DeviceBuffer<unsigned char> ws(bytes);
-  kc::evict_step(ws.get(), bytes, NaNAt{7}, r, tw.kv(), tw.tables(), tw.free(), ctx.get(), nullptr, tw.status.get(),
-                 nullptr);
+  kc::evict_step(ws.get(), bytes, NaNAt{7}, e, shape, tw.kv(), tw.tables(), tw.free(), ctx.get(), nullptr,
+                 tw.status.get(), nullptr);
   cudatest::sync();
   CHECK(tw.status.download()[0].code == kc::Status::nan_score);
   CHECK(tw.length.download() == before_len);
@@ -377,7 +364,7 @@ TEST_CASE("append that does not fit reports it and changes nothing") {
 
 TEST_CASE("memory and eviction arguments are checked before any launch" * doctest::test_suite("host")) {
   kc::PagedKV<float> kv;
-  kc::BlockTables t;
+  kc::BlockTableView t;
   kc::FreeList f;
   kc::AppendRows<float> rows;
   rows.tokens = -1;
@@ -390,35 +377,36 @@ TEST_CASE("memory and eviction arguments are checked before any launch" * doctes
   CHECK_THROWS_WITH(kc::append(reinterpret_cast<void*>(256), bytes, kv, t, f, rows, nullptr, nullptr),
                     doctest::Contains("the K/V pool needs keys, values, position and meta"));
 
-  kc::EvictionRule r;
-  r.layers = 2;
-  r.kv_heads = 2;
-  r.budget = 8;
+  const kp::CacheShape shape{2, 2, 2, 64};
+  kp::evict::PerHead<> r;
+  r.rule = {8, 128};
   r.window = 9;
-  CHECK_THROWS_WITH(kc::evict_step(nullptr, bytes, kp::score::RetentionDecay{}, r, kv, t, f, nullptr, nullptr, nullptr, nullptr),
+  const auto decay = kp::score::RetentionDecay{};
+  CHECK_THROWS_WITH(kc::evict_step(nullptr, bytes, decay, r, shape, kv, t, f, nullptr, nullptr, nullptr, nullptr),
                     doctest::Contains("window w = 9 must be in [0, budget M = 8]"));
-  r.window = 0;
-  r.floor_ratio = 0.5;
-  CHECK_THROWS_WITH(kc::evict_step(nullptr, bytes, kp::score::RetentionDecay{}, r, kv, t, f, nullptr, nullptr, nullptr, nullptr),
-                    doctest::Contains("floor_ratio applies to the pooled scopes only"));
-  r.scope = kc::Scope::global;
+  kp::evict::Global g{8, 128};
+  g.floor_ratio = 0.5;
+  g.threshold = 0.5;
+  CHECK_THROWS_WITH(kc::evict_step(nullptr, bytes, decay, g, shape, kv, t, f, nullptr, nullptr, nullptr, nullptr),
+                    doctest::Contains("are exclusive variants"));
+  g.threshold = 0.0;
   float dummy = 0.0f;
   std::int32_t idummy = 0;
   kv = kc::PagedKV<float>{&dummy, &dummy, &idummy, &dummy, nullptr, nullptr, 10, 16, 64};
-  t = kc::BlockTables{&idummy, &idummy, 6, 10};
-  CHECK_THROWS_WITH(kc::evict_step(nullptr, bytes, kp::score::RetentionDecay{}, r, kv, t, f, nullptr, nullptr, nullptr, nullptr),
+  t = kc::BlockTableView{&idummy, &idummy, 6, 10};
+  CHECK_THROWS_WITH(kc::evict_step(nullptr, bytes, decay, g, shape, kv, t, f, nullptr, nullptr, nullptr, nullptr),
                     doctest::Contains("segments = 6 is not a multiple of L x Hkv = 4"));
   t.segments = 8;
-  kc::evict_step(nullptr, bytes, kp::score::RetentionDecay{}, r, kv, t, f, nullptr, nullptr, nullptr, nullptr);
+  kc::evict_step(nullptr, bytes, decay, g, shape, kv, t, f, nullptr, nullptr, nullptr, nullptr);
   CHECK(bytes >= 160 * (sizeof(float) + sizeof(std::int32_t) + 1));
   // a Scorer reading what the pool does not hold is refused (it would read 0 for every entry)
-  r.scope = kc::Scope::per_head;
-  r.floor_ratio = 0.0;
   r.window = 4;
-  CHECK_THROWS_WITH(kc::evict_step(nullptr, bytes, kp::score::AttentionMass{}, r, kv, t, f, nullptr, nullptr, nullptr, nullptr),
+  CHECK_THROWS_WITH(kc::evict_step(nullptr, bytes, kp::score::AttentionMass{}, r, shape, kv, t, f, nullptr, nullptr,
+                                   nullptr, nullptr),
                     doctest::Contains("this Scorer ranks by attention_mass (H2O); the pool has none"));
-  CHECK_THROWS_WITH(kc::evict_step(nullptr, bytes, kp::score::NegKeyNorm{}, r, kv, t, f, nullptr, nullptr, nullptr, nullptr),
+  CHECK_THROWS_WITH(kc::evict_step(nullptr, bytes, kp::score::NegKeyNorm{}, r, shape, kv, t, f, nullptr, nullptr,
+                                   nullptr, nullptr),
                     doctest::Contains("this Scorer reads key_norm; the pool has none"));
   kv.attention_mass = &dummy;
-  kc::evict_step(nullptr, bytes, kp::score::AttentionMass{}, r, kv, t, f, nullptr, nullptr, nullptr, nullptr);
+  kc::evict_step(nullptr, bytes, kp::score::AttentionMass{}, r, shape, kv, t, f, nullptr, nullptr, nullptr, nullptr);
 }

@@ -207,7 +207,7 @@ TEST_CASE("score_segments scores as the CPU Scorers do, bit for bit") {
   DeviceBuffer<float> dmeta(meta), dnorm(norm);
   std::vector<kp::StepContext> ctx{{6000, 0, false, 0}, {7000, 0, false, 0}};
   DeviceBuffer<kp::StepContext> dctx(ctx);
-  kc::BlockTables t{dtable.get(), dlen.get(), segments, 8};
+  kc::BlockTableView t{dtable.get(), dlen.get(), segments, 8};
   DeviceBuffer<std::int64_t> offsets(segments + 1);
   kc::segment_offsets(t, nullptr, offsets.get(), nullptr);
   DeviceBuffer<float> out(pages * page);

@@ -117,6 +117,15 @@ template <class S>
 constexpr bool scorer_needs_attention_mass = requires { requires S::needs_attention_mass; };
 template <class S>
 constexpr bool scorer_needs_head_keys = HeadScorer<S>;
+/// Backend: where a Cache's entries live and how its attention runs, named by the fifth argument
+/// of Cache — cpu_backend (the host pool; attend() per kv head, cpu/backend.hpp) or cuda_backend
+/// (device memory and the CUDA kernels; a specialisation of Cache, cuda/cache.cuh). A Backend names
+/// itself; what it can do beyond that it declares with optional traits (default false):
+/// emits_attention_mass (below), parallel_heads (core/parallel.hpp).
+template <class B>
+concept Backend = requires {
+  { B::name } -> std::convertible_to<const char*>;
+};
 /// A Backend whose attention accumulates per-key attention mass into the entries' metadata.
 template <class B>
 constexpr bool backend_emits_attention_mass = requires { requires B::emits_attention_mass; };

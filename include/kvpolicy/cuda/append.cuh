@@ -41,7 +41,7 @@ namespace detail {
 /// receives row r's old length; *ok whether the call goes ahead.
 template <class T>
 __global__ void __launch_bounds__(kSelectThreads)
-    reserve_pages_kernel(AppendRows<T> a, BlockTables t, std::int32_t page_size, FreeList free, Status* status,
+    reserve_pages_kernel(AppendRows<T> a, BlockTableView t, std::int32_t page_size, FreeList free, Status* status,
                          std::int32_t* first, std::int32_t* ok) {
   __shared__ typename BlockScanI64::TempStorage scan;
   __shared__ int table_full;  // the lowest row that overflows its block table, INT_MAX if none
@@ -94,7 +94,7 @@ __global__ void __launch_bounds__(kSelectThreads)
 /// accumulated in double in index order, as memory::key_norm does (for fp32 storage both give the
 /// same bits; for fp16/bf16 the device's is the norm of the rounded key the pool holds).
 template <class T>
-__global__ void write_entries_kernel(PagedKV<T> kv, BlockTables t, AppendRows<T> a, const std::int32_t* first,
+__global__ void write_entries_kernel(PagedKV<T> kv, BlockTableView t, AppendRows<T> a, const std::int32_t* first,
                                      const std::int32_t* ok) {
   if (!*ok) return;
   const long long r = blockIdx.x / a.tokens, tok = blockIdx.x % a.tokens;
@@ -135,7 +135,7 @@ inline std::size_t append_workspace_bytes(std::int32_t rows) {
 /// block table's max_pages) writes the first such failure to *status and changes nothing; the
 /// engine reads *status whenever it synchronises. Two-phase (workspace == nullptr: size only).
 template <class T>
-void append(void* workspace, std::size_t& workspace_bytes, const PagedKV<T>& kv, const BlockTables& t, FreeList free,
+void append(void* workspace, std::size_t& workspace_bytes, const PagedKV<T>& kv, const BlockTableView& t, FreeList free,
             const AppendRows<T>& a, Status* status, cudaStream_t stream) {
   constexpr const char* who = "cuda::append";
   require(a.rows >= 0, who, ": rows = ", a.rows, " must be >= 0");

@@ -130,7 +130,7 @@ __device__ __forceinline__ float entry_logit(const float* q_lane, const float (&
 /// The entry a lane group reads: its slot, or -1 past the chunk's end or masked out (SPEC §3's
 /// vertical-slash rule); its key and value rows when it is read.
 template <class T, int HEAD_DIM, int PAGE_SIZE, int ELEMS>
-__device__ __forceinline__ std::int64_t fetch_entry(const PagedKV<T>& kv, const BlockTables& t, const DecodeBatch& a,
+__device__ __forceinline__ std::int64_t fetch_entry(const PagedKV<T>& kv, const BlockTableView& t, const DecodeBatch& a,
                                                     int seg, std::int64_t e, std::int64_t end, std::int32_t q_pos,
                                                     int sub_lane, float (&k)[ELEMS], float (&v)[ELEMS],
                                                     bool with_values) {
@@ -152,7 +152,7 @@ __device__ __forceinline__ std::int64_t fetch_entry(const PagedKV<T>& kv, const 
 /// grid (splits, kv_heads * group_tiles, batch). Writes the chunk's (max, sum, acc) per query head.
 template <class T, int HEAD_DIM, int PAGE_SIZE>
 __global__ void __launch_bounds__(kAttnWarps * 32, kPartialBlocksPerSm)
-    decode_partial_kernel(PagedKV<T> kv, BlockTables t, DecodeBatch a, std::int64_t chunk, int group_tiles,
+    decode_partial_kernel(PagedKV<T> kv, BlockTableView t, DecodeBatch a, std::int64_t chunk, int group_tiles,
                           float* part_max, float* part_sum, float* part_acc) {
   using Lanes = EntryLanes<T, HEAD_DIM>;
   constexpr int LANES = Lanes::lanes, ELEMS = Lanes::elems, PER_WARP = Lanes::per_warp;
@@ -311,7 +311,7 @@ inline constexpr std::size_t kMassSharedLimit = 48 * 1024;  // without opting in
 /// one lane group that owns the entry.
 template <class T, int HEAD_DIM, int PAGE_SIZE>
 __global__ void __launch_bounds__(kAttnWarps * 32)
-    decode_mass_kernel(PagedKV<T> kv, BlockTables t, DecodeBatch a, std::int64_t chunk, const float* final_max,
+    decode_mass_kernel(PagedKV<T> kv, BlockTableView t, DecodeBatch a, std::int64_t chunk, const float* final_max,
                        const float* final_sum) {
   using Lanes = EntryLanes<T, HEAD_DIM>;
   constexpr int LANES = Lanes::lanes, ELEMS = Lanes::elems, PER_WARP = Lanes::per_warp;
@@ -394,7 +394,7 @@ inline std::size_t decode_attention_workspace_bytes(const DecodeBatch& a, std::i
 /// Decode attention of one layer over the paged cache. Two-phase: with workspace == nullptr sets
 /// workspace_bytes and returns. Asynchronous on `stream`; no allocation.
 template <class T>
-void decode_attention(void* workspace, std::size_t& workspace_bytes, const PagedKV<T>& kv, const BlockTables& t,
+void decode_attention(void* workspace, std::size_t& workspace_bytes, const PagedKV<T>& kv, const BlockTableView& t,
                       const DecodeBatch& a, std::int64_t max_length, cudaStream_t stream, int sm_count = 0) {
   static_assert(is_device_storage_v<T>, "cuda::decode_attention: K/V storage must be float, __half or __nv_bfloat16");
   constexpr const char* who = "cuda::decode_attention";

@@ -15,10 +15,11 @@
 /// examples/engine_cuda.cu does, and pays neither.
 ///
 /// What this composition runs: EntryScorers (RetentionDecay, Lookahead, KNormRetention, Frozen,
-/// the training-free EntryScorers); admit::All; evict::PerHead, LayerWise and Global (TRIM-KV,
-/// DBTrimKV), evict::WriteGated (WGKVCache: the ring, promotion and the vertical-slash mask in the
-/// decode attention) and evict::Generated (EpiKVCache); decode attention (T = 1): a prefill
-/// chunk's own attention is the engine's (FlashAttention) on the GPU.
+/// the training-free EntryScorers); admit::All; every Evictor that states its rule as data
+/// (policy/selection.hpp): evict::PerHead, LayerWise and Global (TRIM-KV, DBTrimKV),
+/// evict::WriteGated (WGKVCache: the ring, promotion and the vertical-slash mask in the decode
+/// attention), evict::Generated (EpiKVCache) and evict::PromptEnd; decode attention (T = 1): a
+/// prefill chunk's own attention is the engine's (FlashAttention) on the GPU.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -59,48 +60,6 @@ template <class Storage>
   requires(is_storage_type_v<Storage>)
 using device_storage_t = std::conditional_t<std::is_same_v<Storage, float>, float,
                                             std::conditional_t<std::is_same_v<Storage, half>, __half, __nv_bfloat16>>;
-
-/// The evict_step rule of a CPU Evictor (SPEC §1–2).
-template <class E>
-EvictionRule rule_of(const E& e, const CacheShape& shape) {
-  EvictionRule r;
-  r.layers = shape.layers;
-  r.kv_heads = shape.kv_heads;
-  if constexpr (requires { e.sinks; }) r.sinks = e.sinks;  // SPEC §5, every evictor
-  if constexpr (std::is_same_v<E, evict::PerHead<trigger::Buffered>>) {
-    r.scope = Scope::per_head;
-    r.budget = e.rule.budget;
-    r.buffer = e.rule.buffer;
-    r.window = e.window;
-    r.threshold = e.threshold;
-  } else if constexpr (std::is_same_v<E, evict::WriteGated>) {
-    r.scope = Scope::write_gated;
-    r.local = e.local;
-    r.tau = e.tau;
-  } else if constexpr (std::is_same_v<E, evict::Generated>) {
-    r.scope = Scope::generated;
-    r.budget = e.budget;
-    r.recency = e.recency;
-    r.window = e.window;
-  } else if constexpr (std::is_same_v<E, evict::LayerWise>) {
-    r.scope = Scope::layer_wise;
-    r.budget = e.budget;
-    r.buffer = e.buffer;
-    r.window = e.window;
-    r.threshold = e.threshold;
-    r.floor_ratio = e.floor_ratio;
-  } else if constexpr (std::is_same_v<E, evict::Global>) {
-    r.scope = Scope::global;
-    r.budget = e.budget;
-    r.buffer = e.buffer;
-    r.window = e.window;
-    r.threshold = e.threshold;
-    r.floor_ratio = e.floor_ratio;
-  } else {
-    static_assert(sizeof(E) == 0, "kvpolicy::Cache<cuda_backend>: no device rule for this Evictor");
-  }
-  return r;
-}
 
 /// A device allocation that frees itself.
 template <class T>
@@ -149,11 +108,9 @@ class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
                 "kvpolicy::Cache<cuda_backend>: this Scorer ranks by attention mass (H2O), which this Backend's "
                 "attention does not emit");
   static_assert(std::is_same_v<A, admit::All>, "kvpolicy::Cache<cuda_backend>: the device cache admits every token");
-  static_assert(std::is_same_v<E, evict::PerHead<trigger::Buffered>> || std::is_same_v<E, evict::LayerWise> ||
-                    std::is_same_v<E, evict::Global> || std::is_same_v<E, evict::WriteGated> ||
-                    std::is_same_v<E, evict::Generated>,
-                "kvpolicy::Cache<cuda_backend>: the device runs evict::PerHead, LayerWise, Global, WriteGated and "
-                "Generated");
+  static_assert(evict::StatedEvictor<E>,
+                "kvpolicy::Cache<cuda_backend>: the device runs an Evictor that states its rule as data "
+                "(policy/selection.hpp: group_heads, fires, head_selection or pool_selection)");
   static_assert(P == 16 || P == 32 || P == 64, "kvpolicy::Cache<cuda_backend>: page size must be 16, 32 or 64");
   using device_type = cuda::detail::device_storage_t<Storage>;
   static_assert(sizeof(device_type) == sizeof(Storage), "kvpolicy::Cache<cuda_backend>: storage sizes differ");
@@ -168,19 +125,14 @@ class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
   using backend_type = cuda_backend;
   using storage_type = Storage;
 
-  struct SequenceStep {
-    std::int64_t seq = 0;
-    View<const float, 4> keys, values;
-    View<const float, 3> log_beta;
-    View<const float, 4> queries{};
-    View<float, 4> out{};
-  };
+  /// One sequence's whole forward step (engine/step_state.hpp), as the CPU Cache takes it.
+  using SequenceStep = kvpolicy::SequenceStep;
 
   /// Allocates the pool (allocator.pages_total() pages of P slots) and the cache's scratch on the
   /// current device; `stream` runs every call (default: the legacy default stream).
   Cache(CacheShape shape, allocator_type allocator, E evictor = {}, S scorer = {}, A admitter = {},
         cudaStream_t stream = nullptr)
-      : shape_(shape), evictor_(evictor), scorer_(scorer), admitter_(admitter), stream_(stream),
+      : shape_(shape), checks_{shape}, evictor_(evictor), scorer_(scorer), admitter_(admitter), stream_(stream),
         pages_(static_cast<std::int32_t>(allocator.pages_total())) {
     evictor_.validate(shape_);
     scorer_.validate();
@@ -189,7 +141,6 @@ class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
     if constexpr (requires { evictor_.validate_scorer(scorer_); }) evictor_.validate_scorer(scorer_);
     const int d = shape_.head_dim;
     require(d == 64 || d == 128 || d == 256, "Cache<cuda_backend>: head_dim = ", d, " has no kernel (64, 128 or 256)");
-    rule_ = cuda::detail::rule_of(evictor_, shape_);
     const std::size_t slots = std::size_t(pages_) * P;
     keys_ = DeviceArray<device_type>(slots * d);
     values_ = DeviceArray<device_type>(slots * d);
@@ -223,7 +174,7 @@ class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
     out_ = DeviceArray<float>(queries_.size());
     std::size_t bytes = cuda::append_workspace_bytes(shape_.kv_heads);
     std::size_t evict_bytes = 0;
-    cuda::evict_step(nullptr, evict_bytes, scorer_, rule_, kv(), slot_tables(0), free_list(), context_.get(), nullptr,
+    cuda::evict_step(nullptr, evict_bytes, scorer_, evictor_, shape_, kv(), slot_tables(0), free_list(), context_.get(), nullptr,
                      nullptr, stream_);
     bytes = std::max(bytes, evict_bytes);
     bytes = std::max(bytes, cuda::decode_attention_workspace_bytes(decode_batch(), std::int64_t{pages_} * P, P, sm_count_));
@@ -245,9 +196,8 @@ class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
     require(!has_sequence(seq), "Cache::add_sequence: sequence ", seq, " already exists");
     if (free_slots_.empty()) grow_slots(slot_capacity_ * 2);
     Sequence st;
+    static_cast<detail::StepState&>(st) = detail::StepState(shape_.layers, prompt_tokens);
     st.slot = free_slots_.back();
-    st.prompt = prompt_tokens;
-    st.appended.assign(static_cast<std::size_t>(shape_.layers), 0);
     st.first.assign(static_cast<std::size_t>(shape_.heads_total()), 0);
     free_slots_.pop_back();
     seqs_.emplace(seq, std::move(st));
@@ -260,12 +210,9 @@ class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
   }
   bool has_sequence(std::int64_t seq) const { return seqs_.count(seq) != 0; }
   std::int64_t tokens(std::int64_t seq) const { return state_of(seq).n; }
-  std::int64_t prompt_tokens(std::int64_t seq) const {
-    const Sequence& st = state_of(seq);
-    return st.prompt >= 0 ? std::min(st.prompt, st.n) : st.n;
-  }
+  std::int64_t prompt_tokens(std::int64_t seq) const { return state_of(seq).prompt_tokens(); }
   std::int64_t length(std::int64_t seq, int layer, int head) const {
-    check_layer(layer, "length");
+    checks_.layer(layer, "length");
     require(head >= 0 && head < shape_.kv_heads, "Cache::length: head ", head, " out of range [0, ", shape_.kv_heads, ")");
     return lengths(state_of(seq))[static_cast<std::size_t>(head_index(shape_, layer, head))];
   }
@@ -277,7 +224,7 @@ class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
   /// Metadata of entry i of a head, in storage order (the CPU cache's order: both compact alike).
   EntryMeta entry(std::int64_t seq, int layer, int head, std::int64_t i) const {
     const Sequence& st = state_of(seq);
-    check_layer(layer, "entry");
+    checks_.layer(layer, "entry");
     require(head >= 0 && head < shape_.kv_heads, "Cache::entry: head ", head, " out of range [0, ", shape_.kv_heads, ")");
     const auto seg = segment(st, layer, head);
     const std::int32_t len = download_one(tables_length_.get() + seg);
@@ -294,25 +241,24 @@ class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
   std::int64_t pages_total() const { return pages_; }
 
   // ---- one step, layer by layer ------------------------------------------------------------------
-  /// keys/values [Hkv, T, d], log_beta [Hkv, T], host fp32, as the CPU cache takes them.
+  /// keys/values [Hkv, T, d], log_beta [Hkv, T], host fp32, as the CPU cache takes them; gate
+  /// [Hkv, T] optional and checked as there, not stored (the device admits every token, and no
+  /// policy it runs reads g).
   void append(std::int64_t seq, int layer, View<const float, 3> keys, View<const float, 3> values,
-              View<const float, 2> log_beta) {
+              View<const float, 2> log_beta, View<const float, 2> gate = {}) {
     Sequence& st = state_of(seq);
-    check_layer(layer, "append");
     const std::int64_t T = keys.dim(1);
-    require(T >= 1, "Cache: a step appends T = ", T, " tokens; T must be >= 1");
-    require(st.pending == 0 || st.pending == T, "Cache::append: sequence ", seq, " step has T = ", st.pending,
-            " tokens, this layer has T = ", T);
-    require(st.n + T <= std::int64_t{std::numeric_limits<std::int32_t>::max()}, "Cache: sequence ", seq, " at n = ",
-            st.n, " cannot take ", T, " more tokens: positions must stay below 2^31 - 1");
-    require(!st.appended[static_cast<std::size_t>(layer)], "Cache::append: layer ", layer, " of sequence ", seq,
-            " was already appended in this step; call commit() first");
+    checks_.append(seq, st, layer, T);  // the CPU cache's checks and messages (engine/step_state.hpp)
+    checks_.layer_inputs(layer, T, st.n, keys, values, log_beta, gate);
+    write_layer(seq, layer, T, keys, values, log_beta);
+  }
+
+ private:
+  /// append() after its checks: stages the layer's entries and appends them on the device.
+  void write_layer(std::int64_t seq, int layer, std::int64_t T, View<const float, 3> keys,
+                   View<const float, 3> values, View<const float, 2> log_beta) {
+    Sequence& st = state_of(seq);
     const int d = shape_.head_dim;
-    require_shape(keys, {shape_.kv_heads, T, d}, "Cache::append: keys");
-    require_shape(values, {shape_.kv_heads, T, d}, "Cache::append: values");
-    require_shape(log_beta, {shape_.kv_heads, T}, "Cache::append: log_beta");
-    detail::check_log_beta<S>(layer, st.n, log_beta);  // the CPU cache's checks and messages
-    detail::check_storage_finite<Storage>(layer, keys, values);
     std::vector<device_type> k(static_cast<std::size_t>(keys.size())), v(k.size());
     for (std::int64_t i = 0; i < keys.size(); ++i) {
       const Storage ks = from_float<Storage>(keys.data[i]), vs = from_float<Storage>(values.data[i]);
@@ -337,10 +283,7 @@ class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
       std::vector<float> norm(pos.size());
       for (std::int64_t h = 0; h < shape_.kv_heads; ++h)
         for (std::int64_t t = 0; t < T; ++t) {
-          const float kn = memory::key_norm(&keys(h, t, 0), d);
-          require(std::isfinite(kn), "Cache::append: layer ", layer, " head ", h, " token ", t,
-                  ": the key's norm overflows fp32");
-          norm[static_cast<std::size_t>(h * T + t)] = kn;
+          norm[static_cast<std::size_t>(h * T + t)] = memory::key_norm(&keys(h, t, 0), d);  // finite: checked
         }
       upload(stage_norm_.get(), norm.data(), norm.size());
       a.key_norm = stage_norm_.get();
@@ -364,19 +307,19 @@ class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
     st.appended[static_cast<std::size_t>(layer)] = 1;
   }
 
+ public:
+
   /// queries [Hq, 1, d] of this step's decode token at `layer` -> out [Hq, 1, d].
   void attend(std::int64_t seq, int layer, View<const float, 3> queries, View<float, 3> out) {
     const Sequence& st = state_of(seq);
-    check_layer(layer, "attend");
+    checks_.layer(layer, "attend");
     require(st.appended[static_cast<std::size_t>(layer)], "Cache::attend: layer ", layer, " of sequence ", seq,
             " was not appended in this step");
     require(st.pending == 1, "Cache<cuda_backend>::attend: the device attends decode tokens (T = 1); this step has T = ",
             st.pending, " (a prefill chunk's attention is the engine's on the GPU)");
     require_shape(queries, {shape_.q_heads, 1, shape_.head_dim}, "Cache::attend: queries");
     require_shape(View<const float, 3>(out), {shape_.q_heads, 1, shape_.head_dim}, "Cache::attend: out");
-    for (std::int64_t i = 0; i < queries.size(); ++i)
-      require(std::isfinite(queries.data[i]), "Cache::attend: layer ", layer, " queries hold ", queries.data[i],
-              " at flat index ", i);
+    checks_.queries(queries, layer);
     upload(queries_.get(), queries.data, static_cast<std::size_t>(queries.size()));
     const std::int32_t base = segment(st, layer, 0);
     upload(base_.get(), &base, 1);
@@ -409,7 +352,7 @@ class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
     const std::vector<std::int32_t> before = lengths(st);
     std::vector<std::int64_t> lens(before.begin(), before.end());
     std::vector<std::uint8_t> active(lens.size());
-    StepContext ctx = detail::step_context(st.n, st.pending, st.prompt);  // the CPU cache's context
+    StepContext ctx = st.context();  // the CPU cache's context (engine/step_state.hpp)
     for (const auto len : lens) ctx.entries += len;
     EvictionReport report;
     report.triggered = evictor_trigger(evictor_, shape_, ctx, lens, active);
@@ -418,7 +361,7 @@ class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
     if (report.triggered) {
       upload(context_.get(), &ctx, 1);
       std::size_t bytes = workspace_.size();
-      cuda::evict_step(workspace_.get(), bytes, scorer_, rule_, kv(), slot_tables(st.slot), free_list(), context_.get(),
+      cuda::evict_step(workspace_.get(), bytes, scorer_, evictor_, shape_, kv(), slot_tables(st.slot), free_list(), context_.get(),
                        evicted_.get(), status_.get(), stream_);
       const cuda::Status s = status();
       if (s.code == cuda::Status::nan_score) {
@@ -431,10 +374,7 @@ class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
       for (const auto g : gone) report.evicted += g;
     }
     // the step is closed before anything else can throw: the heads are compacted already
-    if (st.prompt < 0 && ctx.prompt < ctx.n) st.prompt = ctx.prompt;
-    st.n = n;
-    st.pending = 0;
-    std::fill(st.appended.begin(), st.appended.end(), 0);
+    st.commit(ctx);
     if (report.triggered) {
       if (evicted != nullptr) {
         const auto after = head_positions(st, lengths(st));
@@ -455,20 +395,16 @@ class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
     Sequence& st = state_of(seq);
     if (st.pending == 0) return;
     truncate(st, st.first);
-    st.pending = 0;
-    std::fill(st.appended.begin(), st.appended.end(), 0);
+    st.end();
   }
 
-  /// append every layer, attend each (decode) when queries are given, commit.
+  /// append every layer, attend each (decode) when queries are given, commit. Validated whole, every
+  /// layer, before anything is written (the CPU cache's checks, engine/step_state.hpp).
   EvictionReport step(const SequenceStep& s, std::vector<EvictedEntry>* evicted = nullptr) {
-    const std::int64_t T = s.keys.dim(2);
-    require_shape(s.keys, {shape_.layers, shape_.kv_heads, T, shape_.head_dim}, "Cache::step: keys");
-    require_shape(s.values, {shape_.layers, shape_.kv_heads, T, shape_.head_dim}, "Cache::step: values");
-    require_shape(s.log_beta, {shape_.layers, shape_.kv_heads, T}, "Cache::step: log_beta");
-    require(state_of(s.seq).pending == 0, "Cache::step: sequence ", s.seq, " has a step open by append(); commit() it first");
+    checks_.step(s, state_of(s.seq), false);
     try {
       for (int l = 0; l < shape_.layers; ++l) {
-        append(s.seq, l, layer_of(s.keys, l), layer_of(s.values, l), layer_of(s.log_beta, l));
+        write_layer(s.seq, l, s.keys.dim(2), layer_of(s.keys, l), layer_of(s.values, l), layer_of(s.log_beta, l));
         if (s.queries.data != nullptr) attend(s.seq, l, layer_of(s.queries, l), layer_of(s.out, l));
       }
       return commit(s.seq, evicted);
@@ -489,7 +425,7 @@ class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
             shape_.head_dim};
   }
   /// Every sequence slot's block tables: segment = slot * L * Hkv + layer * Hkv + head.
-  cuda::BlockTables tables_view() const {
+  cuda::BlockTableView tables_view() const {
     return {tables_.get(), tables_length_.get(), static_cast<std::int32_t>(slot_capacity_ * shape_.heads_total()),
             max_pages_};
   }
@@ -505,10 +441,9 @@ class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
   cudaStream_t stream() const { return stream_; }
 
  private:
-  struct Sequence {
+  /// The shared step state (engine/step_state.hpp) and where the sequence lives on the device.
+  struct Sequence : detail::StepState {
     std::int32_t slot = 0;
-    std::int64_t n = 0, pending = 0, prompt = -1;
-    std::vector<std::uint8_t> appended;
     std::vector<std::int32_t> first;  // per head: its length when the open step began
   };
 
@@ -522,14 +457,10 @@ class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
     return it->second;
   }
   Sequence& state_of(std::int64_t seq) { return const_cast<Sequence&>(static_cast<const Cache&>(*this).state_of(seq)); }
-  void check_layer(int layer, const char* what) const {
-    require(layer >= 0 && layer < shape_.layers, "Cache::", what, ": layer ", layer, " out of range [0, ", shape_.layers,
-            ")");
-  }
   std::int32_t segment(const Sequence& st, int layer, int head) const {
     return static_cast<std::int32_t>(std::int64_t{st.slot} * shape_.heads_total() + head_index(shape_, layer, head));
   }
-  cuda::BlockTables slot_tables(std::int32_t slot) const {
+  cuda::BlockTableView slot_tables(std::int32_t slot) const {
     const std::int64_t first = std::int64_t{slot} * shape_.heads_total();
     return {tables_.get() + first * max_pages_, tables_length_.get() + first,
             static_cast<std::int32_t>(shape_.heads_total()), max_pages_};
@@ -612,17 +543,18 @@ class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
       if (S::needs_key_norm) stage_norm_ = DeviceArray<float>(entries);
     }
   }
-  /// What one head holds after its eviction at most, under the rule (plus room for a prefill chunk
-  /// of a few pages): the initial width of a block-table row.
+  /// About what one head holds after its eviction under the Evictor's stated rule, plus room for a
+  /// prefill chunk of a few pages: the initial width of a block-table row (rows widen on demand).
   std::int64_t typical_head_length() const {
-    switch (rule_.scope) {
-      case cuda::Scope::per_head: return rule_.budget + rule_.buffer + 256;
-      case cuda::Scope::layer_wise: return std::int64_t{shape_.kv_heads} * (rule_.budget + rule_.buffer) + 256;
-      case cuda::Scope::global: return shape_.heads_total() * (rule_.budget + rule_.buffer) + 256;
-      case cuda::Scope::write_gated: return 4 * rule_.local + 256;
-      case cuda::Scope::generated: return rule_.budget + 1024;
+    constexpr std::int64_t buffer = 128, chunk = 256;
+    if constexpr (evict::selects_per_head<E>) {
+      const evict::HeadSelection sel = evictor_.head_selection();
+      if (sel.threshold) return 4 * sel.window + chunk;  // entries past the window stay by the bound (WG-KV)
+      if (sel.keeps_prompt) return sel.keep + 1024;      // the prompt stays on top of the budget (EpiKV)
+      return sel.keep + buffer + chunk;
+    } else {
+      return evictor_.group_heads(shape_) * (evictor_.pool_selection().budget + buffer) + chunk;
     }
-    return std::int64_t{pages_} * P;
   }
   /// Wider block-table rows for every slot (rows copied, the rest unspecified).
   void widen_rows(std::int32_t max_pages) {
@@ -658,6 +590,7 @@ class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
   }
 
   CacheShape shape_;
+  detail::StepChecks<S, A, Storage> checks_;
   E evictor_;
   S scorer_;
   A admitter_;
@@ -665,7 +598,6 @@ class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
   std::int32_t pages_;
   std::int32_t max_pages_ = 0;
   std::int32_t slot_capacity_ = 0;
-  cuda::EvictionRule rule_;
   DeviceArray<device_type> keys_, values_, stage_keys_, stage_values_;
   DeviceArray<std::int32_t> position_, free_pages_, free_count_, tables_, tables_length_, rows_, base_, query_position_,
       stage_position_;

@@ -33,7 +33,7 @@ struct CompactWork {
 /// entry, lanes along head_dim).
 template <class T>
 __global__ void __launch_bounds__(kSelectThreads)
-    compact_kernel(PagedKV<T> kv, BlockTables t, const std::int64_t* offsets, const std::uint8_t* keep,
+    compact_kernel(PagedKV<T> kv, BlockTableView t, const std::int64_t* offsets, const std::uint8_t* keep,
                    const std::uint8_t* active, const int* skip, CompactWork w) {
   __shared__ typename BlockScanI64::TempStorage scan;
   __shared__ long long survivors;
@@ -90,7 +90,7 @@ __global__ void __launch_bounds__(kSelectThreads)
 /// of a head first (memory::Paged::compact's order), and sets the new lengths.
 template <int = 0>  // header-only: a template kernel links once across translation units
 __global__ void __launch_bounds__(kSelectThreads)
-    release_pages_kernel(BlockTables t, std::int32_t page_size, FreeList free, CompactWork w, std::int64_t* evicted,
+    release_pages_kernel(BlockTableView t, std::int32_t page_size, FreeList free, CompactWork w, std::int64_t* evicted,
                          const int* skip) {
   __shared__ typename BlockScanI64::TempStorage scan;
   if (skip && *skip) return;
@@ -127,7 +127,7 @@ inline std::size_t compact_workspace_bytes(std::int64_t entries, std::int32_t se
 /// pool's slots always do. With skip set (device) and *skip != 0 nothing changes (evict_step's
 /// NaN guard). Two-phase (workspace == nullptr: sets workspace_bytes and returns).
 template <class T>
-void compact(void* workspace, std::size_t& workspace_bytes, const PagedKV<T>& kv, const BlockTables& t,
+void compact(void* workspace, std::size_t& workspace_bytes, const PagedKV<T>& kv, const BlockTableView& t,
              const std::int64_t* offsets, const std::uint8_t* keep, const std::uint8_t* active, FreeList free,
              std::int64_t* evicted, std::int64_t entries, cudaStream_t stream, const int* skip = nullptr) {
   constexpr const char* who = "cuda::compact";

@@ -21,7 +21,7 @@ namespace detail {
 /// One block: offsets[s] = sum of the lengths of the active segments before s (inactive count 0).
 template <int = 0>  // header-only: a template kernel links once across translation units
 __global__ void __launch_bounds__(kSelectThreads)
-    segment_offsets_kernel(BlockTables t, const std::uint8_t* active, std::int64_t* offsets) {
+    segment_offsets_kernel(BlockTableView t, const std::uint8_t* active, std::int64_t* offsets) {
   __shared__ typename BlockScanI64::TempStorage scan;
   const long long total = block_exclusive_scan(
       t.segments, [&](long long s) { return (active && !active[s]) ? 0 : t.length[s]; },
@@ -31,7 +31,7 @@ __global__ void __launch_bounds__(kSelectThreads)
 
 /// grid (segments, chunks): score and position of every entry of the active segments, flat.
 template <class Scorer>
-__global__ void score_kernel(Scorer scorer, EntryMetaView meta, BlockTables t, std::int32_t page_size,
+__global__ void score_kernel(Scorer scorer, EntryMetaView meta, BlockTableView t, std::int32_t page_size,
                              const StepContext* context, std::int32_t segments_per_sequence,
                              const std::uint8_t* active, const std::int64_t* offsets, float* score,
                              std::int32_t* position, int* failed, Status* status) {
@@ -57,7 +57,7 @@ __global__ void score_kernel(Scorer scorer, EntryMetaView meta, BlockTables t, s
 }  // namespace detail
 
 /// offsets [segments + 1] of the active segments' entries (all when active is null).
-inline void segment_offsets(const BlockTables& t, const std::uint8_t* active, std::int64_t* offsets,
+inline void segment_offsets(const BlockTableView& t, const std::uint8_t* active, std::int64_t* offsets,
                             cudaStream_t stream) {
   t.validate("cuda::segment_offsets");
   require(offsets != nullptr, "cuda::segment_offsets: offsets must be a device pointer");
@@ -70,7 +70,7 @@ inline void segment_offsets(const BlockTables& t, const std::uint8_t* active, st
 /// only. The Scorer must be an EntryScorer whose operator() is KVPOLICY_HD. A NaN score (only a
 /// user-defined Scorer makes one) sets *failed and, if status is given, Status::nan_score.
 template <class Scorer>
-void score_segments(const Scorer& scorer, const EntryMetaView& meta, const BlockTables& t, std::int32_t page_size,
+void score_segments(const Scorer& scorer, const EntryMetaView& meta, const BlockTableView& t, std::int32_t page_size,
                     const StepContext* context, std::int32_t segments_per_sequence, const std::uint8_t* active,
                     const std::int64_t* offsets, float* score, std::int32_t* position,
                     std::int64_t max_segment_length, cudaStream_t stream, int* failed = nullptr,

@@ -67,9 +67,10 @@ struct PagedKV {
   }
 };
 
-/// table [segments, max_pages] int32 page ids; length [segments] int32 entries. A segment holds
-/// exactly ceil(length / page_size) pages; the rest of its row is unspecified.
-struct BlockTables {
+/// A view of block tables in device memory (engine-owned; memory::BlockTables is the host's, which
+/// owns its rows): table [segments, max_pages] int32 page ids; length [segments] int32 entries. A
+/// segment holds exactly ceil(length / page_size) pages; the rest of its row is unspecified.
+struct BlockTableView {
   std::int32_t* table = nullptr;
   std::int32_t* length = nullptr;
   std::int32_t segments = 0;

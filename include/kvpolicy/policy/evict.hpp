@@ -16,6 +16,7 @@
 #include "kvpolicy/core/error.hpp"
 #include "kvpolicy/core/mask.hpp"
 #include "kvpolicy/policy/rank.hpp"
+#include "kvpolicy/policy/selection.hpp"
 
 namespace kvpolicy {
 
@@ -131,6 +132,80 @@ inline void select_pooled(const SegmentedScores& s, std::span<const float> score
   }
 }
 
+/// The PoolSelection of the pooled evictors' config (SPEC §2).
+inline PoolSelection pooled(std::int64_t budget, double floor_ratio, std::int64_t window, std::int64_t sinks,
+                            double threshold) {
+  PoolSelection sel;
+  sel.budget = budget;
+  sel.floor_ratio = floor_ratio;
+  sel.window = window;
+  sel.sinks = sinks;
+  sel.threshold = threshold > 0.0;
+  sel.bound = sel.threshold ? log_alpha(threshold) : 0.0f;
+  return sel;
+}
+
+/// The trigger of a stated rule (policy/selection.hpp) on the host: the heads in groups of
+/// group_heads(shape), each group active iff fires(its total length, its heads, c).
+template <class E>
+bool trigger_groups(const E& e, const CacheShape& shape, StepContext c, std::span<const std::int64_t> lengths,
+                    std::span<std::uint8_t> active) {
+  const std::int64_t group = e.group_heads(shape);
+  require(group >= 1 && shape.heads_total() % group == 0, "Evictor: group_heads = ", group,
+          " must divide L x Hkv = ", shape.heads_total(), " (heads trigger together within one sequence)");
+  const auto per = static_cast<std::size_t>(group);
+  bool any = false;
+  for (std::size_t first = 0; first < lengths.size(); first += per) {
+    const std::int64_t total = std::accumulate(lengths.begin() + first, lengths.begin() + first + per, std::int64_t{0});
+    const bool fires = e.fires(total, static_cast<std::int64_t>(per), c);
+    std::fill(active.begin() + first, active.begin() + first + per, static_cast<std::uint8_t>(fires ? 1 : 0));
+    any = any || fires;
+  }
+  return any;
+}
+
+/// A HeadSelection on the host: in each head, the prompt (when keeps_prompt), window and sinks
+/// protected, then the top keep (past the protected prompt) or every entry scoring >= bound.
+inline void select_heads(const HeadSelection& sel, StepContext c, const SegmentedScores& s,
+                         std::span<std::uint8_t> keep) {
+  std::vector<float> score(s.score.begin(), s.score.end());
+  for (std::int64_t h = 0; h < s.segments(); ++h) {
+    const auto b = static_cast<std::size_t>(s.offsets[h]);
+    const auto n = static_cast<std::size_t>(s.length(h));
+    const auto seg = std::span<float>(score).subspan(b, n);
+    const auto pos = s.position.subspan(b, n);
+    std::int64_t prompt = 0;
+    if (sel.keeps_prompt)
+      for (std::size_t i = 0; i < n; ++i)
+        if (pos[i] < c.prompt) {
+          seg[i] = std::numeric_limits<float>::infinity();
+          ++prompt;
+        }
+    rank::protect_window(pos, sel.window, seg);
+    rank::protect_sinks(pos, sel.sinks, seg);
+    if (sel.threshold)
+      rank::keep_at_least(seg, sel.bound, keep.subspan(b, n));
+    else
+      rank::keep_top_k(seg, pos, prompt + sel.keep, keep.subspan(b, n));
+  }
+}
+
+/// A PoolSelection on the host, over the groups of group_heads consecutive segments.
+inline void select_pools(const PoolSelection& sel, std::int64_t group_heads, const SegmentedScores& s,
+                         std::span<std::uint8_t> keep) {
+  const auto score = protected_scores(s, sel.window, sel.sinks);
+  for (std::int64_t first = 0; first < s.segments(); first += group_heads) {
+    const std::int64_t last = first + group_heads;
+    const auto b = static_cast<std::size_t>(s.offsets[first]);
+    const auto n = static_cast<std::size_t>(s.offsets[last] - s.offsets[first]);
+    if (n == 0) continue;
+    if (sel.threshold)
+      rank::keep_at_least(std::span<const float>(score).subspan(b, n), sel.bound, keep.subspan(b, n));
+    else
+      select_pooled(s, score, first, last, group_heads * sel.budget, sel.budget, sel.floor_ratio, keep);
+  }
+}
+
 }  // namespace detail
 
 /// Per (layer, kv head) eviction — TRIM-KV, SPEC §1. Each head triggers on its own length; a
@@ -150,25 +225,24 @@ struct PerHead {
     rule.validate("evict::PerHead");
     detail::validate_common("evict::PerHead", rule.budget, window, threshold, sinks);
   }
-  bool trigger(const CacheShape&, std::span<const std::int64_t> lengths, std::span<std::uint8_t> active) const {
-    bool any = false;
-    for (std::size_t h = 0; h < lengths.size(); ++h) {
-      active[h] = rule.fires(lengths[h]) ? 1 : 0;
-      any = any || active[h];
-    }
-    return any;
+  // the rule, stated once (policy/selection.hpp)
+  std::int64_t group_heads(const CacheShape&) const { return 1; }
+  KVPOLICY_HD bool fires(std::int64_t length, std::int64_t, StepContext) const { return rule.fires(length); }
+  HeadSelection head_selection() const {
+    HeadSelection sel;
+    sel.keep = rule.budget;
+    sel.threshold = threshold > 0.0;
+    sel.bound = sel.threshold ? detail::log_alpha(threshold) : 0.0f;
+    sel.window = window;
+    sel.sinks = sinks;
+    return sel;
+  }
+
+  bool trigger(const CacheShape& shape, std::span<const std::int64_t> lengths, std::span<std::uint8_t> active) const {
+    return detail::trigger_groups(*this, shape, {}, lengths, active);
   }
   void select(const CacheShape&, const SegmentedScores& s, std::span<std::uint8_t> keep) const {
-    const auto score = detail::protected_scores(s, window, sinks);
-    for (std::int64_t h = 0; h < s.segments(); ++h) {
-      const auto b = static_cast<std::size_t>(s.offsets[h]);
-      const auto n = static_cast<std::size_t>(s.length(h));
-      const auto seg = std::span<const float>(score).subspan(b, n);
-      if (threshold > 0.0)
-        rank::keep_at_least(seg, detail::log_alpha(threshold), keep.subspan(b, n));
-      else
-        rank::keep_top_k(seg, s.position.subspan(b, n), rule.budget, keep.subspan(b, n));
-    }
+    detail::select_heads(head_selection(), {}, s, keep);
   }
 };
 
@@ -196,30 +270,18 @@ struct LayerWise {
   void validate_scorer(const Scorer& s) const {
     detail::validate_horizon("evict::LayerWise", horizon, s);
   }
+  // the rule, stated once (policy/selection.hpp): a layer's heads trigger and rank together
+  std::int64_t group_heads(const CacheShape& shape) const { return shape.kv_heads; }
+  KVPOLICY_HD bool fires(std::int64_t length, std::int64_t heads, StepContext) const {
+    return length > heads * (budget + buffer);
+  }
+  PoolSelection pool_selection() const { return detail::pooled(budget, floor_ratio, window, sinks, threshold); }
+
   bool trigger(const CacheShape& shape, std::span<const std::int64_t> lengths, std::span<std::uint8_t> active) const {
-    bool any = false;
-    for (int l = 0; l < shape.layers; ++l) {
-      std::int64_t total = 0;
-      for (int h = 0; h < shape.kv_heads; ++h) total += lengths[head_index(shape, l, h)];
-      const bool fires = total > std::int64_t{shape.kv_heads} * (budget + buffer);
-      for (int h = 0; h < shape.kv_heads; ++h) active[head_index(shape, l, h)] = fires ? 1 : 0;
-      any = any || fires;
-    }
-    return any;
+    return detail::trigger_groups(*this, shape, {}, lengths, active);
   }
   void select(const CacheShape& shape, const SegmentedScores& s, std::span<std::uint8_t> keep) const {
-    const auto score = detail::protected_scores(s, window, sinks);
-    for (int l = 0; l < shape.layers; ++l) {
-      const std::int64_t first = head_index(shape, l, 0), last = first + shape.kv_heads;
-      if (threshold > 0.0) {
-        const auto b = static_cast<std::size_t>(s.offsets[first]);
-        const auto n = static_cast<std::size_t>(s.offsets[last] - s.offsets[first]);
-        rank::keep_at_least(std::span<const float>(score).subspan(b, n), detail::log_alpha(threshold),
-                            keep.subspan(b, n));
-      } else if (s.offsets[last] > s.offsets[first]) {
-        detail::select_pooled(s, score, first, last, std::int64_t{shape.kv_heads} * budget, budget, floor_ratio, keep);
-      }
-    }
+    detail::select_pools(pool_selection(), group_heads(shape), s, keep);
   }
 };
 
@@ -248,18 +310,18 @@ struct Global {
   void validate_scorer(const Scorer& s) const {
     detail::validate_horizon("evict::Global", horizon, s);
   }
+  // the rule, stated once (policy/selection.hpp): every head of the sequence triggers and ranks together
+  std::int64_t group_heads(const CacheShape& shape) const { return shape.heads_total(); }
+  KVPOLICY_HD bool fires(std::int64_t length, std::int64_t heads, StepContext) const {
+    return length >= heads * (budget + buffer);
+  }
+  PoolSelection pool_selection() const { return detail::pooled(budget, floor_ratio, window, sinks, threshold); }
+
   bool trigger(const CacheShape& shape, std::span<const std::int64_t> lengths, std::span<std::uint8_t> active) const {
-    const std::int64_t total = std::accumulate(lengths.begin(), lengths.end(), std::int64_t{0});
-    const bool fires = total >= shape.heads_total() * (budget + buffer);
-    std::fill(active.begin(), active.end(), static_cast<std::uint8_t>(fires ? 1 : 0));
-    return fires;
+    return detail::trigger_groups(*this, shape, {}, lengths, active);
   }
   void select(const CacheShape& shape, const SegmentedScores& s, std::span<std::uint8_t> keep) const {
-    const auto score = detail::protected_scores(s, window, sinks);
-    if (threshold > 0.0)
-      rank::keep_at_least(score, detail::log_alpha(threshold), keep);
-    else
-      detail::select_pooled(s, score, 0, s.segments(), shape.heads_total() * budget, budget, floor_ratio, keep);
+    detail::select_pools(pool_selection(), group_heads(shape), s, keep);
   }
 };
 
@@ -291,33 +353,25 @@ struct Generated {
     require(sinks >= 0 && sinks <= budget - recent_max, "evict::Generated: sinks S = ", sinks,
             " must be in [0, budget K - max(R, w) = ", budget - recent_max, "]");
   }
-  bool trigger(const CacheShape&, StepContext c, std::span<const std::int64_t> lengths,
+  // the rule, stated once (policy/selection.hpp). The R newest entries are generated ones whenever
+  // more than K >= R of them are present; with K or fewer the head keeps everything anyway.
+  std::int64_t group_heads(const CacheShape&) const { return 1; }
+  KVPOLICY_HD bool fires(std::int64_t length, std::int64_t, StepContext c) const { return length - c.prompt > budget; }
+  HeadSelection head_selection() const {
+    HeadSelection sel;
+    sel.keep = budget;
+    sel.window = std::max(recent(), window);
+    sel.sinks = sinks;
+    sel.keeps_prompt = true;
+    return sel;
+  }
+
+  bool trigger(const CacheShape& shape, StepContext c, std::span<const std::int64_t> lengths,
                std::span<std::uint8_t> active) const {
-    bool any = false;
-    for (std::size_t h = 0; h < lengths.size(); ++h) {
-      active[h] = lengths[h] - c.prompt > budget ? 1 : 0;
-      any = any || active[h];
-    }
-    return any;
+    return detail::trigger_groups(*this, shape, c, lengths, active);
   }
   void select(const CacheShape&, StepContext c, const SegmentedScores& s, std::span<std::uint8_t> keep) const {
-    std::vector<float> score(s.score.begin(), s.score.end());
-    for (std::int64_t h = 0; h < s.segments(); ++h) {
-      const auto b = static_cast<std::size_t>(s.offsets[h]);
-      const auto n = static_cast<std::size_t>(s.length(h));
-      const auto seg = std::span<float>(score).subspan(b, n);
-      const auto pos = s.position.subspan(b, n);
-      std::int64_t prompt = 0;
-      for (std::size_t i = 0; i < n; ++i)
-        if (pos[i] < c.prompt) {
-          seg[i] = std::numeric_limits<float>::infinity();
-          ++prompt;
-        }
-      // the R newest entries are generated ones whenever more than K >= R of them are present
-      if (static_cast<std::int64_t>(n) - prompt > budget) rank::protect_window(pos, std::max(recent(), window), seg);
-      rank::protect_sinks(pos, sinks, seg);
-      rank::keep_top_k(seg, pos, prompt + budget, keep.subspan(b, n));
-    }
+    detail::select_heads(head_selection(), c, s, keep);
   }
 };
 
@@ -344,25 +398,24 @@ struct WriteGated {
     require(std::isfinite(tau) && tau > 0.0 && tau <= 1.0, "evict::WriteGated: tau = ", tau, " must be in (0, 1]");
     require(sinks >= 0 && sinks <= INT32_MAX, "evict::WriteGated: sinks S = ", sinks, " must be in [0, 2^31 - 1]");
   }
-  bool trigger(const CacheShape&, std::span<const std::int64_t> lengths, std::span<std::uint8_t> active) const {
-    bool any = false;
-    for (std::size_t h = 0; h < lengths.size(); ++h) {
-      active[h] = lengths[h] > local ? 1 : 0;
-      any = any || active[h];
-    }
-    return any;
+  // the rule, stated once (policy/selection.hpp): a head past its ring keeps the ring (its
+  // W_local newest), its sinks, and the older entries promoted (g >= tau)
+  std::int64_t group_heads(const CacheShape&) const { return 1; }
+  KVPOLICY_HD bool fires(std::int64_t length, std::int64_t, StepContext) const { return length > local; }
+  HeadSelection head_selection() const {
+    HeadSelection sel;
+    sel.threshold = true;
+    sel.bound = static_cast<float>(tau);
+    sel.window = local;
+    sel.sinks = sinks;
+    return sel;
+  }
+
+  bool trigger(const CacheShape& shape, std::span<const std::int64_t> lengths, std::span<std::uint8_t> active) const {
+    return detail::trigger_groups(*this, shape, {}, lengths, active);
   }
   void select(const CacheShape&, const SegmentedScores& s, std::span<std::uint8_t> keep) const {
-    std::vector<float> score(s.score.begin(), s.score.end());
-    const auto gate = static_cast<float>(tau);
-    for (std::int64_t h = 0; h < s.segments(); ++h) {
-      const auto b = static_cast<std::size_t>(s.offsets[h]);
-      const auto n = static_cast<std::size_t>(s.length(h));
-      const auto seg = std::span<float>(score).subspan(b, n);
-      rank::protect_window(s.position.subspan(b, n), local, seg);  // the ring
-      rank::protect_sinks(s.position.subspan(b, n), sinks, seg);   // SPEC §5
-      rank::keep_at_least(seg, gate, keep.subspan(b, n));          // promoted: g >= tau
-    }
+    detail::select_heads(head_selection(), {}, s, keep);
   }
 };
 
@@ -398,13 +451,13 @@ struct WriteGatedBudget {
               s.budget_entries, ", sinks = ", s.sinks, " differ from the evictor's ", local, ", ", tau, ", ",
               budget_entries, ", ", sinks);
   }
-  bool trigger(const CacheShape&, StepContext, std::span<const std::int64_t> lengths, std::span<std::uint8_t> active) const {
-    bool any = false;
-    for (std::size_t h = 0; h < lengths.size(); ++h) {  // only a head past its ring has a global cache
-      active[h] = lengths[h] > local ? 1 : 0;
-      any = any || active[h];
-    }
-    return any;
+  // its trigger, stated as the others' (only a head past its ring has a global cache); its
+  // selection weighs every head's global cache against one budget, so it runs on the host only
+  std::int64_t group_heads(const CacheShape&) const { return 1; }
+  KVPOLICY_HD bool fires(std::int64_t length, std::int64_t, StepContext) const { return length > local; }
+  bool trigger(const CacheShape& shape, StepContext c, std::span<const std::int64_t> lengths,
+               std::span<std::uint8_t> active) const {
+    return detail::trigger_groups(*this, shape, c, lengths, active);
   }
   void select(const CacheShape&, StepContext, const SegmentedScores& s, std::span<std::uint8_t> keep) const {
     std::vector<float> score(s.score.begin(), s.score.end());
@@ -457,22 +510,25 @@ struct PromptEnd {
     require(sinks >= 0 && sinks <= budget - window, "evict::PromptEnd: sinks S = ", sinks,
             " must be in [0, budget M - W_obs = ", budget - window, "]");
   }
-  bool trigger(const CacheShape&, StepContext c, std::span<const std::int64_t> lengths,
-               std::span<std::uint8_t> active) const {
-    bool any = false;
-    for (std::size_t h = 0; h < lengths.size(); ++h) {
-      active[h] = c.prompt_ends && lengths[h] > budget ? 1 : 0;
-      any = any || active[h];
-    }
-    return any;
+  // the rule, stated once (policy/selection.hpp)
+  std::int64_t group_heads(const CacheShape&) const { return 1; }
+  KVPOLICY_HD bool fires(std::int64_t length, std::int64_t, StepContext c) const {
+    return c.prompt_ends && length > budget;
   }
-  void select(const CacheShape&, StepContext, const SegmentedScores& s, std::span<std::uint8_t> keep) const {
-    const auto score = detail::protected_scores(s, window, sinks);
-    for (std::int64_t h = 0; h < s.segments(); ++h) {
-      const auto b = static_cast<std::size_t>(s.offsets[h]);
-      const auto n = static_cast<std::size_t>(s.length(h));
-      rank::keep_top_k(std::span<const float>(score).subspan(b, n), s.position.subspan(b, n), budget, keep.subspan(b, n));
-    }
+  HeadSelection head_selection() const {
+    HeadSelection sel;
+    sel.keep = budget;
+    sel.window = window;
+    sel.sinks = sinks;
+    return sel;
+  }
+
+  bool trigger(const CacheShape& shape, StepContext c, std::span<const std::int64_t> lengths,
+               std::span<std::uint8_t> active) const {
+    return detail::trigger_groups(*this, shape, c, lengths, active);
+  }
+  void select(const CacheShape&, StepContext c, const SegmentedScores& s, std::span<std::uint8_t> keep) const {
+    detail::select_heads(head_selection(), c, s, keep);
   }
 };
 
@@ -483,6 +539,9 @@ static_assert(Evictor<Generated>, "evict::Generated must model kvpolicy::Evictor
 static_assert(Evictor<WriteGated>, "evict::WriteGated must model kvpolicy::Evictor");
 static_assert(Evictor<PromptEnd>, "evict::PromptEnd must model kvpolicy::Evictor");
 static_assert(Evictor<WriteGatedBudget>, "evict::WriteGatedBudget must model kvpolicy::Evictor");
+static_assert(StatedEvictor<PerHead<>> && StatedEvictor<LayerWise> && StatedEvictor<Global> &&
+                  StatedEvictor<Generated> && StatedEvictor<WriteGated> && StatedEvictor<PromptEnd>,
+              "the per-head and pooled evictors state their rule as data (policy/selection.hpp)");
 
 }  // namespace evict
 }  // namespace kvpolicy
