@@ -29,9 +29,10 @@
 #include "kvpolicy/core/parallel.hpp"
 #include "kvpolicy/core/shape.hpp"
 #include "kvpolicy/core/view.hpp"
+#include "kvpolicy/engine/planner.hpp"
+#include "kvpolicy/engine/scorer_inputs.hpp"
 #include "kvpolicy/engine/step_state.hpp"
 #include "kvpolicy/memory/pool.hpp"
-#include "kvpolicy/memory/query_window.hpp"
 
 namespace kvpolicy {
 
@@ -66,8 +67,10 @@ class Cache {
   static_assert(!(evictor_counts_prompt_by_length<E> && admitter_may_skip<A>),
                 "kvpolicy::Cache: this Evictor counts generated entries as length - prompt, which needs every "
                 "token stored; this Admitter does not store every token");
-  // H2O's mass and SnapKV's query window: the attention feeds the policy, so every step attends
-  static constexpr bool observes_attention = scorer_needs_attention_mass<S> || WindowScorer<S>;
+  // what the Scorer reads beyond an entry's metadata, by the hooks it declares
+  using Inputs = detail::ScorerInputs<S>;
+  // the attention feeds the Scorer (engine/scorer_inputs.hpp), so every step attends
+  static constexpr bool observes_attention = Inputs::observes_attention;
 
  public:
   using scorer_type = S;
@@ -102,9 +105,7 @@ class Cache {
     require(!has_sequence(seq), "Cache::add_sequence: sequence ", seq, " already exists");
     SequenceState st;
     static_cast<detail::StepState&>(st) = detail::StepState(shape_.layers, prompt_tokens);
-    if constexpr (WindowScorer<S>)  // SnapKV: the last W queries of every layer
-      st.windows.assign(static_cast<std::size_t>(shape_.layers),
-                        memory::QueryWindow(scorer_.observation_window, shape_.q_heads, shape_.head_dim));
+    st.inputs = Inputs::start(scorer_, shape_);
     alloc_.add_sequence(seq);  // last of what can throw: a failed call registers nothing
     state_.emplace(seq, std::move(st));
   }
@@ -126,6 +127,28 @@ class Cache {
       for (int h = 0; h < shape_.kv_heads; ++h) total += alloc_.length(seq, l, h);
     return total;
   }
+  /// Every entry of a head, in storage order: metadata, K and V (for tests and tools; O(length x d)).
+  HeadContents head_contents(std::int64_t seq, int layer, int head) const {
+    checks_.layer(layer, "head_contents");
+    require(head >= 0 && head < shape_.kv_heads, "Cache::head_contents: head ", head, " out of range [0, ",
+            shape_.kv_heads, ")");
+    const auto head_layout = alloc_.layout(seq, layer, head);
+    const auto d = static_cast<std::size_t>(shape_.head_dim);
+    HeadContents c;
+    for (std::int64_t i = 0; i < head_layout.length; ++i) {
+      const std::int64_t slot = head_layout.slot(i);
+      c.meta.push_back(alloc_.pool().meta(slot));
+      const storage_type* k = alloc_.pool().key(slot);
+      const storage_type* v = alloc_.pool().value(slot);
+      for (std::size_t j = 0; j < d; ++j) {
+        c.keys.push_back(to_float(k[j]));
+        c.values.push_back(to_float(v[j]));
+      }
+    }
+    return c;
+  }
+  std::int64_t pages_free() const { return alloc_.pages_free(); }
+  std::int64_t pages_total() const { return alloc_.pages_total(); }
   /// Metadata of entry i of a head, in storage order (not position order after compaction).
   EntryMeta entry(std::int64_t seq, int layer, int head, std::int64_t i) const {
     const auto head_layout = alloc_.layout(seq, layer, head);
@@ -212,7 +235,7 @@ class Cache {
     }
     // Plan first (it may throw: a scorer that returns NaN), then change state: a commit that
     // throws leaves the step open and the cache as it was.
-    const EvictionPlan plan = plan_eviction(seq, st.context());
+    const EvictionPlan plan = planner().plan(seq, st.context(), st.inputs);
     return close_step(seq, st, plan, evicted);
   }
 
@@ -222,12 +245,9 @@ class Cache {
   /// still scans its heads: O(entries)).
   void abort_step(std::int64_t seq) {
     SequenceState& st = state_of(seq);
-    if constexpr (scorer_needs_attention_mass<S>)
-      for (auto it = st.mass_undo.rbegin(); it != st.mass_undo.rend(); ++it)  // H2O: the mass as it was
-        alloc_.pool().set_attention_mass(it->first, it->second);
-    for (auto& w : st.windows) w.discard();  // SnapKV: the queries as they were
+    Inputs::abort(st.inputs, alloc_.pool());  // what the step's attention recorded, first
     drop_open_entries(seq, st, -1);
-    end_step(st);
+    st.end();
   }
 
   // ---- one step, every layer at once -----------------------------------------------------------
@@ -279,7 +299,7 @@ class Cache {
       }
       for (const auto& s : batch) {
         const SequenceState& st = state_of(s.seq);
-        plans.push_back(plan_eviction(s.seq, st.context()));
+        plans.push_back(planner().plan(s.seq, st.context(), st.inputs));
       }
     } catch (...) {
       for (std::size_t i = started; i-- > 0;) abort_step(batch[i].seq);  // last first: pages return in reverse
@@ -291,22 +311,13 @@ class Cache {
   }
 
  private:
-  /// The shared step state (engine/step_state.hpp) and what the CPU's policies keep beside it.
+  /// The shared step state (engine/step_state.hpp) and what the sequence's attention recorded for
+  /// the Scorer (engine/scorer_inputs.hpp).
   struct SequenceState : detail::StepState {
-    std::vector<memory::QueryWindow> windows;  // per layer, for a WindowScorer only
-    std::vector<std::pair<std::int64_t, float>> mass_undo;  // (slot, mass before) of the open step, H2O only
+    typename Inputs::Sequence inputs;
   };
-
-  /// One eviction decided but not applied: the active heads' flattened scores and keep flags.
-  struct EvictionPlan {
-    StepContext context{};
-    bool triggered = false;  // anything to apply (the Evictor fired, or an Admitter's ring drops entries)
-    bool fired = false;      // the Evictor's trigger fired (what EvictionReport::triggered reports)
-    std::vector<std::int64_t> lengths, offsets;
-    std::vector<std::uint8_t> active, keep;
-    std::vector<std::int32_t> position;
-    std::int64_t evicted = 0;  // entries the plan removes
-  };
+  using EvictionPlan = detail::EvictionPlan;
+  detail::EvictionPlanner<S, A, E, Alloc> planner() const { return {shape_, alloc_, evictor_, scorer_, admitter_}; }
 
   template <class T, int R>
   static View<T, R - 1> layer_of(View<T, R> v, int l) {
@@ -362,14 +373,8 @@ class Cache {
     if (evicted != nullptr) evicted->reserve(evicted->size() + static_cast<std::size_t>(plan.evicted));
     // the first decode step fixes an undeclared prompt (SPEC §4 protects it from then on)
     st.commit(plan.context);  // n += T; the first decode step fixes an undeclared prompt (SPEC §4)
-    for (auto& w : st.windows) w.commit();
-    st.mass_undo.clear();
+    Inputs::commit(st.inputs);
     return apply_eviction(seq, plan, evicted);
-  }
-
-  static void end_step(SequenceState& st) {
-    st.end();
-    st.mass_undo.clear();
   }
 
   const SequenceState& state_of(std::int64_t seq) const {
@@ -418,7 +423,7 @@ class Cache {
 
   void attend_layer(std::int64_t seq, SequenceState& st, int layer, View<const float, 3> queries,
                     View<float, 3> out) {
-    if constexpr (WindowScorer<S>) st.windows[static_cast<std::size_t>(layer)].push(queries, st.n);
+    Inputs::record_queries(st.inputs, layer, queries, st.n);
     st.attended[static_cast<std::size_t>(layer)] = 1;
     std::vector<std::int32_t> q_pos(static_cast<std::size_t>(st.pending));
     for (std::int64_t t = 0; t < st.pending; ++t) q_pos[static_cast<std::size_t>(t)] = static_cast<std::int32_t>(st.n + t);
@@ -430,10 +435,10 @@ class Cache {
     else if constexpr (masked)
       mask = admitter_.attention_mask();
     // One task per kv head: each writes its own query heads of `out` and its own mass vector.
-    std::vector<std::vector<float>> mass(scorer_needs_attention_mass<S> ? static_cast<std::size_t>(shape_.kv_heads) : 0);
+    std::vector<std::vector<float>> mass(Inputs::needs_mass ? static_cast<std::size_t>(shape_.kv_heads) : 0);
     const auto attend_head = [&](int h) {
       const auto head_layout = alloc_.layout(seq, layer, h);
-      if constexpr (scorer_needs_attention_mass<S>) {  // H2O, SPEC §5: summed over every query so far
+      if constexpr (Inputs::needs_mass) {  // each key's probability, summed over every query so far
         auto& m = mass[static_cast<std::size_t>(h)];
         m.assign(static_cast<std::size_t>(head_layout.length), 0.0f);
         B::attend(std::as_const(alloc_).pool(), head_layout, h, shape_.group(), queries, q_pos, out,
@@ -446,16 +451,9 @@ class Cache {
       }
     };
     detail::for_each_kv_head<B>(shape_.kv_heads, attention_work(seq, layer, st.pending), attend_head);
-    if constexpr (scorer_needs_attention_mass<S>)  // applied in head order, with the undo log
-      for (int h = 0; h < shape_.kv_heads; ++h) {
-        const auto head_layout = alloc_.layout(seq, layer, h);
-        const auto& m = mass[static_cast<std::size_t>(h)];
-        for (std::int64_t j = 0; j < head_layout.length; ++j) {
-          const std::int64_t slot = head_layout.slot(j);
-          st.mass_undo.emplace_back(slot, alloc_.pool().meta(slot).attention_mass);
-          alloc_.pool().add_attention_mass(slot, m[static_cast<std::size_t>(j)]);
-        }
-      }
+    if constexpr (Inputs::needs_mass)  // applied in head order, undone by abort_step
+      for (int h = 0; h < shape_.kv_heads; ++h)
+        Inputs::add_mass(st.inputs, alloc_.pool(), alloc_.layout(seq, layer, h), mass[static_cast<std::size_t>(h)]);
   }
 
   /// (query rows) x (entries) over the layer's kv heads: what decides whether threads pay off.
@@ -465,148 +463,6 @@ class Cache {
     return entries * T * shape_.group();
   }
 
-
-  /// The ring of an Admitter with one (WG-KV, SPEC §3): per head, the stored entries that stay —
-  /// all but the Admission::local ones older than the W_local newest tokens of the sequence
-  /// (position < n - W_local), which no later query may see (the vertical-slash mask). By position,
-  /// not by rank among what is stored, so entries the Evictor removed never keep an unadmitted one
-  /// alive. Empty for a head that drops none. Returns the entries dropped over every head.
-  std::int64_t ring_survivors(std::int64_t seq, std::int64_t n, std::vector<std::vector<std::uint8_t>>& kept) const {
-    std::int64_t dropped_total = 0;
-    if constexpr (admitter_has_ring<A>) {
-      const std::int64_t oldest_in_ring = n - static_cast<std::int64_t>(admitter_.ring());
-      kept.assign(static_cast<std::size_t>(shape_.heads_total()), {});
-      for (int l = 0; l < shape_.layers; ++l)
-        for (int h = 0; h < shape_.kv_heads; ++h) {
-          const auto i = static_cast<std::size_t>(head_index(shape_, l, h));
-          const auto head_layout = alloc_.layout(seq, l, h);
-          std::vector<std::uint8_t> keep;
-          for (std::int64_t j = 0; j < head_layout.length; ++j) {
-            const EntryMeta& m = alloc_.pool().meta(head_layout.slot(j));
-            if (m.position >= oldest_in_ring || admitter_.admit(m) != Admission::local) continue;
-            if (keep.empty()) keep.assign(static_cast<std::size_t>(head_layout.length), 1);
-            keep[static_cast<std::size_t>(j)] = 0;
-            ++dropped_total;
-          }
-          kept[i] = std::move(keep);
-        }
-    }
-    return dropped_total;
-  }
-
-  /// SPEC §1–2: trigger on the per-head lengths; score the active heads at step n; select. Changes
-  /// nothing. A NaN score (only a user-defined Scorer can make one: the built-in scorers are finite
-  /// or -inf on every input append accepts, docs/numerics.md) is an error, never a ranking input.
-  /// With an Admitter's ring (SPEC §3) the ring's departures go first, and the Evictor triggers on,
-  /// scores and selects among what stays.
-  EvictionPlan plan_eviction(std::int64_t seq, StepContext ctx) const {
-    const auto heads = static_cast<std::size_t>(shape_.heads_total());
-    EvictionPlan plan;
-    plan.lengths.resize(heads);
-    for (int l = 0; l < shape_.layers; ++l)
-      for (int h = 0; h < shape_.kv_heads; ++h)
-        plan.lengths[static_cast<std::size_t>(head_index(shape_, l, h))] = alloc_.length(seq, l, h);
-    std::vector<std::vector<std::uint8_t>> ring_kept;  // per head; empty: the ring drops nothing there
-    std::vector<std::int64_t> lengths = plan.lengths;  // what the Evictor sees
-    const bool ring_drops = ring_survivors(seq, ctx.n, ring_kept) > 0;
-    if (ring_drops)
-      for (std::size_t i = 0; i < heads; ++i)
-        if (!ring_kept[i].empty())
-          lengths[i] = std::count(ring_kept[i].begin(), ring_kept[i].end(), std::uint8_t{1});
-    for (const std::int64_t len : lengths) ctx.entries += len;
-    plan.context = ctx;
-    plan.active.assign(heads, 0);
-    const bool fires = evictor_trigger(evictor_, shape_, ctx, lengths, plan.active);
-    if (!fires && !ring_drops) return plan;
-    if (!fires) std::fill(plan.active.begin(), plan.active.end(), std::uint8_t{0});
-    plan.triggered = true;
-    plan.fired = fires;
-
-    std::vector<std::int64_t> offsets(heads + 1, 0);
-    for (std::size_t i = 0; i < heads; ++i) offsets[i + 1] = offsets[i] + (plan.active[i] ? lengths[i] : 0);
-    std::vector<float> score(static_cast<std::size_t>(offsets.back()));
-    std::vector<std::int32_t> position(score.size());
-    std::vector<EntryMeta> head_meta;
-    std::vector<float> head_keys, window_buffer;
-    std::vector<std::int32_t> window_positions;
-    std::vector<std::int64_t> stored;  // the head's entries the Evictor sees, as stored indices
-    for (int l = 0; l < shape_.layers; ++l)
-      for (int h = 0; h < shape_.kv_heads; ++h) {
-        const auto i = static_cast<std::size_t>(head_index(shape_, l, h));
-        if (!plan.active[i]) continue;
-        StepContext head_ctx = ctx;  // the context this head is scored in (StepContext::head)
-        head_ctx.head = static_cast<std::int64_t>(i);
-        const auto head_layout = alloc_.layout(seq, l, h);
-        stored.clear();
-        for (std::int64_t j = 0; j < head_layout.length; ++j)
-          if (ring_kept.empty() || ring_kept[i].empty() || ring_kept[i][static_cast<std::size_t>(j)]) stored.push_back(j);
-        const auto b = static_cast<std::size_t>(offsets[i]);
-        const std::size_t len = stored.size();
-        const auto meta_of = [&](std::size_t j) -> const EntryMeta& { return alloc_.pool().meta(head_layout.slot(stored[j])); };
-        for (std::size_t j = 0; j < len; ++j) position[b + j] = meta_of(j).position;
-        if constexpr (scorer_needs_head_keys<S> || WindowScorer<S>) {  // KeyDiff, SnapKV: the head's keys in fp32
-          const int d = shape_.head_dim;
-          head_meta.resize(len);
-          head_keys.resize(len * static_cast<std::size_t>(d));
-          for (std::size_t j = 0; j < len; ++j) {
-            const std::int64_t slot = head_layout.slot(stored[j]);
-            head_meta[j] = alloc_.pool().meta(slot);
-            const storage_type* k = alloc_.pool().key(slot);
-            for (int c = 0; c < d; ++c) head_keys[j * static_cast<std::size_t>(d) + static_cast<std::size_t>(c)] = to_float(k[c]);
-          }
-          const View<const float, 2> keys{head_keys.data(), {static_cast<std::int64_t>(len), d}};
-          if constexpr (WindowScorer<S>)
-            scorer_.score_window(keys, std::span<const EntryMeta>(head_meta), head_ctx,
-                                 state_of(seq).windows[static_cast<std::size_t>(l)].ordered(h, shape_.group(), window_buffer,
-                                                                                           window_positions),
-                                 std::span<float>(score).subspan(b, len));
-          else
-            scorer_.score_head(keys, std::span<const EntryMeta>(head_meta), head_ctx, std::span<float>(score).subspan(b, len));
-        } else {
-          for (std::size_t j = 0; j < len; ++j) score[b + j] = scorer_(meta_of(j), head_ctx);
-        }
-        for (std::size_t j = 0; j < len; ++j) {
-          if (!std::isnan(score[b + j])) continue;
-          const EntryMeta& m = meta_of(j);
-          fail("Cache::commit: the scorer returned NaN for sequence ", seq, " layer ", l, " head ", h, " position ",
-               m.position, " (log_beta ", m.log_beta, ", key norm ", m.key_norm, ", attention mass ", m.attention_mass,
-               ", n = ", ctx.n, "); a NaN score never enters a ranking");
-        }
-      }
-    std::vector<std::uint8_t> keep(score.size(), 1);
-    if (fires) evictor_select(evictor_, shape_, ctx, SegmentedScores{score, position, offsets}, keep);
-    if (!ring_drops) {
-      plan.offsets = std::move(offsets);
-      plan.keep = std::move(keep);
-      plan.position = std::move(position);
-    } else {  // the heads either part touched, with keep flags over every stored entry
-      plan.offsets.assign(heads + 1, 0);
-      for (std::size_t i = 0; i < heads; ++i) {
-        const bool touched = plan.active[i] || !ring_kept[i].empty();
-        plan.offsets[i + 1] = plan.offsets[i] + (touched ? plan.lengths[i] : 0);
-      }
-      plan.keep.assign(static_cast<std::size_t>(plan.offsets.back()), 1);
-      plan.position.assign(plan.keep.size(), 0);
-      for (int l = 0; l < shape_.layers; ++l)
-        for (int h = 0; h < shape_.kv_heads; ++h) {
-          const auto i = static_cast<std::size_t>(head_index(shape_, l, h));
-          if (plan.offsets[i + 1] == plan.offsets[i]) continue;
-          const auto head_layout = alloc_.layout(seq, l, h);
-          std::int64_t seen = 0;  // rank among the Evictor's entries of this head
-          for (std::int64_t j = 0; j < plan.lengths[i]; ++j) {
-            const auto at = static_cast<std::size_t>(plan.offsets[i] + j);
-            plan.position[at] = alloc_.pool().meta(head_layout.slot(j)).position;
-            const bool in_ring = ring_kept[i].empty() || ring_kept[i][static_cast<std::size_t>(j)];
-            std::uint8_t k = in_ring ? 1 : 0;
-            if (in_ring && plan.active[i]) k = keep[static_cast<std::size_t>(offsets[i] + seen++)];
-            plan.keep[at] = k;
-          }
-          plan.active[i] = 1;
-        }
-    }
-    for (const std::uint8_t k : plan.keep) plan.evicted += k == 0;
-    return plan;
-  }
 
   /// Compacts every active head by the plan's keep flags.
   EvictionReport apply_eviction(std::int64_t seq, const EvictionPlan& plan, std::vector<EvictedEntry>* evicted) {

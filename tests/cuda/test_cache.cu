@@ -4,6 +4,7 @@
 // entries in every head (positions and log_beta, bit for bit), report the same trigger and
 // evicted count and list, and have the same free pages; decode attention agrees within 1e-5
 // (fp32) / 2e-3 (fp16). Sequences come and go; a step taken back changes nothing; errors match.
+// Below them, the CPU Cache's state-machine test, run on the device Cache.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -20,6 +21,7 @@
 #include "kvpolicy/epikv.hpp"
 #include "kvpolicy/trimkv.hpp"
 #include "kvpolicy/wgkv.hpp"
+#include "state_machine.hpp"
 #include "test_scale.hpp"
 
 namespace kp = kvpolicy;
@@ -329,4 +331,55 @@ TEST_CASE("Cache<cuda_backend>: an evictor's horizon its scorer lacks is refused
   const kp::CacheShape shape{2, 2, 2, 64};
   CHECK_THROWS_WITH_AS(kp::DBTrimKVCache<kp::cuda_backend>(shape, kp::memory::Paged<16>(64), kp::dbtrimkv_evictor({.horizon = 5})),
                        doctest::Contains("the config's horizon h = 5 is not the scorer's h = 2"), kp::Error);
+}
+
+// ---- the cache API as a state machine --------------------------------------------------------------
+// The driver the CPU Cache runs in test_state_machine.cpp (tests/state_machine.hpp), on
+// Cache<cuda_backend>: TRIM-KV per head, DBTrimKV global and layer-wise, each against the same
+// executable model over random operation streams — sequences added and removed, decode tokens and
+// prefill chunks through step(), step_batch() and the layer API, attention (causal inside a chunk),
+// aborted steps, and invalid calls that must change nothing. The device's profile: pages of 16
+// slots, heads of 64. Under a GPU simulator the streams are fewer (test_scale.hpp).
+namespace sm = state_machine;
+
+namespace {
+
+constexpr int kStatePage = 16;
+using StatePool = kp::memory::Paged<kStatePage, float>;
+
+sm::Profile device_profile() {
+  sm::Profile p;
+  p.page = kStatePage;
+  p.head_dims = {64};
+  p.operations = 120;
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("state machine: TRIM-KV per-head Cache<cuda_backend> against its model over random operation streams") {
+  using C = kp::Cache<kp::score::RetentionDecay, kp::admit::All, kp::evict::PerHead<kp::trigger::Buffered>, StatePool,
+                      kp::cuda_backend>;
+  sm::run_streams<C>(sm::Policy::per_head, 100000, static_cast<int>(cudatest::seeds(32)), [](const sm::Model& m) {
+    return C(m.shape, StatePool(m.pages_total),
+             kp::trimkv_evictor({m.params.budget, m.params.buffer, m.params.window, m.params.threshold}));
+  }, device_profile());
+}
+
+TEST_CASE("state machine: DBTrimKV global Cache<cuda_backend> against its model over random operation streams") {
+  using C = kp::Cache<kp::score::Lookahead, kp::admit::All, kp::evict::Global, StatePool, kp::cuda_backend>;
+  sm::run_streams<C>(sm::Policy::global, 200000, static_cast<int>(cudatest::seeds(32)), [](const sm::Model& m) {
+    const kp::DBTrimKVConfig c{m.params.budget, m.params.buffer, m.horizon, m.params.floor_ratio, m.params.window,
+                               m.params.threshold};
+    return C(m.shape, StatePool(m.pages_total), kp::dbtrimkv_evictor(c), kp::dbtrimkv_scorer(c));
+  }, device_profile());
+}
+
+TEST_CASE("state machine: DBTrimKV layer-wise Cache<cuda_backend> against its model over random operation streams") {
+  using C = kp::Cache<kp::score::Lookahead, kp::admit::All, kp::evict::LayerWise, StatePool, kp::cuda_backend>;
+  sm::run_streams<C>(sm::Policy::layer_wise, 300000, static_cast<int>(cudatest::seeds(32)), [](const sm::Model& m) {
+    const kp::DBTrimKVConfig c{m.params.budget, m.params.buffer, m.horizon, m.params.floor_ratio, m.params.window,
+                               m.params.threshold};
+    return C(m.shape, StatePool(m.pages_total), kp::dbtrimkv_layerwise_evictor(c), kp::dbtrimkv_scorer(c));
+  }, device_profile());
 }

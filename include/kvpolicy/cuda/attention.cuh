@@ -34,8 +34,11 @@ namespace kvpolicy::cuda {
 
 /// One decode step of one layer: queries [batch, Hq, d] fp32; sequence b's kv head h is segment
 /// segment_base[b] + h; out [batch, Hq, d] fp32. A head with no entries gives zeros.
+/// With query_position (device, [batch]) given, query b sees only the keys at positions <=
+/// query_position[b] (causal, SPEC §6): the rows of a prefill chunk are a batch of such queries
+/// over the same segments, each at its own position. Without it, a query sees every entry.
 /// With mask.local > 0 (WG-KV, SPEC §3) a key is visible only under the vertical-slash rule
-/// (core/mask.hpp), its g read from the pool's meta, the query's position from query_position[b].
+/// (core/mask.hpp), its g read from the pool's meta; it needs query_position.
 /// With accumulate_mass (H2O, SPEC §5, the twin of cpu::attend_paged's key_mass) every visible
 /// entry's kv.attention_mass[slot] grows by the probability it received, summed over the G query
 /// heads of its group; a query head that sees no entry adds nothing, nor does a probability that is
@@ -127,8 +130,8 @@ __device__ __forceinline__ float entry_logit(const float* q_lane, const float (&
   return s;
 }
 
-/// The entry a lane group reads: its slot, or -1 past the chunk's end or masked out (SPEC §3's
-/// vertical-slash rule); its key and value rows when it is read.
+/// The entry a lane group reads: its slot, or -1 past the chunk's end or masked out (past the
+/// query's position, or by SPEC §3's vertical-slash rule); its key and value rows when it is read.
 template <class T, int HEAD_DIM, int PAGE_SIZE, int ELEMS>
 __device__ __forceinline__ std::int64_t fetch_entry(const PagedKV<T>& kv, const BlockTableView& t, const DecodeBatch& a,
                                                     int seg, std::int64_t e, std::int64_t end, std::int32_t q_pos,
@@ -137,7 +140,7 @@ __device__ __forceinline__ std::int64_t fetch_entry(const PagedKV<T>& kv, const 
   std::int64_t slot = -1;
   if (e < end) {
     slot = t.slot(seg, e, PAGE_SIZE);
-    if (a.mask.local > 0 && !a.mask.visible(kv.position[slot], kv.meta[slot], q_pos)) slot = -1;
+    if (a.query_position != nullptr && !a.mask.visible(kv.position[slot], kv.meta[slot], q_pos)) slot = -1;
   }
   if (slot >= 0) {
     load_row<T, ELEMS>(kv.keys + slot * HEAD_DIM + sub_lane * ELEMS, k);
@@ -188,7 +191,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32, kPartialBlocksPerSm)
 #pragma unroll
     for (int i = 0; i < ELEMS; ++i) acc[g][i] = 0.0f;
   }
-  const std::int32_t q_pos = a.mask.local > 0 ? a.query_position[b] : 0;
+  const std::int32_t q_pos = a.query_position != nullptr ? a.query_position[b] : 0;
   constexpr int kStride = kAttnWarps * PER_WARP;  // entries the block reads per round
   float k[ELEMS], v[ELEMS];
   std::int64_t e = begin + warp * PER_WARP + sub;
@@ -338,7 +341,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
 
   const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
   const int sub = lane / LANES, sub_lane = lane % LANES;
-  const std::int32_t q_pos = a.mask.local > 0 ? a.query_position[b] : 0;
+  const std::int32_t q_pos = a.query_position != nullptr ? a.query_position[b] : 0;
   constexpr int kStride = kAttnWarps * PER_WARP;
   for (std::int64_t round = begin + warp * PER_WARP; round < end; round += kStride) {
     float k[ELEMS], unused[ELEMS];

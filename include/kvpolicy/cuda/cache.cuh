@@ -17,9 +17,11 @@
 /// What this composition runs: EntryScorers (RetentionDecay, Lookahead, KNormRetention, Frozen,
 /// the training-free EntryScorers); admit::All; every Evictor that states its rule as data
 /// (policy/selection.hpp): evict::PerHead, LayerWise and Global (TRIM-KV, DBTrimKV),
-/// evict::WriteGated (WGKVCache: the ring, promotion and the vertical-slash mask in the decode
-/// attention), evict::Generated (EpiKVCache) and evict::PromptEnd; decode attention (T = 1): a
-/// prefill chunk's own attention is the engine's (FlashAttention) on the GPU.
+/// evict::WriteGated (WGKVCache: the ring, promotion and the vertical-slash mask in the attention),
+/// evict::Generated (EpiKVCache) and evict::PromptEnd. The whole API of the CPU Cache: the layer
+/// calls, step() and step_batch() (every eviction of a batch planned before any step closes: one
+/// evict_step over the batch), and attend() for decode tokens and prefill chunks alike (causal
+/// inside the chunk, by each query's position).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -31,6 +33,7 @@
 #include <cstring>
 #include <limits>
 #include <map>
+#include <span>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -237,6 +240,47 @@ class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
     if (S::needs_key_norm) m.key_norm = download_one(key_norm_.get() + slot);
     return m;
   }
+  /// Every entry of a head, in storage order: metadata, K and V (read back from the device).
+  HeadContents head_contents(std::int64_t seq, int layer, int head) const {
+    const Sequence& st = state_of(seq);
+    checks_.layer(layer, "head_contents");
+    require(head >= 0 && head < shape_.kv_heads, "Cache::head_contents: head ", head, " out of range [0, ",
+            shape_.kv_heads, ")");
+    const auto seg = segment(st, layer, head);
+    const auto len = static_cast<std::size_t>(download_one(tables_length_.get() + seg));
+    std::vector<std::int32_t> pages((len + P - 1) / P);
+    download(pages.data(), tables_.get() + std::size_t(seg) * max_pages_, pages.size());
+    const auto d = static_cast<std::size_t>(shape_.head_dim);
+    HeadContents c;
+    c.meta.resize(len);
+    c.keys.resize(len * d);
+    c.values.resize(len * d);
+    std::vector<std::int32_t> position(P);
+    std::vector<float> log_beta(P), norm(P, 0.0f);
+    std::vector<device_type> k(P * d), v(P * d);
+    for (std::size_t page = 0; page < pages.size(); ++page) {  // a page at a time
+      const std::size_t first = std::size_t(pages[page]) * P, used = std::min<std::size_t>(P, len - page * P);
+      download(position.data(), position_.get() + first, used);
+      download(log_beta.data(), meta_.get() + first, used);
+      if (S::needs_key_norm) download(norm.data(), key_norm_.get() + first, used);
+      download(k.data(), keys_.get() + first * d, used * d);
+      download(v.data(), values_.get() + first * d, used * d);
+      for (std::size_t j = 0; j < used; ++j) {
+        const std::size_t i = page * P + j;
+        c.meta[i].position = position[j];
+        c.meta[i].log_beta = log_beta[j];
+        c.meta[i].key_norm = norm[j];
+        for (std::size_t e = 0; e < d; ++e) {
+          Storage ks, vs;
+          std::memcpy(static_cast<void*>(&ks), &k[j * d + e], sizeof ks);  // the same bits
+          std::memcpy(static_cast<void*>(&vs), &v[j * d + e], sizeof vs);
+          c.keys[i * d + e] = to_float(ks);
+          c.values[i * d + e] = to_float(vs);
+        }
+      }
+    }
+    return c;
+  }
   std::int64_t pages_free() const { return download_one(free_count_.get()); }
   std::int64_t pages_total() const { return pages_; }
 
@@ -309,85 +353,31 @@ class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
 
  public:
 
-  /// queries [Hq, 1, d] of this step's decode token at `layer` -> out [Hq, 1, d].
+  /// queries [Hq, T, d] of this step's T tokens at `layer` (appended already) -> out [Hq, T, d],
+  /// causal inside the chunk (SPEC §6) as on the CPU: the chunk's T rows go to the decode kernel
+  /// as a batch of T queries over the same heads, each at its own position.
   void attend(std::int64_t seq, int layer, View<const float, 3> queries, View<float, 3> out) {
     const Sequence& st = state_of(seq);
     checks_.layer(layer, "attend");
     require(st.appended[static_cast<std::size_t>(layer)], "Cache::attend: layer ", layer, " of sequence ", seq,
-            " was not appended in this step");
-    require(st.pending == 1, "Cache<cuda_backend>::attend: the device attends decode tokens (T = 1); this step has T = ",
-            st.pending, " (a prefill chunk's attention is the engine's on the GPU)");
-    require_shape(queries, {shape_.q_heads, 1, shape_.head_dim}, "Cache::attend: queries");
-    require_shape(View<const float, 3>(out), {shape_.q_heads, 1, shape_.head_dim}, "Cache::attend: out");
+            " has not been appended in this step");
+    const std::array<std::int64_t, 3> qshape{shape_.q_heads, st.pending, shape_.head_dim};
+    require_shape(queries, qshape, "Cache::attend: queries");
+    require_shape(View<const float, 3>(out), qshape, "Cache::attend: out");
     checks_.queries(queries, layer);
-    upload(queries_.get(), queries.data, static_cast<std::size_t>(queries.size()));
-    const std::int32_t base = segment(st, layer, 0);
-    upload(base_.get(), &base, 1);
-    cuda::DecodeBatch batch = decode_batch();
-    if constexpr (requires { evictor_.attention_mask(); }) {  // WG-KV's vertical-slash mask, SPEC §3
-      const auto q_pos = static_cast<std::int32_t>(st.n);
-      upload(query_position_.get(), &q_pos, 1);
-      batch.mask = evictor_.attention_mask();
-      batch.query_position = query_position_.get();
-    }
-    std::size_t bytes = workspace_.size();
-    std::vector<std::int32_t> len(static_cast<std::size_t>(shape_.kv_heads));  // the split follows the longest head
-    download(len.data(), tables_length_.get() + segment(st, layer, 0), len.size());
-    const std::int64_t longest = *std::max_element(len.begin(), len.end());
-    cuda::decode_attention(workspace_.get(), bytes, kv(), tables_view(), batch, longest, stream_, sm_count_);
-    KVPOLICY_CUDA_CHECK(cudaMemcpyAsync(out.data, out_.get(), static_cast<std::size_t>(out.size()) * sizeof(float),
-                                        cudaMemcpyDeviceToHost, stream_),
-                        "Cache<cuda_backend>::attend: reading the output");
-    sync();
+    attend_layer(st, layer, queries, out);
   }
 
-  /// SPEC §1–2 on the device: trigger, score, select, compact — one evict_step over the sequence.
+  /// Closes the step: n += T, then the Evictor's trigger and, if it fires, one evict_step over the
+  /// sequence (SPEC §1–2 on the device: score, select, compact). A NaN score leaves the step open
+  /// and the cache as it was, as on the CPU.
   EvictionReport commit(std::int64_t seq, std::vector<EvictedEntry>* evicted = nullptr) {
-    Sequence& st = state_of(seq);
+    const Sequence& st = state_of(seq);
     require(st.pending > 0, "Cache::commit: sequence ", seq, " has no open step");
     for (int l = 0; l < shape_.layers; ++l)
       require(st.appended[static_cast<std::size_t>(l)], "Cache::commit: layer ", l, " of sequence ", seq,
               " was not appended in this step");
-    const std::int64_t n = st.n + st.pending;
-    const std::vector<std::int32_t> before = lengths(st);
-    std::vector<std::int64_t> lens(before.begin(), before.end());
-    std::vector<std::uint8_t> active(lens.size());
-    StepContext ctx = st.context();  // the CPU cache's context (engine/step_state.hpp)
-    for (const auto len : lens) ctx.entries += len;
-    EvictionReport report;
-    report.triggered = evictor_trigger(evictor_, shape_, ctx, lens, active);
-    std::vector<std::vector<std::int32_t>> positions_before;
-    if (evicted != nullptr && report.triggered) positions_before = head_positions(st, before);
-    if (report.triggered) {
-      upload(context_.get(), &ctx, 1);
-      std::size_t bytes = workspace_.size();
-      cuda::evict_step(workspace_.get(), bytes, scorer_, evictor_, shape_, kv(), slot_tables(st.slot), free_list(), context_.get(),
-                       evicted_.get(), status_.get(), stream_);
-      const cuda::Status s = status();
-      if (s.code == cuda::Status::nan_score) {
-        reset_status();
-        fail("Cache::commit: the scorer returned NaN for sequence ", seq, " (layer ", s.segment / shape_.kv_heads,
-             " head ", s.segment % shape_.kv_heads, ", n = ", n, "); a NaN score never enters a ranking");
-      }
-      std::vector<std::int64_t> gone(lens.size());
-      download(gone.data(), evicted_.get(), gone.size());
-      for (const auto g : gone) report.evicted += g;
-    }
-    // the step is closed before anything else can throw: the heads are compacted already
-    st.commit(ctx);
-    if (report.triggered) {
-      if (evicted != nullptr) {
-        const auto after = head_positions(st, lengths(st));
-        for (std::size_t i = 0; i < after.size(); ++i) {
-          std::vector<std::int32_t> kept = after[i];
-          std::sort(kept.begin(), kept.end());
-          for (const std::int32_t p : positions_before[i])
-            if (!std::binary_search(kept.begin(), kept.end(), p))
-              evicted->push_back({static_cast<int>(i) / shape_.kv_heads, static_cast<int>(i) % shape_.kv_heads, p});
-        }
-      }
-    }
-    return report;
+    return close_steps(std::span<const std::int64_t>(&seq, 1), evicted).front();
   }
 
   /// Discards the open step of `seq`: its entries leave, their pages return to the pool.
@@ -398,15 +388,16 @@ class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
     st.end();
   }
 
-  /// append every layer, attend each (decode) when queries are given, commit. Validated whole, every
-  /// layer, before anything is written (the CPU cache's checks, engine/step_state.hpp).
+  /// append every layer, attend each when queries are given, commit. Validated whole, every layer
+  /// and the pool's room for it, before anything is written (the CPU cache's checks,
+  /// engine/step_state.hpp).
   EvictionReport step(const SequenceStep& s, std::vector<EvictedEntry>* evicted = nullptr) {
     checks_.step(s, state_of(s.seq), false);
+    const std::int64_t T = s.keys.dim(2);
+    require(pages_needed(state_of(s.seq), T) <= pages_free(), "Cache::step: out of memory: sequence ", s.seq,
+            " cannot take ", T, " more entries in every head (", pages_free(), " of ", pages_total(), " pages free)");
     try {
-      for (int l = 0; l < shape_.layers; ++l) {
-        write_layer(s.seq, l, s.keys.dim(2), layer_of(s.keys, l), layer_of(s.values, l), layer_of(s.log_beta, l));
-        if (s.queries.data != nullptr) attend(s.seq, l, layer_of(s.queries, l), layer_of(s.out, l));
-      }
+      write_and_attend(s);
       return commit(s.seq, evicted);
     } catch (...) {
       abort_step(s.seq);
@@ -417,6 +408,35 @@ class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
                       View<const float, 3> log_beta, View<const float, 4> queries = {}, View<float, 4> out = {},
                       std::vector<EvictedEntry>* evicted = nullptr) {
     return step(SequenceStep{seq, keys, values, log_beta, queries, out}, evicted);
+  }
+
+  /// A batch of sequences, each with its own T, under the CPU cache's contract: validated whole
+  /// (distinct sequences, shapes, values, the pool's room for all of it) before any write, and every
+  /// sequence's eviction planned before any step closes — one evict_step over the batch, so a NaN
+  /// score anywhere (a user-defined Scorer) compacts nothing and takes back every step.
+  std::vector<EvictionReport> step_batch(std::span<const SequenceStep> batch) {
+    std::int64_t needed = 0;
+    for (std::size_t i = 0; i < batch.size(); ++i) {
+      checks_.step(batch[i], state_of(batch[i].seq), false);
+      for (std::size_t j = 0; j < i; ++j)
+        require(batch[j].seq != batch[i].seq, "Cache::step_batch: sequence ", batch[i].seq, " appears twice");
+      needed += pages_needed(state_of(batch[i].seq), batch[i].keys.dim(2));
+    }
+    require(needed <= pages_free(), "Cache::step_batch: out of memory: the batch needs ", needed, " pages, ",
+            pages_free(), " of ", pages_total(), " are free");
+    std::vector<std::int64_t> seqs;
+    for (const auto& s : batch) seqs.push_back(s.seq);
+    std::size_t started = 0;
+    try {
+      for (const auto& s : batch) {
+        ++started;
+        write_and_attend(s);
+      }
+      return close_steps(seqs, nullptr);
+    } catch (...) {
+      for (std::size_t i = started; i-- > 0;) abort_step(batch[i].seq);  // last first, as on the CPU
+      throw;
+    }
   }
 
   // ---- the device views, for an engine that drives the kernels itself ----------------------------
@@ -543,6 +563,157 @@ class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
       if (S::needs_key_norm) stage_norm_ = DeviceArray<float>(entries);
     }
   }
+  void write_and_attend(const SequenceStep& s) {
+    for (int l = 0; l < shape_.layers; ++l) {
+      write_layer(s.seq, l, s.keys.dim(2), layer_of(s.keys, l), layer_of(s.values, l), layer_of(s.log_beta, l));
+      if (s.queries.data != nullptr) attend_layer(state_of(s.seq), l, layer_of(s.queries, l), layer_of(s.out, l));
+    }
+  }
+
+  /// attend() after its checks. The device batch is [T, Hq, d] (the host view is [Hq, T, d]).
+  void attend_layer(const Sequence& st, int layer, View<const float, 3> queries, View<float, 3> out) {
+    const std::int64_t T = st.pending;
+    const auto d = static_cast<std::size_t>(shape_.head_dim);
+    const auto Hq = static_cast<std::size_t>(shape_.q_heads);
+    std::vector<float> rows(static_cast<std::size_t>(queries.size()));
+    for (std::size_t h = 0; h < Hq; ++h)
+      for (std::int64_t t = 0; t < T; ++t)
+        std::memcpy(&rows[(static_cast<std::size_t>(t) * Hq + h) * d], &queries(static_cast<std::int64_t>(h), t, 0),
+                    d * sizeof(float));
+    if (queries_.size() < rows.size()) {
+      queries_ = DeviceArray<float>(rows.size());
+      out_ = DeviceArray<float>(rows.size());
+      base_ = DeviceArray<std::int32_t>(static_cast<std::size_t>(T));
+      query_position_ = DeviceArray<std::int32_t>(static_cast<std::size_t>(T));
+    }
+    const std::vector<std::int32_t> base(static_cast<std::size_t>(T), segment(st, layer, 0));
+    std::vector<std::int32_t> q_pos(static_cast<std::size_t>(T));
+    for (std::int64_t t = 0; t < T; ++t) q_pos[static_cast<std::size_t>(t)] = static_cast<std::int32_t>(st.n + t);
+    upload(queries_.get(), rows.data(), rows.size());
+    upload(base_.get(), base.data(), base.size());
+    upload(query_position_.get(), q_pos.data(), q_pos.size());
+    cuda::DecodeBatch batch{queries_.get(), base_.get(), static_cast<std::int32_t>(T), shape_.q_heads, shape_.kv_heads,
+                            out_.get()};
+    batch.query_position = query_position_.get();  // causal inside the chunk
+    if constexpr (requires { evictor_.attention_mask(); })  // WG-KV's vertical-slash mask, SPEC §3
+      batch.mask = evictor_.attention_mask();
+    std::vector<std::int32_t> len(static_cast<std::size_t>(shape_.kv_heads));  // the split follows the longest head
+    download(len.data(), tables_length_.get() + segment(st, layer, 0), len.size());
+    const std::int64_t longest = *std::max_element(len.begin(), len.end());
+    std::size_t bytes = cuda::decode_attention_workspace_bytes(batch, longest, P, sm_count_);
+    reserve_workspace(bytes);
+    cuda::decode_attention(workspace_.get(), bytes, kv(), tables_view(), batch, longest, stream_, sm_count_);
+    download(rows.data(), out_.get(), rows.size());
+    for (std::size_t h = 0; h < Hq; ++h)
+      for (std::int64_t t = 0; t < T; ++t)
+        std::memcpy(&out(static_cast<std::int64_t>(h), t, 0), &rows[(static_cast<std::size_t>(t) * Hq + h) * d],
+                    d * sizeof(float));
+  }
+
+  /// Pages the sequence's heads take to grow by T entries each (the CPU pool's count).
+  std::int64_t pages_needed(const Sequence& st, std::int64_t T) const {
+    std::int64_t need = 0;
+    for (const std::int32_t len : lengths(st)) need += (len + T + P - 1) / P - (len + P - 1) / P;
+    return need;
+  }
+
+  void reserve_workspace(std::size_t bytes) {
+    if (workspace_.size() < bytes) workspace_ = DeviceArray<unsigned char>(bytes);
+  }
+
+  /// Closes the open steps of `seqs` (every layer appended): each sequence's trigger (the Evictor's
+  /// rule, on the host as on the device), then one evict_step over the sequences it fires for —
+  /// their block-table rows side by side, gathered when there are several — so a NaN score in any
+  /// of them compacts nothing in all of them (the step_batch contract); then every step closes.
+  std::vector<EvictionReport> close_steps(std::span<const std::int64_t> seqs, std::vector<EvictedEntry>* evicted) {
+    const auto per_seq = static_cast<std::size_t>(shape_.heads_total());
+    std::vector<EvictionReport> reports(seqs.size());
+    std::vector<StepContext> contexts;
+    std::vector<std::size_t> fired;  // indices into seqs
+    std::vector<std::vector<std::int32_t>> before(seqs.size());
+    for (std::size_t i = 0; i < seqs.size(); ++i) {
+      const Sequence& st = state_of(seqs[i]);
+      before[i] = lengths(st);
+      std::vector<std::int64_t> lens(before[i].begin(), before[i].end());
+      std::vector<std::uint8_t> active(lens.size());
+      StepContext ctx = st.context();  // the CPU cache's context (engine/step_state.hpp)
+      for (const auto len : lens) ctx.entries += len;
+      contexts.push_back(ctx);
+      reports[i].triggered = evictor_trigger(evictor_, shape_, ctx, lens, active);
+      if (reports[i].triggered) fired.push_back(i);
+    }
+    std::vector<std::vector<std::vector<std::int32_t>>> positions_before(seqs.size());
+    if (evicted != nullptr)
+      for (const std::size_t i : fired) positions_before[i] = head_positions(state_of(seqs[i]), before[i]);
+    if (!fired.empty()) {
+      const auto k = fired.size();
+      std::vector<StepContext> ctx;
+      for (const std::size_t i : fired) ctx.push_back(contexts[i]);
+      if (context_.size() < k) context_ = DeviceArray<StepContext>(k);
+      if (evicted_.size() < k * per_seq) evicted_ = DeviceArray<std::int64_t>(k * per_seq);
+      upload(context_.get(), ctx.data(), k);
+      // one sequence's rows are contiguous in the tables; several are gathered side by side
+      const std::size_t row_ints = per_seq * static_cast<std::size_t>(max_pages_);
+      cuda::BlockTableView t = slot_tables(state_of(seqs[fired[0]]).slot);
+      if (k > 1) {
+        if (gather_tables_.size() < k * row_ints) gather_tables_ = DeviceArray<std::int32_t>(k * row_ints);
+        if (gather_length_.size() < k * per_seq) gather_length_ = DeviceArray<std::int32_t>(k * per_seq);
+        for (std::size_t j = 0; j < k; ++j) {
+          const cuda::BlockTableView from = slot_tables(state_of(seqs[fired[j]]).slot);
+          copy_device(gather_tables_.get() + j * row_ints, from.table, row_ints);
+          copy_device(gather_length_.get() + j * per_seq, from.length, per_seq);
+        }
+        t = {gather_tables_.get(), gather_length_.get(), static_cast<std::int32_t>(k * per_seq), max_pages_};
+      }
+      std::size_t bytes = 0;
+      cuda::evict_step(nullptr, bytes, scorer_, evictor_, shape_, kv(), t, free_list(), context_.get(), nullptr,
+                       nullptr, stream_);
+      reserve_workspace(bytes);
+      bytes = workspace_.size();
+      cuda::evict_step(workspace_.get(), bytes, scorer_, evictor_, shape_, kv(), t, free_list(), context_.get(),
+                       evicted_.get(), status_.get(), stream_);
+      const cuda::Status s = status();
+      if (s.code == cuda::Status::nan_score) {  // nothing was compacted: every step is still open
+        reset_status();
+        const std::size_t i = fired[static_cast<std::size_t>(s.segment) / per_seq];
+        const auto head = static_cast<std::int32_t>(static_cast<std::size_t>(s.segment) % per_seq);
+        fail("Cache::commit: the scorer returned NaN for sequence ", seqs[i], " (layer ", head / shape_.kv_heads,
+             " head ", head % shape_.kv_heads, ", n = ", contexts[i].n, "); a NaN score never enters a ranking");
+      }
+      if (k > 1)
+        for (std::size_t j = 0; j < k; ++j) {
+          const cuda::BlockTableView to = slot_tables(state_of(seqs[fired[j]]).slot);
+          copy_device(to.table, gather_tables_.get() + j * row_ints, row_ints);
+          copy_device(to.length, gather_length_.get() + j * per_seq, per_seq);
+        }
+      std::vector<std::int64_t> gone(k * per_seq);
+      download(gone.data(), evicted_.get(), gone.size());
+      for (std::size_t j = 0; j < k; ++j)
+        for (std::size_t h = 0; h < per_seq; ++h) reports[fired[j]].evicted += gone[j * per_seq + h];
+    }
+    // the steps close before anything else can throw: the heads are compacted already
+    for (std::size_t i = 0; i < seqs.size(); ++i) state_of(seqs[i]).commit(contexts[i]);
+    if (evicted != nullptr)
+      for (const std::size_t i : fired) {
+        const Sequence& st = state_of(seqs[i]);
+        const auto after = head_positions(st, lengths(st));
+        for (std::size_t h = 0; h < after.size(); ++h) {
+          std::vector<std::int32_t> kept = after[h];
+          std::sort(kept.begin(), kept.end());
+          for (const std::int32_t p : positions_before[i][h])
+            if (!std::binary_search(kept.begin(), kept.end(), p))
+              evicted->push_back({static_cast<int>(h) / shape_.kv_heads, static_cast<int>(h) % shape_.kv_heads, p});
+        }
+      }
+    return reports;
+  }
+
+  template <class T>
+  void copy_device(T* dst, const T* src, std::size_t n) const {
+    KVPOLICY_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(T), cudaMemcpyDeviceToDevice, stream_),
+                        "Cache<cuda_backend>: copying ", n * sizeof(T), " bytes on the device");
+  }
+
   /// About what one head holds after its eviction under the Evictor's stated rule, plus room for a
   /// prefill chunk of a few pages: the initial width of a block-table row (rows widen on demand).
   std::int64_t typical_head_length() const {
@@ -600,7 +771,7 @@ class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
   std::int32_t slot_capacity_ = 0;
   DeviceArray<device_type> keys_, values_, stage_keys_, stage_values_;
   DeviceArray<std::int32_t> position_, free_pages_, free_count_, tables_, tables_length_, rows_, base_, query_position_,
-      stage_position_;
+      stage_position_, gather_tables_, gather_length_;
   DeviceArray<float> meta_, key_norm_, queries_, out_, stage_meta_, stage_norm_;
   int sm_count_ = 0;
   std::int64_t attention_hint_ = 0;  // the decode attention's split plan (any length is attended)

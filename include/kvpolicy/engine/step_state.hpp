@@ -33,6 +33,13 @@ struct SequenceStep {
   View<const float, 3> gate{};  ///< [L, Hkv, T] write gates, for an Admitter that reads them
 };
 
+/// What one head of a sequence holds, read back in storage order (Cache::head_contents): each
+/// entry's metadata and its key and value rows, widened to fp32 ([length, d] each).
+struct HeadContents {
+  std::vector<EntryMeta> meta;
+  std::vector<float> keys, values;
+};
+
 namespace detail {
 
 /// Layer l of a [L, ...] view (null stays null): how step() hands each layer to append().
