@@ -23,7 +23,7 @@
 #include "kvpolicy/policy/score.hpp"
 
 namespace kp = kvpolicy;
-namespace kc = kvpolicy::cuda;
+namespace kc = kvpolicy::gpu;
 
 namespace {
 

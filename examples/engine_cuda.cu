@@ -16,7 +16,7 @@
 #include <kvpolicy/trimkv.hpp>
 
 namespace kp = kvpolicy;
-namespace kc = kvpolicy::cuda;
+namespace kc = kvpolicy::gpu;
 
 namespace {
 

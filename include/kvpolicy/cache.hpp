@@ -100,27 +100,26 @@ class Cache {
   /// protect the prefill (EpiKV, SPEC §4) protect these positions. Left at -1, the prompt is every
   /// token before the first single-token (decode) step.
   void add_sequence(std::int64_t seq, std::int64_t prompt_tokens = -1) {
-    require(prompt_tokens >= -1 && prompt_tokens <= std::int64_t{std::numeric_limits<std::int32_t>::max()},
-            "Cache::add_sequence: prompt_tokens = ", prompt_tokens, " must be -1 (unknown) or in [0, 2^31 - 1]");
-    require(!has_sequence(seq), "Cache::add_sequence: sequence ", seq, " already exists");
-    SequenceState st;
-    static_cast<detail::StepState&>(st) = detail::StepState(shape_.layers, prompt_tokens);
+    SequenceState st = state_.make(seq, shape_.layers, prompt_tokens);
     st.inputs = Inputs::start(scorer_, shape_);
     alloc_.add_sequence(seq);  // last of what can throw: a failed call registers nothing
-    state_.emplace(seq, std::move(st));
+    state_.insert(seq, std::move(st));
   }
   void remove_sequence(std::int64_t seq) {
     state_of(seq);
     alloc_.remove_sequence(seq);
     state_.erase(seq);
   }
-  bool has_sequence(std::int64_t seq) const { return state_.count(seq) != 0; }
+  bool has_sequence(std::int64_t seq) const { return state_.contains(seq); }
   /// n: tokens of the sequence processed by committed steps.
   std::int64_t tokens(std::int64_t seq) const { return state_of(seq).n; }
   /// The prompt length the policies see (declared, or detected at the first decode step; while the
   /// sequence is still in its prefill, every committed token).
   std::int64_t prompt_tokens(std::int64_t seq) const { return state_of(seq).prompt_tokens(); }
-  std::int64_t length(std::int64_t seq, int layer, int head) const { return alloc_.length(seq, layer, head); }
+  std::int64_t length(std::int64_t seq, int layer, int head) const {
+    state_of(seq);  // an unknown sequence is the Cache's error, as on the device
+    return alloc_.length(seq, layer, head);
+  }
   std::int64_t total_length(std::int64_t seq) const {
     std::int64_t total = 0;
     for (int l = 0; l < shape_.layers; ++l)
@@ -129,6 +128,7 @@ class Cache {
   }
   /// Every entry of a head, in storage order: metadata, K and V (for tests and tools; O(length x d)).
   HeadContents head_contents(std::int64_t seq, int layer, int head) const {
+    state_of(seq);
     checks_.layer(layer, "head_contents");
     require(head >= 0 && head < shape_.kv_heads, "Cache::head_contents: head ", head, " out of range [0, ",
             shape_.kv_heads, ")");
@@ -151,6 +151,7 @@ class Cache {
   std::int64_t pages_total() const { return alloc_.pages_total(); }
   /// Metadata of entry i of a head, in storage order (not position order after compaction).
   EntryMeta entry(std::int64_t seq, int layer, int head, std::int64_t i) const {
+    state_of(seq);
     const auto head_layout = alloc_.layout(seq, layer, head);
     require(i >= 0 && i < head_layout.length, "Cache::entry: index ", i, " out of range [0, ", head_layout.length, ")");
     return alloc_.pool().meta(head_layout.slot(i));
@@ -319,21 +320,17 @@ class Cache {
   using EvictionPlan = detail::EvictionPlan;
   detail::EvictionPlanner<S, A, E, Alloc> planner() const { return {shape_, alloc_, evictor_, scorer_, admitter_}; }
 
-  template <class T, int R>
-  static View<T, R - 1> layer_of(View<T, R> v, int l) {
-    return detail::layer_of(v, l);
-  }
 
   void validate_step(const SequenceStep& s) const { checks_.step(s, state_of(s.seq), observes_attention); }
   void write_and_attend(const SequenceStep& s) {
     SequenceState& st = state_of(s.seq);
     const std::int64_t T = s.keys.dim(2);
-    const bool with_attention = s.queries.data != nullptr;
-    for (int l = 0; l < shape_.layers; ++l) {
-      write_layer(s.seq, st, l, T, layer_of(s.keys, l), layer_of(s.values, l), layer_of(s.log_beta, l),
-                  layer_of(s.gate, l));
-      if (with_attention) attend_layer(s.seq, st, l, layer_of(s.queries, l), layer_of(s.out, l));
-    }
+    detail::for_each_layer(
+        s, shape_.layers,
+        [&](int l, auto keys, auto values, auto log_beta, auto gate) {
+          write_layer(s.seq, st, l, T, keys, values, log_beta, gate);
+        },
+        [&](int l, auto queries, auto out) { attend_layer(s.seq, st, l, queries, out); });
   }
   EvictionReport run_step(const SequenceStep& s, std::vector<EvictedEntry>* evicted) {
     try {
@@ -377,14 +374,8 @@ class Cache {
     return apply_eviction(seq, plan, evicted);
   }
 
-  const SequenceState& state_of(std::int64_t seq) const {
-    auto it = state_.find(seq);
-    if (it == state_.end()) fail("Cache: unknown sequence ", seq);
-    return it->second;
-  }
-  SequenceState& state_of(std::int64_t seq) {
-    return const_cast<SequenceState&>(static_cast<const Cache&>(*this).state_of(seq));
-  }
+  const SequenceState& state_of(std::int64_t seq) const { return state_.at(seq); }
+  SequenceState& state_of(std::int64_t seq) { return state_.at(seq); }
   void write_layer(std::int64_t seq, SequenceState& st, int layer, std::int64_t T, View<const float, 3> keys,
                    View<const float, 3> values, View<const float, 2> log_beta, View<const float, 2> gate) {
     const int d = shape_.head_dim;
@@ -490,7 +481,7 @@ class Cache {
   E evictor_;
   S scorer_;
   A admitter_;
-  std::map<std::int64_t, SequenceState> state_;
+  detail::Sequences<SequenceState> state_;
 };
 
 }  // namespace kvpolicy

@@ -3,11 +3,11 @@
 /// and the kernels every policy step is made of — append, scoring, per-head and pooled top-K,
 /// compaction, paged decode attention, the retention gates — and the Cache composition on the GPU
 /// (Backend = cuda_backend: TrimKVCache<cuda_backend>, DBTrimKVCache<cuda_backend>). Every kernel entry
-/// point in kvpolicy::cuda takes a cudaStream_t, sizes its scratch in two phases, never allocates or
+/// point in kvpolicy::gpu takes a cudaStream_t, sizes its scratch in two phases, never allocates or
 /// synchronises, and checks every launch. Cache<cuda_backend> is the convenience layer above them: it
 /// allocates its pool and scratch when constructed and synchronises its stream on each call
 /// (cuda/cache.cuh).
-/// Needs nvcc (C++20) and links CUDA::cudart and CUDA::cublas (the target kvpolicy::cuda).
+/// Needs nvcc (C++20) and links CUDA::cudart and CUDA::cublas (the CMake target kvpolicy::cuda).
 #pragma once
 
 #include "kvpolicy/core/cxx20.hpp"  // first: names a missing -std=c++20

@@ -2,7 +2,7 @@
 /// kvpolicy/dbtrimkv.hpp — DBTrimKV presets (SPEC §2): weight-tied retention gates, lookahead score
 /// (Eq. 9) and one global budget L * Hkv * M per sequence shared by every layer and kv head, on a
 /// ragged paged cache (heads end up with different lengths). The log_beta come from the authors'
-/// `rg10` gate (gate/rg10_gate.hpp, cuda::rg10_gate_forward on the device), which loads their
+/// `rg10` gate (gate/rg10_gate.hpp, gpu::rg10_gate_forward on the device), which loads their
 /// released checkpoints; gate::TiedGate is the paper's literal form.
 #pragma once
 

@@ -12,8 +12,8 @@ namespace cudatest {
 class BlasHandle {
  public:
   BlasHandle() {
-    if constexpr (kvpolicy::cuda::gemm_uses_cublas)
-      kvpolicy::cuda::check_cublas(cublasCreate(&handle_), "cublasCreate", "test");
+    if constexpr (kvpolicy::gpu::gemm_uses_cublas)
+      kvpolicy::gpu::check_cublas(cublasCreate(&handle_), "cublasCreate", "test");
   }
   BlasHandle(const BlasHandle&) = delete;
   BlasHandle& operator=(const BlasHandle&) = delete;

@@ -24,7 +24,7 @@ int main(int argc, char** argv) {
   doctest::Context context(static_cast<int>(args.size()), args.data());
   if (host_only) {
     context.addFilter("test-suite", "host");
-  } else if (!kvpolicy::cuda::device_present()) {
+  } else if (!kvpolicy::gpu::device_present()) {
     std::printf("kvpolicy CUDA tests: no CUDA device here: SKIPPED (the GPU cases were compiled, not run)\n");
     return 77;
   }

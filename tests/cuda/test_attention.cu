@@ -23,7 +23,7 @@
 #include "test_scale.hpp"
 
 namespace kp = kvpolicy;
-namespace kc = kvpolicy::cuda;
+namespace kc = kvpolicy::gpu;
 using cudatest::DeviceBuffer;
 
 namespace {

@@ -15,7 +15,7 @@
 #include "kvpolicy/cuda/write_gate.cuh"
 
 namespace kp = kvpolicy;
-namespace kc = kvpolicy::cuda;
+namespace kc = kvpolicy::gpu;
 using cudatest::DeviceBuffer;
 
 namespace {

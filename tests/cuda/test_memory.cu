@@ -26,7 +26,7 @@
 #include "test_scale.hpp"
 
 namespace kp = kvpolicy;
-namespace kc = kvpolicy::cuda;
+namespace kc = kvpolicy::gpu;
 using cudatest::DeviceBuffer;
 
 namespace {

@@ -1,6 +1,6 @@
-// The selection kernels against their CPU twins (SPEC §1–2): cuda::segmented_select against
-// evict::PerHead::select, cuda::pooled_select against evict::Global / evict::LayerWise::select,
-// cuda::score_segments against the Scorers — identical keep flags on thousands of random cases,
+// The selection kernels against their CPU twins (SPEC §1–2): gpu::segmented_select against
+// evict::PerHead::select, gpu::pooled_select against evict::Global / evict::LayerWise::select,
+// gpu::score_segments against the Scorers — identical keep flags on thousands of random cases,
 // ties, -0, ±inf, segments from 0 entries to more than 64K. Every output is poisoned first and
 // must come back fully written.
 #include <doctest/doctest.h>
@@ -25,7 +25,7 @@
 #include "test_scale.hpp"
 
 namespace kp = kvpolicy;
-namespace kc = kvpolicy::cuda;
+namespace kc = kvpolicy::gpu;
 using cudatest::DeviceBuffer;
 
 namespace {

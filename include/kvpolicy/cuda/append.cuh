@@ -19,7 +19,7 @@
 #include "kvpolicy/cuda/dtype.cuh"
 #include "kvpolicy/cuda/views.cuh"
 
-namespace kvpolicy::cuda {
+namespace kvpolicy::gpu {
 
 /// `tokens` new entries for each of `rows` segments (distinct): row r goes to segment[r];
 /// keys/values [rows, tokens, head_dim] in the pool's dtype, position/meta [rows, tokens].
@@ -40,7 +40,7 @@ namespace detail {
 /// One block: checks every row, then (if all fit) assigns pages and grows the lengths. first[r]
 /// receives row r's old length; *ok whether the call goes ahead.
 template <class T>
-__global__ void __launch_bounds__(kSelectThreads)
+__global__ void __launch_bounds__(SelectTuning::threads)
     reserve_pages_kernel(AppendRows<T> a, BlockTableView t, std::int32_t page_size, FreeList free, Status* status,
                          std::int32_t* first, std::int32_t* ok) {
   __shared__ typename BlockScanI64::TempStorage scan;
@@ -137,7 +137,7 @@ inline std::size_t append_workspace_bytes(std::int32_t rows) {
 template <class T>
 void append(void* workspace, std::size_t& workspace_bytes, const PagedKV<T>& kv, const BlockTableView& t, FreeList free,
             const AppendRows<T>& a, Status* status, cudaStream_t stream) {
-  constexpr const char* who = "cuda::append";
+  constexpr const char* who = "gpu::append";
   require(a.rows >= 0, who, ": rows = ", a.rows, " must be >= 0");
   require(a.tokens >= 0, who, ": tokens = ", a.tokens, " must be >= 0");
   require(std::int64_t{a.rows} * a.tokens <= INT32_MAX, who, ": rows x tokens = ", std::int64_t{a.rows} * a.tokens,
@@ -155,10 +155,10 @@ void append(void* workspace, std::size_t& workspace_bytes, const PagedKV<T>& kv,
   std::int32_t* ok = layout.take<std::int32_t>(workspace, 1);
   const std::string shapes = "rows = " + std::to_string(a.rows) + ", tokens = " + std::to_string(a.tokens) +
                              ", head_dim = " + std::to_string(kv.head_dim) + ", page_size = " + std::to_string(kv.page_size);
-  detail::reserve_pages_kernel<T><<<1, detail::kSelectThreads, 0, stream>>>(a, t, kv.page_size, free, status, first, ok);
+  detail::reserve_pages_kernel<T><<<1, detail::SelectTuning::threads, 0, stream>>>(a, t, kv.page_size, free, status, first, ok);
   check_launch("reserve_pages_kernel", shapes);
   detail::write_entries_kernel<T><<<static_cast<unsigned>(a.rows * a.tokens), 128, 0, stream>>>(kv, t, a, first, ok);
   check_launch("write_entries_kernel", shapes);
 }
 
-}  // namespace kvpolicy::cuda
+}  // namespace kvpolicy::gpu

@@ -9,7 +9,7 @@
 /// its value in one load; a warp holds 32 / lanes entries at once and loads its next ones while it
 /// computes on these (decode attention is bound by memory: every byte is read once). Logits are in
 /// base 2 (log2 e folded into the query's scale, so each probability is one exp2), and a running
-/// max moves, rescaling the accumulator, only when a logit passes it by more than kRescaleSlack
+/// max moves, rescaling the accumulator, only when a logit passes it by more than DecodeTuning::rescale_slack
 /// (FlashAttention-4's lazy rescaling): every merge below works from whatever base a partial
 /// carries, so the result is the same softmax.
 /// Optionally (H2O, SPEC §5) a third pass adds each entry's attention probability to the pool's
@@ -30,7 +30,7 @@
 #include "kvpolicy/cuda/dtype.cuh"
 #include "kvpolicy/cuda/views.cuh"
 
-namespace kvpolicy::cuda {
+namespace kvpolicy::gpu {
 
 /// One decode step of one layer: queries [batch, Hq, d] fp32; sequence b's kv head h is segment
 /// segment_base[b] + h; out [batch, Hq, d] fp32. A head with no entries gives zeros.
@@ -57,21 +57,27 @@ struct DecodeBatch {
 
 namespace detail {
 
-inline constexpr int kAttnWarps = 4;
-inline constexpr int kGroupTile = 8;  // query heads of a group one block serves
-inline constexpr int kWavesOfBlocks = 32;  // blocks per multiprocessor the split aims at: many small
-                                          // waves, so the last one's idle tail stays a small share
-inline constexpr std::int64_t kMinChunk = 128;  // entries; below this a split's partials cost more than it saves
-inline constexpr float kRescaleSlack = 8.0f;    // log2 units: probabilities against a stale base stay <= 2^8
-inline constexpr float kLog2e = 1.4426950408889634f;
-// Blocks of the partial kernel an SM must hold (launch bounds): 4 on sm_80+ (at most 128 registers
-// a thread, measured on an H100: bytes in flight need blocks); no bound below, where the cap would
-// spill (and GPGPU-Sim, which runs sm_75 builds, cannot parse ptxas's report of a stack frame).
+/// The decode attention's tuning, as data (CUB's way: one policy struct per kernel family). The
+/// kernels and the split plan read these and nothing else.
+struct DecodeTuning {
+  static constexpr int warps = 4;                // per block
+  static constexpr int group_tile = 8;           // query heads of a group one block serves
+  static constexpr int waves_of_blocks = 32;     // blocks per multiprocessor the split aims at: many
+                                                 // small waves, so the last one's idle tail stays small
+  static constexpr std::int64_t min_chunk = 128;   // entries; below, a split's partials cost more than it saves
+  static constexpr float rescale_slack = 8.0f;    // log2 units: probabilities against a stale base stay <= 2^8
+  static constexpr std::size_t mass_shared_limit = 48 * 1024;  // the mass pass's shared memory, without opting in
+  // Blocks of the partial kernel an SM must hold (launch bounds): 4 on sm_80+ (at most 128
+  // registers a thread, measured on an H100: bytes in flight need blocks); no bound below, where
+  // the cap would spill (and GPGPU-Sim, which runs sm_75 builds, cannot parse ptxas's report of a
+  // stack frame).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-inline constexpr int kPartialBlocksPerSm = 4;
+  static constexpr int partial_blocks_per_sm = 4;
 #else
-inline constexpr int kPartialBlocksPerSm = 1;
+  static constexpr int partial_blocks_per_sm = 1;
 #endif
+};
+inline constexpr float kLog2e = 1.4426950408889634f;
 
 struct DecodePlan {
   int splits = 1;               // chunks a head is split into
@@ -83,10 +89,12 @@ struct DecodePlan {
 inline DecodePlan plan_decode(const DecodeBatch& a, std::int64_t max_length, int page_size, int sm_count) {
   DecodePlan p;
   const int group = a.q_heads / a.kv_heads;
-  p.group_tiles = (group + kGroupTile - 1) / kGroupTile;
+  p.group_tiles = (group + DecodeTuning::group_tile - 1) / DecodeTuning::group_tile;
   const std::int64_t heads = std::max<std::int64_t>(1, std::int64_t{a.batch} * a.kv_heads * p.group_tiles);
-  const std::int64_t want = std::max<std::int64_t>(1, (kWavesOfBlocks * std::int64_t{sm_count} + heads - 1) / heads);
-  const std::int64_t most = std::max<std::int64_t>(1, (max_length + kMinChunk - 1) / kMinChunk);
+  const std::int64_t want =
+      std::max<std::int64_t>(1, (DecodeTuning::waves_of_blocks * std::int64_t{sm_count} + heads - 1) / heads);
+  const std::int64_t most =
+      std::max<std::int64_t>(1, (max_length + DecodeTuning::min_chunk - 1) / DecodeTuning::min_chunk);
   p.splits = static_cast<int>(std::min<std::int64_t>({want, most, 1024}));
   const std::int64_t per = (max_length + p.splits - 1) / p.splits;
   p.chunk = std::max<std::int64_t>(page_size, (per + page_size - 1) / page_size * page_size);
@@ -154,28 +162,28 @@ __device__ __forceinline__ std::int64_t fetch_entry(const PagedKV<T>& kv, const 
 
 /// grid (splits, kv_heads * group_tiles, batch). Writes the chunk's (max, sum, acc) per query head.
 template <class T, int HEAD_DIM, int PAGE_SIZE>
-__global__ void __launch_bounds__(kAttnWarps * 32, kPartialBlocksPerSm)
+__global__ void __launch_bounds__(DecodeTuning::warps * 32, DecodeTuning::partial_blocks_per_sm)
     decode_partial_kernel(PagedKV<T> kv, BlockTableView t, DecodeBatch a, std::int64_t chunk, int group_tiles,
                           float* part_max, float* part_sum, float* part_acc) {
   using Lanes = EntryLanes<T, HEAD_DIM>;
   constexpr int LANES = Lanes::lanes, ELEMS = Lanes::elems, PER_WARP = Lanes::per_warp;
-  __shared__ float q_s[kGroupTile][HEAD_DIM];
-  __shared__ float m_w[kAttnWarps][kGroupTile], l_w[kAttnWarps][kGroupTile];
-  __shared__ float acc_w[kAttnWarps][kGroupTile][HEAD_DIM];
+  __shared__ float q_s[DecodeTuning::group_tile][HEAD_DIM];
+  __shared__ float m_w[DecodeTuning::warps][DecodeTuning::group_tile], l_w[DecodeTuning::warps][DecodeTuning::group_tile];
+  __shared__ float acc_w[DecodeTuning::warps][DecodeTuning::group_tile][HEAD_DIM];
 
   const int split = static_cast<int>(blockIdx.x), splits = static_cast<int>(gridDim.x);
   const int h = static_cast<int>(blockIdx.y) / group_tiles, tile = static_cast<int>(blockIdx.y) % group_tiles;
   const int b = static_cast<int>(blockIdx.z);
   const int group = a.q_heads / a.kv_heads;
-  const int g0 = tile * kGroupTile;
-  const int gn = min(kGroupTile, group - g0);
+  const int g0 = tile * DecodeTuning::group_tile;
+  const int gn = min(DecodeTuning::group_tile, group - g0);
   const int seg = a.segment_base[b] + h;
   const std::int64_t n = t.length[seg];
   const std::int64_t begin = std::int64_t{split} * chunk;
   const std::int64_t end = split == splits - 1 ? n : min(n, begin + chunk);
   const float scale = rsqrtf(static_cast<float>(HEAD_DIM)) * kLog2e;  // logits in base 2
 
-  for (int i = threadIdx.x; i < kGroupTile * HEAD_DIM; i += blockDim.x) {
+  for (int i = threadIdx.x; i < DecodeTuning::group_tile * HEAD_DIM; i += blockDim.x) {
     const int g = i / HEAD_DIM, c = i % HEAD_DIM;
     q_s[g][c] = g < gn ? a.queries[(std::int64_t{b} * a.q_heads + h * group + g0 + g) * HEAD_DIM + c] * scale : 0.0f;
   }
@@ -183,16 +191,16 @@ __global__ void __launch_bounds__(kAttnWarps * 32, kPartialBlocksPerSm)
 
   const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
   const int sub = lane / LANES, sub_lane = lane % LANES;  // which entry of the warp's, which part of it
-  float m[kGroupTile], l[kGroupTile], acc[kGroupTile][ELEMS];
+  float m[DecodeTuning::group_tile], l[DecodeTuning::group_tile], acc[DecodeTuning::group_tile][ELEMS];
 #pragma unroll
-  for (int g = 0; g < kGroupTile; ++g) {
+  for (int g = 0; g < DecodeTuning::group_tile; ++g) {
     m[g] = -INFINITY;
     l[g] = 0.0f;
 #pragma unroll
     for (int i = 0; i < ELEMS; ++i) acc[g][i] = 0.0f;
   }
   const std::int32_t q_pos = a.query_position != nullptr ? a.query_position[b] : 0;
-  constexpr int kStride = kAttnWarps * PER_WARP;  // entries the block reads per round
+  constexpr int kStride = DecodeTuning::warps * PER_WARP;  // entries the block reads per round
   float k[ELEMS], v[ELEMS];
   std::int64_t e = begin + warp * PER_WARP + sub;
   std::int64_t slot = fetch_entry<T, HEAD_DIM, PAGE_SIZE, ELEMS>(kv, t, a, seg, e, end, q_pos, sub_lane, k, v, true);
@@ -203,18 +211,18 @@ __global__ void __launch_bounds__(kAttnWarps * 32, kPartialBlocksPerSm)
     const std::int64_t slot_next = fetch_entry<T, HEAD_DIM, PAGE_SIZE, ELEMS>(kv, t, a, seg, e + kStride, end, q_pos,
                                                                               sub_lane, k_next, v_next, true);
 #pragma unroll
-    for (int g = 0; g < kGroupTile; ++g) {
+    for (int g = 0; g < DecodeTuning::group_tile; ++g) {
       if (g >= gn) break;
       const float s = entry_logit<LANES, ELEMS>(&q_s[g][sub_lane * ELEMS], k);
       if (slot < 0) continue;
-      if (s > m[g] + kRescaleSlack) {  // the base moves: always on the first entry (m = -inf)
+      if (s > m[g] + DecodeTuning::rescale_slack) {  // the base moves: always on the first entry (m = -inf)
         const float corr = exp2f(m[g] - s);  // 0 when m = -inf
         l[g] *= corr;
 #pragma unroll
         for (int i = 0; i < ELEMS; ++i) acc[g][i] *= corr;
         m[g] = s;
       }
-      const float p = exp2f(s - m[g]);  // <= 2^kRescaleSlack
+      const float p = exp2f(s - m[g]);  // <= 2^DecodeTuning::rescale_slack
       l[g] += p;
 #pragma unroll
       for (int i = 0; i < ELEMS; ++i) acc[g][i] += p * v[i];
@@ -231,7 +239,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32, kPartialBlocksPerSm)
 #pragma unroll
   for (int o = LANES; o < 32; o <<= 1) {
 #pragma unroll
-    for (int g = 0; g < kGroupTile; ++g) {
+    for (int g = 0; g < DecodeTuning::group_tile; ++g) {
       const float m_o = __shfl_xor_sync(0xffffffffu, m[g], o);
       const float l_o = __shfl_xor_sync(0xffffffffu, l[g], o);
       const float mx = fmaxf(m[g], m_o);
@@ -245,7 +253,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32, kPartialBlocksPerSm)
   }
   if (sub == 0) {
 #pragma unroll
-    for (int g = 0; g < kGroupTile; ++g) {
+    for (int g = 0; g < DecodeTuning::group_tile; ++g) {
       if (lane == 0) {
         m_w[warp][g] = m[g];
         l_w[warp][g] = l[g];
@@ -259,10 +267,10 @@ __global__ void __launch_bounds__(kAttnWarps * 32, kPartialBlocksPerSm)
   for (int i = threadIdx.x; i < gn * HEAD_DIM; i += blockDim.x) {
     const int g = i / HEAD_DIM, c = i % HEAD_DIM;
     float mx = -INFINITY;
-    for (int w = 0; w < kAttnWarps; ++w) mx = fmaxf(mx, m_w[w][g]);
+    for (int w = 0; w < DecodeTuning::warps; ++w) mx = fmaxf(mx, m_w[w][g]);
     float sum = 0.0f, out = 0.0f;
     if (mx != -INFINITY)
-      for (int w = 0; w < kAttnWarps; ++w) {
+      for (int w = 0; w < DecodeTuning::warps; ++w) {
         const float f = exp2f(m_w[w][g] - mx);
         sum += l_w[w][g] * f;
         out += acc_w[w][g][c] * f;
@@ -306,14 +314,13 @@ __global__ void decode_merge_kernel(DecodeBatch a, int splits, const float* part
 inline std::size_t decode_mass_shared_bytes(int group, int head_dim) {
   return (std::size_t(group) * head_dim + 2 * std::size_t(group)) * sizeof(float);
 }
-inline constexpr std::size_t kMassSharedLimit = 48 * 1024;  // without opting in to more
 
 /// grid (splits, kv_heads, batch), the partial pass's chunks: H2O's mass (SPEC §5). The lanes share
 /// entries as in decode_partial_kernel, with the same logit (entry_logit); p = 2^(s - M) / sum of
 /// each query head of the group, summed over them and added to the entry's attention_mass by the
 /// one lane group that owns the entry.
 template <class T, int HEAD_DIM, int PAGE_SIZE>
-__global__ void __launch_bounds__(kAttnWarps * 32)
+__global__ void __launch_bounds__(DecodeTuning::warps * 32)
     decode_mass_kernel(PagedKV<T> kv, BlockTableView t, DecodeBatch a, std::int64_t chunk, const float* final_max,
                        const float* final_sum) {
   using Lanes = EntryLanes<T, HEAD_DIM>;
@@ -342,7 +349,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
   const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
   const int sub = lane / LANES, sub_lane = lane % LANES;
   const std::int32_t q_pos = a.query_position != nullptr ? a.query_position[b] : 0;
-  constexpr int kStride = kAttnWarps * PER_WARP;
+  constexpr int kStride = DecodeTuning::warps * PER_WARP;
   for (std::int64_t round = begin + warp * PER_WARP; round < end; round += kStride) {
     float k[ELEMS], unused[ELEMS];
     const std::int64_t slot = fetch_entry<T, HEAD_DIM, PAGE_SIZE, ELEMS>(kv, t, a, seg, round + sub, end, q_pos,
@@ -381,7 +388,7 @@ inline void validate_decode(const DecodeBatch& a, std::int64_t max_length, int p
 /// attended. sm_count: the device's multiprocessors (0: ask the current device).
 inline std::size_t decode_attention_workspace_bytes(const DecodeBatch& a, std::int64_t max_length, int page_size,
                                                     int sm_count = 0) {
-  validate_decode(a, max_length, page_size, "cuda::decode_attention_workspace_bytes");
+  validate_decode(a, max_length, page_size, "gpu::decode_attention_workspace_bytes");
   if (sm_count <= 0) sm_count = detail::sm_count_of_current_device();
   const detail::DecodePlan p = detail::plan_decode(a, max_length, page_size, sm_count);
   WorkspaceLayout layout;
@@ -399,17 +406,17 @@ inline std::size_t decode_attention_workspace_bytes(const DecodeBatch& a, std::i
 template <class T>
 void decode_attention(void* workspace, std::size_t& workspace_bytes, const PagedKV<T>& kv, const BlockTableView& t,
                       const DecodeBatch& a, std::int64_t max_length, cudaStream_t stream, int sm_count = 0) {
-  static_assert(is_device_storage_v<T>, "cuda::decode_attention: K/V storage must be float, __half or __nv_bfloat16");
-  constexpr const char* who = "cuda::decode_attention";
+  static_assert(is_device_storage_v<T>, "gpu::decode_attention: K/V storage must be float, __half or __nv_bfloat16");
+  constexpr const char* who = "gpu::decode_attention";
   kv.validate(who);
   dispatch_head_dim(kv.head_dim, who, [](auto) {});
   validate_decode(a, max_length, kv.page_size, who);
   if (a.accumulate_mass) {
     require(kv.attention_mass != nullptr, who, ": accumulate_mass needs the pool's attention_mass array");
     const std::size_t shared = detail::decode_mass_shared_bytes(a.q_heads / a.kv_heads, kv.head_dim);
-    require(shared <= detail::kMassSharedLimit, who, ": accumulate_mass with a group of ", a.q_heads / a.kv_heads,
+    require(shared <= detail::DecodeTuning::mass_shared_limit, who, ": accumulate_mass with a group of ", a.q_heads / a.kv_heads,
             " query heads at head_dim = ", kv.head_dim, " needs ", shared, " bytes of shared memory, over ",
-            detail::kMassSharedLimit);
+            detail::DecodeTuning::mass_shared_limit);
   }
   if (sm_count <= 0) sm_count = detail::sm_count_of_current_device();
   if (size_query(workspace, workspace_bytes, decode_attention_workspace_bytes(a, max_length, kv.page_size, sm_count),
@@ -442,7 +449,7 @@ void decode_attention(void* workspace, std::size_t& workspace_bytes, const Paged
       constexpr int P = decltype(page)::value;
       const dim3 grid(static_cast<unsigned>(p.splits), static_cast<unsigned>(a.kv_heads * p.group_tiles),
                       static_cast<unsigned>(a.batch));
-      detail::decode_partial_kernel<T, D, P><<<grid, detail::kAttnWarps * 32, 0, stream>>>(
+      detail::decode_partial_kernel<T, D, P><<<grid, detail::DecodeTuning::warps * 32, 0, stream>>>(
           kv, t, a, p.chunk, p.group_tiles, part_max, part_sum, part_acc);
       check_launch("decode_partial_kernel", shapes);
     });
@@ -454,11 +461,11 @@ void decode_attention(void* workspace, std::size_t& workspace_bytes, const Paged
       constexpr int P = decltype(page)::value;
       const dim3 grid(static_cast<unsigned>(p.splits), static_cast<unsigned>(a.kv_heads), static_cast<unsigned>(a.batch));
       detail::decode_mass_kernel<T, D, P>
-          <<<grid, detail::kAttnWarps * 32, detail::decode_mass_shared_bytes(a.q_heads / a.kv_heads, D), stream>>>(
+          <<<grid, detail::DecodeTuning::warps * 32, detail::decode_mass_shared_bytes(a.q_heads / a.kv_heads, D), stream>>>(
               kv, t, a, p.chunk, final_max, final_sum);
       check_launch("decode_mass_kernel", shapes);
     });
   });
 }
 
-}  // namespace kvpolicy::cuda
+}  // namespace kvpolicy::gpu

@@ -3,7 +3,7 @@
 /// (DESIGN, Device path "Selection is CUB"): radix select of the k-th largest key by 8-bit
 /// histogram passes, the choice of a pass's digit with cub::BlockScan, and a block-wide running
 /// exclusive scan in index order (deterministic tie resolution, page assignment).
-/// Every kernel using these runs with exactly kSelectThreads threads.
+/// Every kernel using these runs with exactly SelectTuning::threads threads.
 #pragma once
 
 #include <cub/block/block_reduce.cuh>
@@ -11,13 +11,20 @@
 
 #include <cstdint>
 
-namespace kvpolicy::cuda::detail {
+namespace kvpolicy::gpu::detail {
 
-inline constexpr int kSelectThreads = 256;  // one thread per digit of an 8-bit pass
-inline constexpr int kRadixBins = 256;
+/// The selection family's tuning, as data (CUB's way: one policy struct per kernel family): the
+/// block of the radix select and its collectives (and of every kernel that uses them), the tile a
+/// segmented top-K keys into shared memory, the chunk a pooled pass histograms per block.
+struct SelectTuning {
+  static constexpr int threads = 256;      // one thread per digit of an 8-bit pass
+  static constexpr int radix_bins = 256;
+  static constexpr int tile = 2048;        // entries keyed into shared memory (16 KiB of keys)
+  static constexpr int pool_chunk = 4096;  // entries one block histograms per pass
+};
 
-using BlockScanI64 = cub::BlockScan<long long, kSelectThreads>;
-using BlockReduceI64 = cub::BlockReduce<long long, kSelectThreads>;
+using BlockScanI64 = cub::BlockScan<long long, SelectTuning::threads>;
+using BlockReduceI64 = cub::BlockReduce<long long, SelectTuning::threads>;
 
 /// The digit of a pass: given counts[b] of the still-matching keys whose current digit is b, and
 /// k >= 1 (the rank wanted among them, largest first), finds the digit d holding the k-th largest
@@ -26,7 +33,7 @@ template <class Count>
 __device__ void pick_digit(const Count* counts, long long k, typename BlockScanI64::TempStorage& scan, int* digit,
                            long long* k_in_digit) {
   const int t = static_cast<int>(threadIdx.x);
-  const int d = kRadixBins - 1 - t;  // thread 0 holds the largest digit
+  const int d = SelectTuning::radix_bins - 1 - t;  // thread 0 holds the largest digit
   const long long c = static_cast<long long>(counts[d]);
   long long above = 0;
   BlockScanI64(scan).ExclusiveSum(c, above);  // keys with a larger digit
@@ -38,7 +45,7 @@ __device__ void pick_digit(const Count* counts, long long k, typename BlockScanI
 }
 
 struct SelectShared {
-  unsigned int hist[kRadixBins];
+  unsigned int hist[SelectTuning::radix_bins];
   typename BlockScanI64::TempStorage scan;
   int digit;
   long long k;
@@ -51,7 +58,7 @@ template <class Key, class Get>
 __device__ Key block_radix_select(Get get, long long n, long long k, SelectShared& sh) {
   Key prefix = 0, mask = 0;
   for (int shift = static_cast<int>(sizeof(Key) * 8) - 8; shift >= 0; shift -= 8) {
-    for (int b = threadIdx.x; b < kRadixBins; b += blockDim.x) sh.hist[b] = 0;
+    for (int b = threadIdx.x; b < SelectTuning::radix_bins; b += blockDim.x) sh.hist[b] = 0;
     __syncthreads();
     for (long long i = threadIdx.x; i < n; i += blockDim.x) {
       const Key key = get(i);
@@ -102,4 +109,4 @@ __device__ long long block_exclusive_scan(long long n, Value value, Body body,
   return running;
 }
 
-}  // namespace kvpolicy::cuda::detail
+}  // namespace kvpolicy::gpu::detail

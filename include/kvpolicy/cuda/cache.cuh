@@ -44,6 +44,8 @@
 #include "kvpolicy/cuda/attention.cuh"
 #include "kvpolicy/cuda/check.cuh"
 #include "kvpolicy/cuda/compact.cuh"
+#include "kvpolicy/cuda/device_array.cuh"
+#include "kvpolicy/cuda/paged_memory.cuh"
 #include "kvpolicy/cuda/evict_step.cuh"
 #include "kvpolicy/memory/paged.hpp"
 #include "kvpolicy/policy/admit.hpp"
@@ -57,52 +59,6 @@ struct cuda_backend {
   static constexpr bool emits_attention_mass = false;
 };
 
-namespace cuda::detail {
-
-template <class Storage>
-  requires(is_storage_type_v<Storage>)
-using device_storage_t = std::conditional_t<std::is_same_v<Storage, float>, float,
-                                            std::conditional_t<std::is_same_v<Storage, half>, __half, __nv_bfloat16>>;
-
-/// A device allocation that frees itself.
-template <class T>
-class DeviceArray {
- public:
-  DeviceArray() = default;
-  explicit DeviceArray(std::size_t n) : n_(n) {
-    if (n) KVPOLICY_CUDA_CHECK(cudaMalloc(&p_, n * sizeof(T)), "Cache<cuda_backend>: allocating ", n * sizeof(T), " bytes");
-  }
-  DeviceArray(DeviceArray&& o) noexcept : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
-  DeviceArray& operator=(DeviceArray&& o) noexcept {
-    std::swap(p_, o.p_);
-    std::swap(n_, o.n_);
-    return *this;
-  }
-  DeviceArray(const DeviceArray&) = delete;
-  DeviceArray& operator=(const DeviceArray&) = delete;
-  ~DeviceArray() {
-    if (p_) cudaFree(p_);
-  }
-  T* get() const { return p_; }
-  std::size_t size() const { return n_; }
-
- private:
-  T* p_ = nullptr;
-  std::size_t n_ = 0;
-};
-
-/// Copies `rows` rows of `width` ints between tables of different row strides (widening block-table
-/// rows). A kernel rather than cudaMemcpy2DAsync, which GPU simulators such as GPGPU-Sim lack.
-template <int = 0>  // header-only: a template kernel links once across translation units
-__global__ void copy_rows_kernel(const std::int32_t* from, std::int64_t from_stride, std::int32_t* to,
-                                 std::int64_t to_stride, std::int64_t rows, std::int64_t width) {
-  const std::int64_t n = rows * width;
-  for (std::int64_t i = std::int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n;
-       i += std::int64_t{gridDim.x} * blockDim.x)
-    to[i / width * to_stride + i % width] = from[i / width * from_stride + i % width];
-}
-
-}  // namespace cuda::detail
 
 template <Scorer S, Admitter A, Evictor E, int P, class Storage>
 class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
@@ -115,10 +71,10 @@ class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
                 "kvpolicy::Cache<cuda_backend>: the device runs an Evictor that states its rule as data "
                 "(policy/selection.hpp: group_heads, fires, head_selection or pool_selection)");
   static_assert(P == 16 || P == 32 || P == 64, "kvpolicy::Cache<cuda_backend>: page size must be 16, 32 or 64");
-  using device_type = cuda::detail::device_storage_t<Storage>;
-  static_assert(sizeof(device_type) == sizeof(Storage), "kvpolicy::Cache<cuda_backend>: storage sizes differ");
+  using Memory = gpu::PagedMemory<P, Storage>;
+  using device_type = typename Memory::device_type;
   template <class T>
-  using DeviceArray = cuda::detail::DeviceArray<T>;
+  using DeviceArray = gpu::detail::DeviceArray<T>;
 
  public:
   using scorer_type = S;
@@ -135,38 +91,15 @@ class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
   /// current device; `stream` runs every call (default: the legacy default stream).
   Cache(CacheShape shape, allocator_type allocator, E evictor = {}, S scorer = {}, A admitter = {},
         cudaStream_t stream = nullptr)
-      : shape_(shape), checks_{shape}, evictor_(evictor), scorer_(scorer), admitter_(admitter), stream_(stream),
-        pages_(static_cast<std::int32_t>(allocator.pages_total())) {
-    evictor_.validate(shape_);
-    scorer_.validate();
-    if constexpr (requires { admitter_.validate(); }) admitter_.validate();
-    // as on the CPU (cache.hpp): an evictor's config may not name a scorer the cache was not given
-    if constexpr (requires { evictor_.validate_scorer(scorer_); }) evictor_.validate_scorer(scorer_);
+      : shape_(shape), checks_{shape}, evictor_(evictor), scorer_(scorer), admitter_(admitter),
+        validated_(validate()),  // before the first allocation
+        mem_(shape_, static_cast<std::int32_t>(allocator.pages_total()), S::needs_key_norm,
+             std::min<std::int64_t>(allocator.pages_total() * P, typical_head_length()), stream) {
     const int d = shape_.head_dim;
-    require(d == 64 || d == 128 || d == 256, "Cache<cuda_backend>: head_dim = ", d, " has no kernel (64, 128 or 256)");
-    const std::size_t slots = std::size_t(pages_) * P;
-    keys_ = DeviceArray<device_type>(slots * d);
-    values_ = DeviceArray<device_type>(slots * d);
-    position_ = DeviceArray<std::int32_t>(slots);
-    meta_ = DeviceArray<float>(slots);
-    if (S::needs_key_norm) key_norm_ = DeviceArray<float>(slots);
-    free_pages_ = DeviceArray<std::int32_t>(pages_);
-    free_count_ = DeviceArray<std::int32_t>(1);
-    status_ = DeviceArray<cuda::Status>(1);
-    std::vector<std::int32_t> free(static_cast<std::size_t>(pages_));
-    for (std::int32_t i = 0; i < pages_; ++i) free[static_cast<std::size_t>(i)] = pages_ - 1 - i;  // page 0 on top
-    upload(free_pages_.get(), free.data(), free.size());
-    upload(free_count_.get(), &pages_, 1);
-    reset_status();
     int device = 0;
     KVPOLICY_CUDA_CHECK(cudaGetDevice(&device), "Cache<cuda_backend>: the current device");
     KVPOLICY_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device),
                         "Cache<cuda_backend>: device ", device);
-    // a head's block-table row: what the rule lets one head hold after an eviction, plus a chunk;
-    // widened on demand (an append that needs more retries on wider rows), capped at the pool
-    attention_hint_ = std::min<std::int64_t>(std::int64_t{pages_} * P, typical_head_length());
-    max_pages_ = static_cast<std::int32_t>(std::min<std::int64_t>(pages_, (attention_hint_ + 2 * P - 1) / P + 1));
-    grow_slots(4);
     const int per_seq = static_cast<int>(shape_.heads_total());
     rows_ = DeviceArray<std::int32_t>(static_cast<std::size_t>(shape_.kv_heads));
     evicted_ = DeviceArray<std::int64_t>(static_cast<std::size_t>(per_seq));
@@ -175,12 +108,13 @@ class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
     query_position_ = DeviceArray<std::int32_t>(1);
     queries_ = DeviceArray<float>(std::size_t(shape_.q_heads) * d);
     out_ = DeviceArray<float>(queries_.size());
-    std::size_t bytes = cuda::append_workspace_bytes(shape_.kv_heads);
+    std::size_t bytes = gpu::append_workspace_bytes(shape_.kv_heads);
     std::size_t evict_bytes = 0;
-    cuda::evict_step(nullptr, evict_bytes, scorer_, evictor_, shape_, kv(), slot_tables(0), free_list(), context_.get(), nullptr,
-                     nullptr, stream_);
+    gpu::evict_step(nullptr, evict_bytes, scorer_, evictor_, shape_, kv(), mem_.slot_tables(0), free_list(),
+                    context_.get(), nullptr, nullptr, mem_.stream());
     bytes = std::max(bytes, evict_bytes);
-    bytes = std::max(bytes, cuda::decode_attention_workspace_bytes(decode_batch(), std::int64_t{pages_} * P, P, sm_count_));
+    const gpu::DecodeBatch one{queries_.get(), base_.get(), 1, shape_.q_heads, shape_.kv_heads, out_.get()};
+    bytes = std::max(bytes, gpu::decode_attention_workspace_bytes(one, std::int64_t{pages_total()} * P, P, sm_count_));
     workspace_ = DeviceArray<unsigned char>(bytes);
   }
   Cache(const Cache&) = delete;
@@ -194,34 +128,28 @@ class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
 
   // ---- sequences ---------------------------------------------------------------------------------
   void add_sequence(std::int64_t seq, std::int64_t prompt_tokens = -1) {
-    require(prompt_tokens >= -1 && prompt_tokens <= std::int64_t{std::numeric_limits<std::int32_t>::max()},
-            "Cache::add_sequence: prompt_tokens = ", prompt_tokens, " must be -1 (unknown) or in [0, 2^31 - 1]");
-    require(!has_sequence(seq), "Cache::add_sequence: sequence ", seq, " already exists");
-    if (free_slots_.empty()) grow_slots(slot_capacity_ * 2);
-    Sequence st;
-    static_cast<detail::StepState&>(st) = detail::StepState(shape_.layers, prompt_tokens);
-    st.slot = free_slots_.back();
+    Sequence st = seqs_.make(seq, shape_.layers, prompt_tokens);
     st.first.assign(static_cast<std::size_t>(shape_.heads_total()), 0);
-    free_slots_.pop_back();
-    seqs_.emplace(seq, std::move(st));
+    st.slot = mem_.acquire_slot();
+    seqs_.insert(seq, std::move(st));
   }
   void remove_sequence(std::int64_t seq) {
     Sequence& st = state_of(seq);
     truncate(st, std::vector<std::int32_t>(static_cast<std::size_t>(shape_.heads_total()), 0));
-    free_slots_.push_back(st.slot);
+    mem_.release_slot(st.slot);
     seqs_.erase(seq);
   }
-  bool has_sequence(std::int64_t seq) const { return seqs_.count(seq) != 0; }
+  bool has_sequence(std::int64_t seq) const { return seqs_.contains(seq); }
   std::int64_t tokens(std::int64_t seq) const { return state_of(seq).n; }
   std::int64_t prompt_tokens(std::int64_t seq) const { return state_of(seq).prompt_tokens(); }
   std::int64_t length(std::int64_t seq, int layer, int head) const {
     checks_.layer(layer, "length");
     require(head >= 0 && head < shape_.kv_heads, "Cache::length: head ", head, " out of range [0, ", shape_.kv_heads, ")");
-    return lengths(state_of(seq))[static_cast<std::size_t>(head_index(shape_, layer, head))];
+    return mem_.lengths(state_of(seq).slot)[static_cast<std::size_t>(head_index(shape_, layer, head))];
   }
   std::int64_t total_length(std::int64_t seq) const {
     std::int64_t total = 0;
-    for (const auto len : lengths(state_of(seq))) total += len;
+    for (const auto len : mem_.lengths(state_of(seq).slot)) total += len;
     return total;
   }
   /// Metadata of entry i of a head, in storage order (the CPU cache's order: both compact alike).
@@ -230,15 +158,9 @@ class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
     checks_.layer(layer, "entry");
     require(head >= 0 && head < shape_.kv_heads, "Cache::entry: head ", head, " out of range [0, ", shape_.kv_heads, ")");
     const auto seg = segment(st, layer, head);
-    const std::int32_t len = download_one(tables_length_.get() + seg);
+    const std::int32_t len = mem_.length(seg);
     require(i >= 0 && i < len, "Cache::entry: index ", i, " out of range [0, ", len, ")");
-    const std::int32_t page = download_one(tables_.get() + std::size_t(seg) * max_pages_ + i / P);
-    const std::int64_t slot = std::int64_t{page} * P + i % P;
-    EntryMeta m;
-    m.position = download_one(position_.get() + slot);
-    m.log_beta = download_one(meta_.get() + slot);
-    if (S::needs_key_norm) m.key_norm = download_one(key_norm_.get() + slot);
-    return m;
+    return mem_.entry(seg, i);
   }
   /// Every entry of a head, in storage order: metadata, K and V (read back from the device).
   HeadContents head_contents(std::int64_t seq, int layer, int head) const {
@@ -246,43 +168,10 @@ class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
     checks_.layer(layer, "head_contents");
     require(head >= 0 && head < shape_.kv_heads, "Cache::head_contents: head ", head, " out of range [0, ",
             shape_.kv_heads, ")");
-    const auto seg = segment(st, layer, head);
-    const auto len = static_cast<std::size_t>(download_one(tables_length_.get() + seg));
-    std::vector<std::int32_t> pages((len + P - 1) / P);
-    download(pages.data(), tables_.get() + std::size_t(seg) * max_pages_, pages.size());
-    const auto d = static_cast<std::size_t>(shape_.head_dim);
-    HeadContents c;
-    c.meta.resize(len);
-    c.keys.resize(len * d);
-    c.values.resize(len * d);
-    std::vector<std::int32_t> position(P);
-    std::vector<float> log_beta(P), norm(P, 0.0f);
-    std::vector<device_type> k(P * d), v(P * d);
-    for (std::size_t page = 0; page < pages.size(); ++page) {  // a page at a time
-      const std::size_t first = std::size_t(pages[page]) * P, used = std::min<std::size_t>(P, len - page * P);
-      download(position.data(), position_.get() + first, used);
-      download(log_beta.data(), meta_.get() + first, used);
-      if (S::needs_key_norm) download(norm.data(), key_norm_.get() + first, used);
-      download(k.data(), keys_.get() + first * d, used * d);
-      download(v.data(), values_.get() + first * d, used * d);
-      for (std::size_t j = 0; j < used; ++j) {
-        const std::size_t i = page * P + j;
-        c.meta[i].position = position[j];
-        c.meta[i].log_beta = log_beta[j];
-        c.meta[i].key_norm = norm[j];
-        for (std::size_t e = 0; e < d; ++e) {
-          Storage ks, vs;
-          std::memcpy(static_cast<void*>(&ks), &k[j * d + e], sizeof ks);  // the same bits
-          std::memcpy(static_cast<void*>(&vs), &v[j * d + e], sizeof vs);
-          c.keys[i * d + e] = to_float(ks);
-          c.values[i * d + e] = to_float(vs);
-        }
-      }
-    }
-    return c;
+    return mem_.head_contents(segment(st, layer, head));
   }
-  std::int64_t pages_free() const { return download_one(free_count_.get()); }
-  std::int64_t pages_total() const { return pages_; }
+  std::int64_t pages_free() const { return mem_.pages_free(); }
+  std::int64_t pages_total() const { return mem_.pages_total(); }
 
   // ---- one step, layer by layer ------------------------------------------------------------------
   /// keys/values [Hkv, T, d], log_beta [Hkv, T], host fp32, as the CPU cache takes them; gate
@@ -315,13 +204,13 @@ class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
       for (std::int64_t t = 0; t < T; ++t) pos[static_cast<std::size_t>(h * T + t)] = static_cast<std::int32_t>(st.n + t);
     }
     stage(k.size(), pos.size());
-    upload(stage_keys_.get(), k.data(), k.size());
-    upload(stage_values_.get(), v.data(), v.size());
-    upload(stage_position_.get(), pos.data(), pos.size());
-    upload(stage_meta_.get(), log_beta.data, pos.size());
-    upload(rows_.get(), rows.data(), rows.size());
-    if (st.pending == 0) st.first = lengths(st);  // where this step's entries begin, for abort_step
-    cuda::AppendRows<device_type> a{rows_.get(), shape_.kv_heads, static_cast<std::int32_t>(T), stage_keys_.get(),
+    mem_.upload(stage_keys_.get(), k.data(), k.size());
+    mem_.upload(stage_values_.get(), v.data(), v.size());
+    mem_.upload(stage_position_.get(), pos.data(), pos.size());
+    mem_.upload(stage_meta_.get(), log_beta.data, pos.size());
+    mem_.upload(rows_.get(), rows.data(), rows.size());
+    if (st.pending == 0) st.first = mem_.lengths(st.slot);  // where this step's entries begin, for abort_step
+    gpu::AppendRows<device_type> a{rows_.get(), shape_.kv_heads, static_cast<std::int32_t>(T), stage_keys_.get(),
                                     stage_values_.get(), stage_position_.get(), stage_meta_.get()};
     if constexpr (S::needs_key_norm) {  // ||k|| of the fp32 key as handed in, as the CPU cache stores it
       std::vector<float> norm(pos.size());
@@ -329,23 +218,24 @@ class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
         for (std::int64_t t = 0; t < T; ++t) {
           norm[static_cast<std::size_t>(h * T + t)] = memory::key_norm(&keys(h, t, 0), d);  // finite: checked
         }
-      upload(stage_norm_.get(), norm.data(), norm.size());
+      mem_.upload(stage_norm_.get(), norm.data(), norm.size());
       a.key_norm = stage_norm_.get();
     }
-    cuda::Status s{};
+    gpu::Status s{};
     while (true) {
       std::size_t bytes = workspace_.size();
-      cuda::append(workspace_.get(), bytes, kv(), tables_view(), free_list(), a, status_.get(), stream_);
-      s = status();
-      if (s.code != cuda::Status::table_full || max_pages_ >= pages_) break;
-      reset_status();  // a head outgrew its block-table row: widen every row, try again (nothing was written)
-      widen_rows(static_cast<std::int32_t>(std::min<std::int64_t>(pages_, std::max<std::int64_t>(2 * std::int64_t{max_pages_}, s.needed))));
+      gpu::append(workspace_.get(), bytes, kv(), tables_view(), free_list(), a, mem_.status_word(), mem_.stream());
+      s = mem_.status();
+      if (s.code != gpu::Status::table_full || mem_.max_pages() >= mem_.pages_total()) break;
+      mem_.reset_status();  // a head outgrew its block-table row: widen every row, try again (nothing was written)
+      const std::int64_t wider = std::max<std::int64_t>(2 * std::int64_t{mem_.max_pages()}, s.needed);
+      mem_.widen_rows(static_cast<std::int32_t>(std::min<std::int64_t>(mem_.pages_total(), wider)));
     }
-    if (s.code == cuda::Status::out_of_pages || s.code == cuda::Status::table_full) {
-      reset_status();
+    if (s.code == gpu::Status::out_of_pages || s.code == gpu::Status::table_full) {
+      mem_.reset_status();
       fail("Cache::append: out of memory: sequence ", seq, " layer ", layer, " cannot take ", T,
-           " more entries per head (", s.code == cuda::Status::table_full ? "a head's block table is full: " : "",
-           s.needed, " pages needed, ", s.available, s.code == cuda::Status::table_full ? " per head)" : " free)");
+           " more entries per head (", s.code == gpu::Status::table_full ? "a head's block table is full: " : "",
+           s.needed, " pages needed, ", s.available, s.code == gpu::Status::table_full ? " per head)" : " free)");
     }
     st.pending = T;
     st.appended[static_cast<std::size_t>(layer)] = 1;
@@ -440,25 +330,19 @@ class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
   }
 
   // ---- the device views, for an engine that drives the kernels itself ----------------------------
-  cuda::PagedKV<device_type> kv() const {
-    return {keys_.get(), values_.get(), position_.get(), meta_.get(), key_norm_.get(), nullptr, pages_, P,
-            shape_.head_dim};
-  }
+  gpu::PagedKV<device_type> kv() const { return mem_.kv(); }
   /// Every sequence slot's block tables: segment = slot * L * Hkv + layer * Hkv + head.
-  cuda::BlockTableView tables_view() const {
-    return {tables_.get(), tables_length_.get(), static_cast<std::int32_t>(slot_capacity_ * shape_.heads_total()),
-            max_pages_};
-  }
-  cuda::FreeList free_list() const { return {free_pages_.get(), free_count_.get(), pages_}; }
+  gpu::BlockTableView tables_view() const { return mem_.tables_view(); }
+  gpu::FreeList free_list() const { return mem_.free_list(); }
   /// Block-table rows of at least max_pages pages (capped at the pool), for an engine that appends
   /// through the kernels itself: rows start at what the rule lets a head hold plus a chunk, and an
   /// append through this cache widens them when a head needs more. Widening reallocates the tables:
   /// views taken before it (tables_view(), slot tables) are stale after it.
-  void reserve_rows(std::int32_t max_pages) { widen_rows(std::min(max_pages, pages_)); }
-  std::int32_t max_pages_per_head() const { return max_pages_; }
+  void reserve_rows(std::int32_t max_pages) { mem_.widen_rows(std::min(max_pages, mem_.pages_total())); }
+  std::int32_t max_pages_per_head() const { return mem_.max_pages(); }
   /// The slot of a sequence in tables_view().
   std::int32_t slot(std::int64_t seq) const { return state_of(seq).slot; }
-  cudaStream_t stream() const { return stream_; }
+  cudaStream_t stream() const { return mem_.stream(); }
 
  private:
   /// The shared step state (engine/step_state.hpp) and where the sequence lives on the device.
@@ -467,89 +351,12 @@ class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
     std::vector<std::int32_t> first;  // per head: its length when the open step began
   };
 
-  template <class T, int R>
-  static View<T, R - 1> layer_of(View<T, R> v, int l) {
-    return detail::layer_of(v, l);
-  }
-  const Sequence& state_of(std::int64_t seq) const {
-    auto it = seqs_.find(seq);
-    if (it == seqs_.end()) fail("Cache: unknown sequence ", seq);
-    return it->second;
-  }
-  Sequence& state_of(std::int64_t seq) { return const_cast<Sequence&>(static_cast<const Cache&>(*this).state_of(seq)); }
-  std::int32_t segment(const Sequence& st, int layer, int head) const {
-    return static_cast<std::int32_t>(std::int64_t{st.slot} * shape_.heads_total() + head_index(shape_, layer, head));
-  }
-  cuda::BlockTableView slot_tables(std::int32_t slot) const {
-    const std::int64_t first = std::int64_t{slot} * shape_.heads_total();
-    return {tables_.get() + first * max_pages_, tables_length_.get() + first,
-            static_cast<std::int32_t>(shape_.heads_total()), max_pages_};
-  }
-  cuda::DecodeBatch decode_batch() const {
-    return {queries_.get(), base_.get(), 1, shape_.q_heads, shape_.kv_heads, out_.get()};
-  }
-
-  template <class T>
-  void upload(T* dst, const T* src, std::size_t n) const {
-    if (n == 0) return;
-    KVPOLICY_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(T), cudaMemcpyHostToDevice, stream_),
-                        "Cache<cuda_backend>: copying ", n * sizeof(T), " bytes to the device");
-    sync();  // the host buffers are the caller's (or this call's) and may go away
-  }
-  template <class T>
-  void download(T* dst, const T* src, std::size_t n) const {
-    if (n == 0) return;
-    KVPOLICY_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(T), cudaMemcpyDeviceToHost, stream_),
-                        "Cache<cuda_backend>: copying ", n * sizeof(T), " bytes from the device");
-    sync();
-  }
-  template <class T>
-  T download_one(const T* src) const {
-    T v{};
-    download(&v, src, 1);
-    return v;
-  }
-  void sync() const { KVPOLICY_CUDA_CHECK(cudaStreamSynchronize(stream_), "Cache<cuda_backend>: synchronising its stream"); }
-  cuda::Status status() const { return download_one(status_.get()); }
-  void reset_status() {
-    const cuda::Status ok{};
-    upload(status_.get(), &ok, 1);
-  }
-  std::vector<std::int32_t> lengths(const Sequence& st) const {
-    std::vector<std::int32_t> len(static_cast<std::size_t>(shape_.heads_total()));
-    download(len.data(), tables_length_.get() + std::int64_t{st.slot} * shape_.heads_total(), len.size());
-    return len;
-  }
-  std::vector<std::vector<std::int32_t>> head_positions(const Sequence& st, const std::vector<std::int32_t>& len) const {
-    std::vector<std::int32_t> table(len.size() * static_cast<std::size_t>(max_pages_));
-    download(table.data(), tables_.get() + std::int64_t{st.slot} * shape_.heads_total() * max_pages_, table.size());
-    std::vector<std::int32_t> pos(std::size_t(pages_) * P);
-    download(pos.data(), position_.get(), pos.size());
-    std::vector<std::vector<std::int32_t>> out(len.size());
-    for (std::size_t i = 0; i < len.size(); ++i)
-      for (std::int32_t j = 0; j < len[i]; ++j)
-        out[i].push_back(pos[std::size_t(table[i * max_pages_ + j / P]) * P + j % P]);
-    return out;
-  }
-  /// Shrinks each head of a sequence to keep[i] entries (its first ones), returning emptied pages.
+  const Sequence& state_of(std::int64_t seq) const { return seqs_.at(seq); }
+  Sequence& state_of(std::int64_t seq) { return seqs_.at(seq); }
+  std::int32_t segment(const Sequence& st, int layer, int head) const { return mem_.segment(st.slot, layer, head); }
+  /// Shrinks each head of a sequence to keep_first[i] entries (its first ones).
   void truncate(const Sequence& st, const std::vector<std::int32_t>& keep_first) {
-    const std::vector<std::int32_t> len = lengths(st);
-    std::vector<std::int64_t> offsets{0};
-    std::vector<std::uint8_t> keep;
-    for (std::size_t i = 0; i < len.size(); ++i) {
-      for (std::int32_t j = 0; j < len[i]; ++j) keep.push_back(j < keep_first[i] ? 1 : 0);
-      offsets.push_back(static_cast<std::int64_t>(keep.size()));
-    }
-    DeviceArray<std::int64_t> d_offsets(offsets.size());
-    DeviceArray<std::uint8_t> d_keep(std::max<std::size_t>(keep.size(), 1));
-    upload(d_offsets.get(), offsets.data(), offsets.size());
-    upload(d_keep.get(), keep.data(), keep.size());
-    std::size_t bytes = workspace_.size();
-    require(bytes >= cuda::compact_workspace_bytes(offsets.back(), static_cast<std::int32_t>(len.size())),
-            "Cache<cuda_backend>: internal: compaction scratch too small");
-    cuda::compact(workspace_.get(), bytes, kv(), slot_tables(st.slot), d_offsets.get(), d_keep.get(), nullptr,
-                  free_list(), nullptr, offsets.back(), stream_);
-    sync();
+    mem_.truncate(st.slot, keep_first, workspace_.get(), workspace_.size());
   }
   /// Staging buffers for one append's inputs (grown, never shrunk).
   void stage(std::size_t kv_elements, std::size_t entries) {
@@ -564,10 +371,10 @@ class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
     }
   }
   void write_and_attend(const SequenceStep& s) {
-    for (int l = 0; l < shape_.layers; ++l) {
-      write_layer(s.seq, l, s.keys.dim(2), layer_of(s.keys, l), layer_of(s.values, l), layer_of(s.log_beta, l));
-      if (s.queries.data != nullptr) attend_layer(state_of(s.seq), l, layer_of(s.queries, l), layer_of(s.out, l));
-    }
+    detail::for_each_layer(
+        s, shape_.layers,
+        [&](int l, auto keys, auto values, auto log_beta, auto) { write_layer(s.seq, l, s.keys.dim(2), keys, values, log_beta); },
+        [&](int l, auto queries, auto out) { attend_layer(state_of(s.seq), l, queries, out); });
   }
 
   /// attend() after its checks. The device batch is [T, Hq, d] (the host view is [Hq, T, d]).
@@ -589,21 +396,21 @@ class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
     const std::vector<std::int32_t> base(static_cast<std::size_t>(T), segment(st, layer, 0));
     std::vector<std::int32_t> q_pos(static_cast<std::size_t>(T));
     for (std::int64_t t = 0; t < T; ++t) q_pos[static_cast<std::size_t>(t)] = static_cast<std::int32_t>(st.n + t);
-    upload(queries_.get(), rows.data(), rows.size());
-    upload(base_.get(), base.data(), base.size());
-    upload(query_position_.get(), q_pos.data(), q_pos.size());
-    cuda::DecodeBatch batch{queries_.get(), base_.get(), static_cast<std::int32_t>(T), shape_.q_heads, shape_.kv_heads,
+    mem_.upload(queries_.get(), rows.data(), rows.size());
+    mem_.upload(base_.get(), base.data(), base.size());
+    mem_.upload(query_position_.get(), q_pos.data(), q_pos.size());
+    gpu::DecodeBatch batch{queries_.get(), base_.get(), static_cast<std::int32_t>(T), shape_.q_heads, shape_.kv_heads,
                             out_.get()};
     batch.query_position = query_position_.get();  // causal inside the chunk
     if constexpr (requires { evictor_.attention_mask(); })  // WG-KV's vertical-slash mask, SPEC §3
       batch.mask = evictor_.attention_mask();
-    std::vector<std::int32_t> len(static_cast<std::size_t>(shape_.kv_heads));  // the split follows the longest head
-    download(len.data(), tables_length_.get() + segment(st, layer, 0), len.size());
-    const std::int64_t longest = *std::max_element(len.begin(), len.end());
-    std::size_t bytes = cuda::decode_attention_workspace_bytes(batch, longest, P, sm_count_);
+    const std::vector<std::int32_t> len = mem_.lengths(st.slot);  // the split follows the layer's longest head
+    const auto layer_first = len.begin() + head_index(shape_, layer, 0);
+    const std::int64_t longest = *std::max_element(layer_first, layer_first + shape_.kv_heads);
+    std::size_t bytes = gpu::decode_attention_workspace_bytes(batch, longest, P, sm_count_);
     reserve_workspace(bytes);
-    cuda::decode_attention(workspace_.get(), bytes, kv(), tables_view(), batch, longest, stream_, sm_count_);
-    download(rows.data(), out_.get(), rows.size());
+    gpu::decode_attention(workspace_.get(), bytes, kv(), tables_view(), batch, longest, mem_.stream(), sm_count_);
+    mem_.download(rows.data(), out_.get(), rows.size());
     for (std::size_t h = 0; h < Hq; ++h)
       for (std::int64_t t = 0; t < T; ++t)
         std::memcpy(&out(static_cast<std::int64_t>(h), t, 0), &rows[(static_cast<std::size_t>(t) * Hq + h) * d],
@@ -613,7 +420,7 @@ class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
   /// Pages the sequence's heads take to grow by T entries each (the CPU pool's count).
   std::int64_t pages_needed(const Sequence& st, std::int64_t T) const {
     std::int64_t need = 0;
-    for (const std::int32_t len : lengths(st)) need += (len + T + P - 1) / P - (len + P - 1) / P;
+    for (const std::int32_t len : mem_.lengths(st.slot)) need += (len + T + P - 1) / P - (len + P - 1) / P;
     return need;
   }
 
@@ -633,7 +440,7 @@ class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
     std::vector<std::vector<std::int32_t>> before(seqs.size());
     for (std::size_t i = 0; i < seqs.size(); ++i) {
       const Sequence& st = state_of(seqs[i]);
-      before[i] = lengths(st);
+      before[i] = mem_.lengths(st.slot);
       std::vector<std::int64_t> lens(before[i].begin(), before[i].end());
       std::vector<std::uint8_t> active(lens.size());
       StepContext ctx = st.context();  // the CPU cache's context (engine/step_state.hpp)
@@ -644,37 +451,37 @@ class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
     }
     std::vector<std::vector<std::vector<std::int32_t>>> positions_before(seqs.size());
     if (evicted != nullptr)
-      for (const std::size_t i : fired) positions_before[i] = head_positions(state_of(seqs[i]), before[i]);
+      for (const std::size_t i : fired) positions_before[i] = mem_.head_positions(state_of(seqs[i]).slot, before[i]);
     if (!fired.empty()) {
       const auto k = fired.size();
       std::vector<StepContext> ctx;
       for (const std::size_t i : fired) ctx.push_back(contexts[i]);
       if (context_.size() < k) context_ = DeviceArray<StepContext>(k);
       if (evicted_.size() < k * per_seq) evicted_ = DeviceArray<std::int64_t>(k * per_seq);
-      upload(context_.get(), ctx.data(), k);
+      mem_.upload(context_.get(), ctx.data(), k);
       // one sequence's rows are contiguous in the tables; several are gathered side by side
-      const std::size_t row_ints = per_seq * static_cast<std::size_t>(max_pages_);
-      cuda::BlockTableView t = slot_tables(state_of(seqs[fired[0]]).slot);
+      const std::size_t row_ints = per_seq * static_cast<std::size_t>(mem_.max_pages());
+      gpu::BlockTableView t = mem_.slot_tables(state_of(seqs[fired[0]]).slot);
       if (k > 1) {
         if (gather_tables_.size() < k * row_ints) gather_tables_ = DeviceArray<std::int32_t>(k * row_ints);
         if (gather_length_.size() < k * per_seq) gather_length_ = DeviceArray<std::int32_t>(k * per_seq);
         for (std::size_t j = 0; j < k; ++j) {
-          const cuda::BlockTableView from = slot_tables(state_of(seqs[fired[j]]).slot);
-          copy_device(gather_tables_.get() + j * row_ints, from.table, row_ints);
-          copy_device(gather_length_.get() + j * per_seq, from.length, per_seq);
+          const gpu::BlockTableView from = mem_.slot_tables(state_of(seqs[fired[j]]).slot);
+          mem_.copy(gather_tables_.get() + j * row_ints, from.table, row_ints);
+          mem_.copy(gather_length_.get() + j * per_seq, from.length, per_seq);
         }
-        t = {gather_tables_.get(), gather_length_.get(), static_cast<std::int32_t>(k * per_seq), max_pages_};
+        t = {gather_tables_.get(), gather_length_.get(), static_cast<std::int32_t>(k * per_seq), mem_.max_pages()};
       }
       std::size_t bytes = 0;
-      cuda::evict_step(nullptr, bytes, scorer_, evictor_, shape_, kv(), t, free_list(), context_.get(), nullptr,
-                       nullptr, stream_);
+      gpu::evict_step(nullptr, bytes, scorer_, evictor_, shape_, kv(), t, free_list(), context_.get(), nullptr,
+                       nullptr, mem_.stream());
       reserve_workspace(bytes);
       bytes = workspace_.size();
-      cuda::evict_step(workspace_.get(), bytes, scorer_, evictor_, shape_, kv(), t, free_list(), context_.get(),
-                       evicted_.get(), status_.get(), stream_);
-      const cuda::Status s = status();
-      if (s.code == cuda::Status::nan_score) {  // nothing was compacted: every step is still open
-        reset_status();
+      gpu::evict_step(workspace_.get(), bytes, scorer_, evictor_, shape_, kv(), t, free_list(), context_.get(),
+                       evicted_.get(), mem_.status_word(), mem_.stream());
+      const gpu::Status s = mem_.status();
+      if (s.code == gpu::Status::nan_score) {  // nothing was compacted: every step is still open
+        mem_.reset_status();
         const std::size_t i = fired[static_cast<std::size_t>(s.segment) / per_seq];
         const auto head = static_cast<std::int32_t>(static_cast<std::size_t>(s.segment) % per_seq);
         fail("Cache::commit: the scorer returned NaN for sequence ", seqs[i], " (layer ", head / shape_.kv_heads,
@@ -682,12 +489,12 @@ class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
       }
       if (k > 1)
         for (std::size_t j = 0; j < k; ++j) {
-          const cuda::BlockTableView to = slot_tables(state_of(seqs[fired[j]]).slot);
-          copy_device(to.table, gather_tables_.get() + j * row_ints, row_ints);
-          copy_device(to.length, gather_length_.get() + j * per_seq, per_seq);
+          const gpu::BlockTableView to = mem_.slot_tables(state_of(seqs[fired[j]]).slot);
+          mem_.copy(to.table, gather_tables_.get() + j * row_ints, row_ints);
+          mem_.copy(to.length, gather_length_.get() + j * per_seq, per_seq);
         }
       std::vector<std::int64_t> gone(k * per_seq);
-      download(gone.data(), evicted_.get(), gone.size());
+      mem_.download(gone.data(), evicted_.get(), gone.size());
       for (std::size_t j = 0; j < k; ++j)
         for (std::size_t h = 0; h < per_seq; ++h) reports[fired[j]].evicted += gone[j * per_seq + h];
     }
@@ -696,7 +503,7 @@ class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
     if (evicted != nullptr)
       for (const std::size_t i : fired) {
         const Sequence& st = state_of(seqs[i]);
-        const auto after = head_positions(st, lengths(st));
+        const auto after = mem_.head_positions(st.slot, mem_.lengths(st.slot));
         for (std::size_t h = 0; h < after.size(); ++h) {
           std::vector<std::int32_t> kept = after[h];
           std::sort(kept.begin(), kept.end());
@@ -706,12 +513,6 @@ class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
         }
       }
     return reports;
-  }
-
-  template <class T>
-  void copy_device(T* dst, const T* src, std::size_t n) const {
-    KVPOLICY_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(T), cudaMemcpyDeviceToDevice, stream_),
-                        "Cache<cuda_backend>: copying ", n * sizeof(T), " bytes on the device");
   }
 
   /// About what one head holds after its eviction under the Evictor's stated rule, plus room for a
@@ -727,37 +528,16 @@ class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
       return evictor_.group_heads(shape_) * (evictor_.pool_selection().budget + buffer) + chunk;
     }
   }
-  /// Wider block-table rows for every slot (rows copied, the rest unspecified).
-  void widen_rows(std::int32_t max_pages) {
-    if (max_pages <= max_pages_) return;
-    const std::size_t rows = std::size_t(slot_capacity_) * static_cast<std::size_t>(shape_.heads_total());
-    DeviceArray<std::int32_t> table(rows * static_cast<std::size_t>(max_pages));
-    const std::int64_t n = static_cast<std::int64_t>(rows) * max_pages_;
-    cuda::detail::copy_rows_kernel<><<<std::min<unsigned>(cuda::blocks_for(n, 256, "copy_rows_kernel"), 65535), 256, 0,
-                                        stream_>>>(tables_.get(), max_pages_, table.get(), max_pages,
-                                                   static_cast<std::int64_t>(rows), max_pages_);
-    cuda::check_launch("copy_rows_kernel", "Cache<cuda_backend>: widening the block tables to ", max_pages,
-                       " pages per head");
-    sync();
-    tables_ = std::move(table);
-    max_pages_ = max_pages;
-  }
-  /// More sequence slots: the tables grow (existing rows copied), new slots are free.
-  void grow_slots(std::int32_t capacity) {
-    const std::size_t per_slot = static_cast<std::size_t>(shape_.heads_total());
-    DeviceArray<std::int32_t> table(std::size_t(capacity) * per_slot * max_pages_), length(std::size_t(capacity) * per_slot);
-    KVPOLICY_CUDA_CHECK(cudaMemsetAsync(length.get(), 0, length.size() * sizeof(std::int32_t), stream_), "tables");
-    if (slot_capacity_ > 0) {
-      KVPOLICY_CUDA_CHECK(cudaMemcpyAsync(table.get(), tables_.get(), tables_.size() * sizeof(std::int32_t),
-                                          cudaMemcpyDeviceToDevice, stream_), "tables");
-      KVPOLICY_CUDA_CHECK(cudaMemcpyAsync(length.get(), tables_length_.get(), tables_length_.size() * sizeof(std::int32_t),
-                                          cudaMemcpyDeviceToDevice, stream_), "tables");
-    }
-    sync();
-    for (std::int32_t s = capacity - 1; s >= slot_capacity_; --s) free_slots_.push_back(s);
-    slot_capacity_ = capacity;
-    tables_ = std::move(table);
-    tables_length_ = std::move(length);
+  /// The checks of the CPU Cache's constructor, and the device's head widths.
+  bool validate() const {
+    evictor_.validate(shape_);
+    scorer_.validate();
+    if constexpr (requires { admitter_.validate(); }) admitter_.validate();
+    // as on the CPU (cache.hpp): an evictor's config may not name a scorer the cache was not given
+    if constexpr (requires { evictor_.validate_scorer(scorer_); }) evictor_.validate_scorer(scorer_);
+    const int d = shape_.head_dim;
+    require(d == 64 || d == 128 || d == 256, "Cache<cuda_backend>: head_dim = ", d, " has no kernel (64, 128 or 256)");
+    return true;
   }
 
   CacheShape shape_;
@@ -765,22 +545,17 @@ class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
   E evictor_;
   S scorer_;
   A admitter_;
-  cudaStream_t stream_;
-  std::int32_t pages_;
-  std::int32_t max_pages_ = 0;
-  std::int32_t slot_capacity_ = 0;
-  DeviceArray<device_type> keys_, values_, stage_keys_, stage_values_;
-  DeviceArray<std::int32_t> position_, free_pages_, free_count_, tables_, tables_length_, rows_, base_, query_position_,
-      stage_position_, gather_tables_, gather_length_;
-  DeviceArray<float> meta_, key_norm_, queries_, out_, stage_meta_, stage_norm_;
+  bool validated_;
+  Memory mem_;  // the pool, block tables and free list
+  // the host-view API's scratch: staged inputs, queries, the eviction's batch, the kernels' workspace
+  DeviceArray<device_type> stage_keys_, stage_values_;
+  DeviceArray<std::int32_t> rows_, base_, query_position_, stage_position_, gather_tables_, gather_length_;
+  DeviceArray<float> queries_, out_, stage_meta_, stage_norm_;
   int sm_count_ = 0;
-  std::int64_t attention_hint_ = 0;  // the decode attention's split plan (any length is attended)
-  DeviceArray<cuda::Status> status_;
   DeviceArray<std::int64_t> evicted_;
   DeviceArray<StepContext> context_;
   DeviceArray<unsigned char> workspace_;
-  std::vector<std::int32_t> free_slots_;
-  std::map<std::int64_t, Sequence> seqs_;
+  detail::Sequences<Sequence> seqs_;
 };
 
 }  // namespace kvpolicy

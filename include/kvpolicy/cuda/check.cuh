@@ -11,7 +11,7 @@
 
 #include "kvpolicy/core/error.hpp"
 
-namespace kvpolicy::cuda {
+namespace kvpolicy::gpu {
 
 /// Throws kvpolicy::Error("cuda: <what> failed: <error> (<context>)") unless status is cudaSuccess.
 template <class... Context>
@@ -47,6 +47,6 @@ inline unsigned int blocks_for(std::int64_t n, int threads, const char* kernel) 
   return static_cast<unsigned int>(blocks < 1 ? 1 : blocks);
 }
 
-}  // namespace kvpolicy::cuda
+}  // namespace kvpolicy::gpu
 
-#define KVPOLICY_CUDA_CHECK(call, ...) ::kvpolicy::cuda::check((call), #call, ##__VA_ARGS__)
+#define KVPOLICY_CUDA_CHECK(call, ...) ::kvpolicy::gpu::check((call), #call, ##__VA_ARGS__)

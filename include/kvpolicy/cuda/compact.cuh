@@ -16,7 +16,7 @@
 #include "kvpolicy/cuda/check.cuh"
 #include "kvpolicy/cuda/views.cuh"
 
-namespace kvpolicy::cuda {
+namespace kvpolicy::gpu {
 
 namespace detail {
 
@@ -32,7 +32,7 @@ struct CompactWork {
 /// One block per segment: pairs holes with movers in index order, then moves the pairs (a warp per
 /// entry, lanes along head_dim).
 template <class T>
-__global__ void __launch_bounds__(kSelectThreads)
+__global__ void __launch_bounds__(SelectTuning::threads)
     compact_kernel(PagedKV<T> kv, BlockTableView t, const std::int64_t* offsets, const std::uint8_t* keep,
                    const std::uint8_t* active, const int* skip, CompactWork w) {
   __shared__ typename BlockScanI64::TempStorage scan;
@@ -55,7 +55,7 @@ __global__ void __launch_bounds__(kSelectThreads)
   // movers: survivors at index >= m, paired with the hole of the same rank
   const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
   const int warps = static_cast<int>(blockDim.x / 32);
-  __shared__ std::int32_t mover_of[kSelectThreads];
+  __shared__ std::int32_t mover_of[SelectTuning::threads];
   long long base_rank = 0;
   for (long long base = m; base < n; base += blockDim.x) {
     const long long i = base + threadIdx.x;
@@ -89,7 +89,7 @@ __global__ void __launch_bounds__(kSelectThreads)
 /// One block: returns each segment's emptied pages to the free list in segment order, the last page
 /// of a head first (memory::Paged::compact's order), and sets the new lengths.
 template <int = 0>  // header-only: a template kernel links once across translation units
-__global__ void __launch_bounds__(kSelectThreads)
+__global__ void __launch_bounds__(SelectTuning::threads)
     release_pages_kernel(BlockTableView t, std::int32_t page_size, FreeList free, CompactWork w, std::int64_t* evicted,
                          const int* skip) {
   __shared__ typename BlockScanI64::TempStorage scan;
@@ -130,7 +130,7 @@ template <class T>
 void compact(void* workspace, std::size_t& workspace_bytes, const PagedKV<T>& kv, const BlockTableView& t,
              const std::int64_t* offsets, const std::uint8_t* keep, const std::uint8_t* active, FreeList free,
              std::int64_t* evicted, std::int64_t entries, cudaStream_t stream, const int* skip = nullptr) {
-  constexpr const char* who = "cuda::compact";
+  constexpr const char* who = "gpu::compact";
   require(entries >= 0, who, ": entries = ", entries, " must be >= 0");
   if (size_query(workspace, workspace_bytes, compact_workspace_bytes(entries, t.segments), who)) return;
   kv.validate(who);
@@ -141,11 +141,11 @@ void compact(void* workspace, std::size_t& workspace_bytes, const PagedKV<T>& kv
   detail::CompactWork w{layout.take<std::int32_t>(workspace, entries), layout.take<std::int32_t>(workspace, t.segments)};
   const std::string shapes = "segments = " + std::to_string(t.segments) + ", page_size = " +
                              std::to_string(kv.page_size) + ", head_dim = " + std::to_string(kv.head_dim);
-  detail::compact_kernel<T><<<static_cast<unsigned>(t.segments), detail::kSelectThreads, 0, stream>>>(kv, t, offsets,
+  detail::compact_kernel<T><<<static_cast<unsigned>(t.segments), detail::SelectTuning::threads, 0, stream>>>(kv, t, offsets,
                                                                                                         keep, active, skip, w);
   check_launch("compact_kernel", shapes);
-  detail::release_pages_kernel<><<<1, detail::kSelectThreads, 0, stream>>>(t, kv.page_size, free, w, evicted, skip);
+  detail::release_pages_kernel<><<<1, detail::SelectTuning::threads, 0, stream>>>(t, kv.page_size, free, w, evicted, skip);
   check_launch("release_pages_kernel", shapes);
 }
 
-}  // namespace kvpolicy::cuda
+}  // namespace kvpolicy::gpu

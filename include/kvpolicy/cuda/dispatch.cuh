@@ -8,7 +8,7 @@
 
 #include "kvpolicy/core/error.hpp"
 
-namespace kvpolicy::cuda {
+namespace kvpolicy::gpu {
 
 inline constexpr int kHeadDims[] = {64, 128, 256};
 inline constexpr int kPageSizes[] = {16, 32, 64};
@@ -33,4 +33,4 @@ void dispatch_page_size(int page_size, const char* who, F&& f) {
   }
 }
 
-}  // namespace kvpolicy::cuda
+}  // namespace kvpolicy::gpu

@@ -8,7 +8,7 @@
 
 #include <type_traits>
 
-namespace kvpolicy::cuda {
+namespace kvpolicy::gpu {
 
 template <class T>
 inline constexpr bool is_device_storage_v =
@@ -34,4 +34,4 @@ __host__ __device__ inline T from_float(float x) {
 
 }  // namespace detail
 
-}  // namespace kvpolicy::cuda
+}  // namespace kvpolicy::gpu

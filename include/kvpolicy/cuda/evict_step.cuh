@@ -22,14 +22,14 @@
 #include "kvpolicy/cuda/views.cuh"
 #include "kvpolicy/policy/selection.hpp"
 
-namespace kvpolicy::cuda {
+namespace kvpolicy::gpu {
 
 namespace detail {
 
 /// One block per group of `per` consecutive segments (the Evictor's group_heads): the group's
 /// trigger, the Evictor's own fires() on the group's total length, written to every segment of it.
 template <class E>
-__global__ void __launch_bounds__(kSelectThreads)
+__global__ void __launch_bounds__(SelectTuning::threads)
     trigger_kernel(BlockTableView t, E evictor, std::int32_t per, std::int32_t per_sequence, const StepContext* context,
                    std::uint8_t* group_active, std::uint8_t* active) {
   __shared__ typename BlockReduceI64::TempStorage reduce;
@@ -113,7 +113,7 @@ template <class Scorer, class Evictor, class T>
 void evict_step(void* workspace, std::size_t& workspace_bytes, const Scorer& scorer, const Evictor& evictor,
                 const CacheShape& shape, const PagedKV<T>& kv, const BlockTableView& t, FreeList free,
                 const StepContext* context, std::int64_t* evicted, Status* status, cudaStream_t stream) {
-  constexpr const char* who = "cuda::evict_step";
+  constexpr const char* who = "gpu::evict_step";
   evictor.validate(shape);
   kv.validate(who);
   t.validate(who);
@@ -137,9 +137,9 @@ void evict_step(void* workspace, std::size_t& workspace_bytes, const Scorer& sco
   const detail::EvictWork w = detail::carve_evict(carve, workspace, per_group, kv, t);
   const std::int32_t groups = t.segments / per_group;
   const std::int64_t max_length = eviction_length_hint(evictor);
-  KVPOLICY_CUDA_CHECK(cudaMemsetAsync(w.failed, 0, sizeof(int), stream), "cuda::evict_step: clearing its NaN flag");
+  KVPOLICY_CUDA_CHECK(cudaMemsetAsync(w.failed, 0, sizeof(int), stream), "gpu::evict_step: clearing its NaN flag");
 
-  detail::trigger_kernel<Evictor><<<static_cast<unsigned>(groups), detail::kSelectThreads, 0, stream>>>(
+  detail::trigger_kernel<Evictor><<<static_cast<unsigned>(groups), detail::SelectTuning::threads, 0, stream>>>(
       t, evictor, per_group, per_sequence, context, w.group_active, w.active);
   check_launch("trigger_kernel", "segments = ", t.segments, ", groups = ", groups);
   segment_offsets(t, w.active, w.offsets, stream);
@@ -179,4 +179,4 @@ void evict_step(void* workspace, std::size_t& workspace_bytes, const Scorer& sco
   compact(w.compact, bytes, kv, t, w.offsets, w.keep, w.active, free, evicted, kv.slots(), stream, w.failed);
 }
 
-}  // namespace kvpolicy::cuda
+}  // namespace kvpolicy::gpu

@@ -17,7 +17,7 @@
 
 #include "kvpolicy/cuda/check.cuh"
 
-namespace kvpolicy::cuda {
+namespace kvpolicy::gpu {
 
 inline void check_cublas(cublasStatus_t status, const char* what, const std::string& shapes) {
   if (status == CUBLAS_STATUS_SUCCESS) return;
@@ -79,4 +79,4 @@ inline void gemm_nt(cublasHandle_t handle, int M, int N, int K, const float* A, 
 
 }  // namespace detail
 
-}  // namespace kvpolicy::cuda
+}  // namespace kvpolicy::gpu

@@ -27,7 +27,7 @@
 #include "kvpolicy/cuda/segmented_topk.cuh"
 #include "kvpolicy/cuda/views.cuh"
 
-namespace kvpolicy::cuda {
+namespace kvpolicy::gpu {
 
 /// Pools are runs of segments_per_group consecutive segments (L * Hkv for the global rule of one
 /// sequence, Hkv for a layer).
@@ -44,8 +44,6 @@ struct PooledRule {
 };
 
 namespace detail {
-
-inline constexpr int kPoolChunk = 4096;  // entries one block histograms per pass
 
 struct PoolState {
   unsigned long long prefix;
@@ -69,7 +67,7 @@ __device__ inline std::uint64_t pool_key(const DeviceSegments& s, const PoolWork
 }
 
 template <int = 0>  // header-only: a template kernel links once across translation units
-__global__ void __launch_bounds__(kSelectThreads) window_cut_kernel(DeviceSegments s, long long window, long long sinks, PoolWork w) {
+__global__ void __launch_bounds__(SelectTuning::threads) window_cut_kernel(DeviceSegments s, long long window, long long sinks, PoolWork w) {
   __shared__ SelectShared sh;
   const int seg = static_cast<int>(blockIdx.x);
   const long long begin = s.offsets[seg];
@@ -94,44 +92,45 @@ __global__ void pool_init_kernel(DeviceSegments s, PooledRule r, long long k_poo
   if ((r.group_active && !r.group_active[g]) || k >= total) st.mode = 1;
   else if (k <= 0) st.mode = 2;
   w.state[g] = st;
-  for (int b = 0; b < kRadixBins; ++b) w.hist[static_cast<long long>(g) * kRadixBins + b] = 0ull;
+  for (int b = 0; b < SelectTuning::radix_bins; ++b) w.hist[static_cast<long long>(g) * SelectTuning::radix_bins + b] = 0ull;
 }
 
 /// One histogram pass: grid (segments, chunks); blocks stride over a segment's chunks.
 template <int = 0>  // header-only: a template kernel links once across translation units
-__global__ void __launch_bounds__(kSelectThreads)
+__global__ void __launch_bounds__(SelectTuning::threads)
     pool_histogram_kernel(DeviceSegments s, PooledRule r, PoolWork w, int shift) {
-  __shared__ unsigned int hist[kRadixBins];
+  constexpr int bins = SelectTuning::radix_bins, chunk = SelectTuning::pool_chunk;
+  __shared__ unsigned int hist[bins];
   const int seg = static_cast<int>(blockIdx.x);
   const int g = seg / r.segments_per_group;
   const PoolState st = w.state[g];
   if (st.mode != 0) return;
   const long long n = s.offsets[seg + 1] - s.offsets[seg];
-  for (int b = threadIdx.x; b < kRadixBins; b += blockDim.x) hist[b] = 0;
+  for (int b = threadIdx.x; b < bins; b += blockDim.x) hist[b] = 0;
   __syncthreads();
-  for (long long base = static_cast<long long>(blockIdx.y) * kPoolChunk; base < n;
-       base += static_cast<long long>(gridDim.y) * kPoolChunk) {
-    const long long end = base + kPoolChunk < n ? base + kPoolChunk : n;
+  for (long long base = static_cast<long long>(blockIdx.y) * chunk; base < n;
+       base += static_cast<long long>(gridDim.y) * chunk) {
+    const long long end = base + chunk < n ? base + chunk : n;
     for (long long i = base + threadIdx.x; i < end; i += blockDim.x) {
       const std::uint64_t key = pool_key(s, w, seg, i);
       if ((key & st.mask) == st.prefix) atomicAdd(&hist[static_cast<int>((key >> shift) & 0xff)], 1u);
     }
   }
   __syncthreads();
-  for (int b = threadIdx.x; b < kRadixBins; b += blockDim.x)
-    if (hist[b]) atomicAdd(&w.hist[static_cast<long long>(g) * kRadixBins + b], static_cast<unsigned long long>(hist[b]));
+  for (int b = threadIdx.x; b < bins; b += blockDim.x)
+    if (hist[b]) atomicAdd(&w.hist[static_cast<long long>(g) * bins + b], static_cast<unsigned long long>(hist[b]));
 }
 
 /// One block per pool: the pass's digit, then the histogram cleared for the next pass.
 template <int = 0>  // header-only: a template kernel links once across translation units
-__global__ void __launch_bounds__(kSelectThreads) pool_pick_kernel(PoolWork w, int shift) {
+__global__ void __launch_bounds__(SelectTuning::threads) pool_pick_kernel(PoolWork w, int shift) {
   __shared__ typename BlockScanI64::TempStorage scan;
   __shared__ int digit;
   __shared__ long long k_in_digit;
   const int g = static_cast<int>(blockIdx.x);
   PoolState& st = w.state[g];
   if (st.mode != 0) return;
-  unsigned long long* hist = w.hist + static_cast<long long>(g) * kRadixBins;
+  unsigned long long* hist = w.hist + static_cast<long long>(g) * SelectTuning::radix_bins;
   pick_digit(hist, st.k, scan, &digit, &k_in_digit);
   hist[threadIdx.x] = 0ull;
   if (threadIdx.x == 0) {
@@ -143,7 +142,7 @@ __global__ void __launch_bounds__(kSelectThreads) pool_pick_kernel(PoolWork w, i
 
 /// Counts, per segment, the keys above the pool's K-th (pooled) and equal to it (ties).
 template <int = 0>  // header-only: a template kernel links once across translation units
-__global__ void __launch_bounds__(kSelectThreads) pool_count_kernel(DeviceSegments s, PooledRule r, PoolWork w) {
+__global__ void __launch_bounds__(SelectTuning::threads) pool_count_kernel(DeviceSegments s, PooledRule r, PoolWork w) {
   using Reduce = BlockReduceI64;
   __shared__ typename Reduce::TempStorage reduce;
   const int seg = static_cast<int>(blockIdx.x);
@@ -151,9 +150,9 @@ __global__ void __launch_bounds__(kSelectThreads) pool_count_kernel(DeviceSegmen
   const long long n = s.offsets[seg + 1] - s.offsets[seg];
   long long above = 0, equal = 0;
   if (st.mode == 0) {
-    for (long long base = static_cast<long long>(blockIdx.y) * kPoolChunk; base < n;
-         base += static_cast<long long>(gridDim.y) * kPoolChunk) {
-      const long long end = base + kPoolChunk < n ? base + kPoolChunk : n;
+    for (long long base = static_cast<long long>(blockIdx.y) * SelectTuning::pool_chunk; base < n;
+         base += static_cast<long long>(gridDim.y) * SelectTuning::pool_chunk) {
+      const long long end = base + SelectTuning::pool_chunk < n ? base + SelectTuning::pool_chunk : n;
       for (long long i = base + threadIdx.x; i < end; i += blockDim.x) {
         const std::uint64_t key = pool_key(s, w, seg, i);
         above += key > st.prefix;
@@ -176,7 +175,7 @@ __global__ void __launch_bounds__(kSelectThreads) pool_count_kernel(DeviceSegmen
 /// ties[seg] becomes how many of its equal keys the segment keeps, pooled[seg] its survivors of the
 /// pooled ranking plus floor_quota (its quota when floor_ratio > 0).
 template <int = 0>  // header-only: a template kernel links once across translation units
-__global__ void __launch_bounds__(kSelectThreads)
+__global__ void __launch_bounds__(SelectTuning::threads)
     pool_ties_kernel(PooledRule r, PoolWork w, long long floor_quota) {
   __shared__ typename BlockScanI64::TempStorage scan;
   const int g = static_cast<int>(blockIdx.x);
@@ -195,7 +194,7 @@ __global__ void __launch_bounds__(kSelectThreads)
 
 /// Without floor quotas: keep the keys above the K-th and the segment's share of the equal ones.
 template <int = 0>  // header-only: a template kernel links once across translation units
-__global__ void __launch_bounds__(kSelectThreads)
+__global__ void __launch_bounds__(SelectTuning::threads)
     pool_mark_kernel(DeviceSegments s, PooledRule r, PoolWork w, std::uint8_t* keep) {
   const int seg = static_cast<int>(blockIdx.x);
   const PoolState st = w.state[seg / r.segments_per_group];
@@ -216,7 +215,7 @@ __global__ void __launch_bounds__(kSelectThreads)
 inline PoolWork carve(WorkspaceLayout& layout, void* base, int groups, int segments) {
   PoolWork w{};
   w.state = layout.take<PoolState>(base, groups);
-  w.hist = layout.take<unsigned long long>(base, std::int64_t{groups} * kRadixBins);
+  w.hist = layout.take<unsigned long long>(base, std::int64_t{groups} * SelectTuning::radix_bins);
   w.cut = layout.take<std::int64_t>(base, segments);
   w.sink = layout.take<std::int64_t>(base, segments);
   w.ties = layout.take<std::int64_t>(base, segments);
@@ -232,7 +231,7 @@ inline PoolWork carve(WorkspaceLayout& layout, void* base, int groups, int segme
 inline void pooled_select(void* workspace, std::size_t& workspace_bytes, const DeviceSegments& s,
                           const PooledRule& r, std::uint8_t* keep, std::int64_t max_segment_length,
                           cudaStream_t stream) {
-  constexpr const char* who = "cuda::pooled_select";
+  constexpr const char* who = "gpu::pooled_select";
   require(r.segments_per_group >= 1, who, ": segments_per_group = ", r.segments_per_group, " must be >= 1");
   require(s.segments % r.segments_per_group == 0, who, ": segments = ", s.segments,
           " is not a multiple of segments_per_group = ", r.segments_per_group);
@@ -266,24 +265,25 @@ inline void pooled_select(void* workspace, std::size_t& workspace_bytes, const D
   const detail::PoolWork w = detail::carve(carve_again, workspace, groups, s.segments);
   const auto k_pooled = static_cast<long long>(std::floor((1.0 - r.floor_ratio) * static_cast<double>(r.pool_budget)));
   const auto floor_quota = static_cast<long long>(std::floor(static_cast<double>(r.per_head_budget) * r.floor_ratio));
+  constexpr int chunk = detail::SelectTuning::pool_chunk;
   const auto chunks = static_cast<unsigned>(
-      std::min<std::int64_t>(std::max<std::int64_t>((max_segment_length + detail::kPoolChunk - 1) / detail::kPoolChunk, 1), 65535));
+      std::min<std::int64_t>(std::max<std::int64_t>((max_segment_length + chunk - 1) / chunk, 1), 65535));
   const dim3 pass_grid(static_cast<unsigned>(s.segments), chunks);
   const auto shapes = [&] { return " (segments = " + std::to_string(s.segments) + ", groups = " + std::to_string(groups) + ")"; };
 
-  detail::window_cut_kernel<><<<static_cast<unsigned>(s.segments), detail::kSelectThreads, 0, stream>>>(s, r.window, r.sinks, w);
+  detail::window_cut_kernel<><<<static_cast<unsigned>(s.segments), detail::SelectTuning::threads, 0, stream>>>(s, r.window, r.sinks, w);
   check_launch("window_cut_kernel", shapes());
   detail::pool_init_kernel<><<<blocks_for(groups, 128, "pool_init_kernel"), 128, 0, stream>>>(s, r, k_pooled, w, groups);
   check_launch("pool_init_kernel", shapes());
   for (int shift = 56; shift >= 0; shift -= 8) {
-    detail::pool_histogram_kernel<><<<pass_grid, detail::kSelectThreads, 0, stream>>>(s, r, w, shift);
+    detail::pool_histogram_kernel<><<<pass_grid, detail::SelectTuning::threads, 0, stream>>>(s, r, w, shift);
     check_launch("pool_histogram_kernel", shapes(), ", shift = ", shift);
-    detail::pool_pick_kernel<><<<static_cast<unsigned>(groups), detail::kSelectThreads, 0, stream>>>(w, shift);
+    detail::pool_pick_kernel<><<<static_cast<unsigned>(groups), detail::SelectTuning::threads, 0, stream>>>(w, shift);
     check_launch("pool_pick_kernel", shapes(), ", shift = ", shift);
   }
-  detail::pool_count_kernel<><<<pass_grid, detail::kSelectThreads, 0, stream>>>(s, r, w);
+  detail::pool_count_kernel<><<<pass_grid, detail::SelectTuning::threads, 0, stream>>>(s, r, w);
   check_launch("pool_count_kernel", shapes());
-  detail::pool_ties_kernel<><<<static_cast<unsigned>(groups), detail::kSelectThreads, 0, stream>>>(
+  detail::pool_ties_kernel<><<<static_cast<unsigned>(groups), detail::SelectTuning::threads, 0, stream>>>(
       r, w, r.floor_ratio > 0.0 ? floor_quota : 0);
   check_launch("pool_ties_kernel", shapes());
   if (r.floor_ratio > 0.0) {  // each head keeps its top (pooled count + floor(M f))
@@ -293,9 +293,9 @@ inline void pooled_select(void* workspace, std::size_t& workspace_bytes, const D
     rule.sinks = r.sinks;
     segmented_select(s, rule, keep, stream);
   } else {
-    detail::pool_mark_kernel<><<<pass_grid, detail::kSelectThreads, 0, stream>>>(s, r, w, keep);
+    detail::pool_mark_kernel<><<<pass_grid, detail::SelectTuning::threads, 0, stream>>>(s, r, w, keep);
     check_launch("pool_mark_kernel", shapes());
   }
 }
 
-}  // namespace kvpolicy::cuda
+}  // namespace kvpolicy::gpu

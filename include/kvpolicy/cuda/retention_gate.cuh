@@ -29,7 +29,7 @@
 #include "kvpolicy/cuda/views.cuh"
 #include "kvpolicy/gate/activation.hpp"
 
-namespace kvpolicy::cuda {
+namespace kvpolicy::gpu {
 
 /// One layer's gate weights in device memory, row-major as the checkpoint stores them
 /// (model.layers.{l}.self_attn.retention_gate.*, SPEC §1): w1 [I, D], b1 [I], w2 [Hkv, I], b [Hkv].
@@ -101,7 +101,7 @@ inline std::size_t retention_gate_workspace_bytes(const RetentionGateWeights& w,
 inline void retention_gate_forward(void* workspace, std::size_t& workspace_bytes, cublasHandle_t handle,
                                    const RetentionGateWeights& w, const float* x, std::int64_t tokens,
                                    float* log_beta, cudaStream_t stream) {
-  constexpr const char* who = "cuda::retention_gate_forward";
+  constexpr const char* who = "gpu::retention_gate_forward";
   require(w.hidden >= 1 && w.intermediate >= 1 && w.kv_heads >= 1, who, ": hidden = ", w.hidden,
           ", intermediate = ", w.intermediate, ", kv_heads = ", w.kv_heads, " must all be >= 1");
   require(tokens >= 0 && tokens <= INT32_MAX, who, ": tokens = ", tokens, " must be in [0, 2^31 - 1]");
@@ -150,7 +150,7 @@ inline std::size_t rg10_gate_workspace_bytes(const Rg10GateWeights& w, std::int6
 inline void rg10_gate_forward(void* workspace, std::size_t& workspace_bytes, cublasHandle_t handle,
                               const Rg10GateWeights& w, const float* x, std::int64_t tokens, float* log_beta,
                               cudaStream_t stream) {
-  constexpr const char* who = "cuda::rg10_gate_forward";
+  constexpr const char* who = "gpu::rg10_gate_forward";
   require(w.hidden >= 1 && w.intermediate >= 1 && w.kv_heads >= 1, who, ": hidden = ", w.hidden,
           ", intermediate = ", w.intermediate, ", kv_heads = ", w.kv_heads, " must all be >= 1");
   require(tokens >= 0 && tokens <= INT32_MAX, who, ": tokens = ", tokens, " must be in [0, 2^31 - 1]");
@@ -216,7 +216,7 @@ inline std::size_t tied_gate_workspace_bytes(const TiedGateWeights& w, std::int6
 inline void tied_gate_forward(void* workspace, std::size_t& workspace_bytes, cublasHandle_t handle,
                               const TiedGateWeights& w, const float* x, std::int64_t tokens, float* log_beta,
                               cudaStream_t stream) {
-  constexpr const char* who = "cuda::tied_gate_forward";
+  constexpr const char* who = "gpu::tied_gate_forward";
   require(w.hidden >= 1 && w.proj >= 1 && w.kv_heads >= 1, who, ": hidden = ", w.hidden, ", proj J = ", w.proj,
           ", kv_heads = ", w.kv_heads, " must all be >= 1");
   require(tokens >= 0 && tokens <= INT32_MAX, who, ": tokens = ", tokens, " must be in [0, 2^31 - 1]");
@@ -239,4 +239,4 @@ inline void tied_gate_forward(void* workspace, std::size_t& workspace_bytes, cub
   check_launch("tied_readout_kernel", shapes);
 }
 
-}  // namespace kvpolicy::cuda
+}  // namespace kvpolicy::gpu

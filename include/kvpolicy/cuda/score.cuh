@@ -14,13 +14,13 @@
 #include "kvpolicy/cuda/check.cuh"
 #include "kvpolicy/cuda/views.cuh"
 
-namespace kvpolicy::cuda {
+namespace kvpolicy::gpu {
 
 namespace detail {
 
 /// One block: offsets[s] = sum of the lengths of the active segments before s (inactive count 0).
 template <int = 0>  // header-only: a template kernel links once across translation units
-__global__ void __launch_bounds__(kSelectThreads)
+__global__ void __launch_bounds__(SelectTuning::threads)
     segment_offsets_kernel(BlockTableView t, const std::uint8_t* active, std::int64_t* offsets) {
   __shared__ typename BlockScanI64::TempStorage scan;
   const long long total = block_exclusive_scan(
@@ -59,9 +59,9 @@ __global__ void score_kernel(Scorer scorer, EntryMetaView meta, BlockTableView t
 /// offsets [segments + 1] of the active segments' entries (all when active is null).
 inline void segment_offsets(const BlockTableView& t, const std::uint8_t* active, std::int64_t* offsets,
                             cudaStream_t stream) {
-  t.validate("cuda::segment_offsets");
-  require(offsets != nullptr, "cuda::segment_offsets: offsets must be a device pointer");
-  detail::segment_offsets_kernel<><<<1, detail::kSelectThreads, 0, stream>>>(t, active, offsets);
+  t.validate("gpu::segment_offsets");
+  require(offsets != nullptr, "gpu::segment_offsets: offsets must be a device pointer");
+  detail::segment_offsets_kernel<><<<1, detail::SelectTuning::threads, 0, stream>>>(t, active, offsets);
   check_launch("segment_offsets_kernel", "segments = ", t.segments);
 }
 
@@ -75,8 +75,8 @@ void score_segments(const Scorer& scorer, const EntryMetaView& meta, const Block
                     const std::int64_t* offsets, float* score, std::int32_t* position,
                     std::int64_t max_segment_length, cudaStream_t stream, int* failed = nullptr,
                     Status* status = nullptr) {
-  static_assert(EntryScorer<Scorer>, "cuda::score_segments scores entry by entry: the Scorer must be an EntryScorer");
-  constexpr const char* who = "cuda::score_segments";
+  static_assert(EntryScorer<Scorer>, "gpu::score_segments scores entry by entry: the Scorer must be an EntryScorer");
+  constexpr const char* who = "gpu::score_segments";
   scorer.validate();
   t.validate(who);
   require(page_size >= 1, who, ": page_size = ", page_size, " must be >= 1");
@@ -96,4 +96,4 @@ void score_segments(const Scorer& scorer, const EntryMetaView& meta, const Block
   check_launch("score_kernel", "segments = ", t.segments, ", max_segment_length = ", max_segment_length);
 }
 
-}  // namespace kvpolicy::cuda
+}  // namespace kvpolicy::gpu

@@ -5,7 +5,7 @@
 /// newest w entries protected (+inf), or with the threshold variant every entry scoring >= log alpha.
 ///
 /// One block per segment (cub::BlockScan / radix histograms in shared memory). A segment of up to
-/// kTile entries is keyed once into shared memory and selected there; a longer one is selected in
+/// SelectTuning::tile entries is keyed once into shared memory and selected there; a longer one is selected in
 /// the multi-pass path, which re-reads its keys from global memory on each of the 8 histogram
 /// passes. Either way the result is exact and deterministic; O(8 n) work per segment.
 #pragma once
@@ -21,7 +21,7 @@
 #include "kvpolicy/cuda/check.cuh"
 #include "kvpolicy/cuda/views.cuh"
 
-namespace kvpolicy::cuda {
+namespace kvpolicy::gpu {
 
 /// Ragged segments in flat device arrays: segment s is [offsets[s], offsets[s + 1]) of score,
 /// position and keep — the layout of kvpolicy::SegmentedScores. Positions are unique within a
@@ -51,11 +51,9 @@ struct SegmentRule {
 
 namespace detail {
 
-inline constexpr int kTile = 2048;  // entries keyed into shared memory (16 KiB of keys)
-
 struct TopKShared {
   SelectShared select;
-  std::uint64_t keys[kTile];
+  std::uint64_t keys[SelectTuning::tile];
 };
 
 /// The smallest position of the `window` newest entries of a segment (they score +inf), as int64:
@@ -88,7 +86,7 @@ __device__ inline float protected_score(float score, std::int32_t position, long
 }
 
 template <int = 0>  // header-only: a template kernel links once across translation units
-__global__ void __launch_bounds__(kSelectThreads)
+__global__ void __launch_bounds__(SelectTuning::threads)
     segmented_select_kernel(DeviceSegments s, SegmentRule rule, std::uint8_t* keep) {
   __shared__ TopKShared sh;
   __shared__ typename BlockReduceI64::TempStorage reduce;
@@ -130,7 +128,7 @@ __global__ void __launch_bounds__(kSelectThreads)
     return rank::entry_key(protected_score(score[i], position[i], cut, prompt, sink), position[i]);
   };
   std::uint64_t kth;
-  if (n <= kTile) {  // keyed once, selected in shared memory
+  if (n <= SelectTuning::tile) {  // keyed once, selected in shared memory
     for (long long i = threadIdx.x; i < n; i += blockDim.x) sh.keys[i] = key_at(i);
     __syncthreads();
     kth = block_radix_select<std::uint64_t>([&](long long i) { return sh.keys[i]; }, n, k, sh.select);
@@ -138,7 +136,7 @@ __global__ void __launch_bounds__(kSelectThreads)
     kth = block_radix_select<std::uint64_t>(key_at, n, k, sh.select);
   }
   const long long take_equal = sh.select.k;  // keys == kth the top k takes (1 when positions are unique)
-  const auto key_of = [&](long long i) { return n <= kTile ? sh.keys[i] : key_at(i); };
+  const auto key_of = [&](long long i) { return n <= SelectTuning::tile ? sh.keys[i] : key_at(i); };
   for (long long i = threadIdx.x; i < n; i += blockDim.x) out[i] = key_of(i) > kth ? 1 : 0;
   __syncthreads();
   block_enumerate(
@@ -158,7 +156,7 @@ inline void validate_segments(const DeviceSegments& s, const std::uint8_t* keep,
 /// Needs no workspace; asynchronous; an invalid argument throws before anything is launched.
 inline void segmented_select(const DeviceSegments& s, const SegmentRule& rule, std::uint8_t* keep,
                              cudaStream_t stream) {
-  constexpr const char* who = "cuda::segmented_select";
+  constexpr const char* who = "gpu::segmented_select";
   validate_segments(s, keep, who);
   require(rule.threshold || rule.k_of || rule.k >= 0, who, ": k = ", rule.k, " must be >= 0");
   require(rule.active_stride >= 1, who, ": active_stride = ", rule.active_stride, " must be >= 1");
@@ -167,9 +165,9 @@ inline void segmented_select(const DeviceSegments& s, const SegmentRule& rule, s
   require(rule.sinks >= 0, who, ": sinks S = ", rule.sinks, " must be >= 0");
   require(!rule.threshold || rule.log_alpha == rule.log_alpha, who, ": log_alpha is NaN");
   if (s.segments == 0) return;
-  detail::segmented_select_kernel<><<<static_cast<unsigned>(s.segments), detail::kSelectThreads, 0, stream>>>(s, rule,
+  detail::segmented_select_kernel<><<<static_cast<unsigned>(s.segments), detail::SelectTuning::threads, 0, stream>>>(s, rule,
                                                                                                             keep);
   check_launch("segmented_select_kernel", "segments = ", s.segments, ", k = ", rule.k, ", window = ", rule.window);
 }
 
-}  // namespace kvpolicy::cuda
+}  // namespace kvpolicy::gpu

@@ -23,7 +23,7 @@
 #include "kvpolicy/core/error.hpp"
 #include "kvpolicy/core/math.hpp"
 
-namespace kvpolicy::cuda {
+namespace kvpolicy::gpu {
 
 /// The per-entry metadata of a pool, without its K/V: what scoring and selection read.
 struct EntryMetaView {
@@ -138,4 +138,4 @@ inline bool size_query(void* workspace, std::size_t& bytes, std::size_t needed, 
   return false;
 }
 
-}  // namespace kvpolicy::cuda
+}  // namespace kvpolicy::gpu

@@ -6,7 +6,7 @@
 ///                                                                            SGEMM over the heads
 ///   g[h, t] = max(sigmoid(w2[h] . gelu(U_h[t] + b1[h]) + b2[h]), 1e-3)       one warp per (h, t)
 /// fp32 throughout (the rms in double, as the CPU gate); GELU is the KVPOLICY_HD math::gelu the
-/// CPU gate calls. g comes out [Hkv, T], the layout Cache::append and cuda::append take it in.
+/// CPU gate calls. g comes out [Hkv, T], the layout Cache::append and gpu::append take it in.
 #pragma once
 
 #include <cublas_v2.h>
@@ -22,7 +22,7 @@
 #include "kvpolicy/cuda/retention_gate.cuh"
 #include "kvpolicy/cuda/views.cuh"
 
-namespace kvpolicy::cuda {
+namespace kvpolicy::gpu {
 
 /// One layer's write-gate weights in device memory, as the checkpoint stores them
 /// (model.layers.{l}.self_attn.write_gate.*, docs/formats.md): pre_norm [d], post_norm [d],
@@ -93,7 +93,7 @@ inline void validate_write_gate(const WriteGateWeights& w, std::int64_t tokens, 
 }
 
 inline std::size_t write_gate_workspace_bytes(const WriteGateWeights& w, std::int64_t tokens) {
-  validate_write_gate(w, tokens, "cuda::write_gate_workspace_bytes");
+  validate_write_gate(w, tokens, "gpu::write_gate_workspace_bytes");
   WorkspaceLayout layout;
   layout.take<float>(nullptr, std::int64_t{w.kv_heads} * tokens * 2 * w.head_dim);  // F
   layout.take<float>(nullptr, std::int64_t{w.kv_heads} * tokens * w.expansion);     // U
@@ -106,7 +106,7 @@ inline std::size_t write_gate_workspace_bytes(const WriteGateWeights& w, std::in
 inline void write_gate_forward(void* workspace, std::size_t& workspace_bytes, cublasHandle_t handle,
                                const WriteGateWeights& w, const float* k_pre, const float* k_post, std::int64_t tokens,
                                float* g, cudaStream_t stream) {
-  constexpr const char* who = "cuda::write_gate_forward";
+  constexpr const char* who = "gpu::write_gate_forward";
   validate_write_gate(w, tokens, who);
   if (size_query(workspace, workspace_bytes, write_gate_workspace_bytes(w, tokens), who)) return;
   if (tokens == 0) return;
@@ -132,4 +132,4 @@ inline void write_gate_forward(void* workspace, std::size_t& workspace_bytes, cu
   check_launch("write_gate_readout_kernel", shapes);
 }
 
-}  // namespace kvpolicy::cuda
+}  // namespace kvpolicy::gpu

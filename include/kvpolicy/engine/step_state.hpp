@@ -11,6 +11,8 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <map>
+#include <utility>
 #include <vector>
 
 #include "kvpolicy/core/concepts.hpp"
@@ -122,6 +124,45 @@ struct StepState {
     std::fill(appended.begin(), appended.end(), std::uint8_t{0});
     std::fill(attended.begin(), attended.end(), std::uint8_t{0});
   }
+};
+
+/// A whole step, layer by layer, as the layer API takes it: write(l, keys, values, log_beta, gate)
+/// for every layer l, each followed by attend(l, queries, out) when the step has queries.
+template <class Write, class Attend>
+void for_each_layer(const SequenceStep& s, int layers, Write&& write, Attend&& attend) {
+  for (int l = 0; l < layers; ++l) {
+    write(l, layer_of(s.keys, l), layer_of(s.values, l), layer_of(s.log_beta, l), layer_of(s.gate, l));
+    if (s.queries.data != nullptr) attend(l, layer_of(s.queries, l), layer_of(s.out, l));
+  }
+}
+
+/// The sequences of a Cache, each with its state (a StepState and what the backend keeps beside
+/// it): the registry both Caches keep, with add_sequence's checks and the error for an unknown id.
+template <class State>
+class Sequences {
+ public:
+  /// A new sequence's state, checked first (prompt_tokens in range, the id unused); registers
+  /// nothing: the caller inserts it once nothing else can fail.
+  State make(std::int64_t seq, int layers, std::int64_t prompt_tokens) const {
+    require(prompt_tokens >= -1 && prompt_tokens <= std::int64_t{std::numeric_limits<std::int32_t>::max()},
+            "Cache::add_sequence: prompt_tokens = ", prompt_tokens, " must be -1 (unknown) or in [0, 2^31 - 1]");
+    require(!contains(seq), "Cache::add_sequence: sequence ", seq, " already exists");
+    State st;
+    static_cast<StepState&>(st) = StepState(layers, prompt_tokens);
+    return st;
+  }
+  void insert(std::int64_t seq, State st) { states_.emplace(seq, std::move(st)); }
+  void erase(std::int64_t seq) { states_.erase(seq); }
+  bool contains(std::int64_t seq) const { return states_.count(seq) != 0; }
+  const State& at(std::int64_t seq) const {
+    const auto it = states_.find(seq);
+    if (it == states_.end()) fail("Cache: unknown sequence ", seq);
+    return it->second;
+  }
+  State& at(std::int64_t seq) { return const_cast<State&>(std::as_const(*this).at(seq)); }
+
+ private:
+  std::map<std::int64_t, State> states_;
 };
 
 /// Every input check of a step, for a Cache of this shape, Scorer S, Admitter A and storage type:
