@@ -163,6 +163,11 @@ TEST_CASE("several sequences share one pool, and removing one returns its pages"
   cache.remove_sequence(9);
   CHECK(cache.allocator().pages_free() == free_before + freed);
   CHECK_THROWS_WITH_AS(cache.tokens(9), doctest::Contains("unknown sequence 9"), Error);
+  // every read of a removed sequence is the Cache's error, as on the device
+  CHECK_THROWS_WITH_AS(cache.length(9, 0, 0), doctest::Contains("Cache: unknown sequence 9"), Error);
+  CHECK_THROWS_WITH_AS(cache.total_length(9), doctest::Contains("Cache: unknown sequence 9"), Error);
+  CHECK_THROWS_WITH_AS(cache.entry(9, 0, 0, 0), doctest::Contains("Cache: unknown sequence 9"), Error);
+  CHECK_THROWS_WITH_AS(cache.head_contents(9, 0, 0), doctest::Contains("Cache: unknown sequence 9"), Error);
 }
 
 TEST_CASE("every rejected call leaves the cache exactly as it was (SPEC §7)") {

@@ -121,6 +121,7 @@ class Cache {
     return alloc_.length(seq, layer, head);
   }
   std::int64_t total_length(std::int64_t seq) const {
+    state_of(seq);
     std::int64_t total = 0;
     for (int l = 0; l < shape_.layers; ++l)
       for (int h = 0; h < shape_.kv_heads; ++h) total += alloc_.length(seq, l, h);

@@ -8,6 +8,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -294,6 +295,46 @@ TEST_CASE("Cache<cuda_backend>: a NaN score is refused at commit, the step stays
                     doctest::Contains("the scorer returned NaN"));
   CHECK(gpu.length(0, 0, 0) == 0);
   CHECK(gpu.pages_free() == 8);
+}
+
+TEST_CASE("Cache<cuda_backend>: a NaN score in one sequence of step_batch takes back every step of the batch, as on the CPU") {
+  const kp::CacheShape shape{1, 1, 1, 64};
+  using Pool = kp::memory::Paged<16>;
+  auto check = [&](auto& cache) {
+    std::vector<float> k(8 * 64, 0.5f), lb(8, -0.1f);
+    const auto K = [&](std::int64_t T) { return kp::View<const float, 4>(k.data(), {1, 1, T, 64}); };
+    const auto LB = [&](std::int64_t T) { return kp::View<const float, 3>(lb.data(), {1, 1, T}); };
+    for (std::int64_t seq : {0, 1}) {
+      cache.add_sequence(seq);
+      cache.step(seq, K(4), K(4), LB(4));  // positions 0..3: under budget + buffer, nothing evicted
+    }
+    const auto free_before = cache.pages_free();
+    // both steps fire; sequence 0's reaches position 9, whose score is NaN
+    const std::array<kp::SequenceStep, 2> batch{kp::SequenceStep{1, K(4), K(4), LB(4)},
+                                                kp::SequenceStep{0, K(8), K(8), LB(8)}};
+    CHECK_THROWS_WITH(cache.step_batch(batch), doctest::Contains("the scorer returned NaN for sequence 0"));
+    for (std::int64_t seq : {0, 1}) {
+      CHECK(cache.tokens(seq) == 4);
+      CHECK(cache.length(seq, 0, 0) == 4);  // neither compacted nor left with the step's entries
+    }
+    CHECK(cache.pages_free() == free_before);
+    const std::array<kp::SequenceStep, 2> fine{kp::SequenceStep{1, K(4), K(4), LB(4)},
+                                               kp::SequenceStep{0, K(4), K(4), LB(4)}};
+    const auto reports = cache.step_batch(fine);  // positions 4..7: the budget of 4 is kept
+    REQUIRE(reports.size() == 2);
+    for (std::int64_t seq : {0, 1}) {
+      CHECK(cache.tokens(seq) == 8);
+      CHECK(cache.length(seq, 0, 0) == 4);
+    }
+    CHECK(reports[0].triggered);
+    CHECK(reports[0].evicted == 4);
+  };
+  kp::Cache<NaNAt, kp::admit::All, kp::evict::PerHead<>, Pool, kp::cpu_backend> cpu(
+      shape, Pool(8), kp::trimkv_evictor({.budget = 4, .buffer = 1}), NaNAt{9});
+  kp::Cache<NaNAt, kp::admit::All, kp::evict::PerHead<>, Pool, kp::cuda_backend> gpu(
+      shape, Pool(8), kp::trimkv_evictor({.budget = 4, .buffer = 1}), NaNAt{9});
+  check(cpu);
+  check(gpu);
 }
 
 TEST_CASE("Cache<cuda_backend>: errors as on the CPU, and a refused or aborted step changes nothing") {
