@@ -17,13 +17,11 @@ void put(std::vector<std::uint8_t>& out, const T* p, std::size_t n = 1) {
   out.insert(out.end(), b, b + n * sizeof(T));
 }
 
-// What the API shows of a cache whose pool the test cannot read (Cache<cuda_backend>): the free
-// pages and, per sequence, its counts and every head's entries as head_contents() reads them back.
-template <class C>
-std::vector<std::uint8_t> observable_snapshot(const C& cache, const std::vector<std::int64_t>& seqs) {
-  std::vector<std::uint8_t> out;
-  const std::int64_t free = cache.pages_free();
-  put(out, &free);
+// Per sequence: whether it exists, its token and prompt counts, then each of its heads as
+// put_head(seq, layer, head) writes it.
+template <class C, class PutHead>
+void put_sequences(std::vector<std::uint8_t>& out, const C& cache, const std::vector<std::int64_t>& seqs,
+                   PutHead put_head) {
   const auto& s = cache.shape();
   for (auto seq : seqs) {
     const bool has = cache.has_sequence(seq);
@@ -33,15 +31,25 @@ std::vector<std::uint8_t> observable_snapshot(const C& cache, const std::vector<
     put(out, &n);
     put(out, &prompt);
     for (int l = 0; l < s.layers; ++l)
-      for (int h = 0; h < s.kv_heads; ++h) {
-        const auto head = cache.head_contents(seq, l, h);
-        const std::size_t length = head.meta.size();
-        put(out, &length);
-        put(out, head.meta.data(), length);
-        put(out, head.keys.data(), head.keys.size());
-        put(out, head.values.data(), head.values.size());
-      }
+      for (int h = 0; h < s.kv_heads; ++h) put_head(seq, l, h);
   }
+}
+
+// What the API shows of a cache whose pool the test cannot read (Cache<cuda_backend>): the free
+// pages and, per sequence, its counts and every head's entries as head_contents() reads them back.
+template <class C>
+std::vector<std::uint8_t> observable_snapshot(const C& cache, const std::vector<std::int64_t>& seqs) {
+  std::vector<std::uint8_t> out;
+  const std::int64_t free = cache.pages_free();
+  put(out, &free);
+  put_sequences(out, cache, seqs, [&](std::int64_t seq, int l, int h) {
+    const auto head = cache.head_contents(seq, l, h);
+    const std::size_t length = head.meta.size();
+    put(out, &length);
+    put(out, head.meta.data(), length);
+    put(out, head.keys.data(), head.keys.size());
+    put(out, head.values.data(), head.values.size());
+  });
   return out;
 }
 
@@ -59,22 +67,12 @@ std::vector<std::uint8_t> pool_snapshot(const C& cache, const std::vector<std::i
   };
   if (whole_pool)
     for (std::int64_t slot = 0; slot < pool.slots(); ++slot) put_slot(slot);
-  const auto& s = cache.shape();
-  for (auto seq : seqs) {
-    const bool has = cache.has_sequence(seq);
-    put(out, &has);
-    if (!has) continue;
-    const std::int64_t n = cache.tokens(seq), prompt = cache.prompt_tokens(seq);
-    put(out, &n);
-    put(out, &prompt);
-    for (int l = 0; l < s.layers; ++l)
-      for (int h = 0; h < s.kv_heads; ++h) {
-        const auto head = alloc.layout(seq, l, h);
-        put(out, &head.length);
-        put(out, head.block_table.data(), head.block_table.size());
-        for (std::int64_t i = 0; i < head.length; ++i) put_slot(head.slot(i));
-      }
-  }
+  put_sequences(out, cache, seqs, [&](std::int64_t seq, int l, int h) {
+    const auto head = alloc.layout(seq, l, h);
+    put(out, &head.length);
+    put(out, head.block_table.data(), head.block_table.size());
+    for (std::int64_t i = 0; i < head.length; ++i) put_slot(head.slot(i));
+  });
   return out;
 }
 
