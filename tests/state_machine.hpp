@@ -229,7 +229,7 @@ void expect_equal(const C& cache, const Model& m) {
         std::vector<Entry> got;
         const auto d = static_cast<std::size_t>(sh.head_dim);
         for (std::size_t i = 0; i < head.meta.size(); ++i)
-          got.push_back({head.meta[i].position, head.meta[i].log_beta,
+          got.push_back({head.meta[i].position, head.meta[i].write_score,
                          std::vector<float>(head.keys.begin() + i * d, head.keys.begin() + (i + 1) * d),
                          std::vector<float>(head.values.begin() + i * d, head.values.begin() + (i + 1) * d)});
         auto by_pos = [](const Entry& a, const Entry& b) { return a.position < b.position; };

@@ -297,7 +297,7 @@ TEST_CASE("values that are finite in fp32 but not in the storage dtype, non-fini
 namespace {
 // Drops every token whose log_beta is below -1 at write time (a stand-in for write-time admission).
 struct DropFastDecay {
-  Admission admit(EntryMeta m) const { return m.log_beta < -1.0f ? Admission::drop : Admission::keep; }
+  Admission admit(EntryMeta m) const { return m.write_score < -1.0f ? Admission::drop : Admission::keep; }
 };
 static_assert(Admitter<DropFastDecay>);
 }  // namespace
@@ -314,7 +314,7 @@ TEST_CASE("an admitter's dropped tokens are never stored, and kept ones keep the
   REQUIRE(cache.length(0, 0, 0) == 2);
   CHECK(cache.entry(0, 0, 0, 0).position == 0);
   CHECK(cache.entry(0, 0, 0, 1).position == 2);
-  CHECK(cache.entry(0, 0, 0, 1).log_beta == -0.1f);
+  CHECK(cache.entry(0, 0, 0, 1).write_score == -0.1f);
   CHECK_THROWS_WITH_AS(cache.entry(0, 0, 0, 2), doctest::Contains("index 2 out of range [0, 2)"), Error);
 }
 

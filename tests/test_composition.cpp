@@ -265,7 +265,7 @@ TEST_CASE("with a budget it never reaches, the composition keeps what WG-KV's ow
         REQUIRE(a.size() == b.size());
         for (std::size_t i = 0; i < a.size(); ++i) {
           REQUIRE(a[i].position == b[i].position);
-          REQUIRE(a[i].log_beta == b[i].gate);  // g: the frozen score there, the gate here
+          REQUIRE(a[i].write_score == b[i].gate);  // g: the frozen score there, the gate here
         }
       }
   }

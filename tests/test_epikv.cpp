@@ -404,8 +404,8 @@ TEST_CASE("set_step_scores refuses what it cannot do, names it, and changes noth
   CHECK(testing::snapshot(cache, {0}) == before);
   std::vector<float> late{7.0f, 8.0f, 9.0f, 10.0f};
   cache.set_step_scores(0, 0, View<const float, 2>(late.data(), {2, 2}));
-  CHECK(cache.entry(0, 0, 1, 1).log_beta == 10.0f);
-  CHECK(cache.entry(0, 0, 0, 0).log_beta == 7.0f);
+  CHECK(cache.entry(0, 0, 1, 1).write_score == 10.0f);
+  CHECK(cache.entry(0, 0, 0, 0).write_score == 7.0f);
   cache.append(0, 1, k, k, ok);
   cache.commit(0);
   CHECK_THROWS_WITH_AS(cache.set_step_scores(0, 0, ok), doctest::Contains("has not been appended in an open step"), Error);

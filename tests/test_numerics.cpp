@@ -30,7 +30,7 @@ struct NaNScorer {
   static constexpr bool needs_key_norm = false;
   void validate() const {}
   float operator()(EntryMeta m, StepContext c) const {
-    return m.log_beta == -0.125f ? std::nanf("") : score::RetentionDecay{}(m, c);
+    return m.write_score == -0.125f ? std::nanf("") : score::RetentionDecay{}(m, c);
   }
 };
 
@@ -225,7 +225,7 @@ namespace {
 struct ThrowingAdmitter {
   std::int32_t fail_at = 2;
   Admission admit(EntryMeta m) const {
-    if (m.position == fail_at && m.log_beta == -0.5f) throw std::runtime_error("admitter failed");
+    if (m.position == fail_at && m.write_score == -0.5f) throw std::runtime_error("admitter failed");
     return Admission::keep;
   }
 };

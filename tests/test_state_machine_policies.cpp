@@ -75,7 +75,7 @@ Coverage coverage;
 
 // ---- the policies ---------------------------------------------------------------------------------
 // Each: the cache type C; make() draws a configuration; meta() draws a value of the per-token
-// metadata float (log_beta, a frozen score or WG-KV's g) full of ties; bad_meta is a value append
+// write score (log_beta, a frozen score or WG-KV's g) full of ties; bad_meta is a value append
 // refuses besides NaN; `observes`: steps must attend (the policy ranks by attention); `gated`: the
 // Admitter reads append's gate, which is then required; `prompt`: add_sequence declares a prompt
 // length now and then.

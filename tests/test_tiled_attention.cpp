@@ -44,7 +44,7 @@ void oracle(const Head& h, std::vector<double>& out, std::vector<double>& mass) 
       double m = -INFINITY;
       for (std::int64_t j = 0; j < h.n; ++j) {
         const EntryMeta& e = h.meta[static_cast<std::size_t>(j)];
-        if (!h.mask.visible(e.position, h.mask.reads_gate ? e.gate : e.log_beta, h.q_pos[static_cast<std::size_t>(t)])) continue;
+        if (!h.mask.visible(e.position, h.mask.gate_of(e), h.q_pos[static_cast<std::size_t>(t)])) continue;
         double dot = 0;
         for (int c = 0; c < h.d; ++c) dot += double(q[c]) * h.k[static_cast<std::size_t>(j * h.d + c)];
         s[static_cast<std::size_t>(j)] = dot * scale;
@@ -86,19 +86,19 @@ void check_random_head(std::mt19937_64& rng, int trial) {
   if (ties)
     for (std::int64_t j = 3; j < h.n; ++j)
       std::copy_n(&k[static_cast<std::size_t>((j % 3) * h.d)], h.d, &k[static_cast<std::size_t>(j * h.d)]);
-  const int mask_kind = pick(rng) % 4;  // 0, 1: causal; 2: WG-KV's own (log_beta holds g); 3: a ring (gate)
+  const int mask_kind = pick(rng) % 4;  // 0, 1: causal; 2: WG-KV's own (write_score holds g); 3: a ring (gate)
   if (mask_kind >= 2) {
     const std::int64_t locals[] = {1, 3, 17, 80};
     h.mask.local = locals[pick(rng) % 4];
     h.mask.tau = 0.5f;
-    h.mask.reads_gate = mask_kind == 3;
+    h.mask.gate_field = mask_kind == 3 ? GateField::gate : GateField::write_score;
     h.mask.sinks = pick(rng) % 2 ? 2 : 0;
   }
   for (std::int64_t j = 0; j < h.n; ++j) {
     EntryMeta e{};
     e.position = pos[static_cast<std::size_t>(j)];
     const float g = (pick(rng) % 4) * 0.25f;  // 0.5 = tau: on the boundary, visible
-    (mask_kind == 3 ? e.gate : e.log_beta) = g;
+    (mask_kind == 3 ? e.gate : e.write_score) = g;
     h.meta.push_back(e);
   }
   h.q.resize(static_cast<std::size_t>(h.G * h.T * h.d));

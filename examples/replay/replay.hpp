@@ -126,7 +126,7 @@ inline std::vector<float> slice(const std::vector<float>& src, int L, int H, std
   return out;
 }
 
-// The metadata float of a step's entries [L, Hkv, len]: log_beta, or a policy's frozen score.
+// The write score (EntryMeta::write_score) of a step's entries [L, Hkv, len]: log_beta, or a policy's frozen score.
 // Called once per step, in order, with the step's first position and its keys/values [L, Hkv, len, d].
 using Metadata = std::function<void(std::int64_t n, std::int64_t len, const std::vector<float>& keys,
                                     const std::vector<float>& values, std::vector<float>& out)>;

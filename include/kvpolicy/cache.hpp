@@ -201,7 +201,7 @@ class Cache {
         const std::int64_t slot = head_layout.slot(j);
         const std::int64_t t = alloc_.pool().meta(slot).position - st.n;
         if (t < 0) break;
-        alloc_.pool().set_log_beta(slot, scores(h, t));
+        alloc_.pool().set_write_score(slot, scores(h, t));
       }
     }
   }

@@ -156,7 +156,7 @@ double run_case(const AttnCase& c, std::uint64_t seed, bool with_mass = false) {
   kc::BlockTableView t{dtable.get(), dlen.get(), segments, static_cast<std::int32_t>(max_pages)};
   kc::DecodeBatch a{dq.get(), dbase.get(), c.batch, q_heads, c.kv_heads, dout.get()};
   a.accumulate_mass = with_mass;
-  a.mask = c.mask;  // g is the metadata float (WG-KV's own cache)
+  a.mask = c.mask;  // g is the write score (WG-KV's own cache)
   a.query_position = masked ? dq_pos.get() : nullptr;
   std::size_t bytes = 0;
   kc::decode_attention(nullptr, bytes, kv, t, a, longest, nullptr);

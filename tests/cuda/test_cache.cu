@@ -107,7 +107,7 @@ void drive(Cpu& cpu, Gpu& gpu, const kp::CacheShape& s, std::uint64_t seed, doub
           REQUIRE_MESSAGE(x.size() == y.size(), "seed ", seed, " step ", step, " sequence ", id, " layer ", l, " head ", h);
           for (std::size_t i = 0; i < x.size(); ++i) {
             REQUIRE(x[i].position == y[i].position);
-            REQUIRE(std::memcmp(&x[i].log_beta, &y[i].log_beta, sizeof(float)) == 0);
+            REQUIRE(std::memcmp(&x[i].write_score, &y[i].write_score, sizeof(float)) == 0);
             REQUIRE(std::memcmp(&x[i].key_norm, &y[i].key_norm, sizeof(float)) == 0);  // 0 unless the scorer reads it
           }
         }

@@ -113,8 +113,8 @@ struct Twin {
         const std::int64_t slot = layout.slot(i);
         const auto& m = cpu.pool().meta(slot);
         REQUIRE_MESSAGE(pos[slot] == m.position, when, " step ", step, " segment ", s, " entry ", i);
-        REQUIRE_MESSAGE(std::memcmp(&lb[slot], &m.log_beta, sizeof(float)) == 0, when, " step ", step, " segment ", s,
-                        " entry ", i, ": log_beta on the device ", lb[slot], ", on the CPU ", m.log_beta);
+        REQUIRE_MESSAGE(std::memcmp(&lb[slot], &m.write_score, sizeof(float)) == 0, when, " step ", step, " segment ", s,
+                        " entry ", i, ": write_score on the device ", lb[slot], ", on the CPU ", m.write_score);
         if (with_mass) REQUIRE(std::memcmp(&am[slot], &m.attention_mass, sizeof(float)) == 0);
         REQUIRE(std::memcmp(&k[slot * d], cpu.pool().key(slot), sizeof(float) * d) == 0);
         REQUIRE(std::memcmp(&v[slot * d], cpu.pool().value(slot), sizeof(float) * d) == 0);
@@ -375,7 +375,7 @@ TEST_CASE("memory and eviction arguments are checked before any launch" * doctes
   kc::append(nullptr, bytes, kv, t, f, rows, nullptr, nullptr);  // a size query needs no device
   CHECK(bytes > 0);
   CHECK_THROWS_WITH(kc::append(reinterpret_cast<void*>(256), bytes, kv, t, f, rows, nullptr, nullptr),
-                    doctest::Contains("the K/V pool needs keys, values, position and meta"));
+                    doctest::Contains("the K/V pool needs keys, values, position and write_score"));
 
   const kp::CacheShape shape{2, 2, 2, 64};
   kp::evict::PerHead<> r;

@@ -105,8 +105,8 @@ void evictor_select(const E& e, const CacheShape& shape, StepContext c, const Se
     e.select(shape, scores, keep);
 }
 
-/// ---- what a Scorer reads besides log_beta and position (each optional, default false) ----------
-/// static_score: the entry's metadata float is a score handed in at write time (EpiKV, the KV
+/// ---- what a Scorer reads besides its write score and position (each optional, default false) ----------
+/// static_score: EntryMeta::write_score is a score handed in at write time (EpiKV, the KV
 ///   statistics, SPEC §4), any value but NaN, instead of a log_beta in [-inf, 0].
 /// needs_attention_mass: ranks by EntryMeta::attention_mass, which the Backend's attention must
 ///   accumulate (H2O, SPEC §5).

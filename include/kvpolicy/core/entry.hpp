@@ -7,16 +7,26 @@
 
 namespace kvpolicy {
 
-/// Written once when the token is appended (SPEC §1 "Each entry stores its position p and
-/// log_beta"). log_beta holds the static score instead for scorers that read one (EpiKV and the KV
-/// statistics, SPEC §4). key_norm = ||k||_2 of the stored (post-RoPE) key, for KNorm scores.
-/// attention_mass is the one field that changes: the attention mass the key has received from every
-/// query so far, accumulated by the attention when the Scorer asks for it (H2O, SPEC §5), else 0.
-/// gate is WG-KV's write gate g in [0, 1] (SPEC §3) when the engine hands one to append beside
-/// log_beta (an Admitter that decides by it, admit::WriteGate); 1 when it does not.
+/// What one cache entry carries besides its K/V. Every field but attention_mass is written once,
+/// when the token is appended:
+/// - position: the token's position p in its sequence.
+/// - write_score: the scalar append was handed with the token (its `log_beta` argument), which the
+///   Scorer interprets: log beta for the retention scorers (SPEC §1 "Each entry stores its position
+///   p and log_beta"); the static score for a Scorer that declares static_score (EpiKV and the KV
+///   statistics, SPEC §4: handed to append, or set before commit by
+///   set_step_scores); g in WG-KV's own cache, where the score is the
+///   write gate (SPEC §3, score::Frozen under evict::WriteGated).
+/// - key_norm: ||k||_2 of the stored (post-RoPE) key, for a Scorer that declares needs_key_norm
+///   (KNorm, SPEC §1 and §5), else 0.
+/// - attention_mass: the one field that changes, the attention mass the key has received from every
+///   query so far, accumulated by the attention for a Scorer that declares needs_attention_mass
+///   (H2O, SPEC §5), else 0.
+/// - gate: WG-KV's write gate g in [0, 1] (SPEC §3) when append is handed one beside the write
+///   score (an Admitter that decides by it, admit::WriteGate); 1 when it is not.
+/// Which float holds g for the vertical-slash mask the mask itself names (AttentionMask::gate_field).
 struct EntryMeta {
   std::int32_t position = 0;
-  float log_beta = 0.0f;
+  float write_score = 0.0f;
   float key_norm = 0.0f;
   float attention_mass = 0.0f;
   float gate = 1.0f;

@@ -87,7 +87,7 @@ void attend_paged(const memory::EntryPool<Storage>& pool, const memory::HeadLayo
         for (std::int64_t c = 0; c < d; ++c) vf[j * d + c] = to_float(v[c]);
       }
       kpos[j] = pool.meta(slot).position;
-      kgate[static_cast<std::size_t>(j)] = mask.reads_gate ? pool.meta(slot).gate : pool.meta(slot).log_beta;
+      kgate[static_cast<std::size_t>(j)] = mask.gate_of(pool.meta(slot));
     }
   };
   // s[j] = q . k_j * scale for the row's visible keys, kMasked for the others; returns the max.

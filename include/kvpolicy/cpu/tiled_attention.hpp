@@ -124,7 +124,7 @@ void attend_tiled(const memory::EntryPool<Storage>& pool, const memory::HeadLayo
       }
       const EntryMeta& meta = pool.meta(slot);
       w.key_pos[static_cast<std::size_t>(j)] = meta.position;
-      w.key_gate[static_cast<std::size_t>(j)] = mask.reads_gate ? meta.gate : meta.log_beta;
+      w.key_gate[static_cast<std::size_t>(j)] = mask.gate_of(meta);
       lo = std::min(lo, meta.position);
       hi = std::max(hi, meta.position);
     }

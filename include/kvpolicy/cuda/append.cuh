@@ -22,7 +22,7 @@
 namespace kvpolicy::gpu {
 
 /// `tokens` new entries for each of `rows` segments (distinct): row r goes to segment[r];
-/// keys/values [rows, tokens, head_dim] in the pool's dtype, position/meta [rows, tokens].
+/// keys/values [rows, tokens, head_dim] in the pool's dtype, position/write_score [rows, tokens].
 template <class T>
 struct AppendRows {
   const std::int32_t* segment = nullptr;
@@ -31,7 +31,7 @@ struct AppendRows {
   const T* keys = nullptr;
   const T* values = nullptr;
   const std::int32_t* position = nullptr;
-  const float* meta = nullptr;
+  const float* write_score = nullptr;
   const float* key_norm = nullptr;  ///< [rows, tokens] ||k||, or null: computed from the stored key
 };
 
@@ -117,7 +117,7 @@ __global__ void write_entries_kernel(PagedKV<T> kv, BlockTableView t, AppendRows
       kv.key_norm[slot] = static_cast<float>(sqrt(sq));
     }
     kv.position[slot] = a.position[r * a.tokens + tok];
-    kv.meta[slot] = a.meta[r * a.tokens + tok];
+    kv.write_score[slot] = a.write_score[r * a.tokens + tok];
     if (kv.attention_mass) kv.attention_mass[slot] = 0.0f;
   }
 }
@@ -148,8 +148,8 @@ void append(void* workspace, std::size_t& workspace_bytes, const PagedKV<T>& kv,
   free.validate(who);
   require(status != nullptr, who, ": status must be a device pointer");
   if (a.rows == 0 || a.tokens == 0) return;
-  require(a.segment && a.keys && a.values && a.position && a.meta, who,
-          ": segment, keys, values, position and meta must be device pointers");
+  require(a.segment && a.keys && a.values && a.position && a.write_score, who,
+          ": segment, keys, values, position and write_score must be device pointers");
   WorkspaceLayout layout;
   std::int32_t* first = layout.take<std::int32_t>(workspace, a.rows);
   std::int32_t* ok = layout.take<std::int32_t>(workspace, 1);

@@ -38,7 +38,8 @@ namespace kvpolicy::gpu {
 /// query_position[b] (causal, SPEC §6): the rows of a prefill chunk are a batch of such queries
 /// over the same segments, each at its own position. Without it, a query sees every entry.
 /// With mask.local > 0 (WG-KV, SPEC §3) a key is visible only under the vertical-slash rule
-/// (core/mask.hpp), its g read from the pool's meta; it needs query_position.
+/// (core/mask.hpp), its g read from the pool's write_score (GateField::write_score); it needs
+/// query_position.
 /// With accumulate_mass (H2O, SPEC §5, the twin of cpu::attend_paged's key_mass) every visible
 /// entry's kv.attention_mass[slot] grows by the probability it received, summed over the G query
 /// heads of its group; a query head that sees no entry adds nothing, nor does a probability that is
@@ -148,7 +149,7 @@ __device__ __forceinline__ std::int64_t fetch_entry(const PagedKV<T>& kv, const 
   std::int64_t slot = -1;
   if (e < end) {
     slot = t.slot(seg, e, PAGE_SIZE);
-    if (a.query_position != nullptr && !a.mask.visible(kv.position[slot], kv.meta[slot], q_pos)) slot = -1;
+    if (a.query_position != nullptr && !a.mask.visible(kv.position[slot], kv.write_score[slot], q_pos)) slot = -1;
   }
   if (slot >= 0) {
     load_row<T, ELEMS>(kv.keys + slot * HEAD_DIM + sub_lane * ELEMS, k);
@@ -428,8 +429,9 @@ void decode_attention(void* workspace, std::size_t& workspace_bytes, const Paged
   require(reinterpret_cast<std::uintptr_t>(kv.keys) % 16 == 0 && reinterpret_cast<std::uintptr_t>(kv.values) % 16 == 0,
           who, ": keys and values must be 16-byte aligned (the kernel reads rows in 16-byte loads)");
   require(a.mask.local == 0 || a.query_position, who, ": a masked batch needs query_position");
-  require(!a.mask.reads_gate, who, ": the device mask reads g from the pool's meta (WG-KV's own cache); "
-          "a mask that reads EntryMeta::gate has no device twin");
+  require(a.mask.gate_field == GateField::write_score, who,
+          ": the device mask reads g from the pool's write_score (WG-KV's own cache); a mask that reads "
+          "EntryMeta::gate has no device twin");
   const detail::DecodePlan p = detail::plan_decode(a, max_length, kv.page_size, sm_count);
   WorkspaceLayout layout;
   const std::int64_t rows = std::int64_t{a.batch} * a.q_heads * p.splits;

@@ -207,11 +207,11 @@ class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
     mem_.upload(stage_keys_.get(), k.data(), k.size());
     mem_.upload(stage_values_.get(), v.data(), v.size());
     mem_.upload(stage_position_.get(), pos.data(), pos.size());
-    mem_.upload(stage_meta_.get(), log_beta.data, pos.size());
+    mem_.upload(stage_write_score_.get(), log_beta.data, pos.size());
     mem_.upload(rows_.get(), rows.data(), rows.size());
     if (st.pending == 0) st.first = mem_.lengths(st.slot);  // where this step's entries begin, for abort_step
     gpu::AppendRows<device_type> a{rows_.get(), shape_.kv_heads, static_cast<std::int32_t>(T), stage_keys_.get(),
-                                    stage_values_.get(), stage_position_.get(), stage_meta_.get()};
+                                    stage_values_.get(), stage_position_.get(), stage_write_score_.get()};
     if constexpr (S::needs_key_norm) {  // ||k|| of the fp32 key as handed in, as the CPU cache stores it
       std::vector<float> norm(pos.size());
       for (std::int64_t h = 0; h < shape_.kv_heads; ++h)
@@ -366,7 +366,7 @@ class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
     }
     if (stage_position_.size() < entries) {
       stage_position_ = DeviceArray<std::int32_t>(entries);
-      stage_meta_ = DeviceArray<float>(entries);
+      stage_write_score_ = DeviceArray<float>(entries);
       if (S::needs_key_norm) stage_norm_ = DeviceArray<float>(entries);
     }
   }
@@ -550,7 +550,7 @@ class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
   // the host-view API's scratch: staged inputs, queries, the eviction's batch, the kernels' workspace
   DeviceArray<device_type> stage_keys_, stage_values_;
   DeviceArray<std::int32_t> rows_, base_, query_position_, stage_position_, gather_tables_, gather_length_;
-  DeviceArray<float> queries_, out_, stage_meta_, stage_norm_;
+  DeviceArray<float> queries_, out_, stage_write_score_, stage_norm_;
   int sm_count_ = 0;
   DeviceArray<std::int64_t> evicted_;
   DeviceArray<StepContext> context_;

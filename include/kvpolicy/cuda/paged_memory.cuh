@@ -62,7 +62,7 @@ class PagedMemory {
     keys_ = DeviceArray<device_type>(slots * d);
     values_ = DeviceArray<device_type>(slots * d);
     position_ = DeviceArray<std::int32_t>(slots);
-    meta_ = DeviceArray<float>(slots);
+    write_score_ = DeviceArray<float>(slots);
     if (with_key_norm) key_norm_ = DeviceArray<float>(slots);
     free_pages_ = DeviceArray<std::int32_t>(pages_);
     free_count_ = DeviceArray<std::int32_t>(1);
@@ -78,7 +78,7 @@ class PagedMemory {
 
   // ---- views -------------------------------------------------------------------------------------
   PagedKV<device_type> kv() const {
-    return {keys_.get(), values_.get(), position_.get(), meta_.get(), key_norm_.get(), nullptr, pages_, P,
+    return {keys_.get(), values_.get(), position_.get(), write_score_.get(), key_norm_.get(), nullptr, pages_, P,
             shape_.head_dim};
   }
   /// Every slot's block tables.
@@ -176,19 +176,19 @@ class PagedMemory {
     c.keys.resize(len * d);
     c.values.resize(len * d);
     std::vector<std::int32_t> position(P);
-    std::vector<float> log_beta(P), norm(P, 0.0f);
+    std::vector<float> score(P), norm(P, 0.0f);
     std::vector<device_type> k(P * d), v(P * d);
     for (std::size_t page = 0; page < pages.size(); ++page) {
       const std::size_t first = std::size_t(pages[page]) * P, used = std::min<std::size_t>(P, len - page * P);
       download(position.data(), position_.get() + first, used);
-      download(log_beta.data(), meta_.get() + first, used);
+      download(score.data(), write_score_.get() + first, used);
       if (key_norm_.get() != nullptr) download(norm.data(), key_norm_.get() + first, used);
       download(k.data(), keys_.get() + first * d, used * d);
       download(v.data(), values_.get() + first * d, used * d);
       for (std::size_t j = 0; j < used; ++j) {
         const std::size_t i = page * P + j;
         c.meta[i].position = position[j];
-        c.meta[i].log_beta = log_beta[j];
+        c.meta[i].write_score = score[j];
         c.meta[i].key_norm = norm[j];
         for (std::size_t e = 0; e < d; ++e) {
           Storage ks, vs;
@@ -207,7 +207,7 @@ class PagedMemory {
     const std::int64_t slot = std::int64_t{page} * P + i % P;
     EntryMeta m;
     m.position = download_one(position_.get() + slot);
-    m.log_beta = download_one(meta_.get() + slot);
+    m.write_score = download_one(write_score_.get() + slot);
     if (key_norm_.get() != nullptr) m.key_norm = download_one(key_norm_.get() + slot);
     return m;
   }
@@ -273,7 +273,7 @@ class PagedMemory {
   std::int32_t slot_capacity_ = 0;
   DeviceArray<device_type> keys_, values_;
   DeviceArray<std::int32_t> position_, free_pages_, free_count_, tables_, tables_length_;
-  DeviceArray<float> meta_, key_norm_;
+  DeviceArray<float> write_score_, key_norm_;
   DeviceArray<Status> status_;
   std::vector<std::int32_t> free_slots_;
 };

@@ -82,7 +82,7 @@ void score_segments(const Scorer& scorer, const EntryMetaView& meta, const Block
   require(page_size >= 1, who, ": page_size = ", page_size, " must be >= 1");
   require(segments_per_sequence >= 1 && t.segments % segments_per_sequence == 0, who,
           ": segments_per_sequence = ", segments_per_sequence, " must divide segments = ", t.segments);
-  require(context && offsets && score && position && meta.position && meta.meta, who,
+  require(context && offsets && score && position && meta.position && meta.write_score, who,
           ": context, offsets, score, position and the metadata must be device pointers");
   if (Scorer::needs_key_norm) require(meta.key_norm != nullptr, who, ": this Scorer reads key_norm; the pool has none");
   if constexpr (scorer_needs_attention_mass<Scorer>)

@@ -6,7 +6,7 @@
 /// Layout, the CPU path's (memory/paged.hpp) on the device:
 ///   keys, values   [pages, page_size, head_dim], storage dtype T (float, __half, __nv_bfloat16)
 ///   position       [pages * page_size] int32        — EntryMeta::position
-///   meta           [pages * page_size] fp32         — log_beta, or the policy's static score
+///   write_score    [pages * page_size] fp32         — EntryMeta::write_score (log_beta, or a static score)
 ///   key_norm       [pages * page_size] fp32, or null — ||k||_2 for the KNorm scores
 ///   attention_mass [pages * page_size] fp32, or null — H2O's accumulated mass
 ///   slot of entry i of a head = table[i / page_size] * page_size + i % page_size
@@ -28,14 +28,14 @@ namespace kvpolicy::gpu {
 /// The per-entry metadata of a pool, without its K/V: what scoring and selection read.
 struct EntryMetaView {
   std::int32_t* position = nullptr;
-  float* meta = nullptr;
+  float* write_score = nullptr;
   float* key_norm = nullptr;
   float* attention_mass = nullptr;
 
   KVPOLICY_HD EntryMeta entry(std::int64_t slot) const {
     EntryMeta m;
     m.position = position[slot];
-    m.log_beta = meta[slot];
+    m.write_score = write_score[slot];
     m.key_norm = key_norm ? key_norm[slot] : 0.0f;
     m.attention_mass = attention_mass ? attention_mass[slot] : 0.0f;
     return m;
@@ -47,7 +47,7 @@ struct PagedKV {
   T* keys = nullptr;
   T* values = nullptr;
   std::int32_t* position = nullptr;
-  float* meta = nullptr;
+  float* write_score = nullptr;
   float* key_norm = nullptr;
   float* attention_mass = nullptr;
   std::int32_t pages = 0;
@@ -55,10 +55,11 @@ struct PagedKV {
   std::int32_t head_dim = 0;
 
   KVPOLICY_HD std::int64_t slots() const { return std::int64_t{pages} * page_size; }
-  KVPOLICY_HD EntryMetaView metadata() const { return {position, meta, key_norm, attention_mass}; }
+  KVPOLICY_HD EntryMetaView metadata() const { return {position, write_score, key_norm, attention_mass}; }
 
   void validate(const char* who) const {
-    require(keys && values && position && meta, who, ": the K/V pool needs keys, values, position and meta");
+    require(keys && values && position && write_score, who,
+            ": the K/V pool needs keys, values, position and write_score");
     require(pages >= 1, who, ": pages = ", pages, " must be >= 1");
     require(page_size >= 1, who, ": page_size = ", page_size, " must be >= 1");
     require(head_dim >= 1, who, ": head_dim = ", head_dim, " must be >= 1");

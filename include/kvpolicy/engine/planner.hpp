@@ -95,7 +95,7 @@ class EvictionPlanner {
           if (!std::isnan(score[b + j])) continue;
           const EntryMeta& m = meta_of(j);
           fail("Cache::commit: the scorer returned NaN for sequence ", seq, " layer ", l, " head ", h, " position ",
-               m.position, " (log_beta ", m.log_beta, ", key norm ", m.key_norm, ", attention mass ", m.attention_mass,
+               m.position, " (write score ", m.write_score, ", key norm ", m.key_norm, ", attention mass ", m.attention_mass,
                ", n = ", ctx.n, "); a NaN score never enters a ranking");
         }
       }

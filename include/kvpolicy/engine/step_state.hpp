@@ -64,8 +64,8 @@ inline StepContext step_context(std::int64_t n_before, std::int64_t pending, std
   return {n, n, false};
 }
 
-/// The metadata float of each appended token: a frozen score (finite or -inf, SPEC §4) for a
-/// static-score Scorer, else log_beta in [-inf, 0] (SPEC, Notation). NaN never enters.
+/// The write score of each appended token (EntryMeta::write_score): a frozen score (finite or -inf,
+/// SPEC §4) for a static-score Scorer, else log_beta in [-inf, 0] (SPEC, Notation). NaN never enters.
 template <class S>
 void check_log_beta(int layer, std::int64_t first_position, View<const float, 2> log_beta,
                     const char* who = "Cache::append") {

@@ -84,8 +84,8 @@ class EntryPool {
   void add_attention_mass(std::int64_t slot, float mass) { meta_[static_cast<std::size_t>(slot)].attention_mass += mass; }
   /// Puts back the mass a step taken back had added.
   void set_attention_mass(std::int64_t slot, float mass) { meta_[static_cast<std::size_t>(slot)].attention_mass = mass; }
-  /// A static score set after append (Cache::set_step_scores, SPEC §4), in the log_beta field.
-  void set_log_beta(std::int64_t slot, float log_beta) { meta_[static_cast<std::size_t>(slot)].log_beta = log_beta; }
+  /// A static score set after append (Cache::set_step_scores, SPEC §4).
+  void set_write_score(std::int64_t slot, float score) { meta_[static_cast<std::size_t>(slot)].write_score = score; }
 
   /// Stores one entry, converting K/V from fp32 to the storage dtype.
   void write(std::int64_t slot, const float* k, const float* v, const EntryMeta& m) {

@@ -35,7 +35,7 @@ struct WriteGate {
     require(std::isfinite(tau) && tau > 0.0 && tau <= 1.0, "admit::WriteGate: tau = ", tau, " must be in (0, 1]");
   }
   std::int64_t ring() const { return local; }
-  AttentionMask attention_mask() const { return {local, static_cast<float>(tau), true}; }
+  AttentionMask attention_mask() const { return {local, static_cast<float>(tau), GateField::gate}; }
   KVPOLICY_HD Admission admit(EntryMeta m) const {
     return m.gate >= static_cast<float>(tau) ? Admission::keep : Admission::local;
   }

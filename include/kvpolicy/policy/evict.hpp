@@ -390,7 +390,7 @@ struct WriteGated {
   double tau = 0.1;          // admission threshold
   std::int64_t sinks = 0;    // S oldest entries (positions 0..S-1: every token enters the ring) kept
 
-  AttentionMask attention_mask() const { return {local, static_cast<float>(tau), false, sinks}; }
+  AttentionMask attention_mask() const { return {local, static_cast<float>(tau), GateField::write_score, sinks}; }
 
   void validate(const CacheShape& shape) const {
     shape.validate();
@@ -435,7 +435,7 @@ struct WriteGatedBudget {
   double fraction = 0.1;
   std::int64_t sinks = 0;           // S oldest entries kept (SPEC §5)
 
-  AttentionMask attention_mask() const { return {local, static_cast<float>(tau), false, sinks}; }
+  AttentionMask attention_mask() const { return {local, static_cast<float>(tau), GateField::write_score, sinks}; }
 
   void validate(const CacheShape& shape) const {
     WriteGated{local, tau, sinks}.validate(shape);

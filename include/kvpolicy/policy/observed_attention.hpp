@@ -141,7 +141,7 @@ struct ObservedAttention {
 };
 
 /// WG-KV's admission with a hard budget (SPEC §3, appendix K as the authors' code runs it): the
-/// entry's metadata float is its write-gate value g. The head holds its W_local newest entries (the
+/// entry's write_score is its write-gate value g. The head holds its W_local newest entries (the
 /// ring, scored 0: the evictor protects them) and, older, its global cache: the entries with
 /// g >= tau and the S oldest (sinks, SPEC §5); an older entry with neither scores -inf (a ring would
 /// have dropped it already). While the sequence holds at most budget_entries entries, every global
@@ -151,7 +151,7 @@ struct ObservedAttention {
 /// of softmax(q k^T / sqrt(d))_j), softmax and pooling along the global positions. In double, then fp32.
 struct GatedObservedAttention {
   static constexpr bool needs_key_norm = false;
-  static constexpr bool static_score = true;  // the metadata float is g, in [0, 1]
+  static constexpr bool static_score = true;  // write_score is g, in [0, 1]
   double tau = 0.1;
   std::int64_t local = 256;               ///< W_local
   std::int64_t budget_entries = 0;        ///< L * Hkv * M_avg; 0 = no budget
@@ -177,7 +177,7 @@ struct GatedObservedAttention {
       const std::int64_t j = order[static_cast<std::size_t>(i)];
       if (N - i <= local)
         out[static_cast<std::size_t>(j)] = 0.0f;  // the ring
-      else if (meta[j].log_beta >= static_cast<float>(tau) || i < sinks)
+      else if (meta[j].write_score >= static_cast<float>(tau) || i < sinks)
         global.push_back(j);
       else
         out[static_cast<std::size_t>(j)] = -std::numeric_limits<float>::infinity();

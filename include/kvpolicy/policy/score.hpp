@@ -20,11 +20,12 @@ KVPOLICY_HD float exponent(EntryMeta m, StepContext c) { return static_cast<floa
 /// (0 * e) and log_beta == -inf scoring -inf.
 KVPOLICY_HD float retention(float log_beta, float e) { return math::mul_rn(log_beta, e); }
 
-/// TRIM-KV, SPEC §1: score(p) = log_beta * (n + 1 - p).
+/// TRIM-KV, SPEC §1: score(p) = log_beta * (n + 1 - p). The retention scorers below read log_beta
+/// from EntryMeta::write_score (what append was handed as log_beta).
 struct RetentionDecay {
   static constexpr bool needs_key_norm = false;
   void validate() const {}
-  KVPOLICY_HD float operator()(EntryMeta m, StepContext c) const { return retention(m.log_beta, exponent(m, c)); }
+  KVPOLICY_HD float operator()(EntryMeta m, StepContext c) const { return retention(m.write_score, exponent(m, c)); }
 };
 
 /// DBTrimKV lookahead, SPEC §2 Eq. 9: log G = e*log_beta + log(expm1(h*log_beta)/expm1(log_beta)).
@@ -34,7 +35,7 @@ struct Lookahead {
   int horizon = 2;
   void validate() const { require(horizon >= 1, "Lookahead: horizon h = ", horizon, " must be >= 1"); }
   KVPOLICY_HD float operator()(EntryMeta m, StepContext c) const {
-    return math::add_rn(retention(m.log_beta, exponent(m, c)), math::lookahead_log_ratio(m.log_beta, horizon));
+    return math::add_rn(retention(m.write_score, exponent(m, c)), math::lookahead_log_ratio(m.write_score, horizon));
   }
 };
 
@@ -43,18 +44,17 @@ struct KNormRetention {
   static constexpr bool needs_key_norm = true;
   void validate() const {}
   KVPOLICY_HD float operator()(EntryMeta m, StepContext c) const {
-    return math::add_rn(retention(m.log_beta, exponent(m, c)), math::log_via_double(fmaxf(m.key_norm, 1e-12f)));
+    return math::add_rn(retention(m.write_score, exponent(m, c)), math::log_via_double(fmaxf(m.key_norm, 1e-12f)));
   }
 };
 
 /// A score handed in at write time and frozen (SPEC §4: "computed once when the token is produced,
-/// then frozen"): EpiKV, HS-var and the KV statistics. The entry's metadata float carries it in place
-/// of log_beta; higher = keep.
+/// then frozen"): EpiKV, HS-var and the KV statistics. EntryMeta::write_score holds it; higher = keep.
 struct Frozen {
   static constexpr bool needs_key_norm = false;
   static constexpr bool static_score = true;
   void validate() const {}
-  KVPOLICY_HD float operator()(EntryMeta m, StepContext) const { return m.log_beta; }
+  KVPOLICY_HD float operator()(EntryMeta m, StepContext) const { return m.write_score; }
 };
 
 static_assert(Scorer<RetentionDecay>, "RetentionDecay must model kvpolicy::Scorer");
