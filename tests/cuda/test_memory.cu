@@ -113,8 +113,9 @@ struct Twin {
         const std::int64_t slot = layout.slot(i);
         const auto& m = cpu.pool().meta(slot);
         REQUIRE_MESSAGE(pos[slot] == m.position, when, " step ", step, " segment ", s, " entry ", i);
-        REQUIRE_MESSAGE(std::memcmp(&lb[slot], &m.write_score, sizeof(float)) == 0, when, " step ", step, " segment ", s,
-                        " entry ", i, ": write_score on the device ", lb[slot], ", on the CPU ", m.write_score);
+        REQUIRE_MESSAGE(std::memcmp(&lb[slot], &m.write_score, sizeof(float)) == 0, when, " step ", step,
+                        " segment ", s, " entry ", i, ": write_score on the device ", lb[slot], ", on the CPU ",
+                        m.write_score);
         if (with_mass) REQUIRE(std::memcmp(&am[slot], &m.attention_mass, sizeof(float)) == 0);
         REQUIRE(std::memcmp(&k[slot * d], cpu.pool().key(slot), sizeof(float) * d) == 0);
         REQUIRE(std::memcmp(&v[slot * d], cpu.pool().value(slot), sizeof(float) * d) == 0);

@@ -95,8 +95,8 @@ class EvictionPlanner {
           if (!std::isnan(score[b + j])) continue;
           const EntryMeta& m = meta_of(j);
           fail("Cache::commit: the scorer returned NaN for sequence ", seq, " layer ", l, " head ", h, " position ",
-               m.position, " (write score ", m.write_score, ", key norm ", m.key_norm, ", attention mass ", m.attention_mass,
-               ", n = ", ctx.n, "); a NaN score never enters a ranking");
+               m.position, " (write score ", m.write_score, ", key norm ", m.key_norm, ", attention mass ",
+               m.attention_mass, ", n = ", ctx.n, "); a NaN score never enters a ranking");
         }
       }
     std::vector<std::uint8_t> keep(score.size(), 1);
