@@ -100,46 +100,23 @@ std::int64_t eviction_length_hint(const E& evictor) {
   }
 }
 
-/// One eviction step over every sequence slot of the tables (segments = slots * L * Hkv): the
-/// heads the Evictor's rule triggers for (its fires() over groups of group_heads(shape) heads) are
-/// scored by `scorer` at their sequence's context (context[slot]), their survivors selected as the
-/// Evictor's head_selection() / pool_selection() states, and compacted; emptied pages return to the
-/// free list. evicted (optional, device, [segments]) receives each head's evicted count. A NaN score
-/// (only a user-defined Scorer makes one) is never ranked: the step then changes nothing and reports
-/// Status::nan_score in *status (optional, device). Two-phase: with workspace == nullptr sets
-/// workspace_bytes (it grows with the pool's slots) and returns.
+namespace detail {
+
+/// The plan of an eviction step (llama.cpp's prepare, before its apply): the Evictor's trigger over
+/// its groups of heads, the active heads' scores at their sequence's context, and their survivors as
+/// the Evictor's head_selection() / pool_selection() states. It writes only the workspace w (active
+/// heads, offsets, scores, the keep mask, and the NaN flag, with Status::nan_score in *status when
+/// a score is NaN); the pool, the block tables and the free list are as they were.
 template <class Scorer, class Evictor, class T>
-  requires evict::StatedEvictor<Evictor>
-void evict_step(void* workspace, std::size_t& workspace_bytes, const Scorer& scorer, const Evictor& evictor,
-                const CacheShape& shape, const PagedKV<T>& kv, const BlockTableView& t, FreeList free,
-                const StepContext* context, std::int64_t* evicted, Status* status, cudaStream_t stream) {
-  constexpr const char* who = "gpu::evict_step";
-  evictor.validate(shape);
-  kv.validate(who);
-  t.validate(who);
-  // what the Scorer reads must be in the pool (else every score would read 0: a silent recency)
-  if (Scorer::needs_key_norm) require(kv.key_norm != nullptr, who, ": this Scorer reads key_norm; the pool has none");
-  if constexpr (scorer_needs_attention_mass<Scorer>)
-    require(kv.attention_mass != nullptr, who, ": this Scorer ranks by attention_mass (H2O); the pool has none");
+void plan_eviction(const EvictWork& w, const Scorer& scorer, const Evictor& evictor, const CacheShape& shape,
+                   const PagedKV<T>& kv, const BlockTableView& t, const StepContext* context, std::int32_t per_group,
+                   Status* status, cudaStream_t stream) {
   const auto per_sequence = static_cast<std::int32_t>(shape.heads_total());
-  require(t.segments % per_sequence == 0, who, ": segments = ", t.segments, " is not a multiple of L x Hkv = ",
-          per_sequence);
-  const std::int64_t group = evictor.group_heads(shape);
-  require(group >= 1 && per_sequence % group == 0, who, ": the Evictor's group_heads = ", group,
-          " must divide L x Hkv = ", per_sequence, " (heads trigger together within one sequence)");
-  const auto per_group = static_cast<std::int32_t>(group);
-  WorkspaceLayout layout;
-  detail::carve_evict(layout, nullptr, per_group, kv, t);
-  if (size_query(workspace, workspace_bytes, layout.bytes(), who)) return;
-  free.validate(who);
-  require(context != nullptr, who, ": context must be a device pointer");
-  WorkspaceLayout carve;
-  const detail::EvictWork w = detail::carve_evict(carve, workspace, per_group, kv, t);
   const std::int32_t groups = t.segments / per_group;
   const std::int64_t max_length = eviction_length_hint(evictor);
   KVPOLICY_CUDA_CHECK(cudaMemsetAsync(w.failed, 0, sizeof(int), stream), "gpu::evict_step: clearing its NaN flag");
 
-  detail::trigger_kernel<Evictor><<<static_cast<unsigned>(groups), detail::SelectTuning::threads, 0, stream>>>(
+  trigger_kernel<Evictor><<<static_cast<unsigned>(groups), SelectTuning::threads, 0, stream>>>(
       t, evictor, per_group, per_sequence, context, w.group_active, w.active);
   check_launch("trigger_kernel", "segments = ", t.segments, ", groups = ", groups);
   segment_offsets(t, w.active, w.offsets, stream);
@@ -175,8 +152,57 @@ void evict_step(void* workspace, std::size_t& workspace_bytes, const Scorer& sco
     std::size_t bytes = w.pooled_bytes;
     pooled_select(w.pooled, bytes, s, pr, w.keep, max_length, stream);
   }
+}
+
+/// The apply of a planned step, the one launch that changes memory: the active heads compacted to
+/// the entries w.keep marks, emptied pages back to the free list, each head's evicted count in
+/// evicted (optional). It changes nothing when the plan met a NaN score (w.failed, read on the device).
+template <class T>
+void apply_eviction(const EvictWork& w, const PagedKV<T>& kv, const BlockTableView& t, FreeList free,
+                    std::int64_t* evicted, cudaStream_t stream) {
   std::size_t bytes = w.compact_bytes;
   compact(w.compact, bytes, kv, t, w.offsets, w.keep, w.active, free, evicted, kv.slots(), stream, w.failed);
+}
+
+}  // namespace detail
+
+/// One eviction step over every sequence slot of the tables (segments = slots * L * Hkv): the
+/// heads the Evictor's rule triggers for (its fires() over groups of group_heads(shape) heads) are
+/// scored by `scorer` at their sequence's context (context[slot]), their survivors selected as the
+/// Evictor's head_selection() / pool_selection() states, and compacted; emptied pages return to the
+/// free list. evicted (optional, device, [segments]) receives each head's evicted count. A NaN score
+/// (only a user-defined Scorer makes one) is never ranked: the step then changes nothing and reports
+/// Status::nan_score in *status (optional, device). Two-phase: with workspace == nullptr sets
+/// workspace_bytes (it grows with the pool's slots) and returns.
+template <class Scorer, class Evictor, class T>
+  requires evict::StatedEvictor<Evictor>
+void evict_step(void* workspace, std::size_t& workspace_bytes, const Scorer& scorer, const Evictor& evictor,
+                const CacheShape& shape, const PagedKV<T>& kv, const BlockTableView& t, FreeList free,
+                const StepContext* context, std::int64_t* evicted, Status* status, cudaStream_t stream) {
+  constexpr const char* who = "gpu::evict_step";
+  evictor.validate(shape);
+  kv.validate(who);
+  t.validate(who);
+  // what the Scorer reads must be in the pool (else every score would read 0: a silent recency)
+  if (Scorer::needs_key_norm) require(kv.key_norm != nullptr, who, ": this Scorer reads key_norm; the pool has none");
+  if constexpr (scorer_needs_attention_mass<Scorer>)
+    require(kv.attention_mass != nullptr, who, ": this Scorer ranks by attention_mass (H2O); the pool has none");
+  const auto per_sequence = static_cast<std::int32_t>(shape.heads_total());
+  require(t.segments % per_sequence == 0, who, ": segments = ", t.segments, " is not a multiple of L x Hkv = ",
+          per_sequence);
+  const std::int64_t group = evictor.group_heads(shape);
+  require(group >= 1 && per_sequence % group == 0, who, ": the Evictor's group_heads = ", group,
+          " must divide L x Hkv = ", per_sequence, " (heads trigger together within one sequence)");
+  const auto per_group = static_cast<std::int32_t>(group);
+  WorkspaceLayout layout;
+  detail::carve_evict(layout, nullptr, per_group, kv, t);
+  if (size_query(workspace, workspace_bytes, layout.bytes(), who)) return;
+  free.validate(who);
+  require(context != nullptr, who, ": context must be a device pointer");
+  WorkspaceLayout carve;
+  const detail::EvictWork w = detail::carve_evict(carve, workspace, per_group, kv, t);
+  detail::plan_eviction(w, scorer, evictor, shape, kv, t, context, per_group, status, stream);
+  detail::apply_eviction(w, kv, t, free, evicted, stream);
 }
 
 }  // namespace kvpolicy::gpu
