@@ -131,8 +131,7 @@ class Cache {
   HeadContents head_contents(std::int64_t seq, int layer, int head) const {
     state_of(seq);
     checks_.layer(layer, "head_contents");
-    require(head >= 0 && head < shape_.kv_heads, "Cache::head_contents: head ", head, " out of range [0, ",
-            shape_.kv_heads, ")");
+    checks_.head(head, "head_contents");
     const auto head_layout = alloc_.layout(seq, layer, head);
     const auto d = static_cast<std::size_t>(shape_.head_dim);
     HeadContents c;
@@ -227,14 +226,7 @@ class Cache {
   /// Closes the step: n += T, then the evictor's trigger and, if it fires, the eviction.
   EvictionReport commit(std::int64_t seq, std::vector<EvictedEntry>* evicted = nullptr) {
     SequenceState& st = state_of(seq);
-    require(st.pending > 0, "Cache::commit: sequence ", seq, " has no open step");
-    for (int l = 0; l < shape_.layers; ++l) {
-      require(st.appended[static_cast<std::size_t>(l)], "Cache::commit: layer ", l, " of sequence ", seq,
-              " was not appended in this step");
-      if constexpr (observes_attention)
-        require(st.attended[static_cast<std::size_t>(l)], "Cache::commit: layer ", l, " of sequence ", seq,
-                " was not attended in this step; this policy ranks by attention");
-    }
+    checks_.commit(seq, st, observes_attention);
     // Plan first (it may throw: a scorer that returns NaN), then change state: a commit that
     // throws leaves the step open and the cache as it was.
     const EvictionPlan plan = planner().plan(seq, st.context(), st.inputs);
@@ -320,7 +312,6 @@ class Cache {
   };
   using EvictionPlan = detail::EvictionPlan;
   detail::EvictionPlanner<S, A, E, Alloc> planner() const { return {shape_, alloc_, evictor_, scorer_, admitter_}; }
-
 
   void validate_step(const SequenceStep& s) const { checks_.step(s, state_of(s.seq), observes_attention); }
   void write_and_attend(const SequenceStep& s) {

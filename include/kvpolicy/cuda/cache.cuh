@@ -144,7 +144,7 @@ class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
   std::int64_t prompt_tokens(std::int64_t seq) const { return state_of(seq).prompt_tokens(); }
   std::int64_t length(std::int64_t seq, int layer, int head) const {
     checks_.layer(layer, "length");
-    require(head >= 0 && head < shape_.kv_heads, "Cache::length: head ", head, " out of range [0, ", shape_.kv_heads, ")");
+    checks_.head(head, "length");
     return mem_.lengths(state_of(seq).slot)[static_cast<std::size_t>(head_index(shape_, layer, head))];
   }
   std::int64_t total_length(std::int64_t seq) const {
@@ -156,7 +156,7 @@ class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
   EntryMeta entry(std::int64_t seq, int layer, int head, std::int64_t i) const {
     const Sequence& st = state_of(seq);
     checks_.layer(layer, "entry");
-    require(head >= 0 && head < shape_.kv_heads, "Cache::entry: head ", head, " out of range [0, ", shape_.kv_heads, ")");
+    checks_.head(head, "entry");
     const auto seg = segment(st, layer, head);
     const std::int32_t len = mem_.length(seg);
     require(i >= 0 && i < len, "Cache::entry: index ", i, " out of range [0, ", len, ")");
@@ -166,8 +166,7 @@ class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
   HeadContents head_contents(std::int64_t seq, int layer, int head) const {
     const Sequence& st = state_of(seq);
     checks_.layer(layer, "head_contents");
-    require(head >= 0 && head < shape_.kv_heads, "Cache::head_contents: head ", head, " out of range [0, ",
-            shape_.kv_heads, ")");
+    checks_.head(head, "head_contents");
     return mem_.head_contents(segment(st, layer, head));
   }
   std::int64_t pages_free() const { return mem_.pages_free(); }
@@ -263,10 +262,7 @@ class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
   /// and the cache as it was, as on the CPU.
   EvictionReport commit(std::int64_t seq, std::vector<EvictedEntry>* evicted = nullptr) {
     const Sequence& st = state_of(seq);
-    require(st.pending > 0, "Cache::commit: sequence ", seq, " has no open step");
-    for (int l = 0; l < shape_.layers; ++l)
-      require(st.appended[static_cast<std::size_t>(l)], "Cache::commit: layer ", l, " of sequence ", seq,
-              " was not appended in this step");
+    checks_.commit(seq, st, false);
     return close_steps(std::span<const std::int64_t>(&seq, 1), evicted).front();
   }
 

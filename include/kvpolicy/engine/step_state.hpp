@@ -175,6 +175,20 @@ struct StepChecks {
   void layer(int l, const char* what) const {
     require(l >= 0 && l < shape.layers, "Cache::", what, ": layer ", l, " out of range [0, ", shape.layers, ")");
   }
+  void head(int h, const char* what) const {
+    require(h >= 0 && h < shape.kv_heads, "Cache::", what, ": head ", h, " out of range [0, ", shape.kv_heads, ")");
+  }
+  /// commit(seq): a step is open, and every layer appended it (and attended it, for a Scorer that
+  /// ranks by the attention it observes).
+  void commit(std::int64_t seq, const StepState& st, bool observes_attention) const {
+    require(st.pending > 0, "Cache::commit: sequence ", seq, " has no open step");
+    for (int l = 0; l < shape.layers; ++l) {
+      require(st.appended[static_cast<std::size_t>(l)], "Cache::commit: layer ", l, " of sequence ", seq,
+              " was not appended in this step");
+      require(!observes_attention || st.attended[static_cast<std::size_t>(l)], "Cache::commit: layer ", l,
+              " of sequence ", seq, " was not attended in this step; this policy ranks by attention");
+    }
+  }
   void step_tokens(std::int64_t seq, const StepState& st, std::int64_t T) const {
     require(T >= 1, "Cache: a step appends T = ", T, " tokens; T must be >= 1");
     require(st.pending == 0 || st.pending == T, "Cache::append: sequence ", seq, " step has T = ", st.pending,
