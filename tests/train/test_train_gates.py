@@ -1,0 +1,140 @@
+#!/usr/bin/env python3
+"""The gate-training tool (tools/train/) on a tiny random LLaMA built in code, for each gate
+(TRIM-KV rg, DBTrimKV rg10, WG-KV write gate):
+  - a short run lowers the paper's objective on the training windows (initial gate vs trained);
+  - a run stopped halfway and resumed from its checkpoint writes the same gate (equal tensors and
+    metadata) as one uninterrupted run; the log, the curves and the summary are written;
+  - the written gate, loaded by the C++ gate (gate_forward), computes what torch computes on the
+    same weights and inputs: |log_beta_cpp - log_beta_torch| <= 1e-5 + 1e-4 |log_beta| (g alike).
+usage: test_train_gates.py GATE_FORWARD WORK_DIR   (run with the venv of tools/train-venv.sh)
+"""
+import csv
+import math
+import os
+import shutil
+import subprocess
+import sys
+
+import torch
+from safetensors import safe_open
+
+root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.join(root, "tools", "train"))
+import objectives  # noqa: E402
+import train_gates  # noqa: E402
+from gated_attention import GatedModel  # noqa: E402
+from gates import make_gate  # noqa: E402
+
+gate_forward, work = sys.argv[1], sys.argv[2]
+shutil.rmtree(work, ignore_errors=True)
+os.makedirs(work)
+text = os.path.join(root, "docs", "architecture.md")  # any text: byte tokens for the tiny model
+STEPS, SEQ, MEMORY, WIDTH, LOCAL = 16, 64, 16, 32, 16
+failures = []
+
+
+def train(kind, out, *extra):
+    args = [sys.executable, os.path.join(root, "tools", "train", "train_gates.py"), "--gate", kind, "--tiny",
+            "--text", text, "--out", out, "--steps", str(STEPS), "--seq-len", str(SEQ), "--memory", str(MEMORY),
+            "--width", str(WIDTH), "--local-window", str(LOCAL), "--lr", "1e-2", "--threads", "1",
+            "--checkpoint-every", "4", "--no-progress", *extra]
+    if kind != "wg":
+        args += ["--bias-init", "3"]
+    p = subprocess.run(args, capture_output=True, text=True)
+    if p.returncode != 0:
+        sys.exit(f"train_gates {kind} {extra}: rc {p.returncode}\n{p.stdout}{p.stderr}")
+    return p.stdout
+
+
+def mean_objective(kind, state):
+    """The objective over the first four training windows, with the gate's initial weights or `state`."""
+    model, _ = train_gates.tiny_model(0)
+    model.requires_grad_(False)
+    torch.manual_seed(0)
+    gate = make_gate(kind, model.config, WIDTH, bias_init=None if kind == "wg" else 3.0)
+    if state is not None:
+        gate.load_state_dict(state)
+    gm = GatedModel(model, gate, LOCAL)
+    ids = torch.tensor(list(open(text, "rb").read()))
+    lam = 0.1 if kind == "wg" else 1.0
+    with torch.no_grad():
+        return sum(objectives.objective(gm, ids[w * SEQ:(w + 1) * SEQ][None], MEMORY, lam)[0].item() for w in range(4)) / 4
+
+
+def cpp_outputs(kind, path, config):
+    L, H = config.num_hidden_layers, config.num_key_value_heads
+    d = config.hidden_size // config.num_attention_heads
+    if kind == "wg":
+        args = [gate_forward, "wgkv", path, str(L), str(H), str(d)]
+    else:
+        args = [gate_forward, "trimkv" if kind == "rg" else "dbtrimkv", path, str(L), str(config.hidden_size), str(H), str(WIDTH)]
+    p = subprocess.run(args, capture_output=True, text=True)
+    if p.returncode != 0:
+        sys.exit(f"gate_forward {kind}: rc {p.returncode}\n{p.stderr}")
+    return torch.tensor([float(v) for v in p.stdout.split()]).view(L, H, 3)
+
+
+def torch_outputs(kind, gate, config):
+    """gate_forward's inputs in torch: x = sin(0.37 n) [T, D]; for the write gate k_pre = sin(0.37 n),
+    k_post = cos(0.53 n) [H, T, d] in the C++ (llama.cpp adjacent-pairs) layout, taken to
+    transformers' rotate-half layout, the one the torch gate trained in."""
+    L, H, D, T = config.num_hidden_layers, config.num_key_value_heads, config.hidden_size, 3
+    d = D // config.num_attention_heads
+    out = []
+    with torch.no_grad():
+        for l in range(L):
+            if kind == "wg":
+                n = torch.arange(H * T * d, dtype=torch.float32)
+                k_pre, k_post = torch.sin(0.37 * n).view(H, T, d), torch.cos(0.53 * n).view(H, T, d)
+                to_half = lambda k: k.view(H, T, d // 2, 2).transpose(-1, -2).reshape(H, T, d)  # noqa: E731
+                g = gate(l, to_half(k_pre)[None], to_half(k_post)[None])[0]
+                out.append(g.clamp(min=1e-3))  # SPEC §3's floor at inference
+            else:
+                x = torch.sin(0.37 * torch.arange(T * D, dtype=torch.float32)).view(1, T, D)
+                out.append(gate(l, x)[0])
+    return torch.stack(out)
+
+
+for kind in ("rg", "rg10", "wg"):
+    whole, halves = os.path.join(work, kind + "-whole"), os.path.join(work, kind + "-resumed")
+    train(kind, whole)
+    out = train(kind, halves, "--stop-after", str(STEPS // 2))
+    if "stopped after step 8" not in out:
+        failures.append(f"{kind}: --stop-after 8 did not stop: {out[-200:]}")
+    out = train(kind, halves)
+    if "resumed at step 8" not in out:
+        failures.append(f"{kind}: the second run did not resume at step 8: {out[-200:]}")
+    a, b = (safe_open(os.path.join(d, "gate.safetensors"), "pt") for d in (whole, halves))
+    if a.metadata() != b.metadata() or sorted(a.keys()) != sorted(b.keys()) or \
+            any(not torch.equal(a.get_tensor(k), b.get_tensor(k)) for k in a.keys()):
+        failures.append(f"{kind}: the resumed run wrote a different gate than the uninterrupted one")
+    rows = list(csv.DictReader(open(os.path.join(halves, "log.csv"))))
+    if [int(r["step"]) for r in rows] != list(range(1, STEPS + 1)):
+        failures.append(f"{kind}: log.csv steps {[r['step'] for r in rows]}")
+    for f in ("curves.png", "summary.json", "checkpoint.pt"):
+        if not os.path.isfile(os.path.join(halves, f)):
+            failures.append(f"{kind}: {f} was not written")
+
+    state = torch.load(os.path.join(whole, "checkpoint.pt"))["gate"]
+    before, after = mean_objective(kind, None), mean_objective(kind, state)
+    print(f"{kind}: objective over the first 4 windows {before:.5f} -> {after:.5f} after {STEPS} steps")
+    if not after < before:
+        failures.append(f"{kind}: the objective did not fall ({before:.5f} -> {after:.5f})")
+
+    model, _ = train_gates.tiny_model(0)
+    gate = make_gate(kind, model.config, WIDTH, bias_init=None if kind == "wg" else 3.0)
+    gate.load_state_dict(state)
+    ref = torch_outputs(kind, train_gates.rounded_as_exported(gate), model.config)
+    got = cpp_outputs(kind, os.path.join(whole, "gate.safetensors"), model.config)
+    err = (got - ref).abs()
+    bound = 1e-5 + 1e-4 * ref.abs()
+    name = "g" if kind == "wg" else "log_beta"
+    print(f"{kind}: C++ against torch on the written gate: max |d {name}| = {err.max().item():.3g} "
+          f"(|{name}| up to {ref.abs().max().item():.3g})")
+    if not bool((err <= bound).all()) or not math.isfinite(err.max().item()):
+        failures.append(f"{kind}: C++ and torch differ beyond 1e-5 + 1e-4 |{name}|: max {err.max().item():.3g}")
+
+if failures:
+    print("\n".join("FAIL: " + f for f in failures))
+    sys.exit(1)
+print("train_gates: all checks passed")

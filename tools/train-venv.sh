@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Makes (once) the training venv under build/train/venv: PyTorch, transformers and what
+# tools/train/ reads with, pinned. Later runs reuse it. Prints the venv's python on its last line.
+# Exit status 77 when PyPI cannot be reached (the training tests then report SKIPPED).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+venv=$root/build/train/venv
+requirements=(torch==2.15.0 transformers==5.24.0 accelerate==1.15.0 gguf==0.19.0 safetensors==0.8.0
+              tqdm==4.70.1 matplotlib==3.11.2 "numpy<3")
+stamp="${requirements[*]}"
+mkdir -p "$root/build/train"
+if [ -x "$venv/bin/python" ] && [ -f "$venv/requirements.ok" ] && [ "$(cat "$venv/requirements.ok")" = "$stamp" ]; then
+  echo "$venv/bin/python"
+  exit 0
+fi
+python3 -m venv "$venv"
+if ! "$venv/bin/pip" install -q --disable-pip-version-check "${requirements[@]}" >"$root/build/train/pip.log" 2>&1; then
+  echo "train-venv: cannot install ${requirements[*]} from PyPI (see build/train/pip.log)" >&2
+  exit 77
+fi
+echo "$stamp" >"$venv/requirements.ok"
+echo "$venv/bin/python"

@@ -1,0 +1,65 @@
+"""Each paper's training objective, on the outputs of GatedModel (gated_attention.py).
+
+- TRIM-KV (Eq. 4-5): forward KL D_KL(p || q) from the frozen full-attention model p to the gated
+  model q, plus next-token cross-entropy of q, plus lambda_cap * L_cap with, per (layer, kv head),
+  L_cap = 1 / (T (T - M)) * sum_t max(0, sum_{i<=t} beta_i^(t-i) - M), averaged over layers and heads.
+- DBTrimKV (§4.1): the same quality loss; the capacity is global: sum over (layer, head) inside the
+  hinge against M_global = L * Hkv * M. We divide it by L * Hkv * T * (T - M) so that one lambda
+  means the same for both (the paper leaves the normalisation open).
+- WG-KV (§3.3): L2 distillation of the final hidden states to the full model's, plus
+  lambda * L_sparsity with L_sparsity = mean over (l, h, t) of g + g (1 - g).
+"""
+import torch
+import torch.nn.functional as F
+
+
+def quality_loss(student_logits, teacher_logits, ids):
+    """(forward KL per token, next-token cross-entropy) of the gated model."""
+    log_q = F.log_softmax(student_logits.float(), dim=-1)
+    log_p = F.log_softmax(teacher_logits.float(), dim=-1)
+    kl = (log_p.exp() * (log_p - log_q)).sum(-1).mean()
+    ce = F.nll_loss(log_q[:, :-1].flatten(0, 1), ids[:, 1:].flatten())
+    return kl, ce
+
+
+def retained_mass(bias):
+    """sum_{i<=t} beta_i^(t-i) for every t: [B, H, T, T] bias -> [B, H, T] (exp(-inf) = 0 after t)."""
+    return bias.exp().sum(-1)
+
+
+def capacity_loss(biases, memory, global_budget):
+    """TRIM-KV's per-head hinge, or DBTrimKV's global one (global_budget), over every layer's bias."""
+    mass = torch.stack([retained_mass(biases[l]) for l in sorted(biases)])  # [L, B, H, T]
+    L, _, H, T = mass.shape
+    if T <= memory:  # no step can exceed M: the hinge is zero
+        return mass.sum() * 0.0
+    if global_budget:
+        over = F.relu(mass.sum(dim=(0, 2)) - L * H * memory)  # [B, T]
+        return over.sum(-1).mean() / (L * H * T * (T - memory))
+    over = F.relu(mass - memory)
+    return over.sum(-1).mean() / (T * (T - memory))
+
+
+def sparsity_loss(gates):
+    g = torch.stack([gates[l] for l in sorted(gates)])
+    return (g + g * (1 - g)).mean()
+
+
+def distill_loss(student_hidden, teacher_hidden):
+    """Squared L2 distance of the final hidden states, averaged over tokens and components."""
+    return (student_hidden.float() - teacher_hidden.float()).pow(2).mean()
+
+
+def objective(gm, ids, memory, lam):
+    """The gate's paper objective on one batch of token ids [B, T]: (loss, its parts)."""
+    if gm.gate.kind == "wg":
+        teacher = gm.teacher(ids, output_hidden_states=True).hidden_states[-1]
+        student = gm.student(ids, output_hidden_states=True).hidden_states[-1]
+        distill, sparsity = distill_loss(student, teacher), sparsity_loss(gm.outputs)
+        admitted = torch.stack([(g >= 0.1).float().mean() for g in gm.outputs.values()]).mean()  # tau = 0.1
+        return distill + lam * sparsity, {"distill": distill, "sparsity": sparsity, "admitted": admitted}
+    teacher = gm.teacher(ids).logits
+    student = gm.student(ids).logits
+    kl, ce = quality_loss(student, teacher, ids)
+    cap = capacity_loss(gm.biases, memory, global_budget=gm.gate.kind == "rg10")
+    return kl + ce + lam * cap, {"kl": kl, "ce": ce, "cap": cap}

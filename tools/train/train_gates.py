@@ -1,0 +1,260 @@
+"""Trains one gate (TRIM-KV's rg, DBTrimKV's tied rg10, or WG-KV's write gate) on a frozen
+LLaMA-family model with its paper's objective, and writes it under SPEC's tensor names for
+kvpolicy-lm --gate and kvpolicy-replay --gate.
+
+  python tools/train/train_gates.py --gate rg --gguf build/train/SmolLM2-135M-Instruct.Q4_1.gguf \
+      --out build/train/rg --steps 200 --seq-len 512 --memory 128
+  python tools/train/train_gates.py --gate rg --tiny --out /tmp/rg --steps 8      (a random tiny model)
+
+Resumes from OUT/checkpoint.pt when it exists; logs every step to OUT/log.csv and plots the curves
+to OUT/curves.png at each checkpoint; the gate is OUT/gate.safetensors (docs/training.md).
+"""
+import argparse
+import copy
+import csv
+import json
+import math
+import os
+import random
+import sys
+import time
+
+import torch
+from safetensors.torch import save_file
+from tqdm import tqdm
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import corpus  # noqa: E402
+import objectives  # noqa: E402
+from gated_attention import GatedModel  # noqa: E402
+from gates import make_gate  # noqa: E402
+
+POLICY = {"rg": "trimkv", "rg10": "dbtrimkv", "wg": "wgkv"}
+
+
+def parse():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--gate", required=True, choices=["rg", "rg10", "wg"])
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--gguf", help="a LLaMA-family GGUF file transformers can load (kvpolicy-lm's model source)")
+    src.add_argument("--hf", help="a transformers model directory (a LLaMA-family checkpoint)")
+    src.add_argument("--tiny", action="store_true", help="a tiny random LLaMA built in code, byte tokens (tests)")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--text", help="train on this file instead of the Debian handbook (corpus.py)")
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--seq-len", type=int, default=512, help="tokens per training sequence (batch 1)")
+    ap.add_argument("--memory", type=int, default=128, help="training M per (layer, kv head) of the capacity loss")
+    ap.add_argument("--lam", type=float, default=None, help="lambda_cap (rg, rg10; default 1) or lambda_sparsity (wg; default 0.1)")
+    ap.add_argument("--local-window", type=int, default=64, help="wg: W_local of the write-gated attention")
+    ap.add_argument("--width", type=int, default=128, help="gate MLP width I (rg, rg10)")
+    ap.add_argument("--bias-init", type=float, default=None, help="the gate's output bias at the start")
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--weight-decay", type=float, default=0.01)
+    ap.add_argument("--warmup", type=float, default=0.1, help="fraction of the steps with a linear warm-up")
+    ap.add_argument("--grad-clip", type=float, default=1.0)
+    ap.add_argument("--checkpoint-every", type=int, default=25)
+    ap.add_argument("--device", default="auto", help="auto (cuda when available), cpu or cuda")
+    ap.add_argument("--threads", type=int, default=0, help="CPU threads (default: torch's)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--rope-layout", choices=["adjacent", "half"], default=None,
+                    help="the key layout the written write gate expects: adjacent (llama.cpp's, kvpolicy-lm; "
+                         "the default for --gguf and --tiny) or half (transformers')")
+    ap.add_argument("--stop-after", type=int, default=0, help="stop after this many steps of this run, checkpointed (resume later)")
+    ap.add_argument("--no-progress", action="store_true")
+    return ap.parse_args()
+
+
+def tiny_model(seed):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                         rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=True)
+    return LlamaForCausalLM(config).eval(), None
+
+
+def load_model(a):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if a.tiny:
+        return tiny_model(a.seed)
+    if a.gguf:
+        d, f = os.path.dirname(os.path.abspath(a.gguf)), os.path.basename(a.gguf)
+        model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32)
+        tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(a.hf, dtype=torch.float32)
+        tok = AutoTokenizer.from_pretrained(a.hf)
+    if model.config.model_type not in ("llama", "qwen2", "qwen3", "mistral"):
+        raise SystemExit(f"train_gates: model type '{model.config.model_type}' is not LLaMA-family")
+    return model.eval(), tok
+
+
+def token_stream(a, tok, out):
+    """The training text's token ids, cached in OUT (the handbook tokenizes in about a minute)."""
+    cache = os.path.join(out, "tokens.pt")
+    if os.path.exists(cache):
+        return torch.load(cache)
+    if a.text:
+        with open(a.text, encoding="utf-8", errors="replace") as f:
+            text = f.read()
+    else:
+        text = corpus.handbook_text()
+    corpus.check_disjoint(text, extra=[("the held-out Python tutorial", corpus.heldout_python_text())]
+                          if os.path.isfile(corpus.PYTHON_TUTORIAL_CLASSES) else [])
+    ids = torch.tensor(list(text.encode("utf-8")) if tok is None else tok(text, add_special_tokens=False)["input_ids"])
+    torch.save(ids, cache)
+    return ids
+
+
+def schedule(step, steps, warmup):
+    """Linear warm-up, then cosine decay to 10% (the learning-rate factor)."""
+    w = max(1, int(warmup * steps))
+    if step < w:
+        return (step + 1) / w
+    return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - w) / max(1, steps - w)))
+
+
+def export(gate, path, head_dim, adjacent_rope, meta):
+    """Matrices in bf16, vectors (biases, norm weights) in fp32: the sensitive bias of a retention
+    gate sits near 10, where bf16's step (0.0625) would move beta visibly."""
+    kw = {"adjacent_rope": adjacent_rope} if gate.kind == "wg" else {}
+    tensors = {}
+    for k, v in gate.export(head_dim, **kw).items():
+        v = v.detach().float().cpu()
+        tensors[k] = (v.to(torch.bfloat16) if v.dim() >= 2 else v).contiguous().clone()
+    save_file(tensors, path, metadata={k: str(v) for k, v in meta.items()})
+
+
+def rounded_as_exported(gate):
+    """A copy of the gate whose matrices hold the bf16 values export() writes (parity tests)."""
+    g = copy.deepcopy(gate)
+    with torch.no_grad():
+        for p in g.parameters():
+            if p.dim() >= 2:
+                p.copy_(p.to(torch.bfloat16).float())
+    return g
+
+
+def plot(log_path, png):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    with open(log_path) as f:
+        rows = list(csv.DictReader(f))
+    if not rows:
+        return
+    keys = [k for k in rows[0] if k not in ("step", "lr", "seconds", "tokens")]
+    fig, axes = plt.subplots(1, len(keys), figsize=(4 * len(keys), 3.2))
+    steps = [int(r["step"]) for r in rows]
+    for ax, k in zip(axes if len(keys) > 1 else [axes], keys):
+        values = [float(r[k]) for r in rows]
+        smooth, s = [], values[0]
+        for v in values:  # an exponential moving average over ~20 steps: one window is noisy
+            s = 0.95 * s + 0.05 * v
+            smooth.append(s)
+        ax.plot(steps, values, lw=0.6, alpha=0.4)
+        ax.plot(steps, smooth, lw=1.6)
+        ax.set_title(k)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+
+
+def main():
+    a = parse()
+    os.makedirs(a.out, exist_ok=True)
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    device = torch.device("cuda" if a.device == "auto" and torch.cuda.is_available() else
+                          ("cpu" if a.device == "auto" else a.device))
+    random.seed(a.seed)
+    torch.manual_seed(a.seed)
+    model, tok = load_model(a)
+    model.requires_grad_(False)
+    model.to(device)
+    config = model.config
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    lam = a.lam if a.lam is not None else (0.1 if a.gate == "wg" else 1.0)
+    torch.manual_seed(a.seed)
+    gate = make_gate(a.gate, config, a.width, bias_init=a.bias_init).to(device)
+    gm = GatedModel(model, gate, a.local_window)
+    opt = torch.optim.AdamW(gate.parameters(), lr=a.lr, weight_decay=a.weight_decay)
+
+    ids = token_stream(a, tok, a.out)
+    T = a.seq_len
+    windows = ids.numel() // T
+    if windows < 1:
+        raise SystemExit(f"train_gates: the text has {ids.numel()} tokens, fewer than --seq-len {T}")
+    order = torch.randperm(windows, generator=torch.Generator().manual_seed(a.seed))
+
+    ckpt_path, log_path = os.path.join(a.out, "checkpoint.pt"), os.path.join(a.out, "log.csv")
+    start, elapsed = 0, 0.0
+    if os.path.exists(ckpt_path):
+        ck = torch.load(ckpt_path, map_location=device)
+        gate.load_state_dict(ck["gate"])
+        opt.load_state_dict(ck["optimizer"])
+        start, elapsed = ck["step"], ck["seconds"]
+        print(f"train_gates: resumed at step {start} from {ckpt_path}")
+    elif os.path.exists(log_path):
+        os.remove(log_path)
+    fields = ["step", "lr", "loss", "kl", "ce", "cap"] if a.gate != "wg" else ["step", "lr", "loss", "distill", "sparsity", "admitted"]
+    fields += ["seconds", "tokens"]
+    new_log = not os.path.exists(log_path)
+    log_file = open(log_path, "a", newline="")
+    writer = csv.DictWriter(log_file, fieldnames=fields)
+    if new_log:
+        writer.writeheader()
+
+    def save_checkpoint(step):
+        torch.save({"gate": gate.state_dict(), "optimizer": opt.state_dict(), "step": step, "seconds": elapsed,
+                    "args": vars(a)}, ckpt_path + ".tmp")
+        os.replace(ckpt_path + ".tmp", ckpt_path)
+        log_file.flush()
+        plot(log_path, os.path.join(a.out, "curves.png"))
+
+    bar = tqdm(range(start, a.steps), initial=start, total=a.steps, disable=a.no_progress, dynamic_ncols=True)
+    row = {}
+    for step in bar:
+        t0 = time.time()
+        for group in opt.param_groups:
+            group["lr"] = a.lr * schedule(step, a.steps, a.warmup)
+        w = int(order[step % windows])
+        x = ids[w * T:(w + 1) * T].unsqueeze(0).to(device)
+        loss, parts = objectives.objective(gm, x, a.memory, lam)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(gate.parameters(), a.grad_clip)
+        opt.step()
+        elapsed += time.time() - t0
+        row = {"step": step + 1, "lr": f"{opt.param_groups[0]['lr']:.3g}", "loss": f"{loss.item():.5f}",
+               **{k: f"{v.item():.5f}" for k, v in parts.items()}, "seconds": f"{elapsed:.1f}", "tokens": (step + 1) * T}
+        writer.writerow(row)
+        bar.set_postfix({k: row[k] for k in fields if k not in ("step", "lr", "seconds", "tokens")})
+        if (step + 1) % a.checkpoint_every == 0 or step + 1 == a.steps or step + 1 - start == a.stop_after:
+            save_checkpoint(step + 1)
+        if step + 1 - start == a.stop_after and step + 1 < a.steps:
+            print(f"train_gates: stopped after step {step + 1} (--stop-after); run again to resume")
+            return
+    log_file.close()
+
+    adjacent = (a.rope_layout or ("half" if a.hf else "adjacent")) == "adjacent"
+    meta = {"kvpolicy_gate": a.gate, "policy": POLICY[a.gate], "steps": a.steps, "seq_len": T,
+            "memory": a.memory, "lambda": lam, "lr": a.lr, "seed": a.seed, "width": a.width,
+            "local_window": a.local_window, "rope_layout": "adjacent" if adjacent else "half",
+            "model": a.gguf or a.hf or "tiny"}
+    export(gate, os.path.join(a.out, "gate.safetensors"), head_dim, adjacent, meta)
+    summary = {**meta, "tokens_seen": a.steps * T, "seconds": round(elapsed, 1),
+               "tokens_per_second": round(a.steps * T / max(elapsed, 1e-9), 1), "device": str(device),
+               "final": row}
+    with open(os.path.join(a.out, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()
