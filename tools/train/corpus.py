@@ -19,29 +19,40 @@ EVALUATION_TEXTS = ["/usr/share/common-licenses/GPL-3"]
 
 
 class _Text(html.parser.HTMLParser):
-    """The visible text of an HTML page: scripts, styles and navigation dropped, blocks on new lines."""
+    """The visible text of an HTML page, blocks on new lines; scripts, styles and navigation (nav
+    elements, role="navigation", Sphinx's sidebar and footer) dropped with everything inside them."""
 
     SKIP = {"script", "style", "head", "nav"}
+    SKIP_CLASSES = {"sphinxsidebar", "footer", "related"}
     BLOCKS = {"p", "div", "pre", "li", "h1", "h2", "h3", "h4", "h5", "h6", "tr", "br", "dt", "dd", "table"}
+    VOID = {"br", "img", "meta", "link", "input", "hr", "col", "area", "base", "wbr", "source"}
 
     def __init__(self):
         super().__init__(convert_charrefs=True)
-        self.parts, self.skip = [], 0
+        self.parts, self.open = [], []  # open: per open element, whether it starts a skipped subtree
+
+    def _skipping(self):
+        return any(self.open)
 
     def handle_starttag(self, tag, attrs):
-        if tag in self.SKIP:
-            self.skip += 1
-        elif tag in self.BLOCKS:
+        a = dict(attrs)
+        skip = (tag in self.SKIP or a.get("role") == "navigation" or
+                bool(self.SKIP_CLASSES & set((a.get("class") or "").split())))
+        if tag not in self.VOID:
+            self.open.append(skip)
+        if tag in self.BLOCKS and not self._skipping():
             self.parts.append("\n")
 
     def handle_endtag(self, tag):
-        if tag in self.SKIP and self.skip:
-            self.skip -= 1
-        elif tag in self.BLOCKS:
+        if tag in self.VOID:
+            return
+        if self.open:
+            self.open.pop()
+        if tag in self.BLOCKS and not self._skipping():
             self.parts.append("\n")
 
     def handle_data(self, data):
-        if not self.skip:
+        if not self._skipping():
             self.parts.append(data)
 
 
