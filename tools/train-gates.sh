@@ -2,9 +2,10 @@
 # Trains the three learned gates for SmolLM2-135M on this machine, each with its paper's objective
 # (tools/train/, docs/training.md), and copies them to gates/smollm2-135m/{trimkv,dbtrimkv,wgkv}.safetensors:
 #   tools/train-gates.sh [--schedule cpu|gpu] [--only "rg rg10 wg"] [--out DIR] [--threads N]
-# cpu (default): 200 steps of 512 tokens per gate, about 17 minutes each on 2 cores; gpu: the
-# paper-sized schedule for one H100 (2,000 steps of 4,096 tokens). Resumes from each gate's
-# checkpoint in DIR (default build/train/runs). Fixed seed: the same command gives the same gates.
+# cpu (default): 200 steps of 512 tokens per gate, 12 minutes each on 2 idle cores; gpu: a larger
+# schedule for one GPU (2,000 steps of 4,096 tokens, M = 512; not yet run: no GPU has been lent).
+# Resumes from each gate's checkpoint in DIR (default build/train/runs). Fixed seed: the same
+# command gives the same gates.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 schedule=cpu only="rg rg10 wg" out=$root/build/train/runs threads=""

@@ -29,6 +29,13 @@ def rope_to_adjacent(w: torch.Tensor, head_dim: int, dim: int) -> torch.Tensor:
     return w.index_select(dim, index.to(w.device))
 
 
+def _put_linear(out, name, linear):
+    """A linear layer under SPEC's names: `name.weight` and, where it has one, `name.bias`."""
+    out[name + ".weight"] = linear.weight
+    if linear.bias is not None:
+        out[name + ".bias"] = linear.bias
+
+
 class RetentionGate(nn.Module):
     """TRIM-KV's per-layer retention gate (SPEC §1). forward(l, x [B, T, D]) -> log_beta [B, Hkv, T]."""
 
@@ -52,9 +59,8 @@ class RetentionGate(nn.Module):
         out = {}
         for l in range(len(self.linear1)):
             p = f"model.layers.{l}.self_attn.retention_gate."
-            out[p + "linear1.weight"] = self.linear1[l].weight
-            out[p + "linear1.bias"] = self.linear1[l].bias
-            out[p + "linear2.weight"] = self.linear2[l].weight
+            _put_linear(out, p + "linear1", self.linear1[l])
+            _put_linear(out, p + "linear2", self.linear2[l])
             out[p + "bias"] = self.bias[l]
         return out
 
@@ -82,12 +88,10 @@ class Rg10Gate(nn.Module):
         out = {}
         for l in range(len(self.linear1)):
             p = f"model.layers.{l}.self_attn.retention_gate."
-            out[p + "linear1.weight"] = self.linear1[l].weight
-            out[p + "linear1.bias"] = self.linear1[l].bias
-            out[p + "linear2.weight"] = self.linear2[l].weight
-            out[p + "linear2.bias"] = self.linear2[l].bias
+            _put_linear(out, p + "linear1", self.linear1[l])
+            _put_linear(out, p + "linear2", self.linear2[l])
             # the tied pair under every layer's name, as the authors' state dicts store it (SPEC §2)
-            out[p + "linear3.weight"] = self.linear3.weight
+            _put_linear(out, p + "linear3", self.linear3)
             out[p + "bias"] = self.bias
         return out
 
