@@ -24,13 +24,14 @@ def main(path, out, text="2,048 tokens of GPL-3"):
     full = [float(r["ppl"]) for r in rows if r["policy"] == "full"]
     fig, ax = plt.subplots(figsize=(8, 5.5))
     policies = [p for p in dict.fromkeys(r["policy"] for r in rows) if p != "full"]
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    colors = plt.get_cmap("tab20").colors  # one colour per policy: there are more than ten
     for i, p in enumerate(policies):
         for sinks, style in (("0", "-"), ("4", "--")):
             pts = sorted((int(r["budget"]), float(r["ppl"])) for r in rows if r["policy"] == p and r["sinks"] == sinks)
             if pts:
                 ax.plot([m for m, _ in pts], [v for _, v in pts], style, marker="o", color=colors[i % len(colors)],
-                        linewidth=2.6 if p in LEARNED else 1.2, label=p + (" + 4 sinks" if sinks == "4" else ""))
+                        linewidth=2.6 if p in LEARNED else 1.2,
+                        label=p + (" + 4 sinks" if sinks == "4" else "") + (" (ring = M)" if p == "wgkv" else ""))
     if full:
         ax.axhline(full[0], color="black", linewidth=1, label=f"full cache ({full[0]:.2f})")
     ax.set_xscale("log", base=2)

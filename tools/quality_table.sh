@@ -32,7 +32,7 @@ lm=$root/build/default/examples/kvpolicy-lm
 model=$("$root/tools/fetch-model.sh" | tail -n 1)
 csv=$out/results.csv
 if [ $append -eq 0 ] || [ ! -s "$csv" ]; then
-  echo "policy,budget,sinks,ppl,peak_entries,final_entries,seconds" >"$csv"
+  echo "policy,budget,sinks,ppl,peak_entries,final_entries,seconds,mean_entries" >"$csv"
   append=0
 fi
 run() {  # policy budget sinks extra-args...
@@ -40,12 +40,13 @@ run() {  # policy budget sinks extra-args...
   [ -z "$only" ] || [[ "$only" == *" $p "* ]] || return 0
   local log; log=$("$lm" --model "$model" --text "$text" --tokens 2048 --score-from 1 --chunk 16 --threads 1 \
                    --policy "$p" --budget "$m" --buffer 16 --sinks "$s" "$@")
-  local ppl peak final secs
+  local ppl peak final secs mean
   ppl=$(grep '^ppl ' <<<"$log" | cut -d' ' -f2)
   peak=$(sed -n 's/^entries held: peak \([0-9]*\), final \([0-9]*\) .*/\1/p' <<<"$log")
   final=$(sed -n 's/^entries held: peak \([0-9]*\), final \([0-9]*\) .*/\2/p' <<<"$log")
   secs=$(sed -n 's/.*; \([0-9.]*\) s, .*/\1/p' <<<"$log")
-  echo "$p,$m,$s,$ppl,$peak,$final,$secs" | tee -a "$csv"
+  mean=$(sed -n 's/^entries held on average: //p' <<<"$log")
+  echo "$p,$m,$s,$ppl,$peak,$final,$secs,$mean" | tee -a "$csv"
 }
 [ $append -eq 1 ] || run full 1 0
 for m in $budgets; do

@@ -21,6 +21,7 @@ struct Run {
   Matrix logits;                    // [N, V] when kept
   std::int64_t peak_entries = 0;    // most entries the sequence held after any step
   std::int64_t final_entries = 0;
+  double mean_entries = 0.0;        // entries held after each step, averaged over the text's tokens
   std::int64_t evictions = 0;       // steps whose trigger fired
   double seconds = 0.0;
 };
@@ -58,6 +59,7 @@ Run score_text(Decoder& dec, CacheT& cache, const EntryMetadata& metadata, std::
     }
     n += T;
     r.peak_entries = std::max(r.peak_entries, cache.total_length(0));
+    r.mean_entries += static_cast<double>(T) * static_cast<double>(cache.total_length(0)) / static_cast<double>(N);
   }
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   r.final_entries = cache.total_length(0);

@@ -157,6 +157,8 @@ int perplexity_mode(const Args& a, const Model& model, const Tokenizer& tok) {
               static_cast<long long>(r.peak_entries), static_cast<long long>(r.final_entries),
               static_cast<long long>(a.tokens * model.config.cache_shape().heads_total()), static_cast<long long>(r.evictions),
               r.seconds, static_cast<double>(a.tokens) / r.seconds);
+  // what a policy whose memory grows (WG-KV without a hard budget) holds on average over the text
+  std::printf("entries held on average: %.1f\n", r.mean_entries);
   int status = 0;
   if (golden) {
     const auto g = Golden::load(a.golden);
