@@ -61,7 +61,14 @@ def parse():
                          "the default for --gguf and --tiny) or half (transformers')")
     ap.add_argument("--stop-after", type=int, default=0, help="stop after this many steps of this run, checkpointed (resume later)")
     ap.add_argument("--no-progress", action="store_true")
-    return ap.parse_args()
+    a = ap.parse_args()
+    for name, low in (("steps", 1), ("seq_len", 2), ("memory", 1), ("width", 1), ("local_window", 1),
+                      ("checkpoint_every", 1), ("stop_after", 0), ("threads", 0)):
+        if getattr(a, name) < low:
+            ap.error(f"--{name.replace('_', '-')} {getattr(a, name)} must be >= {low}")
+    if not a.lr > 0 or a.weight_decay < 0 or not 0 <= a.warmup < 1:
+        ap.error(f"--lr {a.lr} must be > 0, --weight-decay {a.weight_decay} >= 0, --warmup {a.warmup} in [0, 1)")
+    return a
 
 
 def tiny_model(seed):
@@ -196,10 +203,21 @@ def main():
     start, elapsed = 0, 0.0
     if os.path.exists(ckpt_path):
         ck = torch.load(ckpt_path, map_location=device)
+        for key in ("gate", "width", "seq_len", "steps", "seed"):  # a checkpoint of another run is refused
+            if ck["args"][key] != getattr(a, key):
+                raise SystemExit(f"train_gates: {ckpt_path} is a run with --{key.replace('_', '-')} {ck['args'][key]}, "
+                                 f"not {getattr(a, key)}: give another --out, or delete it to start again")
         gate.load_state_dict(ck["gate"])
         opt.load_state_dict(ck["optimizer"])
         start, elapsed = ck["step"], ck["seconds"]
         print(f"train_gates: resumed at step {start} from {ckpt_path}")
+        if os.path.exists(log_path):  # steps logged after the checkpoint run again: keep one row each
+            with open(log_path) as f:
+                kept = [r for r in csv.DictReader(f) if int(r["step"]) <= start]
+            with open(log_path, "w", newline="") as f:
+                w = csv.DictWriter(f, fieldnames=list(kept[0]) if kept else ["step"])
+                w.writeheader()
+                w.writerows(kept)
     elif os.path.exists(log_path):
         os.remove(log_path)
     fields = ["step", "lr", "loss", "kl", "ce", "cap"] if a.gate != "wg" else ["step", "lr", "loss", "distill", "sparsity", "admitted"]
