@@ -11,7 +11,8 @@ of one cache.
   tools/retrieval.py --model DIR [--instances 100] [--context 2048] [--budgets "64 128"]
                      [--policies "full streamingllm ..."] [--gates DIR] [--out build/lm/retrieval]
 
-Writes OUT/results.csv (policy, budget, sinks, correct, instances, accuracy, seconds) and, with
+Writes OUT/results.csv (policy, budget, sinks, correct, instances, accuracy, seconds, and the
+entries a sequence held after its answer, averaged over the instances) and, with
 --plot, OUT/retrieval.png. Instances are fixed by --seed.
 """
 import argparse
@@ -78,7 +79,7 @@ def run_batch(lm, model, prompts, policy, budget, sinks, gate, threads):
     p = subprocess.run(args, capture_output=True, text=True)
     if p.returncode != 0:
         raise SystemExit(f"retrieval: kvpolicy-lm failed ({p.returncode}): {p.stderr[-2000:]}")
-    answers = []
+    answers, held = [], []
     for s, prompt in enumerate(prompts):
         head = f"[{s}] {prompt}"
         i = p.stdout.find(head)
@@ -86,7 +87,9 @@ def run_batch(lm, model, prompts, policy, budget, sinks, gate, threads):
         if i < 0 or j < 0:
             raise SystemExit(f"retrieval: cannot find sequence {s}'s answer in kvpolicy-lm's output")
         answers.append(p.stdout[i + len(head):j])
-    return answers
+        m = re.search(rf"^\[{s}\] policy \S+: \d+ tokens, (\d+) entries held", p.stdout, re.M)
+        held.append(int(m.group(1)) if m else 0)
+    return answers, held
 
 
 def correct(answer, key):
@@ -116,7 +119,7 @@ def main():
     os.makedirs(a.out, exist_ok=True)
     data = instances(a.instances, a.context, a.seed, a.filler)
     path = os.path.join(a.out, "results.csv")
-    fields = ["policy", "budget", "sinks", "correct", "instances", "accuracy", "seconds"]
+    fields = ["policy", "budget", "sinks", "correct", "instances", "accuracy", "seconds", "entries"]
     if not a.append or not os.path.exists(path):
         with open(path, "w", newline="") as f:
             csv.DictWriter(f, fieldnames=fields).writeheader()
@@ -124,17 +127,19 @@ def main():
         for budget in ([0] if policy == "full" else [int(b) for b in a.budgets.split()]):
             gate = os.path.join(a.gates, GATED[policy] + ".safetensors") if policy in GATED else None
             sinks = 0 if policy in ("full", "wgkv") else a.sinks
-            t0, right, wrong_examples = time.time(), 0, []
+            t0, right, wrong_examples, entries = time.time(), 0, [], 0
             for b in range(0, len(data), a.batch):
                 chunk = data[b:b + a.batch]
-                answers = run_batch(a.lm, a.model, [p for p, _ in chunk], policy, budget, sinks, gate, a.threads)
+                answers, held = run_batch(a.lm, a.model, [p for p, _ in chunk], policy, budget, sinks, gate, a.threads)
+                entries += sum(held)
                 for (_, key), ans in zip(chunk, answers):
                     if correct(ans, key):
                         right += 1
                     elif len(wrong_examples) < 2:
                         wrong_examples.append((key, ans.strip()[:40]))
             row = {"policy": policy, "budget": budget, "sinks": sinks, "correct": right, "instances": len(data),
-                   "accuracy": f"{right / len(data):.3f}", "seconds": f"{time.time() - t0:.0f}"}
+                   "accuracy": f"{right / len(data):.3f}", "seconds": f"{time.time() - t0:.0f}",
+                   "entries": f"{entries / len(data):.0f}"}
             with open(path, "a", newline="") as f:
                 csv.DictWriter(f, fieldnames=fields).writerow(row)
             print(row, "e.g. wrong:", wrong_examples, flush=True)
