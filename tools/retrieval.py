@@ -8,7 +8,7 @@ prefilled in chunks of 64 tokens with the policy evicting as it goes, so a polic
 only if it judges it worth keeping. One kvpolicy-lm process runs a batch of instances as sequences
 of one cache.
 
-  tools/retrieval.py --model DIR [--instances 100] [--context 2048] [--budgets "64 128"]
+  tools/retrieval.py --model DIR [--instances 100] [--context 1024] [--budgets "64 256"]
                      [--policies "full streamingllm ..."] [--gates DIR] [--out build/lm/retrieval]
 
 Writes OUT/results.csv (policy, budget, sinks, correct, instances, accuracy, seconds, and the
@@ -30,7 +30,7 @@ import corpus  # noqa: E402
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 TUTORIAL = "/usr/share/doc/python3.11/html/tutorial"
-GATED = {"trimkv": "trimkv", "dbtrimkv": "dbtrimkv", "wgkv": "wgkv"}
+LEARNED = ("trimkv", "dbtrimkv", "wgkv")  # each reads gates/<model>/<policy>.safetensors
 
 
 def filler_text():
@@ -41,13 +41,10 @@ def filler_text():
     return re.sub(r"\n{2,}", "\n", text)
 
 
-REPEATED = ("The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again.\n" * 400)
-
-
-def instances(n, context, seed, filler="text"):
+def instances(n, context, seed):
     """(prompt, key) pairs: the key after 5-25% of the filler, ~4 characters a token."""
     rng = random.Random(seed)
-    text = filler_text() if filler == "text" else REPEATED
+    text = filler_text()
     chars = 4 * context
     out = []
     for _ in range(n):
@@ -68,11 +65,8 @@ def run_batch(lm, model, prompts, policy, budget, sinks, gate, threads):
             "--policy", policy]
     if policy != "full":
         args += ["--budget", str(budget), "--buffer", "16"]
-        if policy == "wgkv":
-            args += ["--local", str(budget), "--gate", gate]
-        else:
-            args += ["--sinks", str(sinks)]
-        if policy in ("trimkv", "dbtrimkv"):
+        args += ["--local", str(budget)] if policy == "wgkv" else ["--sinks", str(sinks)]
+        if policy in LEARNED:
             args += ["--gate", gate]
     for p in prompts:
         args += ["--prompt", p]
@@ -102,22 +96,20 @@ def main():
     ap.add_argument("--model", required=True)
     ap.add_argument("--lm", default=os.path.join(ROOT, "build/default/examples/kvpolicy-lm"))
     ap.add_argument("--instances", type=int, default=100)
-    ap.add_argument("--context", type=int, default=2048, help="approximate tokens of text per instance")
-    ap.add_argument("--budgets", default="64 128")
+    ap.add_argument("--context", type=int, default=1024, help="approximate tokens of text per instance")
+    ap.add_argument("--budgets", default="64 256")
     ap.add_argument("--policies", default="full streamingllm h2o snapkv knorm keydiff trimkv dbtrimkv wgkv")
     ap.add_argument("--sinks", type=int, default=4, help="protected oldest entries per head (not wgkv)")
     ap.add_argument("--gates", default=os.path.join(ROOT, "gates/smollm2-135m"))
     ap.add_argument("--batch", type=int, default=20, help="instances per kvpolicy-lm process")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--filler", choices=["text", "repeated"], default="text",
-                    help="the haystack: the Python tutorial's text, or the classic repeated sentences")
     ap.add_argument("--out", default=os.path.join(ROOT, "build/lm/retrieval"))
     ap.add_argument("--append", action="store_true", help="add rows to an existing results.csv")
     ap.add_argument("--plot", action="store_true")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
-    data = instances(a.instances, a.context, a.seed, a.filler)
+    data = instances(a.instances, a.context, a.seed)
     path = os.path.join(a.out, "results.csv")
     fields = ["policy", "budget", "sinks", "correct", "instances", "accuracy", "seconds", "entries"]
     if not a.append or not os.path.exists(path):
@@ -125,7 +117,7 @@ def main():
             csv.DictWriter(f, fieldnames=fields).writeheader()
     for policy in a.policies.split():
         for budget in ([0] if policy == "full" else [int(b) for b in a.budgets.split()]):
-            gate = os.path.join(a.gates, GATED[policy] + ".safetensors") if policy in GATED else None
+            gate = os.path.join(a.gates, policy + ".safetensors") if policy in LEARNED else None
             sinks = 0 if policy in ("full", "wgkv") else a.sinks
             t0, right, wrong_examples, entries = time.time(), 0, [], 0
             for b in range(0, len(data), a.batch):
@@ -157,7 +149,7 @@ def plot(path, png):
     fig, ax = plt.subplots(figsize=(6.4, 4))
     for policy in dict.fromkeys(r["policy"] for r in rows if r["policy"] != "full"):
         pts = sorted((int(r["budget"]), float(r["accuracy"])) for r in rows if r["policy"] == policy)
-        style = "-o" if policy in GATED else "--."
+        style = "-o" if policy in LEARNED else "--."
         ax.plot([b for b, _ in pts], [100 * v for _, v in pts], style, label=policy)
     if full:
         ax.axhline(100 * full[0], color="k", lw=0.8, label="full cache")

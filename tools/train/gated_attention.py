@@ -69,7 +69,8 @@ class GatedModel:
 
     def _run(self, mode, ids, **kw):
         self.mode = mode
-        self.normed.clear(), self.k_pre.clear(), self.outputs.clear(), self.biases.clear()
+        for captured in (self.normed, self.k_pre, self.outputs, self.biases):
+            captured.clear()
         return self.model(input_ids=ids, use_cache=False, **kw)
 
     def teacher(self, ids, **kw):
