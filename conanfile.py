@@ -12,7 +12,7 @@ import re
 
 from conan import ConanFile
 from conan.tools.build import check_min_cppstd
-from conan.tools.files import copy, load
+from conan.tools.files import copy, load, save
 from conan.tools.layout import basic_layout
 
 
@@ -56,6 +56,13 @@ class KvpolicyConan(ConanFile):
     def package(self):
         copy(self, "LICENSE", self.source_folder, os.path.join(self.package_folder, "licenses"))
         copy(self, "*.hpp", os.path.join(self.source_folder, "include"), os.path.join(self.package_folder, "include"))
+        # the policy registry's list of files, as cmake/kvpolicy-registry.cmake writes it for CMake builds
+        folder = os.path.join(self.source_folder, "include", "kvpolicy", "policies")
+        stems = sorted(f[:-4] for f in os.listdir(folder) if f.endswith(".hpp"))
+        save(self, os.path.join(self.package_folder, "include", "kvpolicy", "policies", "registered.inc"),
+             "// Written by conanfile.py from include/kvpolicy/policies/: do not edit.\n" +
+             "".join(f'#include "kvpolicy/policies/{s}.hpp"\n' for s in stems) +
+             "#define KVPOLICY_POLICY_FILES " + ", ".join(f"::kvpolicy::policies::{s}" for s in stems) + "\n")
         copy(self, "kvpolicy-conan-*.cmake", os.path.join(self.source_folder, "cmake"),
              os.path.join(self.package_folder, "lib", "cmake"))
 

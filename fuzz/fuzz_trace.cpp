@@ -45,14 +45,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (!tr->write_gate.empty()) {  // SPEC §3
     replay::Options opt;
     opt.policy = "wgkv";
-    opt.local = 2;
-    opt.tau = 0.5;
+    const std::int64_t local = 2;
+    opt.set("local", local).set("tau", 0.5);
     try {
       const auto r = replay::replay(*tr, opt);
       check(kv_ok);  // the gate takes log_beta's place: only K/V/queries can be refused
       for (std::size_t i = 0; i < r.evicted_at.size(); ++i) {
         const auto t = static_cast<std::int64_t>(i) % tr->tokens;
-        check(r.evicted_at[i] == -1 || (r.evicted_at[i] > t + opt.local && tr->write_gate[i] < 0.5f));
+        check(r.evicted_at[i] == -1 || (r.evicted_at[i] > t + local && tr->write_gate[i] < 0.5f));
       }
     } catch (const Error&) {
       check(!kv_ok);
@@ -65,10 +65,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       if (i < band || i >= tr->hidden.size() - band) hidden_ok = hidden_ok && std::isfinite(tr->hidden[i]);
     replay::Options opt;
     opt.policy = "epikv";
-    opt.budget = 3;
+    const std::int64_t budget = 3;
     opt.prefill = tr->tokens > 2 ? 2 : 0;
-    opt.band_a = 0;
-    opt.band_b = tr->hidden_layers - 1;
+    opt.set("budget", budget).set("band-a", 0).set("band-b", tr->hidden_layers - 1);
     try {
       const auto r = replay::replay(*tr, opt);
       check(hidden_ok);
@@ -76,7 +75,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         const auto t = static_cast<std::int64_t>(i) % tr->tokens;
         check(r.evicted_at[i] == -1 || (t >= opt.prefill && r.evicted_at[i] > t));
       }
-      check(r.peak_entries_per_head <= std::max<std::int64_t>(opt.prefill + opt.budget + 1, opt.prefill));
+      check(r.peak_entries_per_head <= std::max<std::int64_t>(opt.prefill + budget + 1, opt.prefill));
     } catch (const Error&) {
       check(!hidden_ok);
     }
@@ -84,8 +83,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   for (const char* policy : {"trimkv", "dbtrimkv"}) {
     replay::Options opt;
     opt.policy = policy;
-    opt.budget = 2;
-    opt.buffer = 2;
+    const std::int64_t budget = 2, buffer = 2;
+    opt.set("budget", budget).set("buffer", buffer);
     opt.prefill = tr->tokens > 3 ? 3 : 0;
     try {
       const auto full = tr->has_attention() ? replay::full_attention(*tr) : std::vector<float>{};
@@ -96,9 +95,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         check(r.evicted_at[i] == -1 || (r.evicted_at[i] > t && r.evicted_at[i] <= tr->tokens));
       }
       if (opt.policy == std::string("trimkv"))  // SPEC §1: the step that triggers holds at most M + B
-        check(r.peak_entries_per_head <= std::max<std::int64_t>(opt.budget + opt.buffer, opt.prefill));
+        check(r.peak_entries_per_head <= std::max<std::int64_t>(budget + buffer, opt.prefill));
       else  // SPEC §2: below L Hkv (M + B) after a step, plus this step's entries before its eviction
-        check(r.peak_entries_total <= std::max<std::int64_t>(heads * (opt.budget + opt.buffer) - 1 + heads, heads * opt.prefill));
+        check(r.peak_entries_total <= std::max<std::int64_t>(heads * (budget + buffer) - 1 + heads, heads * opt.prefill));
     } catch (const Error&) {
       check(!accepted);
     }

@@ -39,7 +39,7 @@ run() {  # policy budget sinks extra-args...
   local p=$1 m=$2 s=$3; shift 3
   [ -z "$only" ] || [[ "$only" == *" $p "* ]] || return 0
   local log; log=$("$lm" --model "$model" --text "$text" --tokens 2048 --score-from 1 --chunk 16 --threads 1 \
-                   --policy "$p" --budget "$m" --buffer 16 --sinks "$s" "$@")
+                   --policy "$p" "$@")
   local ppl peak final secs mean
   ppl=$(grep '^ppl ' <<<"$log" | cut -d' ' -f2)
   peak=$(sed -n 's/^entries held: peak \([0-9]*\), final \([0-9]*\) .*/\1/p' <<<"$log")
@@ -48,21 +48,31 @@ run() {  # policy budget sinks extra-args...
   mean=$(sed -n 's/^entries held on average: //p' <<<"$log")
   echo "$p,$m,$s,$ppl,$peak,$final,$secs,$mean" | tee -a "$csv"
 }
-[ $append -eq 1 ] || run full 1 0
+# Every registered policy (kvpolicy-lm --list-policies: name, options, inputs, prompt), with the
+# options it takes: M as --budget (or as the ring --local of a policy without a budget), B = 16
+# where it has a buffer, and 0 and 4 sinks where it has both (a per-head or global budget with a
+# trigger). A policy without options is the reference row; a gated one runs with its gate from
+# $gates when there is one; a prompt-compressing one gets a 1,024-token prompt.
+policies=$("$lm" --list-policies)
+has() { [[ ",$1," == *",$2,"* ]]; }
+while IFS=$'\t' read -r p opts inputs prompt; do
+  [ "$opts" = "-" ] && [ $append -eq 0 ] && run "$p" 1 0
+done <<<"$policies"
 for m in $budgets; do
-  for p in streamingllm h2o knorm keydiff random; do
-    run "$p" "$m" 0
-    run "$p" "$m" 4
-  done
-  run snapkv "$m" 0 --prefill 1024
-  for p in kv-key kv-val lag-kv epikv hs-var; do run "$p" "$m" 0; done
-  for p in trimkv dbtrimkv; do
-    if [ -f "$gates/$p.safetensors" ]; then
-      run "$p" "$m" 0 --gate "$gates/$p.safetensors"
-      run "$p" "$m" 4 --gate "$gates/$p.safetensors"
+  while IFS=$'\t' read -r p opts inputs prompt; do
+    [ "$opts" != "-" ] || continue
+    args=()
+    if has "$opts" budget; then args+=(--budget "$m"); elif has "$opts" local; then args+=(--local "$m"); fi
+    has "$opts" buffer && args+=(--buffer 16)
+    [ "$prompt" = "prompt" ] && args+=(--prefill 1024)
+    if has "$opts" gate; then
+      [ -f "$gates/$p.safetensors" ] || continue
+      args+=(--gate "$gates/$p.safetensors")
     fi
-  done
-  [ ! -f "$gates/wgkv.safetensors" ] || run wgkv "$m" 0 --local "$m" --gate "$gates/wgkv.safetensors"
+    has "$opts" sinks && args+=(--sinks 0)  # explicit: a policy's default may protect some (StreamingLLM's 4)
+    run "$p" "$m" 0 "${args[@]}"
+    if has "$opts" buffer && has "$opts" sinks; then run "$p" "$m" 4 "${args[@]}" --sinks 4; fi
+  done <<<"$policies"
 done
 "$root/build/lm/venv/bin/python" -c "import matplotlib" 2>/dev/null ||
   "$root/build/lm/venv/bin/pip" install -q --disable-pip-version-check "matplotlib<4"

@@ -45,22 +45,8 @@ model:   --model DIR       config.json, model.safetensors, tokenizer.json (tools
                            reads F32.
 steps:   --prefill P       the first step's tokens, declared as the prompt (default: --chunk)
          --chunk C         tokens per later step of a text (default 16); generation decodes 1
-policy:  --policy P        full (default), streamingllm, h2o, snapkv, knorm, keydiff, random,
-                           kv-key, kv-val, lag-kv, epikv, hs-var, and with --gate: trimkv,
-                           dbtrimkv, wgkv
-         --budget M        entries per (layer, kv head) (default 256; K, the generated tokens
-                           kept, for kv-key/kv-val/lag-kv/epikv/hs-var)
-         --buffer B        eviction runs when a head reaches M + B (default 16)
-         --sinks S         the S oldest entries of each head are protected, every policy
-                           (default 4 for streamingllm, 0 elsewhere)
-         --window w        the w newest are protected, every policy but wgkv (its ring,
-                           --local) (default 0; h2o: 0 = M/2; snapkv: W_obs, 0 = min(32, M))
-         --recency R       kv-key, kv-val, lag-kv, epikv, hs-var: newest kept (default min(128, M/4))
-         --band-a A, --band-b B  epikv, hs-var: the hidden states scored, HF indexing (0 = the
-                           embeddings, l = after layer l-1; default 10 and 21, SPEC §4)
-         --seed N          random (default 0)
-         --gate FILE       the trained gate of trimkv, dbtrimkv or wgkv (safetensors, SPEC names)
-         --local W, --tau t  wgkv (default 256, 0.1)
+policy:  --policy P        one of the policies below (default full); its options as --NAME VALUE
+         --list-policies   the registered policies, one per line: name, options, inputs, prompt
 )";
 
 struct Args {
@@ -79,6 +65,11 @@ Args parse(int argc, char** argv) {
     const std::string f = argv[i];
     if (f == "-h" || f == "--help") {
       std::fputs(kUsage, stdout);
+      std::fputs(("\n" + cli::policy_help()).c_str(), stdout);
+      std::exit(0);
+    }
+    if (f == "--list-policies") {
+      std::fputs(cli::policy_list().c_str(), stdout);
       std::exit(0);
     }
     if (f == "--golden-strict") {
@@ -102,20 +93,7 @@ Args parse(int argc, char** argv) {
       a.decode_weights = v == "gguf" ? DecodeWeights::gguf : DecodeWeights::f32;
     }
     else if (f == "--policy") a.policy.name = v;
-    else if (f == "--budget") a.policy.budget = cli::integer(f, v);
-    else if (f == "--buffer") a.policy.buffer = cli::integer(f, v);
-    else if (f == "--sinks") a.policy.sinks = cli::integer(f, v);
-    else if (f == "--window") a.policy.window = cli::integer(f, v);
-    else if (f == "--recency") a.policy.recency = cli::integer(f, v);
-    else if (f == "--band-a" || f == "--band-b") {
-      const std::int64_t band = cli::integer(f, v);
-      require(band >= 0 && band <= 1 << 20, f, " ", v, " must be a hidden-state index (>= 0)");
-      (f == "--band-a" ? a.policy.band_a : a.policy.band_b) = static_cast<int>(band);
-    }
-    else if (f == "--seed") a.policy.seed = static_cast<std::uint64_t>(cli::integer(f, v));
-    else if (f == "--gate") a.policy.gate = v;
-    else if (f == "--local") a.policy.local = cli::integer(f, v);
-    else if (f == "--tau") a.policy.tau = cli::number(f, v);
+    else if (f.starts_with("--") && registry::is_option(f.substr(2))) a.policy.set(f.substr(2), v);
     else fail("unknown option ", f, " (kvpolicy-lm --help)");
   }
   require(!a.model.empty(), "--model DIR is required (kvpolicy-lm --help)");
@@ -149,10 +127,12 @@ int perplexity_mode(const Args& a, const Model& model, const Tokenizer& tok) {
   const Run r = with_policy(a.policy, model.config, 1, a.tokens, [&](auto& cache, const EntryMetadata& meta) {
     return score_text(dec, cache, meta, ids, a.prefill, a.chunk, golden);
   });
-  std::printf("model %s, text %s: %lld tokens, policy %s (M %lld, B %lld), prefill %lld, chunk %lld\n",
-              model.config.name.c_str(), a.text.c_str(), static_cast<long long>(a.tokens), a.policy.name.c_str(),
-              static_cast<long long>(a.policy.budget), static_cast<long long>(a.policy.buffer),
-              static_cast<long long>(a.prefill), static_cast<long long>(a.chunk));
+  std::string given;  // the policy's options as given (the registry's defaults for the rest)
+  for (const auto& [option, value] : a.policy.given) given += (given.empty() ? " (" : ", ") + option + " " + value;
+  std::printf("model %s, text %s: %lld tokens, policy %s%s, prefill %lld, chunk %lld\n", model.config.name.c_str(),
+              a.text.c_str(), static_cast<long long>(a.tokens), a.policy.name.c_str(),
+              (given.empty() ? given : given + ")").c_str(), static_cast<long long>(a.prefill),
+              static_cast<long long>(a.chunk));
   std::printf("entries held: peak %lld, final %lld of %lld (%lld evictions); %.2f s, %.1f tokens/s\n",
               static_cast<long long>(r.peak_entries), static_cast<long long>(r.final_entries),
               static_cast<long long>(a.tokens * model.config.cache_shape().heads_total()), static_cast<long long>(r.evictions),

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include <Eigen/Core>
+#include "kvpolicy/core/eigen.hpp"
 #include <nlohmann/json.hpp>
 
 #include "kvpolicy/core/error.hpp"

@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include <Eigen/Core>
+#include "kvpolicy/core/eigen.hpp"
 
 #include "kvpolicy/core/dtype.hpp"
 #include "kvpolicy/core/error.hpp"

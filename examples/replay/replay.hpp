@@ -11,58 +11,48 @@
 #include <string>
 #include <vector>
 
+#include <map>
+#include <memory>
+#include <sstream>
+
 #include "kvpolicy/cpu/attention.hpp"
-#include "kvpolicy/baselines.hpp"
-#include "kvpolicy/dbtrimkv.hpp"
-#include "kvpolicy/epikv.hpp"
-#include "kvpolicy/gate/retention_gate.hpp"
-#include "kvpolicy/gate/rg10_gate.hpp"
-#include "kvpolicy/gate/tied_gate.hpp"
+#include "kvpolicy/gate/load.hpp"
 #include "kvpolicy/gate/write_gate.hpp"
-#include "kvpolicy/wgkv.hpp"
+#include "kvpolicy/registry.hpp"
 #include "kvpolicy/trimkv.hpp"
 #include "trace.hpp"
 
 namespace kvpolicy::replay {
 
+// A policy by its registry name (kvpolicy/registry.hpp), the options given to it (--name value;
+// the registry holds the defaults and refuses one the policy does not take), and the steps.
 struct Options {
-  std::string policy = "trimkv";  // one of policies()
-  std::int64_t budget = 1024;     // M
-  std::int64_t buffer = 128;      // B
-  int horizon = 2;                // h (dbtrimkv)
-  double floor_ratio = 0.0;       // f (dbtrimkv)
-  std::int64_t window = 0;        // w, every policy (snapkv: W_obs, 0 = min(32, M); wgkv: its ring is --local)
-  double threshold = 0.0;         // alpha
-  std::int64_t prefill = 0;       // P: the first P tokens as one chunk
-  std::int64_t sinks = -1;        // S, every policy; -1 = the policy's default (4 for streamingllm, else 0)
-  std::uint64_t seed = 0;         // random
-  int band_a = 10, band_b = 21;   // epikv, hs-var: hidden-state layers A and B
-  std::int64_t recency = -1;      // R of the EpiKV family; -1 = min(128, K / 4)
-  std::int64_t local = 256;       // W_local (wgkv)
-  double tau = 0.1;               // admission threshold (wgkv)
-  std::string gate;               // a gate file: wgkv's write gate (on keys_pre_rope and keys); trimkv's and
-                                  // dbtrimkv's retention gate (on gate_input), replacing the trace's log_beta
-  std::int64_t average_budget = 0;  // wgkv: M_avg of the hard budget (appendix K); 0 = none
-  std::string pooling = "avg";    // snapkv: avg | max
-  int pool_kernel = 5;            // snapkv: odd
-  std::string gqa = "mean";       // snapkv: mean | max over the query heads of a kv head
-  /// S as the policy runs it: the given one, or the policy's default (SPEC §5)
-  std::int64_t sinks_or_default() const { return sinks >= 0 ? sinks : policy == "streamingllm" ? 4 : 0; }
+  std::string policy = "trimkv";
+  std::int64_t prefill = 0;  // P: the first P tokens as one chunk, the prompt
+  std::map<std::string, std::string, std::less<>> given;
+
+  Options& set(const std::string& option, const std::string& value) {
+    given[option] = value;
+    return *this;
+  }
+  Options& set(const std::string& option, double value) {
+    std::ostringstream s;
+    s.precision(17);
+    s << value;
+    return set(option, s.str());
+  }
+  /// Sets the option when the policy takes it (a table of several policies with shared settings).
+  Options& offer(const std::string& option, double value) {
+    if (registry::takes(policy, option)) set(option, value);
+    return *this;
+  }
+  /// An option's value as the run uses it: given, or the policy's default ("" when it takes none).
+  std::string value(const std::string& option) const {
+    const auto it = given.find(option);
+    if (it != given.end()) return it->second;
+    return registry::default_text(policy, option);
+  }
 };
-
-// The EpiKV family (SPEC §4) takes --budget as K over the generated tokens of each head, protects
-// the first --prefill tokens (the prompt) and the R newest, and ignores --buffer.
-inline const std::vector<std::string>& policies() {
-  static const std::vector<std::string> names{"trimkv", "dbtrimkv", "wgkv", "epikv", "hs-var", "kv-key", "kv-val", "lag-kv",
-                                              "streamingllm", "h2o", "snapkv", "knorm", "keydiff", "random"};
-  return names;
-}
-
-inline std::string policy_list() {
-  std::string out;
-  for (const auto& p : policies()) out += (out.empty() ? "" : ", ") + p;
-  return out;
-}
 
 struct Result {
   std::vector<std::int64_t> evicted_at;  // [L, Hkv, T]: n when evicted, -1 if it survived
@@ -210,158 +200,112 @@ inline std::int64_t pool_pages(const Trace& tr) {
 
 }  // namespace detail
 
-// Replays `tr` through the policy `opt` names; `full` (see Reference) enables the per-step attention
-// error.
 /// log_beta [L, Hkv, T] from a retention gate file run on the trace's gate_input: TRIM-KV's gate
-/// (SPEC §1) for trimkv; for dbtrimkv the authors' rg10 (SPEC §2), or the paper's literal tied gate.
-inline std::vector<float> gated_log_beta(const Trace& tr, const std::string& policy, const std::string& path) {
+/// (SPEC §1), or DBTrimKV's tied gate (tied: the authors' rg10, or the paper's literal one).
+inline std::vector<float> gated_log_beta(const Trace& tr, std::string_view policy, bool tied, const std::string& path) {
   require(!tr.gate_input.empty(), "replay: --gate with ", policy,
           " needs the trace's gate_input [L, T, D] (each layer's attention input after its input RMSNorm)");
-  const auto file = safetensors::File::read(path);
   const int L = tr.layers, H = tr.kv_heads, D = tr.gate_input_size;
   const std::int64_t T = tr.tokens;
+  const auto gate = gate::load_retention_gate(path, L, D, H, tied);
   std::vector<float> out(static_cast<std::size_t>(std::int64_t{L} * H * T));
-  const auto run = [&](const auto& g) {
-    for (int l = 0; l < L; ++l)
-      g.forward(l, View<const float, 2>(tr.gate_input.data() + std::int64_t{l} * T * D, {T, D}),
-                View<float, 2>(out.data() + std::int64_t{l} * H * T, {H, T}));
-  };
-  const auto inner = [&](const std::string& name) { return static_cast<int>(file.info(name).shape.at(0)); };
-  if (policy == "trimkv")
-    run(gate::RetentionGate::load(file, {L, D, H, inner(gate::RetentionGate::prefix(0) + "linear1.weight")}));
-  else if (gate::Rg10Gate::holds(file))
-    run(gate::Rg10Gate::load(file, {L, D, H, inner(gate::Rg10Gate::prefix(0) + "linear1.weight")}));
-  else
-    run(gate::TiedGate::load(file, {L, D, H, inner(gate::TiedGate::readout_weight)}));
+  for (int l = 0; l < L; ++l)
+    gate(l, View<const float, 2>(tr.gate_input.data() + std::int64_t{l} * T * D, {T, D}),
+         View<float, 2>(out.data() + std::int64_t{l} * H * T, {H, T}));
   return out;
 }
 
-inline Result replay(const Trace& trace, const Options& opt, const Reference& full = {}) {
-  // --gate with trimkv or dbtrimkv: the trace's log_beta is replaced by the gate's on its gate_input
-  Trace with_gate;
-  if (!opt.gate.empty() && (opt.policy == "trimkv" || opt.policy == "dbtrimkv")) {
-    with_gate = trace;
-    with_gate.log_beta = gated_log_beta(trace, opt.policy, opt.gate);
-  }
-  const Trace& tr = with_gate.layers > 0 ? with_gate : trace;
-  CacheShape shape = tr.shape();
-  if (!tr.has_attention()) shape = CacheShape{tr.layers, tr.kv_heads, tr.kv_heads, 1};
-  require(opt.prefill >= 0, "replay: --prefill P = ", opt.prefill, " must be >= 0");
-  const auto pages = detail::pool_pages(tr);
-  const std::int64_t sinks = opt.sinks_or_default();  // SPEC §5: every policy protects S sinks and w newest
-  if (opt.policy == "trimkv") {
-    TrimKVCache<> cache(shape, memory::Paged<16>(pages),
-                        trimkv_evictor({opt.budget, opt.buffer, opt.window, opt.threshold, sinks}));
-    return detail::run(cache, tr, opt, full);
-  }
-  if (opt.policy == "dbtrimkv") {
-    const DBTrimKVConfig c{opt.budget, opt.buffer, opt.horizon, opt.floor_ratio, opt.window, opt.threshold, sinks};
-    DBTrimKVCache<> cache(shape, memory::Paged<16>(pages), dbtrimkv_evictor(c), dbtrimkv_scorer(c));
-    return detail::run(cache, tr, opt, full);
-  }
-  if (opt.threshold != 0.0) fail("replay: --threshold applies to trimkv and dbtrimkv, not to ", opt.policy);
-  if (opt.policy == "wgkv" && opt.window != 0)
-    fail("replay: wgkv's protected window is its ring: set --local W, not --window");
-  const bool needs_kv = opt.policy == "h2o" || opt.policy == "snapkv" || opt.policy == "keydiff" || opt.policy == "kv-key" ||
-                        opt.policy == "kv-val" || opt.policy == "lag-kv";
-  require(!needs_kv || tr.has_attention(), "replay: policy ", opt.policy,
-          " needs the trace's keys, values and queries, and this trace has none");
-  if (opt.policy == "wgkv") {  // SPEC §3: g from the trace's write_gate, or the gate run on its keys
-    detail::Metadata gates;
-    std::vector<float> computed;
-    if (!opt.gate.empty()) {
+/// The write score of policy P's entries (registry::Inputs) for each step of the trace: the
+/// trace's log_beta (none, or a retention gate without --gate), or computed from the trace.
+template <registry::Policy P>
+detail::Metadata step_scores(const Trace& tr, const registry::Values& v, const CacheShape& shape) {
+  using registry::Inputs;
+  if constexpr (P::inputs == Inputs::write_gate) {  // SPEC §3: g from the trace's write_gate, or the gate on its keys
+    auto source = std::make_shared<std::vector<float>>();
+    const std::string& path = v.text("gate");
+    if (!path.empty()) {
       require(tr.has_attention() && !tr.keys_pre_rope.empty(), "replay: --gate needs the trace's keys_pre_rope and keys");
-      const auto g = gate::WriteGate::load(safetensors::File::read(opt.gate),
+      const auto g = gate::WriteGate::load(safetensors::File::read(path),
                                            {.layers = tr.layers, .kv_heads = tr.kv_heads, .head_dim = tr.head_dim});
-      computed.resize(tr.log_beta.size());
+      source->resize(tr.log_beta.size());
       const std::int64_t T = tr.tokens, d = tr.head_dim;
       for (int l = 0; l < tr.layers; ++l) {
         const auto at = static_cast<std::size_t>(std::int64_t{l} * tr.kv_heads * T);
         g.forward(l, View<const float, 3>(tr.keys_pre_rope.data() + at * d, {tr.kv_heads, T, d}),
                   View<const float, 3>(tr.keys.data() + at * d, {tr.kv_heads, T, d}),
-                  View<float, 2>(computed.data() + at, {tr.kv_heads, T}));
+                  View<float, 2>(source->data() + at, {tr.kv_heads, T}));
       }
     } else {
-      require(!tr.write_gate.empty(), "replay: policy wgkv needs the trace's write_gate, or --gate with keys_pre_rope");
+      require(!tr.write_gate.empty(), "replay: policy ", P::name,
+              " needs the trace's write_gate, or --gate with keys_pre_rope");
+      *source = tr.write_gate;
     }
-    const std::vector<float>& source = opt.gate.empty() ? tr.write_gate : computed;
-    gates = [&](std::int64_t n, std::int64_t len, const std::vector<float>&, const std::vector<float>&, std::vector<float>& out) {
-      out = detail::slice(source, tr.layers, tr.kv_heads, tr.tokens, 1, n, len);
+    return [&tr, source](std::int64_t n, std::int64_t len, const std::vector<float>&, const std::vector<float>&,
+                         std::vector<float>& out) {
+      out = detail::slice(*source, tr.layers, tr.kv_heads, tr.tokens, 1, n, len);
     };
-    if (opt.average_budget > 0) {  // SPEC §3 "Admission with eviction"
-      require(tr.has_attention(), "replay: wgkv with --avg-budget needs the trace's keys, values and queries");
-      const WGKVBudgetConfig c{opt.local, opt.tau, opt.average_budget, 256, 5, 0.1, sinks};
-      WGKVBudgetCache<> cache(shape, memory::Paged<16>(pages), wgkv_budget_evictor(shape, c), wgkv_budget_scorer(shape, c));
-      return detail::run(cache, tr, opt, full, gates);
-    }
-    WGKVCache<> cache(shape, memory::Paged<16>(pages), wgkv_evictor({opt.local, opt.tau, sinks}));
-    return detail::run(cache, tr, opt, full, gates);
-  }
-  if (opt.policy == "epikv" || opt.policy == "hs-var") {  // SPEC §4: one score per token from the hidden states
-    require(tr.has_hidden(), "replay: policy ", opt.policy, " needs the trace's hidden_states [L', T, D]");
-    epiphany::Signal signal({opt.band_a, opt.band_b, 64,
-                             opt.policy == "epikv" ? epiphany::Variant::epikv : epiphany::Variant::hs_var},
-                            tr.hidden_size);
-    const detail::Metadata scores = [&](std::int64_t n, std::int64_t len, const std::vector<float>&, const std::vector<float>&,
+  } else if constexpr (P::inputs == Inputs::hidden_states) {  // SPEC §4: one score per token
+    require(tr.has_hidden(), "replay: policy ", P::name, " needs the trace's hidden_states [L', T, D]");
+    auto signal = std::make_shared<epiphany::Signal>(
+        epiphany::SignalConfig{static_cast<int>(v.integer("band-a")), static_cast<int>(v.integer("band-b")), 64, P::variant},
+        tr.hidden_size);
+    return [&tr, signal, shape](std::int64_t n, std::int64_t len, const std::vector<float>&, const std::vector<float>&,
                                 std::vector<float>& out) {
       const auto hidden = detail::slice(tr.hidden, tr.hidden_layers, 1, tr.tokens, tr.hidden_size, n, len);
       std::vector<float> token_scores(static_cast<std::size_t>(len));
-      signal.push_hidden(View<const float, 3>(hidden.data(), {tr.hidden_layers, len, tr.hidden_size}), token_scores);
+      signal->push_hidden(View<const float, 3>(hidden.data(), {tr.hidden_layers, len, tr.hidden_size}), token_scores);
       broadcast_token_scores(shape, token_scores, View<float, 3>(out.data(), {shape.layers, shape.kv_heads, len}));
     };
-    EpiKVCache<> cache(shape, memory::Paged<16>(pages), epikv_evictor({opt.budget, opt.recency, sinks, opt.window}));
-    return detail::run(cache, tr, opt, full, scores);
-  }
-  if (opt.policy == "kv-key" || opt.policy == "kv-val" || opt.policy == "lag-kv") {
-    const auto stat = opt.policy == "kv-key"   ? kvstats::Statistic::key
-                      : opt.policy == "kv-val" ? kvstats::Statistic::value
-                                               : kvstats::Statistic::lag;
-    kvstats::Tracker tracker(shape, {stat, 64});
-    const detail::Metadata scores = [&](std::int64_t, std::int64_t len, const std::vector<float>& k, const std::vector<float>& v,
-                                std::vector<float>& out) {
+  } else if constexpr (P::inputs == Inputs::key_value_statistic) {  // SPEC §4: per (layer, kv head)
+    auto tracker = std::make_shared<kvstats::Tracker>(shape, kvstats::Config{P::statistic, 64});
+    return [tracker, shape](std::int64_t, std::int64_t len, const std::vector<float>& k, const std::vector<float>& val,
+                            std::vector<float>& out) {
       const std::int64_t layer_kv = std::int64_t{shape.kv_heads} * len * shape.head_dim;
       for (int l = 0; l < shape.layers; ++l)
-        tracker.push(l, View<const float, 3>(k.data() + l * layer_kv, {shape.kv_heads, len, shape.head_dim}),
-                     View<const float, 3>(v.data() + l * layer_kv, {shape.kv_heads, len, shape.head_dim}),
-                     View<float, 2>(out.data() + std::int64_t{l} * shape.kv_heads * len, {shape.kv_heads, len}));
+        tracker->push(l, View<const float, 3>(k.data() + l * layer_kv, {shape.kv_heads, len, shape.head_dim}),
+                      View<const float, 3>(val.data() + l * layer_kv, {shape.kv_heads, len, shape.head_dim}),
+                      View<float, 2>(out.data() + std::int64_t{l} * shape.kv_heads * len, {shape.kv_heads, len}));
     };
-    EpiKVCache<> cache(shape, memory::Paged<16>(pages), epikv_evictor({opt.budget, opt.recency, sinks, opt.window}));
-    return detail::run(cache, tr, opt, full, scores);
+  } else {  // the trace's log_beta (a retention gate's file replaces it before this)
+    return {};
   }
-  // SPEC §5 baselines: they score from position, attention mass, key norm, keys or a seed, and ignore log_beta
-  const auto evictor = baseline_evictor({opt.budget, opt.buffer, sinks, opt.window});
-  if (opt.policy == "streamingllm") {  // its sinks are its score's (SPEC §5 Recency), the evictor's none
-    StreamingLLMCache<> cache(shape, memory::Paged<16>(pages), baseline_evictor({opt.budget, opt.buffer, 0, opt.window}),
-                              score::Recency{sinks});
-    return detail::run(cache, tr, opt, full);
-  }
-  if (opt.policy == "h2o") {
-    H2OCache<> cache(shape, memory::Paged<16>(pages), h2o_evictor({opt.budget, opt.buffer, sinks, opt.window}));
-    return detail::run(cache, tr, opt, full);
-  }
-  if (opt.policy == "snapkv") {  // compresses the --prefill prompt to M per head once
-    require(opt.prefill > 0, "replay: snapkv compresses the prompt: give its length with --prefill P");
-    require(opt.pooling == "avg" || opt.pooling == "max", "replay: --pool '", opt.pooling, "' must be avg or max");
-    require(opt.gqa == "mean" || opt.gqa == "max", "replay: --gqa '", opt.gqa, "' must be mean or max");
-    const SnapKVConfig c{opt.budget, opt.window > 0 ? opt.window : std::min<std::int64_t>(32, opt.budget), opt.pool_kernel,
-                         opt.pooling == "avg" ? score::Pooling::avg : score::Pooling::max,
-                         opt.gqa == "mean" ? score::GroupReduce::mean : score::GroupReduce::max, sinks};
-    SnapKVCache<> cache(shape, memory::Paged<16>(pages), snapkv_evictor(c), snapkv_scorer(c));
-    return detail::run(cache, tr, opt, full);
-  }
-  if (opt.policy == "knorm") {
-    KNormCache<> cache(shape, memory::Paged<16>(pages), evictor);
-    return detail::run(cache, tr, opt, full);
-  }
-  if (opt.policy == "keydiff") {
-    KeyDiffCache<> cache(shape, memory::Paged<16>(pages), evictor);
-    return detail::run(cache, tr, opt, full);
-  }
-  if (opt.policy == "random") {
-    RandomCache<> cache(shape, memory::Paged<16>(pages), evictor, score::SeededRandom{opt.seed});
-    return detail::run(cache, tr, opt, full);
-  }
-  fail("replay: unknown policy '", opt.policy, "' (known: ", policy_list(), ")");
+}
+
+/// Replays `trace` through policy P with the option values `v`.
+template <registry::Policy P>
+Result replay_policy(const Trace& trace, const Options& opt, const registry::Values& v, const Reference& full) {
+  using registry::Inputs;
+  if constexpr (requires { P::needs_prompt_length; })
+    require(opt.prefill > 0, "replay: ", P::name, " compresses the prompt: give its length with --prefill P");
+  // --gate with a retention gate: the trace's log_beta is replaced by the gate's on its gate_input
+  Trace with_gate;
+  if constexpr (P::inputs == Inputs::retention_gate || P::inputs == Inputs::tied_retention_gate)
+    if (!v.text("gate").empty()) {
+      with_gate = trace;
+      with_gate.log_beta = gated_log_beta(trace, P::name, P::inputs == Inputs::tied_retention_gate, v.text("gate"));
+    }
+  const Trace& tr = with_gate.layers > 0 ? with_gate : trace;
+  CacheShape shape = tr.shape();
+  if (!tr.has_attention()) shape = CacheShape{tr.layers, tr.kv_heads, tr.kv_heads, 1};
+  const detail::Metadata metadata = step_scores<P>(tr, v, shape);
+  return P::template make<cpu_backend>(v, shape, memory::Paged<16>(detail::pool_pages(tr)), [&](auto& cache) {
+    using S = typename std::remove_reference_t<decltype(cache)>::scorer_type;
+    // what the scorer reads beyond the metadata: the attention (H2O, SnapKV), the keys (KeyDiff)
+    constexpr bool needs_kv = kvpolicy::detail::ScorerInputs<S>::observes_attention || scorer_needs_head_keys<S> ||
+                              P::inputs == Inputs::key_value_statistic;
+    require(!needs_kv || tr.has_attention(), "replay: policy ", P::name,
+            " needs the trace's keys, values and queries, and this trace has none");
+    return detail::run(cache, tr, opt, full, metadata);
+  });
+}
+
+// Replays `trace` through the policy `opt` names; `full` (see Reference) enables the per-step
+// attention error.
+inline Result replay(const Trace& trace, const Options& opt, const Reference& full = {}) {
+  require(opt.prefill >= 0, "replay: --prefill P = ", opt.prefill, " must be >= 0");
+  return registry::visit(opt.policy, [&]<registry::Policy P>() {
+    return replay_policy<P>(trace, opt, registry::values<P>(opt.given), full);
+  });
 }
 
 // With the full-cache attention computed by the caller (full_attention), or nullptr for none.

@@ -53,7 +53,7 @@ struct EvictionReport {
 
 template <Scorer S, Admitter A, Evictor E, Allocator Alloc, Backend B>
 class Cache {
-  // Compositions that cannot work fail here, with one line each (DESIGN, "The four concepts").
+  // Compositions that cannot work fail here, with one line each (docs/architecture.md, "The four concepts").
   static_assert(!scorer_needs_attention_mass<S> || backend_emits_attention_mass<B>,
                 "kvpolicy::Cache: this Scorer ranks by attention mass (H2O), which this Backend's attention does not emit");
   static_assert(!scorer_needs_attention_mass<S> || requires(Alloc& a) { a.pool().add_attention_mass(0, 0.0f); },

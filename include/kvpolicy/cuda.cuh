@@ -1,5 +1,5 @@
 /// \file
-/// kvpolicy/cuda.cuh — the CUDA path (DESIGN, Device path): views over engine-owned device memory
+/// kvpolicy/cuda.cuh — the CUDA path (docs/architecture.md, "Device path"): views over engine-owned device memory
 /// and the kernels every policy step is made of — append, scoring, per-head and pooled top-K,
 /// compaction, paged decode attention, the retention gates — and the Cache composition on the GPU
 /// (Backend = cuda_backend: TrimKVCache<cuda_backend>, DBTrimKVCache<cuda_backend>). Every kernel entry

@@ -1,6 +1,7 @@
 // Built against the installed tree: the presets, a gate and the safetensors reader must all work.
 #include <kvpolicy/dbtrimkv.hpp>
 #include <kvpolicy/gate/retention_gate.hpp>
+#include <kvpolicy/registry.hpp>
 #include <kvpolicy/trimkv.hpp>
 
 #include <cmath>
@@ -29,7 +30,20 @@ int main() {
   std::vector<float> x(3, 1.0f);
   float log_beta = 0.0f;
   g.forward(0, View<const float, 2>(x.data(), {1, 3}), View<float, 2>(&log_beta, {1, 1}));
-  std::printf("consumer: %lld entries, out[0] = %g, log_beta = %g\n", static_cast<long long>(cache.length(0, 0, 0)),
-              out[0], log_beta);
-  return cache.length(0, 0, 0) <= 5 && out[0] == 0.5f && std::fabs(log_beta + 0.6931472f) < 1e-6f ? 0 : 1;
+  // a policy by name from the installed registry (its list is written at install)
+  const auto held = registry::visit("streamingllm", [&]<registry::Policy P>() {
+    return P::template make<cpu_backend>(registry::values<P>({{"budget", "3"}, {"buffer", "1"}, {"sinks", "1"}}), shape,
+                                         memory::Paged<16>(8), [&](auto& c) {
+                                           c.add_sequence(0);
+                                           for (int step = 0; step < 6; ++step)
+                                             c.step(0, View<const float, 4>(kv.data(), {1, 1, 1, 4}),
+                                                    View<const float, 4>(kv.data(), {1, 1, 1, 4}),
+                                                    View<const float, 3>(lb.data(), {1, 1, 1}));
+                                           return c.length(0, 0, 0);
+                                         });
+  });
+  std::printf("consumer: %lld entries, out[0] = %g, log_beta = %g, %zu policies, streamingllm held %lld\n",
+              static_cast<long long>(cache.length(0, 0, 0)), out[0], log_beta, registry::names().size(),
+              static_cast<long long>(held));
+  return cache.length(0, 0, 0) <= 5 && out[0] == 0.5f && std::fabs(log_beta + 0.6931472f) < 1e-6f && held == 3 ? 0 : 1;
 }

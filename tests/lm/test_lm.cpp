@@ -138,15 +138,15 @@ TEST_CASE("every policy at a budget the text never reaches gives the full cache'
   PolicyOptions full;
   const Run want = run_policy(full, ids, chunk);
   CHECK(want.evictions == 0);
-  for (const auto& name : policy_names()) {
+  for (const auto policy_name : registry::names()) {
+    const std::string name(policy_name);
     if (name == "full") continue;
     CAPTURE(name);
     PolicyOptions o;
     o.name = name;
-    o.budget = 128;  // > 96 tokens: nothing is ever evicted
-    o.buffer = 16;
-    if (name == "trimkv" || name == "dbtrimkv") o.gate = write_gate(name, 0.0f);
-    if (name == "wgkv") o.gate = write_gate(name, 30.0f);  // g = 1: every token admitted
+    o.offer("budget", 128).offer("buffer", 16);  // > 96 tokens: nothing is ever evicted
+    if (name == "trimkv" || name == "dbtrimkv") o.set("gate", write_gate(name, 0.0f));
+    if (name == "wgkv") o.set("gate", write_gate(name, 30.0f));  // g = 1: every token admitted
     const Run got = run_policy(o, ids, chunk);
     CHECK(got.evictions == 0);
     CHECK(got.final_entries == want.final_entries);
@@ -161,25 +161,25 @@ TEST_CASE("at a small budget every policy evicts, holds what its rule allows, an
   const std::int64_t heads = c.cache_shape().heads_total(), chunk = 8, M = 32, B = 8;
   PolicyOptions full;
   const double full_ppl = perplexity(run_policy(full, ids, chunk).nll, 1);
-  for (const auto& name : policy_names()) {
+  for (const auto policy_name : registry::names()) {
+    const std::string name(policy_name);
     if (name == "full") continue;
     CAPTURE(name);
     PolicyOptions o;
     o.name = name;
-    o.budget = M;
-    o.buffer = B;
-    o.recency = 8;
-    if (name == "trimkv" || name == "dbtrimkv") o.gate = write_gate(name, 0.0f);
+    o.offer("budget", M).offer("buffer", B).offer("recency", 8);
+    if (name == "trimkv" || name == "dbtrimkv") o.set("gate", write_gate(name, 0.0f));
     if (name == "wgkv") {
-      o.gate = write_gate(name, -30.0f);  // g = 1e-3 < tau: only the local ring stays
-      o.local = M;
+      o.set("gate", write_gate(name, -30.0f));  // g = 1e-3 < tau: only the local ring stays
+      o.set("local", M);
     }
-    const std::int64_t prompt = name == "snapkv" ? 64 : chunk;  // SnapKV compresses the prompt only
+    const bool compresses_prompt = registry::needs_prompt_length(name);  // SnapKV, AdaKV: the prompt only
+    const std::int64_t prompt = compresses_prompt ? 64 : chunk;
     const Run got = run_policy(o, ids, chunk, prompt);
     const double ppl = perplexity(got.nll, 1);
     CAPTURE(ppl);
     CHECK(got.final_entries < 160 * heads);  // something was dropped
-    if (name == "snapkv") {                  // the prompt (the first chunk) compressed once; decode keeps all
+    if (compresses_prompt) {                 // the prompt (the first chunk) compressed once; decode keeps all
       CHECK(got.final_entries <= (160 - prompt + M) * heads);
     } else if (name == "kv-key" || name == "kv-val" || name == "lag-kv" || name == "epikv" ||
                name == "hs-var") {  // the prompt plus K generated
@@ -203,10 +203,10 @@ TEST_CASE("epikv and hs-var score each token once from the two bands: every head
     CAPTURE(label);
     PolicyOptions o;
     o.name = name;
-    o.budget = K;
-    o.recency = 8;
-    o.band_a = a;
-    o.band_b = b;
+    o.set("budget", K);
+    o.set("recency", 8);
+    o.set("band-a", a);
+    o.set("band-b", b);
     Decoder dec(model());
     with_policy(o, model().config, 1, 160, [&](auto& cache, const EntryMetadata& meta) {
       cache.add_sequence(0, chunk);
@@ -237,7 +237,7 @@ TEST_CASE("epikv and hs-var score each token once from the two bands: every head
   for (const auto& [label, kept] : kept_by) CHECK(kept != newest);
   PolicyOptions bad;
   bad.name = "epikv";
-  bad.band_b = 31;
+  bad.set("band-b", 31);
   CHECK_THROWS_WITH(run_policy(bad, ids, chunk), doctest::Contains("--band-b 31 must be hidden-state indices in [0, 30]"));
 }
 

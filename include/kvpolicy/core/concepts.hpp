@@ -1,5 +1,5 @@
 /// \file
-/// kvpolicy/core/concepts.hpp — the four concepts a Cache is composed of (DESIGN, "The four concepts").
+/// kvpolicy/core/concepts.hpp — the four concepts a Cache is composed of (docs/architecture.md, "The four concepts").
 /// Every policy static_asserts the concept it models, so a wrong composition fails to compile with
 /// one readable line.
 #pragma once

@@ -21,7 +21,7 @@
 #include <span>
 #include <type_traits>
 
-#include <Eigen/Core>
+#include "kvpolicy/core/eigen.hpp"
 
 #include "kvpolicy/core/dtype.hpp"
 #include "kvpolicy/cpu/widen.hpp"

@@ -23,7 +23,7 @@
 #include <type_traits>
 #include <vector>
 
-#include <Eigen/Core>
+#include "kvpolicy/core/eigen.hpp"
 
 #include "kvpolicy/core/mask.hpp"
 #include "kvpolicy/core/view.hpp"

@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include <Eigen/Core>
+#include "kvpolicy/core/eigen.hpp"
 
 #include "kvpolicy/core/dtype.hpp"
 

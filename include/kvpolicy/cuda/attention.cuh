@@ -1,5 +1,5 @@
 /// \file
-/// kvpolicy/cuda/attention.cuh — paged ragged decode attention (SPEC §6; DESIGN, Device path), the
+/// kvpolicy/cuda/attention.cuh — paged ragged decode attention (SPEC §6; docs/architecture.md, "Device path"), the
 /// CUDA twin of cpu::attend_paged for one decode token per sequence:
 ///   o = softmax(q K^T / sqrt(d)) V over every entry of the head (a decode query sees them all).
 /// kv heads are folded into the grid with the batch; the G query heads of a group share one pass

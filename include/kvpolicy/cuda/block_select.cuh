@@ -1,6 +1,6 @@
 /// \file
 /// kvpolicy/cuda/block_select.cuh — the block-level building blocks of every selection kernel
-/// (DESIGN, Device path "Selection is CUB"): radix select of the k-th largest key by 8-bit
+/// (docs/architecture.md, "Device path"): radix select of the k-th largest key by 8-bit
 /// histogram passes, the choice of a pass's digit with cub::BlockScan, and a block-wide running
 /// exclusive scan in index order (deterministic tie resolution, page assignment).
 /// Every kernel using these runs with exactly SelectTuning::threads threads.

@@ -1,5 +1,5 @@
 /// \file
-/// kvpolicy/cuda/compact.cuh — compaction by hole filling (DESIGN, Device path): each head keeps
+/// kvpolicy/cuda/compact.cuh — compaction by hole filling (docs/architecture.md, "Device path"): each head keeps
 /// the entries its keep flags mark; the j-th survivor at or above the new length moves into the
 /// j-th evicted slot below it (the pairing memory::compact_head makes, so both paths leave the same
 /// layout); emptied pages go back to the free list in the order memory::Paged returns them.

@@ -1,6 +1,6 @@
 /// \file
-/// kvpolicy/cuda/views.cuh — non-owning views of device memory the engine owns (DESIGN, Device
-/// path): a paged K/V pool with per-entry metadata, block tables per (sequence, layer, kv head),
+/// kvpolicy/cuda/views.cuh — non-owning views of device memory the engine owns (docs/architecture.md,
+/// "Device path"): a paged K/V pool with per-entry metadata, block tables per (sequence, layer, kv head),
 /// the pool's free list, and a status word the kernels report device-side failures in.
 ///
 /// Layout, the CPU path's (memory/paged.hpp) on the device:

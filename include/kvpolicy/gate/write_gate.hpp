@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "kvpolicy/core/eigen.hpp"  // first: Eigen's packets without GCC 12's false warnings
 #include <Eigen/Dense>
 
 #include "kvpolicy/core/math.hpp"

@@ -109,7 +109,7 @@ class EntryPool {
   std::vector<EntryMeta> meta_;
 };
 
-/// Compaction by hole filling (DESIGN, Device path): the survivors above the new length move into
+/// Compaction by hole filling (docs/architecture.md, "Device path"): the survivors above the new length move into
 /// the evicted slots below it, so O(evicted) entries move, not O(length). Returns the new length.
 template <class Storage>
 std::int64_t compact_head(EntryPool<Storage>& pool, const HeadLayout& head, std::span<const std::uint8_t> keep) {

@@ -1,0 +1,36 @@
+/// \file
+/// kvpolicy/gate/load.hpp — a retention gate from its file, as one callable per layer: TRIM-KV's
+/// gate (SPEC §1), or DBTrimKV's tied gate (SPEC §2: the authors' rg10 when the file holds it, else
+/// the paper's literal tied gate). The width (I, or the readout's projection) is read from the file.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "kvpolicy/gate/retention_gate.hpp"
+#include "kvpolicy/gate/rg10_gate.hpp"
+#include "kvpolicy/gate/tied_gate.hpp"
+
+namespace kvpolicy::gate {
+
+/// input [T, D] of `layer` (its attention input, after the input RMSNorm) -> log_beta [Hkv, T].
+using LayerGate = std::function<void(int layer, View<const float, 2> input, View<float, 2> log_beta)>;
+
+/// tied = false: TRIM-KV's gate; true: DBTrimKV's. Activation: SiLU, as the authors' gates.
+inline LayerGate load_retention_gate(const std::string& path, int layers, int hidden, int kv_heads, bool tied) {
+  const auto file = safetensors::File::read(path);
+  const auto width = [&](const std::string& name) { return static_cast<int>(file.info(name).shape.at(0)); };
+  const auto wrap = [](auto gate) -> LayerGate {
+    auto g = std::make_shared<const decltype(gate)>(std::move(gate));
+    return [g](int layer, View<const float, 2> input, View<float, 2> out) { g->forward(layer, input, out); };
+  };
+  if (!tied)
+    return wrap(RetentionGate::load(
+        file, {layers, hidden, kv_heads, width(RetentionGate::prefix(0) + "linear1.weight"), Activation::silu}));
+  if (Rg10Gate::holds(file))
+    return wrap(Rg10Gate::load(file, {layers, hidden, kv_heads, width(Rg10Gate::prefix(0) + "linear1.weight"), Activation::silu}));
+  return wrap(TiedGate::load(file, {layers, hidden, kv_heads, width(TiedGate::readout_weight), Activation::silu}));
+}
+
+}  // namespace kvpolicy::gate

@@ -1,0 +1,28 @@
+/// \file
+/// kvpolicy/policies/full.hpp — the full cache: every token stays (the reference row of every
+/// quality table). A per-head budget past any sequence, so it never evicts.
+#pragma once
+
+#include <array>
+#include <limits>
+
+#include "kvpolicy/baselines.hpp"
+#include "kvpolicy/registry/policy.hpp"
+
+namespace kvpolicy::policies {
+
+struct full {
+  static constexpr std::string_view name = "full";
+  static constexpr std::string_view help = "the full cache: every token stays";
+  static constexpr std::array<registry::Option, 0> options{};
+  static constexpr registry::Inputs inputs = registry::Inputs::none;
+
+  template <class Backend, class Alloc, class F>
+  static decltype(auto) make(const registry::Values&, const CacheShape& shape, Alloc pool, F&& f) {
+    Cache<score::Recency, admit::All, evict::PerHead<trigger::Buffered>, Alloc, Backend> cache(
+        shape, std::move(pool), baseline_evictor({std::numeric_limits<std::int32_t>::max() - 1, 1}), score::Recency{0});
+    return f(cache);
+  }
+};
+
+}  // namespace kvpolicy::policies

@@ -1,0 +1,41 @@
+/// \file
+/// kvpolicy/policies/hidden_states.hpp — EpiKV and HS-var (SPEC §4): one frozen score per token from
+/// the change of the hidden states between bands A and B, the same in every layer and head, a
+/// budget K over the generated tokens, the prompt and the R newest protected. The engine computes
+/// the score (epiphany::Signal, Inputs::hidden_states).
+#pragma once
+
+#include <array>
+
+#include "kvpolicy/policies/kv_statistics.hpp"
+
+namespace kvpolicy::policies {
+
+namespace detail {
+
+template <epiphany::Variant V>
+struct hidden_state_signal : generated_budget {
+  static constexpr std::array options{
+      generated_budget::options[0], generated_budget::options[1], generated_budget::options[2],
+      generated_budget::options[3],
+      registry::Option{"band-a", registry::Kind::integer, 10,
+                       "hidden-state band A, HF indexing (0: the embeddings, l: after layer l-1)"},
+      registry::Option{"band-b", registry::Kind::integer, 21, "hidden-state band B"}};
+  static constexpr registry::Inputs inputs = registry::Inputs::hidden_states;
+  static constexpr epiphany::Variant variant = V;
+};
+
+}  // namespace detail
+
+struct epikv : detail::hidden_state_signal<epiphany::Variant::epikv> {
+  static constexpr std::string_view name = "epikv";
+  static constexpr std::string_view help = "EpiKV: z-scored hidden-state change z_A - z_B, budget K generated";
+};
+struct hs_var : detail::hidden_state_signal<epiphany::Variant::hs_var> {
+  static constexpr std::string_view name = "hs-var";
+  static constexpr std::string_view help = "HS-var: rolling mean of the hidden-state change, g_A - g_B";
+};
+
+using hidden_states = registry::family<epikv, hs_var>;
+
+}  // namespace kvpolicy::policies

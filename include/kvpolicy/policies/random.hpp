@@ -1,0 +1,32 @@
+/// \file
+/// kvpolicy/policies/random.hpp — Random (SPEC §5): seeded uniform scores per (layer, head,
+/// position), per-head budget M with buffer B.
+#pragma once
+
+#include <array>
+#include <cstdint>
+
+#include "kvpolicy/baselines.hpp"
+#include "kvpolicy/registry/policy.hpp"
+
+namespace kvpolicy::policies {
+
+struct random {
+  static constexpr std::string_view name = "random";
+  static constexpr std::string_view help = "Random: seeded uniform scores, per-head budget M";
+  static constexpr std::array options{registry::option::budget, registry::option::buffer, registry::option::sinks,
+                                      registry::option::window,
+                                      registry::Option{"seed", registry::Kind::integer, 0, "the seed of the scores"}};
+  static constexpr registry::Inputs inputs = registry::Inputs::none;
+
+  template <class Backend, class Alloc, class F>
+  static decltype(auto) make(const registry::Values& v, const CacheShape& shape, Alloc pool, F&& f) {
+    Cache<score::SeededRandom, admit::All, evict::PerHead<trigger::Buffered>, Alloc, Backend> cache(
+        shape, std::move(pool),
+        baseline_evictor({v.integer("budget"), v.integer("buffer"), v.integer("sinks"), v.integer("window")}),
+        score::SeededRandom{static_cast<std::uint64_t>(v.integer("seed"))});
+    return f(cache);
+  }
+};
+
+}  // namespace kvpolicy::policies

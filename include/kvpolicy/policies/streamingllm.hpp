@@ -1,0 +1,30 @@
+/// \file
+/// kvpolicy/policies/streamingllm.hpp — StreamingLLM (SPEC §5): the S oldest tokens (attention
+/// sinks) and the newest, per-head budget M with buffer B.
+#pragma once
+
+#include <array>
+
+#include "kvpolicy/baselines.hpp"
+#include "kvpolicy/registry/policy.hpp"
+
+namespace kvpolicy::policies {
+
+struct streamingllm {
+  static constexpr std::string_view name = "streamingllm";
+  static constexpr std::string_view help = "StreamingLLM: the S first tokens (sinks) and the newest, per-head budget M";
+  static constexpr std::array options{registry::option::budget, registry::option::buffer,
+                                      registry::option::sinks.with_default(4), registry::option::window};
+  static constexpr registry::Inputs inputs = registry::Inputs::none;
+
+  template <class Backend, class Alloc, class F>
+  static decltype(auto) make(const registry::Values& v, const CacheShape& shape, Alloc pool, F&& f) {
+    // the sinks rank first by the score itself (score::Recency), so the evictor protects none
+    Cache<score::Recency, admit::All, evict::PerHead<trigger::Buffered>, Alloc, Backend> cache(
+        shape, std::move(pool), baseline_evictor({v.integer("budget"), v.integer("buffer"), 0, v.integer("window")}),
+        score::Recency{v.integer("sinks")});
+    return f(cache);
+  }
+};
+
+}  // namespace kvpolicy::policies

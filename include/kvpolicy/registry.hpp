@@ -1,0 +1,182 @@
+/// \file
+/// kvpolicy/registry.hpp — the list of registered policies, iterated at compile time.
+/// A policy registers itself by being a file under kvpolicy/policies/ whose stem names its type
+/// (kvpolicy::policies::STEM, one policy or a registry::family of several); CMake writes the list of
+/// those files (kvpolicy/policies/registered.inc, in the build tree and installed beside the
+/// headers), so adding a policy edits no list.
+#pragma once
+
+#include <algorithm>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <type_traits>
+#include <vector>
+
+#include "kvpolicy/registry/policy.hpp"
+
+#if __has_include("kvpolicy/policies/registered.inc")
+#include "kvpolicy/policies/registered.inc"  // one #include per policy file, and KVPOLICY_POLICY_FILES
+#else
+#error "kvpolicy/registry.hpp: kvpolicy/policies/registered.inc is missing: CMake writes it from the files in include/kvpolicy/policies/ (link kvpolicy::kvpolicy, or install the package)"
+#endif
+
+namespace kvpolicy::registry {
+
+namespace detail {
+template <class... T>
+struct list {};
+template <class L, class P>
+struct add;
+template <class... T, class P>
+struct add<list<T...>, P> {
+  using type = list<T..., P>;
+};
+template <class... T, class... P>
+struct add<list<T...>, family<P...>> {
+  using type = list<T..., P...>;
+};
+template <class L, class... P>
+struct flatten {
+  using type = L;
+};
+template <class L, class P, class... Rest>
+struct flatten<L, P, Rest...> {
+  using type = typename flatten<typename add<L, P>::type, Rest...>::type;
+};
+template <class F, class... P>
+void each(list<P...>, F&& f) {
+  (f.template operator()<P>(), ...);
+}
+}  // namespace detail
+
+/// Every registered policy, in the order of their files' names.
+using all = typename detail::flatten<detail::list<>, KVPOLICY_POLICY_FILES>::type;
+
+/// Calls f.template operator()<P>() for every registered policy P.
+template <class F>
+void for_each(F&& f) {
+  detail::each(all{}, f);
+}
+
+inline std::vector<std::string_view> names() {
+  std::vector<std::string_view> out;
+  for_each([&]<Policy P>() { out.push_back(P::name); });
+  return out;
+}
+
+/// "a, b, c": the registered names, for an error message or a help text.
+inline std::string known() {
+  std::string out;
+  for (const auto n : names()) {
+    if (!out.empty()) out += ", ";
+    out += n;
+  }
+  return out;
+}
+
+inline bool contains(std::string_view name) {
+  bool found = false;
+  for_each([&]<Policy P>() { found = found || P::name == name; });
+  return found;
+}
+
+/// The policies that take the option `option`, as "a, b" (empty: none).
+inline std::string takers(std::string_view option) {
+  std::string out;
+  for_each([&]<Policy P>() {
+    for (const Option& o : P::options)
+      if (o.name == option) {
+        if (!out.empty()) out += ", ";
+        out += P::name;
+      }
+  });
+  return out;
+}
+
+/// Whether the policy named `policy` takes `option` (false for an unknown policy).
+inline bool takes(std::string_view policy, std::string_view option) {
+  bool found = false;
+  for_each([&]<Policy P>() {
+    if (P::name == policy)
+      for (const Option& o : P::options) found = found || o.name == option;
+  });
+  return found;
+}
+
+/// The default of `option` as text: the policy's, or where it does not take the option the first
+/// registered policy's that does ("" when none does). A tool that records every option of a run
+/// records these for the options its policy does not read.
+inline std::string default_text(std::string_view policy, std::string_view option) {
+  std::string own, first;
+  bool has_own = false, has_first = false;
+  for_each([&]<Policy P>() {
+    for (const Option& o : P::options) {
+      if (o.name != option) continue;
+      if (P::name == policy) {
+        own = o.default_text();
+        has_own = true;
+      } else if (!has_first) {
+        first = o.default_text();
+        has_first = true;
+      }
+    }
+  });
+  return has_own ? own : first;
+}
+
+/// Every option any registered policy takes, each once (its first declaration), in that order.
+inline std::vector<Option> all_options() {
+  std::vector<Option> out;
+  for_each([&]<Policy P>() {
+    for (const Option& o : P::options)
+      if (std::none_of(out.begin(), out.end(), [&](const Option& x) { return x.name == o.name; })) out.push_back(o);
+  });
+  return out;
+}
+
+/// Whether the policy named `name` compresses the prompt the engine declares (a policy that states
+/// needs_prompt_length: SnapKV, AdaKV); false for an unknown name.
+inline bool needs_prompt_length(std::string_view name) {
+  bool found = false;
+  for_each([&]<Policy P>() { found = found || (P::name == name && requires { P::needs_prompt_length; }); });
+  return found;
+}
+
+/// Whether any registered policy takes `option` (a tool forwards such a flag to the registry).
+inline bool is_option(std::string_view option) { return !takers(option).empty(); }
+
+namespace detail {
+template <class F, class P, class... Rest>
+decltype(auto) visit_in(list<P, Rest...>, std::string_view name, F& f) {
+  if (P::name == name) return f.template operator()<P>();
+  if constexpr (sizeof...(Rest) == 0)
+    fail("unknown policy '", name, "' (known: ", known(), ")");
+  else
+    return visit_in(list<Rest...>{}, name, f);
+}
+}  // namespace detail
+
+/// Calls f.template operator()<P>() for the policy named `name`, and returns what it returns (the
+/// same type for every policy). An unknown name is an error that lists the known ones.
+template <class F>
+decltype(auto) visit(std::string_view name, F&& f) {
+  return detail::visit_in(all{}, name, f);
+}
+
+/// The values of P's options from `given` (option name -> text), defaults for the rest. An option
+/// P does not take is an error naming the policies that take it.
+template <Policy P>
+Values values(const std::map<std::string, std::string, std::less<>>& given) {
+  for (const auto& [option, text] : given) {
+    bool takes = false;
+    for (const Option& o : P::options) takes = takes || o.name == option;
+    if (takes) continue;
+    const std::string users = takers(option);
+    fail("--", option, " does not apply to policy ", P::name,
+         users.empty() ? std::string(" (no policy takes it)") : " (it is for: " + users + ")");
+  }
+  return Values(P::name, std::span<const Option>(P::options), given);
+}
+
+}  // namespace kvpolicy::registry
