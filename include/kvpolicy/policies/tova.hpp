@@ -1,0 +1,40 @@
+/// \file
+/// kvpolicy/policies/tova.hpp — TOVA (Oren et al. 2024, "Transformers are Multi-State RNNs", §3.3):
+/// a head past its budget drops the entries the current query attends to least. The score of an
+/// entry is the softmax attention the step's last query gives it, averaged over the kv head's
+/// query group: score::ObservedAttention with an observation window of one query and no pooling.
+/// Per-head budget M with buffer B = 1 by default (a strict budget: one eviction per decode step,
+/// as the paper runs it); S sinks and the w newest protected (SPEC §5). The Cache records the last
+/// query of every layer, so its steps must attend. kvpress's TOVAPress scores by the mean over every
+/// query head of the layer and always keeps the newest token (w = 1); the paper and this file
+/// score per kv head's group, which is what a per-head cache can evict by.
+#pragma once
+
+#include <array>
+
+#include "kvpolicy/baselines.hpp"
+#include "kvpolicy/registry/policy.hpp"
+
+namespace kvpolicy::policies {
+
+struct tova {
+  static constexpr std::string_view name = "tova";
+  static constexpr std::string_view help =
+      "TOVA: per head, the M entries the step's last query attends to most (mean over its GQA group)";
+  static constexpr std::array options{registry::option::budget, registry::option::buffer.with_default(1),
+                                      registry::option::sinks, registry::option::window};
+  static constexpr registry::Inputs inputs = registry::Inputs::none;
+
+  /// The attention of the last query alone, unpooled, averaged over the group.
+  static constexpr score::ObservedAttention scorer{1, 1, score::Pooling::avg, score::GroupReduce::mean};
+
+  template <class Backend, class Alloc, class F>
+  static decltype(auto) make(const registry::Values& v, const CacheShape& shape, Alloc pool, F&& f) {
+    Cache<score::ObservedAttention, admit::All, evict::PerHead<trigger::Buffered>, Alloc, Backend> cache(
+        shape, std::move(pool),
+        baseline_evictor({v.integer("budget"), v.integer("buffer"), v.integer("sinks"), v.integer("window")}), scorer);
+    return f(cache);
+  }
+};
+
+}  // namespace kvpolicy::policies
