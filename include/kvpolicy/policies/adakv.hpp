@@ -1,0 +1,86 @@
+/// \file
+/// kvpolicy/policies/adakv.hpp — AdaKV (Feng et al. 2024, "Ada-KV: Optimizing KV Cache Eviction by
+/// Adaptive Budget Allocation", Algorithm 1) over SnapKV's score: once, when the declared prompt
+/// ends, each layer keeps Hkv * M entries chosen across its heads together, so a head whose
+/// attention is concentrated gives budget to one whose attention is spread. As kvpress's AdaKVPress
+/// runs it (alpha_safeguard 0.2): every head first keeps its top floor(alpha * M) (the safeguard),
+/// then the layer's best of the rest fill Hkv * M. SnapKV's observation window (W_obs newest) and
+/// the S oldest rank above every score, as SnapKV protects them (SPEC §5). Scores: SnapKV's
+/// defaults (avg-pool 5, GQA mean). Ties: the larger position, then the lower head (SPEC, Ties).
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "kvpolicy/baselines.hpp"
+#include "kvpolicy/registry/policy.hpp"
+
+namespace kvpolicy::policies {
+
+struct adakv {
+  static constexpr std::string_view name = "adakv";
+  static constexpr std::string_view help =
+      "AdaKV: compress the prompt once to Hkv*M per layer across its heads by SnapKV's score, each head >= alpha*M";
+  static constexpr std::array options{
+      registry::option::budget.with_help("M, the average entries kept per (layer, kv head); a layer keeps Hkv*M"),
+      registry::option::sinks,
+      registry::option::window.with_help("W_obs, the observation window, also protected (0: min(32, M))"),
+      registry::Option{"safeguard", registry::Kind::real, 0.2,
+                       "alpha in [0, 1]: each head keeps at least its floor(alpha*M) best"}};
+  static constexpr registry::Inputs inputs = registry::Inputs::none;
+  /// It compresses the prompt the engine declares (Cache::add_sequence's prompt_tokens).
+  static constexpr bool needs_prompt_length = true;
+
+  /// The rule: per layer, at the step that ends the declared prompt.
+  struct Evictor {
+    std::int64_t budget = 1024;  // M per head on average
+    std::int64_t window = 32;    // W_obs, protected
+    std::int64_t sinks = 0;      // S, protected
+    double safeguard = 0.2;      // alpha
+
+    void validate(const CacheShape& shape) const {
+      evict::PromptEnd{budget, window, sinks}.validate(shape);
+      require(safeguard >= 0.0 && safeguard <= 1.0, "adakv: safeguard alpha = ", safeguard, " must be in [0, 1]");
+    }
+    std::int64_t group_heads(const CacheShape& shape) const { return shape.kv_heads; }
+    bool fires(std::int64_t length, std::int64_t heads, StepContext c) const { return c.prompt_ends && length > heads * budget; }
+    bool trigger(const CacheShape& shape, StepContext c, std::span<const std::int64_t> lengths,
+                 std::span<std::uint8_t> active) const {
+      return evict::detail::trigger_groups(*this, shape, c, lengths, active);
+    }
+    void select(const CacheShape& shape, StepContext, const SegmentedScores& s, std::span<std::uint8_t> keep) const {
+      auto score = evict::detail::protected_scores(s, window, sinks);
+      const auto floor_quota = static_cast<std::int64_t>(std::floor(safeguard * static_cast<double>(budget)));
+      std::vector<std::uint8_t> mine;
+      for (std::int64_t h = 0; h < s.segments(); ++h) {  // the safeguard: each head's best rank first
+        const auto b = static_cast<std::size_t>(s.offsets[h]);
+        const auto n = static_cast<std::size_t>(s.length(h));
+        mine.resize(n);
+        rank::keep_top_k(std::span<const float>(score).subspan(b, n), s.position.subspan(b, n), floor_quota, mine);
+        for (std::size_t i = 0; i < n; ++i)
+          if (mine[i]) score[b + i] = std::numeric_limits<float>::infinity();
+      }
+      const std::int64_t heads = group_heads(shape);
+      for (std::int64_t first = 0; first < s.segments(); first += heads)
+        if (s.offsets[first + heads] > s.offsets[first])
+          evict::detail::select_pooled(s, score, first, first + heads, heads * budget, budget, 0.0, keep);
+    }
+  };
+
+  template <class Backend, class Alloc, class F>
+  static decltype(auto) make(const registry::Values& v, const CacheShape& shape, Alloc pool, F&& f) {
+    const std::int64_t M = v.integer("budget"), w = v.integer("window");
+    SnapKVConfig c;  // SnapKV's score with its defaults
+    c.budget = M;
+    c.window = w > 0 ? w : std::min<std::int64_t>(32, M);
+    c.sinks = v.integer("sinks");
+    Cache<score::ObservedAttention, admit::All, Evictor, Alloc, Backend> cache(
+        shape, std::move(pool), Evictor{M, c.window, c.sinks, v.real("safeguard")}, snapkv_scorer(c));
+    return f(cache);
+  }
+};
+
+}  // namespace kvpolicy::policies
