@@ -54,8 +54,8 @@ inline std::string policy_list() {
 }
 
 /// The policies and their options, from the registry (kvpolicy/registry.hpp), for a tool's --help:
-/// each option once, with its first taker's help and default, and where another policy states it
-/// differently, that policy's.
+/// each option once, with the help and default most of its takers state, then the takers that
+/// state it otherwise.
 inline std::string policy_help() {
   const auto column = [](std::string& out, std::string_view first, std::string_view second) {
     out += "  ";
@@ -64,31 +64,52 @@ inline std::string policy_help() {
     out += second;
     out += '\n';
   };
+  const auto shown_default = [](const registry::Option& o) {
+    return o.kind == registry::Kind::path ? std::string("none") : o.default_text();
+  };
   std::string out = "policies:\n";
   registry::for_each([&]<registry::Policy P>() { column(out, P::name, P::help); });
   out += "\npolicy options (a policy refuses an option it does not take):\n";
   for (const registry::Option& first : registry::all_options()) {
-    column(out, "--" + std::string(first.name), first.help);
-    std::string takers;
-    std::string variants;
+    struct Statement {
+      std::string_view policy;
+      registry::Option option;
+    };
+    std::vector<Statement> stated;
     registry::for_each([&]<registry::Policy P>() {
-      for (const registry::Option& o : P::options) {
-        if (o.name != first.name) continue;
-        if (!takers.empty()) takers += ", ";
-        takers += P::name;
-        if (o.help == first.help && o.default_text() == first.default_text()) continue;
-        variants += std::string(18, ' ');
-        variants += P::name;
-        variants += ": ";
-        variants += o.help;
-        variants += ", default ";
-        variants += o.kind == registry::Kind::path ? "none" : o.default_text();
-        variants += '\n';
-      }
+      for (const registry::Option& o : P::options)
+        if (o.name == first.name) stated.push_back({P::name, o});
     });
+    const auto same = [&](const registry::Option& a, const registry::Option& b) {
+      return a.help == b.help && shown_default(a) == shown_default(b);
+    };
+    const registry::Option* common = &stated.front().option;  // the statement most takers share
+    std::size_t most = 0;
+    for (const Statement& s : stated) {
+      const auto n = static_cast<std::size_t>(
+          std::count_if(stated.begin(), stated.end(), [&](const Statement& t) { return same(s.option, t.option); }));
+      if (n > most) {
+        most = n;
+        common = &s.option;
+      }
+    }
+    column(out, "--" + std::string(first.name), common->help);
+    std::string takers, variants;
+    for (const Statement& s : stated) {
+      if (!takers.empty()) takers += ", ";
+      takers += s.policy;
+      if (same(s.option, *common)) continue;
+      variants += std::string(18, ' ');
+      variants += s.policy;
+      variants += ": ";
+      variants += s.option.help;
+      variants += ", default ";
+      variants += shown_default(s.option);
+      variants += '\n';
+    }
     out += std::string(16, ' ');
     out += "default ";
-    out += first.kind == registry::Kind::path ? "none" : first.default_text();
+    out += shown_default(*common);
     out += " (";
     out += takers;
     out += ")\n";

@@ -60,9 +60,9 @@ class Cache {
                 "kvpolicy::Cache: this Scorer ranks by attention mass, and this Allocator's pool cannot accumulate it");
   static_assert(!(scorer_static_score<S> && scorer_needs_attention_mass<S>),
                 "kvpolicy::Cache: a Scorer reads either a static score or the attention mass, not both");
-  static_assert(!(admitter_has_ring<A> && requires(const E& e) { e.attention_mask(); }),
+  static_assert(!(admitter_has_ring<A> && masks_attention<E>),
                 "kvpolicy::Cache: the Admitter's ring and the Evictor both mask the attention; compose one of them");
-  static_assert(!admitter_has_ring<A> || requires(const A& a) { a.attention_mask(); },
+  static_assert(!admitter_has_ring<A> || masks_attention<A>,
                 "kvpolicy::Cache: an Admitter with a ring must give the attention its mask (attention_mask())");
   static_assert(!(evictor_counts_prompt_by_length<E> && admitter_may_skip<A>),
                 "kvpolicy::Cache: this Evictor counts generated entries as length - prompt, which needs every "
@@ -85,8 +85,8 @@ class Cache {
         admitter_(admitter) {
     evictor_.validate(shape_);
     scorer_.validate();
-    if constexpr (requires { admitter_.validate(); }) admitter_.validate();
-    if constexpr (requires { evictor_.validate_scorer(scorer_); }) evictor_.validate_scorer(scorer_);
+    if constexpr (admitter_validates<A>) admitter_.validate();
+    if constexpr (evictor_checks_scorer<E, S>) evictor_.validate_scorer(scorer_);
     alloc_.bind(shape_);
   }
 
@@ -273,7 +273,7 @@ class Cache {
       validate_step(batch[i]);
       for (std::size_t j = 0; j < i; ++j)
         require(batch[j].seq != batch[i].seq, "Cache::step_batch: sequence ", batch[i].seq, " appears twice");
-      if constexpr (requires { alloc_.pages_needed(std::int64_t{}, std::int64_t{}); })
+      if constexpr (allocator_counts_pages<Alloc>)
         pages_needed += alloc_.pages_needed(batch[i].seq, batch[i].keys.dim(2));
       else
         require(alloc_.can_append(batch[i].seq, batch[i].keys.dim(2)), "Cache::step_batch: out of memory: sequence ",
@@ -410,28 +410,19 @@ class Cache {
     st.attended[static_cast<std::size_t>(layer)] = 1;
     std::vector<std::int32_t> q_pos(static_cast<std::size_t>(st.pending));
     for (std::int64_t t = 0; t < st.pending; ++t) q_pos[static_cast<std::size_t>(t)] = static_cast<std::int32_t>(st.n + t);
-    // WG-KV's vertical-slash mask, SPEC §3: from its Evictor, or from an Admitter with a ring
-    constexpr bool masked = requires { evictor_.attention_mask(); } || requires { admitter_.attention_mask(); };
-    AttentionMask mask{};
-    if constexpr (requires { evictor_.attention_mask(); })
-      mask = evictor_.attention_mask();
-    else if constexpr (masked)
-      mask = admitter_.attention_mask();
+    // WG-KV's vertical-slash mask, SPEC §3: from its Evictor, or from an Admitter with a ring; else causal
+    const AttentionMask mask = composed_attention_mask(evictor_, admitter_);
     // One task per kv head: each writes its own query heads of `out` and its own mass vector.
     std::vector<std::vector<float>> mass(Inputs::needs_mass ? static_cast<std::size_t>(shape_.kv_heads) : 0);
     const auto attend_head = [&](int h) {
       const auto head_layout = alloc_.layout(seq, layer, h);
-      if constexpr (Inputs::needs_mass) {  // each key's probability, summed over every query so far
+      std::span<float> key_mass;  // each key's probability, summed over every query so far (H2O)
+      if constexpr (Inputs::needs_mass) {
         auto& m = mass[static_cast<std::size_t>(h)];
         m.assign(static_cast<std::size_t>(head_layout.length), 0.0f);
-        B::attend(std::as_const(alloc_).pool(), head_layout, h, shape_.group(), queries, q_pos, out,
-                        std::span<float>(m), mask);
-      } else if constexpr (masked) {
-        B::attend(std::as_const(alloc_).pool(), head_layout, h, shape_.group(), queries, q_pos, out,
-                        std::span<float>{}, mask);
-      } else {
-        B::attend(std::as_const(alloc_).pool(), head_layout, h, shape_.group(), queries, q_pos, out);
+        key_mass = m;
       }
+      B::attend(std::as_const(alloc_).pool(), head_layout, h, shape_.group(), queries, q_pos, out, key_mass, mask);
     };
     detail::for_each_kv_head<B>(shape_.kv_heads, attention_work(seq, layer, st.pending), attend_head);
     if constexpr (Inputs::needs_mass)  // applied in head order, undone by abort_step

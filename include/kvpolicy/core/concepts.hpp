@@ -9,6 +9,7 @@
 #include <span>
 
 #include "kvpolicy/core/entry.hpp"
+#include "kvpolicy/core/mask.hpp"
 #include "kvpolicy/core/shape.hpp"
 #include "kvpolicy/core/view.hpp"
 
@@ -105,6 +106,38 @@ void evictor_select(const E& e, const CacheShape& shape, StepContext c, const Se
     e.select(shape, scores, keep);
 }
 
+/// ---- hooks a part may declare, which the Cache calls when it is there (each absent by default) ------
+/// attention_mask(): the mask the attention applies (WG-KV's vertical-slash, core/mask.hpp), from
+///   the Evictor or from an Admitter with a ring; absent: causal only.
+template <class T>
+constexpr bool masks_attention = requires(const T& t) {
+  { t.attention_mask() } -> std::same_as<AttentionMask>;
+};
+/// validate_scorer(s): an Evictor checks the Scorer it is composed with, at construction (a horizon
+///   the config named, WG-KV's shared budget).
+template <class E, class S>
+constexpr bool evictor_checks_scorer = requires(const E& e, const S& s) { e.validate_scorer(s); };
+/// validate(): an Admitter checks its own settings, at construction.
+template <class A>
+constexpr bool admitter_validates = requires(const A& a) { a.validate(); };
+/// pages_needed(seq, T): an Allocator counts the free pages a step of T more tokens takes, so that a
+///   batch is refused whole when the pool lacks them (else each step is checked alone).
+template <class A>
+constexpr bool allocator_counts_pages = requires(const A& a) {
+  { a.pages_needed(std::int64_t{}, std::int64_t{}) } -> std::convertible_to<std::int64_t>;
+};
+/// The mask a composition's attention applies: the Evictor's, else the Admitter's, else none
+/// (causal only).
+template <class E, class A>
+AttentionMask composed_attention_mask(const E& e, const A& a) {
+  if constexpr (masks_attention<E>)
+    return e.attention_mask();
+  else if constexpr (masks_attention<A>)
+    return a.attention_mask();
+  else
+    return {};
+}
+
 /// ---- what a Scorer reads besides its write score and position (each optional, default false) ----------
 /// static_score: EntryMeta::write_score is a score handed in at write time (EpiKV, the KV
 ///   statistics, SPEC §4), any value but NaN, instead of a log_beta in [-inf, 0].
@@ -121,7 +154,10 @@ constexpr bool scorer_needs_head_keys = HeadScorer<S>;
 /// of Cache — cpu_backend (the host pool; attend() per kv head, cpu/backend.hpp) or cuda_backend
 /// (device memory and the CUDA kernels; a specialisation of Cache, cuda/cache.cuh). A Backend names
 /// itself; what it can do beyond that it declares with optional traits (default false):
-/// emits_attention_mass (below), parallel_heads (core/parallel.hpp).
+/// emits_attention_mass (below), parallel_heads (core/parallel.hpp). The host Cache calls one
+/// attend(pool, head layout, kv head, group, queries, query positions, out, key_mass, mask) per kv
+/// head of a layer: key_mass is empty unless the Scorer ranks by attention mass, and mask is
+/// composed_attention_mask's (causal only unless a part masks).
 template <class B>
 concept Backend = requires {
   { B::name } -> std::convertible_to<const char*>;

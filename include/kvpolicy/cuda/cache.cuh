@@ -398,8 +398,7 @@ class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
     gpu::DecodeBatch batch{queries_.get(), base_.get(), static_cast<std::int32_t>(T), shape_.q_heads, shape_.kv_heads,
                             out_.get()};
     batch.query_position = query_position_.get();  // causal inside the chunk
-    if constexpr (requires { evictor_.attention_mask(); })  // WG-KV's vertical-slash mask, SPEC §3
-      batch.mask = evictor_.attention_mask();
+    batch.mask = composed_attention_mask(evictor_, admitter_);  // WG-KV's vertical-slash mask, SPEC §3
     const std::vector<std::int32_t> len = mem_.lengths(st.slot);  // the split follows the layer's longest head
     const auto layer_first = len.begin() + head_index(shape_, layer, 0);
     const std::int64_t longest = *std::max_element(layer_first, layer_first + shape_.kv_heads);
@@ -528,9 +527,9 @@ class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
   bool validate() const {
     evictor_.validate(shape_);
     scorer_.validate();
-    if constexpr (requires { admitter_.validate(); }) admitter_.validate();
+    if constexpr (admitter_validates<A>) admitter_.validate();
     // as on the CPU (cache.hpp): an evictor's config may not name a scorer the cache was not given
-    if constexpr (requires { evictor_.validate_scorer(scorer_); }) evictor_.validate_scorer(scorer_);
+    if constexpr (evictor_checks_scorer<E, S>) evictor_.validate_scorer(scorer_);
     const int d = shape_.head_dim;
     require(d == 64 || d == 128 || d == 256, "Cache<cuda_backend>: head_dim = ", d, " has no kernel (64, 128 or 256)");
     return true;
