@@ -60,13 +60,21 @@ def instances(n, context, seed):
     return out
 
 
-def run_batch(lm, model, prompts, policy, budget, sinks, gate, threads):
+def policy_options(lm):
+    """name -> the options it takes, from kvpolicy-lm --list-policies (the registry)."""
+    out = subprocess.run([lm, "--list-policies"], capture_output=True, text=True, check=True).stdout
+    return {line.split("\t")[0]: set(line.split("\t")[1].split(",")) for line in out.splitlines() if line}
+
+
+def run_batch(lm, model, prompts, policy, budget, sinks, gate, threads, options):
     args = [lm, "--model", model, "--generate", "8", "--prefill", "64", "--chunk", "64", "--threads", str(threads),
             "--policy", policy]
-    if policy != "full":
-        args += ["--budget", str(budget), "--buffer", "16"]
-        args += ["--local", str(budget)] if policy == "wgkv" else ["--sinks", str(sinks)]
-        if policy in LEARNED:
+    takes = options[policy]
+    if policy != "full":  # M as the budget, or as the ring of a policy without one (WG-KV); B = 16 where taken
+        args += ["--budget" if "budget" in takes else "--local", str(budget)]
+        args += ["--buffer", "16"] if "buffer" in takes else []
+        args += ["--sinks", str(sinks)] if "sinks" in takes else []
+        if "gate" in takes:
             args += ["--gate", gate]
     for p in prompts:
         args += ["--prompt", p]
@@ -110,6 +118,7 @@ def main():
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     data = instances(a.instances, a.context, a.seed)
+    options = policy_options(a.lm)
     path = os.path.join(a.out, "results.csv")
     fields = ["policy", "budget", "sinks", "correct", "instances", "accuracy", "seconds", "entries"]
     if not a.append or not os.path.exists(path):
@@ -117,12 +126,13 @@ def main():
             csv.DictWriter(f, fieldnames=fields).writeheader()
     for policy in a.policies.split():
         for budget in ([0] if policy == "full" else [int(b) for b in a.budgets.split()]):
-            gate = os.path.join(a.gates, policy + ".safetensors") if policy in LEARNED else None
+            gate = os.path.join(a.gates, policy + ".safetensors") if "gate" in options[policy] else None
             sinks = 0 if policy in ("full", "wgkv") else a.sinks
             t0, right, wrong_examples, entries = time.time(), 0, [], 0
             for b in range(0, len(data), a.batch):
                 chunk = data[b:b + a.batch]
-                answers, held = run_batch(a.lm, a.model, [p for p, _ in chunk], policy, budget, sinks, gate, a.threads)
+                answers, held = run_batch(a.lm, a.model, [p for p, _ in chunk], policy, budget, sinks, gate, a.threads,
+                                          options)
                 entries += sum(held)
                 for (_, key), ans in zip(chunk, answers):
                     if correct(ans, key):
