@@ -441,8 +441,8 @@ class Cache {
   /// Compacts every active head by the plan's keep flags.
   EvictionReport apply_eviction(std::int64_t seq, const EvictionPlan& plan, std::vector<EvictedEntry>* evicted) {
     EvictionReport report;
-    report.triggered = plan.fired;
-    if (!plan.triggered) return report;
+    report.triggered = plan.triggered;
+    if (!plan.removes_any) return report;
     for (int l = 0; l < shape_.layers; ++l)
       for (int h = 0; h < shape_.kv_heads; ++h) {
         const auto i = static_cast<std::size_t>(head_index(shape_, l, h));

@@ -26,8 +26,8 @@ namespace kvpolicy::detail {
 /// One eviction decided but not applied: the touched heads' flattened keep flags.
 struct EvictionPlan {
   StepContext context{};
-  bool triggered = false;  // anything to apply (the Evictor fired, or an Admitter's ring drops entries)
-  bool fired = false;      // the Evictor's trigger fired (what EvictionReport::triggered reports)
+  bool triggered = false;    // the Evictor's trigger fired (what EvictionReport::triggered reports)
+  bool removes_any = false;  // something to apply: the Evictor fired, or an Admitter's ring drops entries
   std::vector<std::int64_t> lengths, offsets;
   std::vector<std::uint8_t> active, keep;
   std::vector<std::int32_t> position;
@@ -66,8 +66,8 @@ class EvictionPlanner {
     const bool fires = evictor_trigger(evictor_, shape_, ctx, lengths, made.active);
     if (!fires && !ring_drops) return made;
     if (!fires) std::fill(made.active.begin(), made.active.end(), std::uint8_t{0});
-    made.triggered = true;
-    made.fired = fires;
+    made.removes_any = true;
+    made.triggered = fires;
 
     std::vector<std::int64_t> offsets(heads + 1, 0);
     for (std::size_t i = 0; i < heads; ++i) offsets[i + 1] = offsets[i] + (made.active[i] ? lengths[i] : 0);
