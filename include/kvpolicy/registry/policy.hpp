@@ -149,7 +149,6 @@ class Values {
         number_[name] = o.fallback;
         if (o.kind == Kind::choice || o.kind == Kind::path) text_[name] = o.default_text();
       }
-      recorded_[name] = given.contains(o.name) ? given.find(o.name)->second : o.default_text();
     }
   }
 
@@ -157,17 +156,13 @@ class Values {
   bool given(std::string_view name) const { return given_.contains(name); }
   std::int64_t integer(std::string_view name) const { return static_cast<std::int64_t>(number(name)); }
   double real(std::string_view name) const { return number(name); }
-  /// A choice's index, or a path.
+  /// A choice's index into the option's choices (text() gives its name).
   std::size_t choice(std::string_view name) const { return static_cast<std::size_t>(number(name)); }
   const std::string& text(std::string_view name) const {
     const auto it = text_.find(name);
     require(it != text_.end(), "policy ", policy_, " has no option --", name);
     return it->second;
   }
-  /// Every option of the policy as the run used it, given or default, as text (a tool's output
-  /// records the run that made it).
-  const std::map<std::string, std::string, std::less<>>& recorded() const { return recorded_; }
-
  private:
   static const Option* find(std::span<const Option> options, std::string_view name) {
     for (const Option& o : options)
@@ -226,7 +221,7 @@ class Values {
   }
 
   std::string policy_;
-  std::map<std::string, std::string, std::less<>> given_, text_, recorded_;
+  std::map<std::string, std::string, std::less<>> given_, text_;
   std::map<std::string, double, std::less<>> number_;
 };
 
