@@ -56,7 +56,7 @@ struct Args {
   std::int64_t tokens = 1024, score_from = 1, prefill = 0, chunk = 16, generate = 0;
   int threads = 0;
   DecodeWeights decode_weights = DecodeWeights::gguf;
-  PolicyOptions policy;
+  PolicyOptions selection;
 };
 
 Args parse(int argc, char** argv) {
@@ -92,8 +92,8 @@ Args parse(int argc, char** argv) {
       require(v == "gguf" || v == "f32", "--decode-weights '", v, "' must be gguf or f32");
       a.decode_weights = v == "gguf" ? DecodeWeights::gguf : DecodeWeights::f32;
     }
-    else if (f == "--policy") a.policy.name = v;
-    else if (f.starts_with("--") && registry::is_option(f.substr(2))) a.policy.set(f.substr(2), v);
+    else if (f == "--policy") a.selection.policy = v;
+    else if (f.starts_with("--") && registry::is_option(f.substr(2))) a.selection.set(f.substr(2), v);
     else fail("unknown option ", f, " (kvpolicy-lm --help)");
   }
   require(!a.model.empty(), "--model DIR is required (kvpolicy-lm --help)");
@@ -124,13 +124,13 @@ int perplexity_mode(const Args& a, const Model& model, const Tokenizer& tok) {
   ids.resize(static_cast<std::size_t>(a.tokens));
   Decoder dec(model);
   const bool golden = !a.golden.empty();
-  const Run r = with_policy(a.policy, model.config, 1, a.tokens, [&](auto& cache, const EntryMetadata& meta) {
+  const Run r = with_policy(a.selection, model.config, 1, a.tokens, [&](auto& cache, const EntryMetadata& meta) {
     return score_text(dec, cache, meta, ids, a.prefill, a.chunk, golden);
   });
   std::string given;  // the policy's options as given (the registry's defaults for the rest)
-  for (const auto& [option, value] : a.policy.given) given += (given.empty() ? " (" : ", ") + option + " " + value;
+  for (const auto& [option, value] : a.selection.given) given += (given.empty() ? " (" : ", ") + option + " " + value;
   std::printf("model %s, text %s: %lld tokens, policy %s%s, prefill %lld, chunk %lld\n", model.config.name.c_str(),
-              a.text.c_str(), static_cast<long long>(a.tokens), a.policy.name.c_str(),
+              a.text.c_str(), static_cast<long long>(a.tokens), a.selection.policy.c_str(),
               (given.empty() ? given : given + ")").c_str(), static_cast<long long>(a.prefill),
               static_cast<long long>(a.chunk));
   std::printf("entries held: peak %lld, final %lld of %lld (%lld evictions); %.2f s, %.1f tokens/s\n",
@@ -180,7 +180,7 @@ int generate_mode(const Args& a, const Model& model, const Tokenizer& tok, const
   using Clock = std::chrono::steady_clock;
   const auto seconds_since = [](Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); };
   const auto S = static_cast<std::int64_t>(prompts.size());
-  return with_policy(a.policy, model.config, S, longest + a.generate, [&](auto& cache, const EntryMetadata& meta) {
+  return with_policy(a.selection, model.config, S, longest + a.generate, [&](auto& cache, const EntryMetadata& meta) {
     std::vector<std::vector<int>> out(prompts.size());
     std::vector<int> next(prompts.size());
     Matrix logits;
@@ -213,7 +213,7 @@ int generate_mode(const Args& a, const Model& model, const Tokenizer& tok, const
       const std::string shown = a.prompts.empty() ? "[the first " + std::to_string(a.tokens) + " tokens of " + a.text + "]"
                                                   : a.prompts[static_cast<std::size_t>(s)];
       std::printf("[%lld] %s%s\n", static_cast<long long>(s), shown.c_str(), tok.decode(out[static_cast<std::size_t>(s)]).c_str());
-      std::printf("[%lld] policy %s: %lld tokens, %lld entries held\n", static_cast<long long>(s), a.policy.name.c_str(),
+      std::printf("[%lld] policy %s: %lld tokens, %lld entries held\n", static_cast<long long>(s), a.selection.policy.c_str(),
                   static_cast<long long>(cache.tokens(s)), static_cast<long long>(cache.total_length(s)));
     }
     std::printf("timing: prefill %lld tokens in %.3f s, %.1f tokens/s; decode %lld tokens in %.3f s, %.2f tokens/s\n",

@@ -6,7 +6,6 @@
 #include <limits>
 #include <map>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -18,27 +17,9 @@
 
 namespace kvpolicy::lm {
 
-/// A policy by its registry name, and the options given to it (--name value; the registry holds
-/// their defaults and refuses one the policy does not take).
-struct PolicyOptions {
-  std::string name = "full";
-  std::map<std::string, std::string, std::less<>> given;
-
-  PolicyOptions& set(const std::string& option, const std::string& value) {
-    given[option] = value;
-    return *this;
-  }
-  PolicyOptions& set(const std::string& option, double value) {
-    std::ostringstream s;
-    s.precision(17);
-    s << value;
-    return set(option, s.str());
-  }
-  /// Sets the option when the policy takes it (a table of several policies with shared settings).
-  PolicyOptions& offer(const std::string& option, double value) {
-    if (registry::takes(name, option)) set(option, value);
-    return *this;
-  }
+/// A policy by its registry name and the options given to it (registry::Selection); full by default.
+struct PolicyOptions : registry::Selection {
+  PolicyOptions() { policy = "full"; }
 };
 
 /// What policy P's entries need from the forward pass (registry::Inputs), for kvpolicy-lm's decoder.
@@ -113,7 +94,7 @@ template <class F>
 decltype(auto) with_policy(const PolicyOptions& o, const Config& c, std::int64_t sequences, std::int64_t max_tokens, F&& f) {
   const CacheShape shape = c.cache_shape();
   const std::int64_t pages = pages_for(shape, max_tokens + 16, sequences, 16);
-  return registry::visit(o.name, [&]<registry::Policy P>() -> decltype(auto) {
+  return registry::visit(o.policy, [&]<registry::Policy P>() -> decltype(auto) {
     const registry::Values v = registry::values<P>(o.given);
     const EntryMetadata meta = entry_metadata<P>(v, c);
     return P::template make<cpu_backend>(v, shape, memory::Paged<16>(pages),

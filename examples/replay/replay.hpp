@@ -11,9 +11,7 @@
 #include <string>
 #include <vector>
 
-#include <map>
 #include <memory>
-#include <sstream>
 
 #include "kvpolicy/cpu/attention.hpp"
 #include "kvpolicy/gate/load.hpp"
@@ -24,34 +22,11 @@
 
 namespace kvpolicy::replay {
 
-// A policy by its registry name (kvpolicy/registry.hpp), the options given to it (--name value;
-// the registry holds the defaults and refuses one the policy does not take), and the steps.
-struct Options {
-  std::string policy = "trimkv";
+// A policy by its registry name and the options given to it (registry::Selection: the registry
+// holds the defaults and refuses an option the policy does not take), and the steps.
+struct Options : registry::Selection {
+  Options() { policy = "trimkv"; }
   std::int64_t prefill = 0;  // P: the first P tokens as one chunk, the prompt
-  std::map<std::string, std::string, std::less<>> given;
-
-  Options& set(const std::string& option, const std::string& value) {
-    given[option] = value;
-    return *this;
-  }
-  Options& set(const std::string& option, double value) {
-    std::ostringstream s;
-    s.precision(17);
-    s << value;
-    return set(option, s.str());
-  }
-  /// Sets the option when the policy takes it (a table of several policies with shared settings).
-  Options& offer(const std::string& option, double value) {
-    if (registry::takes(policy, option)) set(option, value);
-    return *this;
-  }
-  /// An option's value as the run uses it: given, or the policy's default ("" when it takes none).
-  std::string value(const std::string& option) const {
-    const auto it = given.find(option);
-    if (it != given.end()) return it->second;
-    return registry::default_text(policy, option);
-  }
 };
 
 struct Result {

@@ -7,6 +7,8 @@
 #pragma once
 
 #include <algorithm>
+#include <map>
+#include <sstream>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -141,6 +143,34 @@ inline bool needs_prompt_length(std::string_view name) {
   for_each([&]<Policy P>() { found = found || (P::name == name && requires { P::needs_prompt_length; }); });
   return found;
 }
+
+/// A policy chosen by its name and the options a user gave it (--name value), as text: what a tool
+/// hands the registry. The defaults stay the policy's own (values<P>).
+struct Selection {
+  std::string policy;
+  std::map<std::string, std::string, std::less<>> given;
+
+  Selection& set(const std::string& option, const std::string& value) {
+    given[option] = value;
+    return *this;
+  }
+  Selection& set(const std::string& option, double value) {
+    std::ostringstream s;
+    s.precision(17);
+    s << value;
+    return set(option, s.str());
+  }
+  /// Sets the option when the policy takes it (a table of several policies with shared settings).
+  Selection& offer(const std::string& option, double value) {
+    if (takes(policy, option)) set(option, value);
+    return *this;
+  }
+  /// An option's value as the run uses it: given, or the policy's default (else the registry's).
+  std::string value(const std::string& option) const {
+    const auto it = given.find(option);
+    return it != given.end() ? it->second : default_text(policy, option);
+  }
+};
 
 /// Whether any registered policy takes `option` (a tool forwards such a flag to the registry).
 inline bool is_option(std::string_view option) { return !takers(option).empty(); }

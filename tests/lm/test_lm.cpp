@@ -143,7 +143,7 @@ TEST_CASE("every policy at a budget the text never reaches gives the full cache'
     if (name == "full") continue;
     CAPTURE(name);
     PolicyOptions o;
-    o.name = name;
+    o.policy = name;
     o.offer("budget", 128).offer("buffer", 16);  // > 96 tokens: nothing is ever evicted
     if (name == "trimkv" || name == "dbtrimkv") o.set("gate", write_gate(name, 0.0f));
     if (name == "wgkv") o.set("gate", write_gate(name, 30.0f));  // g = 1: every token admitted
@@ -166,7 +166,7 @@ TEST_CASE("at a small budget every policy evicts, holds what its rule allows, an
     if (name == "full") continue;
     CAPTURE(name);
     PolicyOptions o;
-    o.name = name;
+    o.policy = name;
     o.offer("budget", M).offer("buffer", B).offer("recency", 8);
     if (name == "trimkv" || name == "dbtrimkv") o.set("gate", write_gate(name, 0.0f));
     if (name == "wgkv") {
@@ -202,7 +202,7 @@ TEST_CASE("epikv and hs-var score each token once from the two bands: every head
     const std::string label = std::string(name) + " " + std::to_string(a) + "," + std::to_string(b);
     CAPTURE(label);
     PolicyOptions o;
-    o.name = name;
+    o.policy = name;
     o.set("budget", K);
     o.set("recency", 8);
     o.set("band-a", a);
@@ -236,7 +236,7 @@ TEST_CASE("epikv and hs-var score each token once from the two bands: every head
   for (std::int32_t p = 160 - K; p < 160; ++p) newest.insert(p);
   for (const auto& [label, kept] : kept_by) CHECK(kept != newest);
   PolicyOptions bad;
-  bad.name = "epikv";
+  bad.policy = "epikv";
   bad.set("band-b", 31);
   CHECK_THROWS_WITH(run_policy(bad, ids, chunk), doctest::Contains("--band-b 31 must be hidden-state indices in [0, 30]"));
 }
