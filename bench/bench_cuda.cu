@@ -330,7 +330,7 @@ struct SelectSetup {
 void BM_segmented_topk(benchmark::State& state) {
   SelectSetup s(36 * 8 * 8, 1152);
   kc::SegmentRule rule;
-  rule.k = 1024;
+  rule.sel.keep = 1024;
   Timer timer;
   for (auto _ : state) {
     timer.begin(nullptr);
@@ -346,8 +346,7 @@ void BM_global_topk(benchmark::State& state) {
   SelectSetup s(36 * 8 * batch, 1152);
   kc::PooledRule rule;
   rule.segments_per_group = 36 * 8;
-  rule.pool_budget = 36 * 8 * 1024;
-  rule.per_head_budget = 1024;
+  rule.sel.budget = 1024;
   std::size_t bytes = 0;
   kc::pooled_select(nullptr, bytes, s.view(), rule, s.keep.p, 1152, nullptr);
   Buffer<char> ws(bytes);

@@ -31,7 +31,7 @@ inline evict::Global dbtrimkv_evictor(const DBTrimKVConfig& c = {}) {
   return evict::Global{c.budget, c.buffer, c.floor_ratio, c.window, c.threshold, c.sinks, c.horizon};
 }
 inline evict::LayerWise dbtrimkv_layerwise_evictor(const DBTrimKVConfig& c = {}) {
-  return evict::LayerWise{c.budget, c.buffer, c.window, c.threshold, c.floor_ratio, c.sinks, c.horizon};
+  return evict::LayerWise{c.budget, c.buffer, c.floor_ratio, c.window, c.threshold, c.sinks, c.horizon};
 }
 /// The scorer holds the config's horizon; the Cache refuses an evictor from a config whose horizon
 /// its scorer does not have (pass both: `DBTrimKVCache<>(shape, pool, dbtrimkv_evictor(c), dbtrimkv_scorer(c))`).

@@ -70,15 +70,12 @@ TEST_CASE("segmented_select marks what evict::PerHead::select marks") {
     if (seed % 4 == 0) cpu.threshold = std::exp(cudatest::random_score(rng, 1));
     std::vector<std::uint8_t> want(s.score.size());
     kp::CacheShape shape{1, segments, segments, 8};
-    cpu.select(shape, {s.score, s.position, s.offsets}, want);
+    kp::evict::select(cpu, shape, {}, {s.score, s.position, s.offsets}, want);
 
     OnDevice d(s);
     d.keep.poison();
     kc::SegmentRule rule;
-    rule.k = cpu.rule.budget;
-    rule.window = cpu.window;
-    rule.threshold = cpu.threshold > 0.0;
-    rule.log_alpha = static_cast<float>(std::log(cpu.threshold));
+    rule.sel = cpu.selection();
     kc::segmented_select(d.view(s), rule, d.keep.get(), nullptr);
     cudatest::sync();
     check_keep(d.keep.download(), want, "segmented_select", seed);
@@ -138,9 +135,9 @@ TEST_CASE("pooled_select marks what evict::Global and evict::LayerWise mark") {
       const auto slice = s.slice(q * per_sequence, (q + 1) * per_sequence);
       std::vector<std::uint8_t> k(slice.score.size());
       if (global)
-        kp::evict::Global{budget, 1, floor_ratio, window, threshold}.select(shape, slice.view(), k);
+        kp::evict::select(kp::evict::Global{budget, 1, floor_ratio, window, threshold}, shape, {}, slice.view(), k);
       else
-        kp::evict::LayerWise{budget, 1, window, threshold, floor_ratio}.select(shape, slice.view(), k);
+        kp::evict::select(kp::evict::LayerWise{budget, 1, floor_ratio, window, threshold}, shape, {}, slice.view(), k);
       std::copy(k.begin(), k.end(), want.begin() + s.offsets[q * per_sequence]);
     }
 
@@ -148,12 +145,7 @@ TEST_CASE("pooled_select marks what evict::Global and evict::LayerWise mark") {
     d.keep.poison();
     kc::PooledRule rule;
     rule.segments_per_group = global ? static_cast<std::int32_t>(per_sequence) : kv_heads;
-    rule.pool_budget = std::int64_t{rule.segments_per_group} * budget;
-    rule.per_head_budget = budget;
-    rule.floor_ratio = floor_ratio;
-    rule.window = window;
-    rule.threshold = threshold > 0.0;
-    rule.log_alpha = static_cast<float>(std::log(threshold));
+    rule.sel = kp::evict::Global{budget, 1, floor_ratio, window, threshold}.selection();
     std::size_t bytes = 0;
     kc::pooled_select(nullptr, bytes, d.view(s), rule, d.keep.get(), s.max_length(), nullptr);
     DeviceBuffer<unsigned char> workspace(bytes);
@@ -169,13 +161,12 @@ TEST_CASE("pooled_select at DBTrimKV's size: L = 36, Hkv = 8, M + B = 1152 per h
   for (int i = 0; i < 36 * 8; ++i) cudatest::append_segment(s, rng, 1152, 1);
   const kp::CacheShape shape{36, 8, 32, 128};
   std::vector<std::uint8_t> want(s.score.size());
-  kp::evict::Global{1024, 128, 0.0, 0, 0.0}.select(shape, {s.score, s.position, s.offsets}, want);
+  kp::evict::select(kp::evict::Global{1024, 128, 0.0, 0, 0.0}, shape, {}, {s.score, s.position, s.offsets}, want);
   OnDevice d(s);
   d.keep.poison();
   kc::PooledRule rule;
   rule.segments_per_group = 36 * 8;
-  rule.pool_budget = 36 * 8 * 1024;
-  rule.per_head_budget = 1024;
+  rule.sel.budget = 1024;
   std::size_t bytes = 0;
   kc::pooled_select(nullptr, bytes, d.view(s), rule, d.keep.get(), 1152, nullptr);
   DeviceBuffer<unsigned char> workspace(bytes);
@@ -240,11 +231,11 @@ TEST_CASE("selection arguments are checked before any launch" * doctest::test_su
   kc::SegmentRule rule;
   CHECK_THROWS_WITH(kc::segmented_select(s, rule, keep, nullptr),
                     doctest::Contains("score, position, offsets and keep must be device pointers"));
-  rule.k = -1;
+  rule.sel.keep = -1;
   s = kc::DeviceSegments{};
   CHECK_THROWS_WITH(kc::segmented_select(s, rule, keep, nullptr), doctest::Contains("k = -1"));
-  rule.k = 4;
-  rule.window = -2;
+  rule.sel.keep = 4;
+  rule.sel.window = -2;
   CHECK_THROWS_WITH(kc::segmented_select(s, rule, keep, nullptr), doctest::Contains("window w = -2"));
 
   kc::PooledRule pr;
@@ -254,9 +245,9 @@ TEST_CASE("selection arguments are checked before any launch" * doctest::test_su
   CHECK_THROWS_WITH(kc::pooled_select(nullptr, bytes, s, pr, keep, 0, nullptr),
                     doctest::Contains("segments = 6 is not a multiple of segments_per_group = 4"));
   s.segments = 8;
-  pr.floor_ratio = 1.5;
+  pr.sel.floor_ratio = 1.5;
   CHECK_THROWS_WITH(kc::pooled_select(nullptr, bytes, s, pr, keep, 0, nullptr), doctest::Contains("floor_ratio f = 1.5"));
-  pr.floor_ratio = 0.2;
+  pr.sel.floor_ratio = 0.2;
   kc::pooled_select(nullptr, bytes, s, pr, keep, 0, nullptr);  // a size query needs no device
   CHECK(bytes >= sizeof(unsigned long long) * 256 * 2);
   CHECK(bytes % 256 == 0);

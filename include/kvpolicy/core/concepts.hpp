@@ -10,6 +10,7 @@
 
 #include "kvpolicy/core/entry.hpp"
 #include "kvpolicy/core/mask.hpp"
+#include "kvpolicy/core/rule.hpp"
 #include "kvpolicy/core/shape.hpp"
 #include "kvpolicy/core/view.hpp"
 
@@ -63,48 +64,34 @@ constexpr bool evictor_counts_prompt_by_length = requires { requires E::counts_p
 template <class A>
 constexpr bool admitter_reads_gate = requires { requires A::reads_gate; };
 
-/// Evictor: a trigger over per-head lengths, then a selection over segmented scores that marks the
-/// survivors. It never moves data.
-///   trigger(shape, lengths, active): lengths has one entry per (layer, kv head); marks in `active`
-///     the heads whose entries take part in this eviction and returns whether any does.
-///   select(shape, scores, keep): for the active heads' segments, sets keep[i] = 1 for survivors.
-/// An evictor whose rule depends on the sequence (EpiKV's budget over generated tokens, SPEC §4)
-/// takes the StepContext as a second argument of both instead.
+/// Evictor: the rule of an eviction, stated once (core/rule.hpp): which heads trigger together
+/// (group_heads), when a group fires (fires, KVPOLICY_HD: the device's trigger kernel calls it),
+/// and what a triggered group keeps (selection(): a HeadSelection or a PoolSelection). It never
+/// moves data; the host executor (policy/selection.hpp: evict::trigger, evict::select) and the
+/// device's evict_step run the statement. A rule the data cannot state (WG-KV's hard budget, which
+/// weighs every head against one sum) gives select(shape, ctx, scores, keep) instead of
+/// selection(), and runs on the host only.
 template <class E>
-concept ContextFreeEvictor =
-    requires(const E& e, const CacheShape& shape, std::span<const std::int64_t> lengths,
-             std::span<std::uint8_t> active, const SegmentedScores& scores, std::span<std::uint8_t> keep) {
-      { e.trigger(shape, lengths, active) } -> std::same_as<bool>;
-      e.select(shape, scores, keep);
-    };
+concept evictor_states_selection = requires(const E& e) {
+  requires std::same_as<decltype(e.selection()), evict::HeadSelection> ||
+               std::same_as<decltype(e.selection()), evict::PoolSelection>;
+};
 template <class E>
-concept ContextEvictor =
-    requires(const E& e, const CacheShape& shape, StepContext c, std::span<const std::int64_t> lengths,
-             std::span<std::uint8_t> active, const SegmentedScores& scores, std::span<std::uint8_t> keep) {
-      { e.trigger(shape, c, lengths, active) } -> std::same_as<bool>;
-      e.select(shape, c, scores, keep);
-    };
+concept evictor_selects_itself =
+    requires(const E& e, const CacheShape& shape, StepContext c, const SegmentedScores& scores,
+             std::span<std::uint8_t> keep) { e.select(shape, c, scores, keep); };
 template <class E>
-concept Evictor = std::copyable<E> && requires(const E& e, const CacheShape& shape) { e.validate(shape); } &&
-                  (ContextFreeEvictor<E> || ContextEvictor<E>);
-
-/// The two calls of an Evictor, whichever form it has.
-template <Evictor E>
-bool evictor_trigger(const E& e, const CacheShape& shape, StepContext c, std::span<const std::int64_t> lengths,
-                     std::span<std::uint8_t> active) {
-  if constexpr (ContextEvictor<E>)
-    return e.trigger(shape, c, lengths, active);
-  else
-    return e.trigger(shape, lengths, active);
-}
-template <Evictor E>
-void evictor_select(const E& e, const CacheShape& shape, StepContext c, const SegmentedScores& scores,
-                    std::span<std::uint8_t> keep) {
-  if constexpr (ContextEvictor<E>)
-    e.select(shape, c, scores, keep);
-  else
-    e.select(shape, scores, keep);
-}
+concept Evictor = std::copyable<E> &&
+                  requires(const E& e, const CacheShape& shape, std::int64_t length, StepContext c) {
+                    e.validate(shape);
+                    { e.group_heads(shape) } -> std::convertible_to<std::int64_t>;
+                    { e.fires(length, length, c) } -> std::same_as<bool>;
+                  } && (evictor_states_selection<E> || evictor_selects_itself<E>);
+/// An Evictor whose selection() is a HeadSelection (each head ranks alone).
+template <class E>
+constexpr bool selects_per_head = requires(const E& e) {
+  { e.selection() } -> std::same_as<evict::HeadSelection>;
+};
 
 /// ---- hooks a part may declare, which the Cache calls when it is there (each absent by default) ------
 /// attention_mask(): the mask the attention applies (WG-KV's vertical-slash, core/mask.hpp), from

@@ -16,7 +16,7 @@
 ///
 /// What this composition runs: EntryScorers (RetentionDecay, Lookahead, KNormRetention, Frozen,
 /// the training-free EntryScorers); admit::All; every Evictor that states its rule as data
-/// (policy/selection.hpp): evict::PerHead, LayerWise and Global (TRIM-KV, DBTrimKV),
+/// (core/rule.hpp): evict::PerHead, LayerWise and Global (TRIM-KV, DBTrimKV),
 /// evict::WriteGated (WGKVCache: the ring, promotion and the vertical-slash mask in the attention),
 /// evict::Generated (EpiKVCache) and evict::PromptEnd. The whole API of the CPU Cache: the layer
 /// calls, step() and step_batch() (every eviction of a batch planned before any step closes: one
@@ -67,9 +67,9 @@ class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
                 "kvpolicy::Cache<cuda_backend>: this Scorer ranks by attention mass (H2O), which this Backend's "
                 "attention does not emit");
   static_assert(std::is_same_v<A, admit::All>, "kvpolicy::Cache<cuda_backend>: the device cache admits every token");
-  static_assert(evict::StatedEvictor<E>,
-                "kvpolicy::Cache<cuda_backend>: the device runs an Evictor that states its rule as data "
-                "(policy/selection.hpp: group_heads, fires, head_selection or pool_selection)");
+  static_assert(evictor_states_selection<E>,
+                "kvpolicy::Cache<cuda_backend>: the device runs an Evictor that states its selection as data "
+                "(core/rule.hpp: selection() returns a HeadSelection or a PoolSelection)");
   static_assert(P == 16 || P == 32 || P == 64, "kvpolicy::Cache<cuda_backend>: page size must be 16, 32 or 64");
   using Memory = gpu::PagedMemory<P, Storage>;
   using device_type = typename Memory::device_type;
@@ -441,7 +441,7 @@ class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
       StepContext ctx = st.context();  // the CPU cache's context (engine/step_state.hpp)
       for (const auto len : lens) ctx.entries += len;
       contexts.push_back(ctx);
-      reports[i].triggered = evictor_trigger(evictor_, shape_, ctx, lens, active);
+      reports[i].triggered = evict::trigger(evictor_, shape_, ctx, lens, active);
       if (reports[i].triggered) fired.push_back(i);
     }
     std::vector<std::vector<std::vector<std::int32_t>>> positions_before(seqs.size());
@@ -514,13 +514,13 @@ class Cache<S, A, E, memory::Paged<P, Storage>, cuda_backend> {
   /// prefill chunk of a few pages: the initial width of a block-table row (rows widen on demand).
   std::int64_t typical_head_length() const {
     constexpr std::int64_t buffer = 128, chunk = 256;
-    if constexpr (evict::selects_per_head<E>) {
-      const evict::HeadSelection sel = evictor_.head_selection();
+    if constexpr (selects_per_head<E>) {
+      const evict::HeadSelection sel = evictor_.selection();
       if (sel.threshold) return 4 * sel.window + chunk;  // entries past the window stay by the bound (WG-KV)
       if (sel.keeps_prompt) return sel.keep + 1024;      // the prompt stays on top of the budget (EpiKV)
       return sel.keep + buffer + chunk;
     } else {
-      return evictor_.group_heads(shape_) * (evictor_.pool_selection().budget + buffer) + chunk;
+      return evictor_.group_heads(shape_) * (evictor_.selection().budget + buffer) + chunk;
     }
   }
   /// The checks of the CPU Cache's constructor, and the device's head widths.

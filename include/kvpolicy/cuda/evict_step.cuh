@@ -2,9 +2,9 @@
 /// kvpolicy/cuda/evict_step.cuh — one eviction step on the device: trigger, score, select, compact
 /// (SPEC §1 per head, SPEC §2 global and layer-wise, §3 WG-KV's ring, §4 EpiKV's budget), all on one
 /// stream, scratch from a workspace sized up front, no allocation and no host synchronisation.
-/// Templated on the Evictor: it runs the rule the Evictor states once (policy/selection.hpp) —
-/// its trigger kernel calls the Evictor's fires(), its selection takes the Evictor's
-/// head_selection() or pool_selection() — the statement the host's select() runs too.
+/// Templated on the Evictor: it runs the rule the Evictor states once (core/rule.hpp) — its
+/// trigger kernel calls the Evictor's fires(), its selection kernels read the Evictor's
+/// selection() as it is — the statement the host's evict::select runs too.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -20,7 +20,7 @@
 #include "kvpolicy/cuda/score.cuh"
 #include "kvpolicy/cuda/segmented_topk.cuh"
 #include "kvpolicy/cuda/views.cuh"
-#include "kvpolicy/policy/selection.hpp"
+#include "kvpolicy/core/rule.hpp"
 
 namespace kvpolicy::gpu {
 
@@ -92,11 +92,11 @@ EvictWork carve_evict(WorkspaceLayout& layout, void* base, std::int32_t per_grou
 template <class E>
 std::int64_t eviction_length_hint(const E& evictor) {
   constexpr std::int64_t buffer = 128;
-  if constexpr (evict::selects_per_head<E>) {
-    const evict::HeadSelection sel = evictor.head_selection();
+  if constexpr (selects_per_head<E>) {
+    const evict::HeadSelection sel = evictor.selection();
     return std::max(sel.keep, sel.window) + buffer;
   } else {
-    return evictor.pool_selection().budget + buffer;
+    return evictor.selection().budget + buffer;
   }
 }
 
@@ -104,7 +104,7 @@ namespace detail {
 
 /// The plan of an eviction step (llama.cpp's prepare, before its apply): the Evictor's trigger over
 /// its groups of heads, the active heads' scores at their sequence's context, and their survivors as
-/// the Evictor's head_selection() / pool_selection() states. It writes only the workspace w (active
+/// the Evictor's selection() states. It writes only the workspace w (active
 /// heads, offsets, scores, the keep mask, and the NaN flag, with Status::nan_score in *status when
 /// a score is NaN); the pool, the block tables and the free list are as they were.
 template <class Scorer, class Evictor, class T>
@@ -123,31 +123,17 @@ void plan_eviction(const EvictWork& w, const Scorer& scorer, const Evictor& evic
   score_segments(scorer, kv.metadata(), t, kv.page_size, context, per_sequence, w.active, w.offsets, w.score,
                  w.position, max_length, stream, w.failed, status);
   DeviceSegments s{w.score, w.position, w.offsets, t.segments};
-  if constexpr (evict::selects_per_head<Evictor>) {
-    const evict::HeadSelection sel = evictor.head_selection();
+  if constexpr (selects_per_head<Evictor>) {
     SegmentRule rule;
-    rule.k = sel.keep;
-    rule.window = sel.window;
-    rule.sinks = sel.sinks;
-    rule.threshold = sel.threshold;
-    rule.log_alpha = sel.bound;
+    rule.sel = evictor.selection();
     rule.active = w.active;
-    if (sel.keeps_prompt) {
-      rule.prompt_of = context;
-      rule.context_stride = per_sequence;
-    }
+    rule.context = context;
+    rule.context_stride = per_sequence;
     segmented_select(s, rule, w.keep, stream);
   } else {
-    const evict::PoolSelection sel = evictor.pool_selection();
     PooledRule pr;
+    pr.sel = evictor.selection();
     pr.segments_per_group = per_group;
-    pr.pool_budget = std::int64_t{per_group} * sel.budget;
-    pr.per_head_budget = sel.budget;
-    pr.floor_ratio = sel.floor_ratio;
-    pr.window = sel.window;
-    pr.sinks = sel.sinks;
-    pr.threshold = sel.threshold;
-    pr.log_alpha = sel.bound;
     pr.group_active = w.group_active;
     std::size_t bytes = w.pooled_bytes;
     pooled_select(w.pooled, bytes, s, pr, w.keep, max_length, stream);
@@ -169,13 +155,13 @@ void apply_eviction(const EvictWork& w, const PagedKV<T>& kv, const BlockTableVi
 /// One eviction step over every sequence slot of the tables (segments = slots * L * Hkv): the
 /// heads the Evictor's rule triggers for (its fires() over groups of group_heads(shape) heads) are
 /// scored by `scorer` at their sequence's context (context[slot]), their survivors selected as the
-/// Evictor's head_selection() / pool_selection() states, and compacted; emptied pages return to the
+/// Evictor's selection() states, and compacted; emptied pages return to the
 /// free list. evicted (optional, device, [segments]) receives each head's evicted count. A NaN score
 /// (only a user-defined Scorer makes one) is never ranked: the step then changes nothing and reports
 /// Status::nan_score in *status (optional, device). Two-phase: with workspace == nullptr sets
 /// workspace_bytes (it grows with the pool's slots) and returns.
 template <class Scorer, class Evictor, class T>
-  requires evict::StatedEvictor<Evictor>
+  requires evictor_states_selection<Evictor>
 void evict_step(void* workspace, std::size_t& workspace_bytes, const Scorer& scorer, const Evictor& evictor,
                 const CacheShape& shape, const PagedKV<T>& kv, const BlockTableView& t, FreeList free,
                 const StepContext* context, std::int64_t* evicted, Status* status, cudaStream_t stream) {

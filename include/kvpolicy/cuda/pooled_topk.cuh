@@ -22,6 +22,7 @@
 #include <algorithm>
 
 #include "kvpolicy/core/rank_key.hpp"
+#include "kvpolicy/core/rule.hpp"
 #include "kvpolicy/cuda/block_select.cuh"
 #include "kvpolicy/cuda/check.cuh"
 #include "kvpolicy/cuda/segmented_topk.cuh"
@@ -29,18 +30,15 @@
 
 namespace kvpolicy::gpu {
 
-/// Pools are runs of segments_per_group consecutive segments (L * Hkv for the global rule of one
-/// sequence, Hkv for a layer).
+/// What a pooled selection keeps: the Evictor's PoolSelection as it states it (core/rule.hpp), over
+/// pools that are runs of segments_per_group consecutive segments (L * Hkv for the global rule of
+/// one sequence, Hkv for a layer): the pool keeps K = segments_per_group * sel.budget.
 struct PooledRule {
+  evict::PoolSelection sel;
   std::int32_t segments_per_group = 1;
-  std::int64_t pool_budget = 0;      // K: L * Hkv * M (global) or Hkv * M (layer-wise)
-  std::int64_t per_head_budget = 0;  // M, for the floor quota floor(M f)
-  double floor_ratio = 0.0;          // f in [0, 1)
-  std::int64_t window = 0;           // w newest entries of each head protected
-  std::int64_t sinks = 0;            // S oldest entries of each head protected (SPEC §5)
-  bool threshold = false;            // keep score >= log_alpha instead
-  float log_alpha = 0.0f;
   const std::uint8_t* group_active = nullptr;  // pools with 0 keep everything (null: all active)
+
+  std::int64_t pool_budget() const { return std::int64_t{segments_per_group} * sel.budget; }
 };
 
 namespace detail {
@@ -235,13 +233,15 @@ inline void pooled_select(void* workspace, std::size_t& workspace_bytes, const D
   require(r.segments_per_group >= 1, who, ": segments_per_group = ", r.segments_per_group, " must be >= 1");
   require(s.segments % r.segments_per_group == 0, who, ": segments = ", s.segments,
           " is not a multiple of segments_per_group = ", r.segments_per_group);
-  require(r.pool_budget >= 0, who, ": pool budget K = ", r.pool_budget, " must be >= 0");
-  require(r.per_head_budget >= 0, who, ": per-head budget M = ", r.per_head_budget, " must be >= 0");
-  require(r.floor_ratio >= 0.0 && r.floor_ratio < 1.0, who, ": floor_ratio f = ", r.floor_ratio,
+  require(r.pool_budget() >= 0, who, ": pool budget K = ", r.pool_budget(), " must be >= 0");
+  require(r.sel.budget >= 0, who, ": per-head budget M = ", r.sel.budget, " must be >= 0");
+  require(r.sel.floor_ratio >= 0.0 && r.sel.floor_ratio < 1.0, who, ": floor_ratio f = ", r.sel.floor_ratio,
           " must be in [0, 1)");
-  require(!(r.threshold && r.floor_ratio > 0.0), who, ": floor_ratio and threshold are exclusive variants");
-  require(r.window >= 0, who, ": window w = ", r.window, " must be >= 0");
-  require(r.sinks >= 0, who, ": sinks S = ", r.sinks, " must be >= 0");
+  require(!(r.sel.threshold && r.sel.floor_ratio > 0.0), who, ": floor_ratio and threshold are exclusive variants");
+  require(r.sel.window >= 0, who, ": window w = ", r.sel.window, " must be >= 0");
+  require(r.sel.sinks >= 0, who, ": sinks S = ", r.sel.sinks, " must be >= 0");
+  require(r.sel.guaranteed == 0, who, ": guaranteed = ", r.sel.guaranteed,
+          ": a per-head share ranked above the pool (AdaKV's safeguard) runs on the host only");
   require(max_segment_length >= 0, who, ": max_segment_length = ", max_segment_length, " must be >= 0");
   const int groups = s.segments / r.segments_per_group;
   WorkspaceLayout layout;
@@ -250,12 +250,12 @@ inline void pooled_select(void* workspace, std::size_t& workspace_bytes, const D
   validate_segments(s, keep, who);
   if (s.segments == 0) return;
 
-  if (r.threshold) {  // elementwise on the protected scores
+  if (r.sel.threshold) {  // elementwise on the protected scores
     SegmentRule rule;
-    rule.window = r.window;
-    rule.sinks = r.sinks;
-    rule.threshold = true;
-    rule.log_alpha = r.log_alpha;
+    rule.sel.window = r.sel.window;
+    rule.sel.sinks = r.sel.sinks;
+    rule.sel.threshold = true;
+    rule.sel.bound = r.sel.bound;
     rule.active = r.group_active;  // an inactive pool keeps everything
     rule.active_stride = r.segments_per_group;
     segmented_select(s, rule, keep, stream);
@@ -263,15 +263,15 @@ inline void pooled_select(void* workspace, std::size_t& workspace_bytes, const D
   }
   WorkspaceLayout carve_again;
   const detail::PoolWork w = detail::carve(carve_again, workspace, groups, s.segments);
-  const auto k_pooled = static_cast<long long>(std::floor((1.0 - r.floor_ratio) * static_cast<double>(r.pool_budget)));
-  const auto floor_quota = static_cast<long long>(std::floor(static_cast<double>(r.per_head_budget) * r.floor_ratio));
+  const auto k_pooled = static_cast<long long>(std::floor((1.0 - r.sel.floor_ratio) * static_cast<double>(r.pool_budget())));
+  const auto floor_quota = static_cast<long long>(std::floor(static_cast<double>(r.sel.budget) * r.sel.floor_ratio));
   constexpr int chunk = detail::SelectTuning::pool_chunk;
   const auto chunks = static_cast<unsigned>(
       std::min<std::int64_t>(std::max<std::int64_t>((max_segment_length + chunk - 1) / chunk, 1), 65535));
   const dim3 pass_grid(static_cast<unsigned>(s.segments), chunks);
   const auto shapes = [&] { return " (segments = " + std::to_string(s.segments) + ", groups = " + std::to_string(groups) + ")"; };
 
-  detail::window_cut_kernel<><<<static_cast<unsigned>(s.segments), detail::SelectTuning::threads, 0, stream>>>(s, r.window, r.sinks, w);
+  detail::window_cut_kernel<><<<static_cast<unsigned>(s.segments), detail::SelectTuning::threads, 0, stream>>>(s, r.sel.window, r.sel.sinks, w);
   check_launch("window_cut_kernel", shapes());
   detail::pool_init_kernel<><<<blocks_for(groups, 128, "pool_init_kernel"), 128, 0, stream>>>(s, r, k_pooled, w, groups);
   check_launch("pool_init_kernel", shapes());
@@ -284,13 +284,13 @@ inline void pooled_select(void* workspace, std::size_t& workspace_bytes, const D
   detail::pool_count_kernel<><<<pass_grid, detail::SelectTuning::threads, 0, stream>>>(s, r, w);
   check_launch("pool_count_kernel", shapes());
   detail::pool_ties_kernel<><<<static_cast<unsigned>(groups), detail::SelectTuning::threads, 0, stream>>>(
-      r, w, r.floor_ratio > 0.0 ? floor_quota : 0);
+      r, w, r.sel.floor_ratio > 0.0 ? floor_quota : 0);
   check_launch("pool_ties_kernel", shapes());
-  if (r.floor_ratio > 0.0) {  // each head keeps its top (pooled count + floor(M f))
+  if (r.sel.floor_ratio > 0.0) {  // each head keeps its top (pooled count + floor(M f))
     SegmentRule rule;
     rule.k_of = w.pooled;
-    rule.window = r.window;
-    rule.sinks = r.sinks;
+    rule.sel.window = r.sel.window;
+    rule.sel.sinks = r.sel.sinks;
     segmented_select(s, rule, keep, stream);
   } else {
     detail::pool_mark_kernel<><<<pass_grid, detail::SelectTuning::threads, 0, stream>>>(s, r, w, keep);

@@ -17,6 +17,7 @@
 #include <climits>
 
 #include "kvpolicy/core/rank_key.hpp"
+#include "kvpolicy/core/rule.hpp"
 #include "kvpolicy/cuda/block_select.cuh"
 #include "kvpolicy/cuda/check.cuh"
 #include "kvpolicy/cuda/views.cuh"
@@ -33,19 +34,16 @@ struct DeviceSegments {
   std::int32_t segments = 0;
 };
 
-/// What a per-segment selection keeps.
+/// What a per-segment selection keeps: the Evictor's HeadSelection as it states it (core/rule.hpp),
+/// and where the device finds what that statement refers to.
 struct SegmentRule {
-  std::int64_t k = 0;                     // survivors per segment (top-k variant)
-  const std::int64_t* k_of = nullptr;     // or one k per segment (device), when set
-  std::int64_t window = 0;                // the w newest entries of a segment score +inf (SPEC §1)
-  std::int64_t sinks = 0;                 // the S oldest entries of a segment score +inf (SPEC §5)
-  bool threshold = false;                 // keep score >= log_alpha instead of a top-k
-  float log_alpha = 0.0f;
+  evict::HeadSelection sel;               // keep (top-k), threshold and bound, window, sinks, keeps_prompt
+  const std::int64_t* k_of = nullptr;     // one keep per segment (device) instead of sel.keep, when set
   const std::uint8_t* active = nullptr;   // segments with active[s / active_stride] == 0 keep everything
   std::int32_t active_stride = 1;         // (null: all active)
-  /// EpiKV (SPEC §4): the prompt entries of a segment (position < context[s / context_stride].prompt)
-  /// score +inf and the top k keeps them on top of its k (evict::Generated's prompt + K).
-  const StepContext* prompt_of = nullptr;
+  /// sel.keeps_prompt (EpiKV, SPEC §4): the prompt entries of a segment (position <
+  /// context[s / context_stride].prompt) score +inf and the top k keeps them on top of its k.
+  const StepContext* context = nullptr;
   std::int32_t context_stride = 1;
 };
 
@@ -97,9 +95,10 @@ __global__ void __launch_bounds__(SelectTuning::threads)
   const float* score = s.score + begin;
   const std::int32_t* position = s.position + begin;
   std::uint8_t* out = keep + begin;
-  long long k = rule.k_of ? rule.k_of[seg] : rule.k;
-  const long long prompt = rule.prompt_of ? rule.prompt_of[seg / rule.context_stride].prompt : LLONG_MIN;
-  if (rule.prompt_of) {  // k counts the protected prompt entries on top
+  long long k = rule.k_of ? rule.k_of[seg] : rule.sel.keep;
+  const bool keeps_prompt = rule.sel.keeps_prompt;
+  const long long prompt = keeps_prompt ? rule.context[seg / rule.context_stride].prompt : LLONG_MIN;
+  if (keeps_prompt) {  // k counts the protected prompt entries on top
     long long mine = 0;
     for (long long i = threadIdx.x; i < n; i += blockDim.x) mine += position[i] < prompt;
     const long long total = BlockReduceI64(reduce).Sum(mine);
@@ -112,16 +111,16 @@ __global__ void __launch_bounds__(SelectTuning::threads)
     for (long long i = threadIdx.x; i < n; i += blockDim.x) out[i] = v;
   };
   if (rule.active && !rule.active[seg / rule.active_stride]) return fill(1);
-  if (!rule.threshold && k >= n) return fill(1);
-  if (!rule.threshold && k <= 0) return fill(0);
+  if (!rule.sel.threshold && k >= n) return fill(1);
+  if (!rule.sel.threshold && k <= 0) return fill(0);
 
-  const long long cut = window_cut(position, n, rule.window, sh.select);
+  const long long cut = window_cut(position, n, rule.sel.window, sh.select);
   __syncthreads();
-  const long long sink = sink_last(position, n, rule.sinks, sh.select);
+  const long long sink = sink_last(position, n, rule.sel.sinks, sh.select);
   __syncthreads();
-  if (rule.threshold) {
+  if (rule.sel.threshold) {
     for (long long i = threadIdx.x; i < n; i += blockDim.x)
-      out[i] = protected_score(score[i], position[i], cut, prompt, sink) >= rule.log_alpha ? 1 : 0;
+      out[i] = protected_score(score[i], position[i], cut, prompt, sink) >= rule.sel.bound ? 1 : 0;
     return;
   }
   const auto key_at = [&](long long i) {
@@ -158,16 +157,18 @@ inline void segmented_select(const DeviceSegments& s, const SegmentRule& rule, s
                              cudaStream_t stream) {
   constexpr const char* who = "gpu::segmented_select";
   validate_segments(s, keep, who);
-  require(rule.threshold || rule.k_of || rule.k >= 0, who, ": k = ", rule.k, " must be >= 0");
+  require(rule.sel.threshold || rule.k_of || rule.sel.keep >= 0, who, ": keep k = ", rule.sel.keep, " must be >= 0");
   require(rule.active_stride >= 1, who, ": active_stride = ", rule.active_stride, " must be >= 1");
+  require(!rule.sel.keeps_prompt || rule.context != nullptr, who,
+          ": the selection keeps the prompt (keeps_prompt), so context must be a device pointer");
   require(rule.context_stride >= 1, who, ": context_stride = ", rule.context_stride, " must be >= 1");
-  require(rule.window >= 0, who, ": window w = ", rule.window, " must be >= 0");
-  require(rule.sinks >= 0, who, ": sinks S = ", rule.sinks, " must be >= 0");
-  require(!rule.threshold || rule.log_alpha == rule.log_alpha, who, ": log_alpha is NaN");
+  require(rule.sel.window >= 0, who, ": window w = ", rule.sel.window, " must be >= 0");
+  require(rule.sel.sinks >= 0, who, ": sinks S = ", rule.sel.sinks, " must be >= 0");
+  require(!rule.sel.threshold || rule.sel.bound == rule.sel.bound, who, ": the bound is NaN");
   if (s.segments == 0) return;
   detail::segmented_select_kernel<><<<static_cast<unsigned>(s.segments), detail::SelectTuning::threads, 0, stream>>>(s, rule,
                                                                                                             keep);
-  check_launch("segmented_select_kernel", "segments = ", s.segments, ", k = ", rule.k, ", window = ", rule.window);
+  check_launch("segmented_select_kernel", "segments = ", s.segments, ", keep = ", rule.sel.keep, ", window = ", rule.sel.window);
 }
 
 }  // namespace kvpolicy::gpu

@@ -5,7 +5,8 @@
 /// nothing; the Cache applies a plan (compaction on the CPU) only once every plan of a step or a
 /// batch is made, so a plan that fails (a NaN score) leaves every step open and the cache as it
 /// was. The Scorer's inputs come through the hooks it declares (engine/scorer_inputs.hpp), the
-/// trigger and selection through the rule the Evictor states (policy/selection.hpp).
+/// trigger and selection through the rule the Evictor states (core/rule.hpp, run by
+/// policy/selection.hpp).
 #pragma once
 
 #include <algorithm>
@@ -20,6 +21,7 @@
 #include "kvpolicy/core/error.hpp"
 #include "kvpolicy/core/shape.hpp"
 #include "kvpolicy/engine/scorer_inputs.hpp"
+#include "kvpolicy/policy/selection.hpp"
 
 namespace kvpolicy::detail {
 
@@ -63,7 +65,7 @@ class EvictionPlanner {
     for (const std::int64_t len : lengths) ctx.entries += len;
     made.context = ctx;
     made.active.assign(heads, 0);
-    const bool fires = evictor_trigger(evictor_, shape_, ctx, lengths, made.active);
+    const bool fires = evict::trigger(evictor_, shape_, ctx, lengths, made.active);
     if (!fires && !ring_drops) return made;
     if (!fires) std::fill(made.active.begin(), made.active.end(), std::uint8_t{0});
     made.removes_any = true;
@@ -100,7 +102,7 @@ class EvictionPlanner {
         }
       }
     std::vector<std::uint8_t> keep(score.size(), 1);
-    if (fires) evictor_select(evictor_, shape_, ctx, SegmentedScores{score, position, offsets}, keep);
+    if (fires) evict::select(evictor_, shape_, ctx, SegmentedScores{score, position, offsets}, keep);
     if (!ring_drops) {
       made.offsets = std::move(offsets);
       made.keep = std::move(keep);

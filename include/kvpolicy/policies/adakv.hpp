@@ -12,8 +12,6 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
-#include <limits>
-#include <vector>
 
 #include "kvpolicy/baselines.hpp"
 #include "kvpolicy/registry/policy.hpp"
@@ -46,27 +44,17 @@ struct adakv {
       require(safeguard >= 0.0 && safeguard <= 1.0, "adakv: safeguard alpha = ", safeguard, " must be in [0, 1]");
     }
     std::int64_t group_heads(const CacheShape& shape) const { return shape.kv_heads; }
-    bool fires(std::int64_t length, std::int64_t heads, StepContext c) const { return c.prompt_ends && length > heads * budget; }
-    bool trigger(const CacheShape& shape, StepContext c, std::span<const std::int64_t> lengths,
-                 std::span<std::uint8_t> active) const {
-      return evict::detail::trigger_groups(*this, shape, c, lengths, active);
+    KVPOLICY_HD bool fires(std::int64_t length, std::int64_t heads, StepContext c) const {
+      return c.prompt_ends && length > heads * budget;
     }
-    void select(const CacheShape& shape, StepContext, const SegmentedScores& s, std::span<std::uint8_t> keep) const {
-      auto score = evict::detail::protected_scores(s, window, sinks);
-      const auto floor_quota = static_cast<std::int64_t>(std::floor(safeguard * static_cast<double>(budget)));
-      std::vector<std::uint8_t> mine;
-      for (std::int64_t h = 0; h < s.segments(); ++h) {  // the safeguard: each head's best rank first
-        const auto b = static_cast<std::size_t>(s.offsets[h]);
-        const auto n = static_cast<std::size_t>(s.length(h));
-        mine.resize(n);
-        rank::keep_top_k(std::span<const float>(score).subspan(b, n), s.position.subspan(b, n), floor_quota, mine);
-        for (std::size_t i = 0; i < n; ++i)
-          if (mine[i]) score[b + i] = std::numeric_limits<float>::infinity();
-      }
-      const std::int64_t heads = group_heads(shape);
-      for (std::int64_t first = 0; first < s.segments(); first += heads)
-        if (s.offsets[first + heads] > s.offsets[first])
-          evict::detail::select_pooled(s, score, first, first + heads, heads * budget, budget, 0.0, keep);
+    /// The layer's pooled top Hkv * M over SnapKV's protections, each head's best floor(alpha M) first.
+    evict::PoolSelection selection() const {
+      evict::PoolSelection sel;
+      sel.budget = budget;
+      sel.window = window;
+      sel.sinks = sinks;
+      sel.guaranteed = static_cast<std::int64_t>(std::floor(safeguard * static_cast<double>(budget)));
+      return sel;
     }
   };
 

@@ -1,7 +1,8 @@
 /// \file
 /// kvpolicy/policy/evict.hpp — Evictors: trigger + selection scope + protection + quotas
 /// (SPEC §1 "Trigger and survivors", SPEC §2 "Global trigger and survivors"). An evictor marks
-/// survivors; it never moves data. select() here is the host reference every backend must match.
+/// survivors; it never moves data. Each states its rule as data (core/rule.hpp), which the host
+/// (policy/selection.hpp) and the device (cuda/evict_step.cuh) run.
 #pragma once
 
 #include <algorithm>
@@ -84,128 +85,6 @@ inline void validate_floor(const char* who, double floor_ratio, double threshold
           " are exclusive variants; set one of them");
 }
 
-/// The scores the selection ranks: the given ones with each active head's window (its w newest)
-/// and sinks (its S oldest) protected (+inf).
-inline std::vector<float> protected_scores(const SegmentedScores& s, std::int64_t window, std::int64_t sinks = 0) {
-  std::vector<float> out(s.score.begin(), s.score.end());
-  if (window > 0 || sinks > 0)
-    for (std::int64_t h = 0; h < s.segments(); ++h) {
-      const auto b = static_cast<std::size_t>(s.offsets[h]);
-      const auto n = static_cast<std::size_t>(s.length(h));
-      rank::protect_window(s.position.subspan(b, n), window, std::span<float>(out).subspan(b, n));
-      rank::protect_sinks(s.position.subspan(b, n), sinks, std::span<float>(out).subspan(b, n));
-    }
-  return out;
-}
-
-/// One pooled ranking over the segments [first, last) — SPEC §2 global/layer-wise selection:
-/// keep the top `pool_budget` entries, or with floor_ratio f > 0: the top floor((1-f)*pool_budget)
-/// pooled, then each head keeps its top (count among those + floor(M*f)).
-inline void select_pooled(const SegmentedScores& s, std::span<const float> score, std::int64_t first,
-                          std::int64_t last, std::int64_t pool_budget, std::int64_t per_head_budget,
-                          double floor_ratio, std::span<std::uint8_t> keep) {
-  const std::int64_t begin = s.offsets[first], end = s.offsets[last];
-  const std::int64_t total = end - begin;
-  std::vector<std::int64_t> head_of(static_cast<std::size_t>(total));
-  for (std::int64_t h = first; h < last; ++h)
-    std::fill(head_of.begin() + (s.offsets[h] - begin), head_of.begin() + (s.offsets[h + 1] - begin), h);
-  const auto k_pooled = static_cast<std::int64_t>(std::floor((1.0 - floor_ratio) * static_cast<double>(pool_budget)));
-  std::vector<std::int64_t> idx(static_cast<std::size_t>(total));
-  std::iota(idx.begin(), idx.end(), begin);
-  const std::int64_t k = std::min(k_pooled, total);
-  if (k > 0 && k < total)
-    std::nth_element(idx.begin(), idx.begin() + (k - 1), idx.end(), [&](std::int64_t a, std::int64_t b) {
-      return rank::above(score[a], s.position[a], head_of[a - begin], score[b], s.position[b], head_of[b - begin]);
-    });
-  std::fill(keep.begin() + begin, keep.begin() + end, std::uint8_t{0});
-  if (floor_ratio == 0.0) {
-    for (std::int64_t j = 0; j < k; ++j) keep[idx[j]] = 1;
-    return;
-  }
-  const auto floor_quota = static_cast<std::int64_t>(std::floor(static_cast<double>(per_head_budget) * floor_ratio));
-  std::vector<std::int64_t> quota(static_cast<std::size_t>(last - first), floor_quota);
-  for (std::int64_t j = 0; j < k; ++j) ++quota[head_of[idx[j] - begin] - first];
-  for (std::int64_t h = first; h < last; ++h) {
-    const auto b = static_cast<std::size_t>(s.offsets[h]);
-    const auto n = static_cast<std::size_t>(s.length(h));
-    rank::keep_top_k(score.subspan(b, n), s.position.subspan(b, n), quota[h - first], keep.subspan(b, n));
-  }
-}
-
-/// The PoolSelection of the pooled evictors' config (SPEC §2).
-inline PoolSelection pooled(std::int64_t budget, double floor_ratio, std::int64_t window, std::int64_t sinks,
-                            double threshold) {
-  PoolSelection sel;
-  sel.budget = budget;
-  sel.floor_ratio = floor_ratio;
-  sel.window = window;
-  sel.sinks = sinks;
-  sel.threshold = threshold > 0.0;
-  sel.bound = sel.threshold ? log_alpha(threshold) : 0.0f;
-  return sel;
-}
-
-/// The trigger of a stated rule (policy/selection.hpp) on the host: the heads in groups of
-/// group_heads(shape), each group active iff fires(its total length, its heads, c).
-template <class E>
-bool trigger_groups(const E& e, const CacheShape& shape, StepContext c, std::span<const std::int64_t> lengths,
-                    std::span<std::uint8_t> active) {
-  const std::int64_t group = e.group_heads(shape);
-  require(group >= 1 && shape.heads_total() % group == 0, "Evictor: group_heads = ", group,
-          " must divide L x Hkv = ", shape.heads_total(), " (heads trigger together within one sequence)");
-  const auto per = static_cast<std::size_t>(group);
-  bool any = false;
-  for (std::size_t first = 0; first < lengths.size(); first += per) {
-    const std::int64_t total = std::accumulate(lengths.begin() + first, lengths.begin() + first + per, std::int64_t{0});
-    const bool fires = e.fires(total, static_cast<std::int64_t>(per), c);
-    std::fill(active.begin() + first, active.begin() + first + per, static_cast<std::uint8_t>(fires ? 1 : 0));
-    any = any || fires;
-  }
-  return any;
-}
-
-/// A HeadSelection on the host: in each head, the prompt (when keeps_prompt), window and sinks
-/// protected, then the top keep (past the protected prompt) or every entry scoring >= bound.
-inline void select_heads(const HeadSelection& sel, StepContext c, const SegmentedScores& s,
-                         std::span<std::uint8_t> keep) {
-  std::vector<float> score(s.score.begin(), s.score.end());
-  for (std::int64_t h = 0; h < s.segments(); ++h) {
-    const auto b = static_cast<std::size_t>(s.offsets[h]);
-    const auto n = static_cast<std::size_t>(s.length(h));
-    const auto seg = std::span<float>(score).subspan(b, n);
-    const auto pos = s.position.subspan(b, n);
-    std::int64_t prompt = 0;
-    if (sel.keeps_prompt)
-      for (std::size_t i = 0; i < n; ++i)
-        if (pos[i] < c.prompt) {
-          seg[i] = std::numeric_limits<float>::infinity();
-          ++prompt;
-        }
-    rank::protect_window(pos, sel.window, seg);
-    rank::protect_sinks(pos, sel.sinks, seg);
-    if (sel.threshold)
-      rank::keep_at_least(seg, sel.bound, keep.subspan(b, n));
-    else
-      rank::keep_top_k(seg, pos, prompt + sel.keep, keep.subspan(b, n));
-  }
-}
-
-/// A PoolSelection on the host, over the groups of group_heads consecutive segments.
-inline void select_pools(const PoolSelection& sel, std::int64_t group_heads, const SegmentedScores& s,
-                         std::span<std::uint8_t> keep) {
-  const auto score = protected_scores(s, sel.window, sel.sinks);
-  for (std::int64_t first = 0; first < s.segments(); first += group_heads) {
-    const std::int64_t last = first + group_heads;
-    const auto b = static_cast<std::size_t>(s.offsets[first]);
-    const auto n = static_cast<std::size_t>(s.offsets[last] - s.offsets[first]);
-    if (n == 0) continue;
-    if (sel.threshold)
-      rank::keep_at_least(std::span<const float>(score).subspan(b, n), sel.bound, keep.subspan(b, n));
-    else
-      select_pooled(s, score, first, last, group_heads * sel.budget, sel.budget, sel.floor_ratio, keep);
-  }
-}
-
 }  // namespace detail
 
 /// Per (layer, kv head) eviction — TRIM-KV, SPEC §1. Each head triggers on its own length; a
@@ -225,10 +104,10 @@ struct PerHead {
     rule.validate("evict::PerHead");
     detail::validate_common("evict::PerHead", rule.budget, window, threshold, sinks);
   }
-  // the rule, stated once (policy/selection.hpp)
+  // the rule, stated once (core/rule.hpp)
   std::int64_t group_heads(const CacheShape&) const { return 1; }
   KVPOLICY_HD bool fires(std::int64_t length, std::int64_t, StepContext) const { return rule.fires(length); }
-  HeadSelection head_selection() const {
+  HeadSelection selection() const {
     HeadSelection sel;
     sel.keep = rule.budget;
     sel.threshold = threshold > 0.0;
@@ -237,59 +116,33 @@ struct PerHead {
     sel.sinks = sinks;
     return sel;
   }
-
-  bool trigger(const CacheShape& shape, std::span<const std::int64_t> lengths, std::span<std::uint8_t> active) const {
-    return detail::trigger_groups(*this, shape, {}, lengths, active);
-  }
-  void select(const CacheShape&, const SegmentedScores& s, std::span<std::uint8_t> keep) const {
-    detail::select_heads(head_selection(), {}, s, keep);
-  }
 };
 
-/// Layer-wise pooled eviction — SPEC §2 "layer-wise variant": a layer triggers when its total
-/// exceeds Hkv * (M + B) (strictly) and keeps the top Hkv * M of the layer.
-struct LayerWise {
+/// Which heads a pooled rule ranks together (SPEC §2), and how its trigger compares.
+namespace scope {
+/// The layer-wise variant: a layer's Hkv heads; a layer triggers when its total exceeds Hkv * (M + B)
+/// (strictly).
+struct Layer {
+  static constexpr const char* name = "evict::LayerWise";
+  static std::int64_t heads(const CacheShape& shape) { return shape.kv_heads; }
+  KVPOLICY_HD static bool fires(std::int64_t length, std::int64_t reach) { return length > reach; }
+};
+/// The global rule: every layer and head of a sequence; it triggers when the total reaches
+/// L * Hkv * (M + B).
+struct Sequence {
+  static constexpr const char* name = "evict::Global";
+  static std::int64_t heads(const CacheShape& shape) { return shape.heads_total(); }
+  KVPOLICY_HD static bool fires(std::int64_t length, std::int64_t reach) { return length >= reach; }
+};
+}  // namespace scope
+
+/// Pooled eviction — DBTrimKV, SPEC §2: the heads of a Scope trigger together once their total
+/// reaches heads * (M + B) (as the Scope compares) and keep their pooled top heads * M, with
+/// optional floor_ratio quotas or the threshold variant. Global is the sequence (M_global =
+/// L * Hkv * M), LayerWise a layer.
+template <class Scope>
+struct Pooled {
   std::int64_t budget = 1024;  // M per (layer, kv head)
-  std::int64_t buffer = 128;
-  std::int64_t window = 0;
-  double threshold = 0.0;
-  double floor_ratio = 0.0;  // the global rule's quotas, applied within each layer
-  std::int64_t sinks = 0;    // S oldest entries of each head protected (SPEC §5)
-  /// The lookahead horizon the policy's config named (0: none named). A config's horizon belongs to
-  /// the scorer; the Cache checks at construction that its scorer has it, so a horizon given only to
-  /// the evictor's factory is an error, not silently the scorer's default.
-  int horizon = 0;
-
-  void validate(const CacheShape& shape) const {
-    shape.validate();
-    trigger::Buffered{budget, buffer}.validate("evict::LayerWise");
-    detail::validate_common("evict::LayerWise", budget, window, threshold, sinks);
-    detail::validate_floor("evict::LayerWise", floor_ratio, threshold);
-  }
-  template <class Scorer>
-  void validate_scorer(const Scorer& s) const {
-    detail::validate_horizon("evict::LayerWise", horizon, s);
-  }
-  // the rule, stated once (policy/selection.hpp): a layer's heads trigger and rank together
-  std::int64_t group_heads(const CacheShape& shape) const { return shape.kv_heads; }
-  KVPOLICY_HD bool fires(std::int64_t length, std::int64_t heads, StepContext) const {
-    return length > heads * (budget + buffer);
-  }
-  PoolSelection pool_selection() const { return detail::pooled(budget, floor_ratio, window, sinks, threshold); }
-
-  bool trigger(const CacheShape& shape, std::span<const std::int64_t> lengths, std::span<std::uint8_t> active) const {
-    return detail::trigger_groups(*this, shape, {}, lengths, active);
-  }
-  void select(const CacheShape& shape, const SegmentedScores& s, std::span<std::uint8_t> keep) const {
-    detail::select_pools(pool_selection(), group_heads(shape), s, keep);
-  }
-};
-
-/// Global eviction over every layer and head of a sequence — DBTrimKV, SPEC §2: triggers when the
-/// sequence's total reaches L * Hkv * (M + B); keeps the top L * Hkv * M, with optional floor_ratio
-/// quotas or the threshold variant.
-struct Global {
-  std::int64_t budget = 1024;  // M per (layer, kv head); M_global = L * Hkv * M
   std::int64_t buffer = 128;
   double floor_ratio = 0.0;    // f in [0, 1)
   std::int64_t window = 0;
@@ -302,28 +155,31 @@ struct Global {
 
   void validate(const CacheShape& shape) const {
     shape.validate();
-    trigger::Buffered{budget, buffer}.validate("evict::Global");
-    detail::validate_common("evict::Global", budget, window, threshold, sinks);
-    detail::validate_floor("evict::Global", floor_ratio, threshold);
+    trigger::Buffered{budget, buffer}.validate(Scope::name);
+    detail::validate_common(Scope::name, budget, window, threshold, sinks);
+    detail::validate_floor(Scope::name, floor_ratio, threshold);
   }
   template <class Scorer>
   void validate_scorer(const Scorer& s) const {
-    detail::validate_horizon("evict::Global", horizon, s);
+    detail::validate_horizon(Scope::name, horizon, s);
   }
-  // the rule, stated once (policy/selection.hpp): every head of the sequence triggers and ranks together
-  std::int64_t group_heads(const CacheShape& shape) const { return shape.heads_total(); }
+  std::int64_t group_heads(const CacheShape& shape) const { return Scope::heads(shape); }
   KVPOLICY_HD bool fires(std::int64_t length, std::int64_t heads, StepContext) const {
-    return length >= heads * (budget + buffer);
+    return Scope::fires(length, heads * (budget + buffer));
   }
-  PoolSelection pool_selection() const { return detail::pooled(budget, floor_ratio, window, sinks, threshold); }
-
-  bool trigger(const CacheShape& shape, std::span<const std::int64_t> lengths, std::span<std::uint8_t> active) const {
-    return detail::trigger_groups(*this, shape, {}, lengths, active);
-  }
-  void select(const CacheShape& shape, const SegmentedScores& s, std::span<std::uint8_t> keep) const {
-    detail::select_pools(pool_selection(), group_heads(shape), s, keep);
+  PoolSelection selection() const {
+    PoolSelection sel;
+    sel.budget = budget;
+    sel.floor_ratio = floor_ratio;
+    sel.window = window;
+    sel.sinks = sinks;
+    sel.threshold = threshold > 0.0;
+    sel.bound = sel.threshold ? detail::log_alpha(threshold) : 0.0f;
+    return sel;
   }
 };
+using LayerWise = Pooled<scope::Layer>;
+using Global = Pooled<scope::Sequence>;
 
 /// EpiKV and the KV statistics, SPEC §4, per (layer, kv head): a budget K over the head's generated
 /// entries (positions >= the prompt, StepContext::prompt). Every prompt entry is kept; so are the
@@ -353,25 +209,17 @@ struct Generated {
     require(sinks >= 0 && sinks <= budget - recent_max, "evict::Generated: sinks S = ", sinks,
             " must be in [0, budget K - max(R, w) = ", budget - recent_max, "]");
   }
-  // the rule, stated once (policy/selection.hpp). The R newest entries are generated ones whenever
+  // the rule, stated once (core/rule.hpp). The R newest entries are generated ones whenever
   // more than K >= R of them are present; with K or fewer the head keeps everything anyway.
   std::int64_t group_heads(const CacheShape&) const { return 1; }
   KVPOLICY_HD bool fires(std::int64_t length, std::int64_t, StepContext c) const { return length - c.prompt > budget; }
-  HeadSelection head_selection() const {
+  HeadSelection selection() const {
     HeadSelection sel;
     sel.keep = budget;
     sel.window = std::max(recent(), window);
     sel.sinks = sinks;
     sel.keeps_prompt = true;
     return sel;
-  }
-
-  bool trigger(const CacheShape& shape, StepContext c, std::span<const std::int64_t> lengths,
-               std::span<std::uint8_t> active) const {
-    return detail::trigger_groups(*this, shape, c, lengths, active);
-  }
-  void select(const CacheShape&, StepContext c, const SegmentedScores& s, std::span<std::uint8_t> keep) const {
-    detail::select_heads(head_selection(), c, s, keep);
   }
 };
 
@@ -398,24 +246,17 @@ struct WriteGated {
     require(std::isfinite(tau) && tau > 0.0 && tau <= 1.0, "evict::WriteGated: tau = ", tau, " must be in (0, 1]");
     require(sinks >= 0 && sinks <= INT32_MAX, "evict::WriteGated: sinks S = ", sinks, " must be in [0, 2^31 - 1]");
   }
-  // the rule, stated once (policy/selection.hpp): a head past its ring keeps the ring (its
+  // the rule, stated once (core/rule.hpp): a head past its ring keeps the ring (its
   // W_local newest), its sinks, and the older entries promoted (g >= tau)
   std::int64_t group_heads(const CacheShape&) const { return 1; }
   KVPOLICY_HD bool fires(std::int64_t length, std::int64_t, StepContext) const { return length > local; }
-  HeadSelection head_selection() const {
+  HeadSelection selection() const {
     HeadSelection sel;
     sel.threshold = true;
     sel.bound = static_cast<float>(tau);
     sel.window = local;
     sel.sinks = sinks;
     return sel;
-  }
-
-  bool trigger(const CacheShape& shape, std::span<const std::int64_t> lengths, std::span<std::uint8_t> active) const {
-    return detail::trigger_groups(*this, shape, {}, lengths, active);
-  }
-  void select(const CacheShape&, const SegmentedScores& s, std::span<std::uint8_t> keep) const {
-    detail::select_heads(head_selection(), {}, s, keep);
   }
 };
 
@@ -452,13 +293,10 @@ struct WriteGatedBudget {
               budget_entries, ", ", sinks);
   }
   // its trigger, stated as the others' (only a head past its ring has a global cache); its
-  // selection weighs every head's global cache against one budget, so it runs on the host only
+  // selection weighs every head's global cache against one budget, which no HeadSelection or
+  // PoolSelection states: a select() of its own, run on the host only (core/concepts.hpp)
   std::int64_t group_heads(const CacheShape&) const { return 1; }
   KVPOLICY_HD bool fires(std::int64_t length, std::int64_t, StepContext) const { return length > local; }
-  bool trigger(const CacheShape& shape, StepContext c, std::span<const std::int64_t> lengths,
-               std::span<std::uint8_t> active) const {
-    return detail::trigger_groups(*this, shape, c, lengths, active);
-  }
   void select(const CacheShape&, StepContext, const SegmentedScores& s, std::span<std::uint8_t> keep) const {
     std::vector<float> score(s.score.begin(), s.score.end());
     const auto heads = static_cast<std::size_t>(s.segments());
@@ -510,38 +348,27 @@ struct PromptEnd {
     require(sinks >= 0 && sinks <= budget - window, "evict::PromptEnd: sinks S = ", sinks,
             " must be in [0, budget M - W_obs = ", budget - window, "]");
   }
-  // the rule, stated once (policy/selection.hpp)
+  // the rule, stated once (core/rule.hpp)
   std::int64_t group_heads(const CacheShape&) const { return 1; }
   KVPOLICY_HD bool fires(std::int64_t length, std::int64_t, StepContext c) const {
     return c.prompt_ends && length > budget;
   }
-  HeadSelection head_selection() const {
+  HeadSelection selection() const {
     HeadSelection sel;
     sel.keep = budget;
     sel.window = window;
     sel.sinks = sinks;
     return sel;
   }
-
-  bool trigger(const CacheShape& shape, StepContext c, std::span<const std::int64_t> lengths,
-               std::span<std::uint8_t> active) const {
-    return detail::trigger_groups(*this, shape, c, lengths, active);
-  }
-  void select(const CacheShape&, StepContext c, const SegmentedScores& s, std::span<std::uint8_t> keep) const {
-    detail::select_heads(head_selection(), c, s, keep);
-  }
 };
 
-static_assert(Evictor<PerHead<>>, "evict::PerHead must model kvpolicy::Evictor");
-static_assert(Evictor<LayerWise>, "evict::LayerWise must model kvpolicy::Evictor");
-static_assert(Evictor<Global>, "evict::Global must model kvpolicy::Evictor");
-static_assert(Evictor<Generated>, "evict::Generated must model kvpolicy::Evictor");
-static_assert(Evictor<WriteGated>, "evict::WriteGated must model kvpolicy::Evictor");
-static_assert(Evictor<PromptEnd>, "evict::PromptEnd must model kvpolicy::Evictor");
-static_assert(Evictor<WriteGatedBudget>, "evict::WriteGatedBudget must model kvpolicy::Evictor");
-static_assert(StatedEvictor<PerHead<>> && StatedEvictor<LayerWise> && StatedEvictor<Global> &&
-                  StatedEvictor<Generated> && StatedEvictor<WriteGated> && StatedEvictor<PromptEnd>,
-              "the per-head and pooled evictors state their rule as data (policy/selection.hpp)");
+static_assert(Evictor<PerHead<>> && Evictor<LayerWise> && Evictor<Global> && Evictor<Generated> &&
+                  Evictor<WriteGated> && Evictor<PromptEnd> && Evictor<WriteGatedBudget>,
+              "the built-in evictors must model kvpolicy::Evictor");
+static_assert(evictor_states_selection<PerHead<>> && evictor_states_selection<LayerWise> &&
+                  evictor_states_selection<Global> && evictor_states_selection<Generated> &&
+                  evictor_states_selection<WriteGated> && evictor_states_selection<PromptEnd>,
+              "the per-head and pooled evictors state their rule as data (core/rule.hpp)");
 
 }  // namespace evict
 }  // namespace kvpolicy

@@ -1,66 +1,168 @@
 /// \file
-/// kvpolicy/policy/selection.hpp — what an eviction keeps, stated once as data (SPEC §1–5). An
-/// Evictor states its rule with three members, and both executors run that statement: the host
-/// select() (evict::detail::select_heads / select_pools, over policy/rank.hpp) and the device's
-/// evict_step (cuda/evict_step.cuh: its trigger kernel calls fires(), its selection kernels take
-/// the selection's numbers):
-///   group_heads(shape)              how many consecutive heads (head_index order) trigger and rank
-///                                   together: 1 (per head), Hkv (a layer), L * Hkv (the sequence);
-///   fires(group_length, heads, ctx) KVPOLICY_HD: whether a group holding group_length entries over
-///                                   its `heads` heads evicts at this step;
-///   head_selection()                what each triggered head keeps (per-head rules), or
-///   pool_selection()                what each triggered group keeps (pooled rules, SPEC §2).
+/// kvpolicy/policy/selection.hpp — the host executor of an Evictor's rule (core/rule.hpp), the
+/// reference the device's evict_step must match: evict::trigger runs the rule's trigger over the
+/// groups of group_heads(shape) heads, evict::select marks the survivors its selection() states
+/// (per head: select_heads; pooled: select_pools, over policy/rank.hpp), or calls the Evictor's
+/// own select() for a rule the data cannot state. Neither moves data.
 #pragma once
 
-#include <concepts>
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <limits>
+#include <numeric>
+#include <span>
+#include <vector>
 
-#include "kvpolicy/core/entry.hpp"
-#include "kvpolicy/core/math.hpp"
-#include "kvpolicy/core/shape.hpp"
+#include "kvpolicy/core/concepts.hpp"
+#include "kvpolicy/core/error.hpp"
+#include "kvpolicy/core/rule.hpp"
+#include "kvpolicy/policy/rank.hpp"
 
 namespace kvpolicy::evict {
 
-/// What a triggered head keeps (SPEC §1 top-M and threshold, §3 ring and gate, §4 prompt + K, §5
-/// sinks and window). Protected entries rank above every score (+inf); then the top `keep` by
-/// (score, larger position) survive, or with `threshold` every entry scoring >= bound.
-struct HeadSelection {
-  std::int64_t keep = 0;      // survivors of the top-k variant (past the prompt, when keeps_prompt)
-  bool threshold = false;     // keep score >= bound instead of a top-k
-  float bound = 0.0f;         // log alpha (SPEC §1), or WG-KV's tau on the gate g (SPEC §3)
-  std::int64_t window = 0;    // the w newest entries of the head are protected
-  std::int64_t sinks = 0;     // the S oldest entries of the head are protected (SPEC §5)
-  bool keeps_prompt = false;  // entries before StepContext::prompt are protected, and keep counts past them (SPEC §4)
-};
+namespace detail {
 
-/// What a triggered group of heads keeps (SPEC §2 global and layer-wise): each head's window and
-/// sinks protected, then the pooled top group_heads * budget by (score, larger position, lower
-/// head index); with floor_ratio f > 0 the pooled top floor((1 - f) K), then each head its top
-/// (count among those + floor(budget f)); with threshold every entry scoring >= bound.
-struct PoolSelection {
-  std::int64_t budget = 0;   // M per head: the pool keeps group_heads * M
-  double floor_ratio = 0.0;  // f in [0, 1)
-  std::int64_t window = 0;
-  std::int64_t sinks = 0;
-  bool threshold = false;
-  float bound = 0.0f;        // log alpha
-};
+/// The scores the selection ranks: the given ones with each active head's window (its w newest)
+/// and sinks (its S oldest) protected (+inf).
+inline std::vector<float> protected_scores(const SegmentedScores& s, std::int64_t window, std::int64_t sinks = 0) {
+  std::vector<float> out(s.score.begin(), s.score.end());
+  if (window > 0 || sinks > 0)
+    for (std::int64_t h = 0; h < s.segments(); ++h) {
+      const auto b = static_cast<std::size_t>(s.offsets[h]);
+      const auto n = static_cast<std::size_t>(s.length(h));
+      rank::protect_window(s.position.subspan(b, n), window, std::span<float>(out).subspan(b, n));
+      rank::protect_sinks(s.position.subspan(b, n), sinks, std::span<float>(out).subspan(b, n));
+    }
+  return out;
+}
 
-/// An Evictor that states its rule as data (this file's three members): the rule the device runs.
-template <class E>
-concept StatedEvictor =
-    requires(const E& e, const CacheShape& shape, std::int64_t length, StepContext c) {
-      { e.group_heads(shape) } -> std::convertible_to<std::int64_t>;
-      { e.fires(length, length, c) } -> std::same_as<bool>;
-    } && (requires(const E& e) {
-      { e.head_selection() } -> std::same_as<HeadSelection>;
-    } || requires(const E& e) {
-      { e.pool_selection() } -> std::same_as<PoolSelection>;
+/// One pooled ranking over the segments [first, last) — SPEC §2 global/layer-wise selection:
+/// keep the top `pool_budget` entries, or with floor_ratio f > 0: the top floor((1-f)*pool_budget)
+/// pooled, then each head keeps its top (count among those + floor(M*f)).
+inline void select_pooled(const SegmentedScores& s, std::span<const float> score, std::int64_t first,
+                          std::int64_t last, std::int64_t pool_budget, std::int64_t per_head_budget,
+                          double floor_ratio, std::span<std::uint8_t> keep) {
+  const std::int64_t begin = s.offsets[first], end = s.offsets[last];
+  const std::int64_t total = end - begin;
+  std::vector<std::int64_t> head_of(static_cast<std::size_t>(total));
+  for (std::int64_t h = first; h < last; ++h)
+    std::fill(head_of.begin() + (s.offsets[h] - begin), head_of.begin() + (s.offsets[h + 1] - begin), h);
+  const auto k_pooled = static_cast<std::int64_t>(std::floor((1.0 - floor_ratio) * static_cast<double>(pool_budget)));
+  std::vector<std::int64_t> idx(static_cast<std::size_t>(total));
+  std::iota(idx.begin(), idx.end(), begin);
+  const std::int64_t k = std::min(k_pooled, total);
+  if (k > 0 && k < total)
+    std::nth_element(idx.begin(), idx.begin() + (k - 1), idx.end(), [&](std::int64_t a, std::int64_t b) {
+      return rank::above(score[a], s.position[a], head_of[a - begin], score[b], s.position[b], head_of[b - begin]);
     });
+  std::fill(keep.begin() + begin, keep.begin() + end, std::uint8_t{0});
+  if (floor_ratio == 0.0) {
+    for (std::int64_t j = 0; j < k; ++j) keep[idx[j]] = 1;
+    return;
+  }
+  const auto floor_quota = static_cast<std::int64_t>(std::floor(static_cast<double>(per_head_budget) * floor_ratio));
+  std::vector<std::int64_t> quota(static_cast<std::size_t>(last - first), floor_quota);
+  for (std::int64_t j = 0; j < k; ++j) ++quota[head_of[idx[j] - begin] - first];
+  for (std::int64_t h = first; h < last; ++h) {
+    const auto b = static_cast<std::size_t>(s.offsets[h]);
+    const auto n = static_cast<std::size_t>(s.length(h));
+    rank::keep_top_k(score.subspan(b, n), s.position.subspan(b, n), quota[h - first], keep.subspan(b, n));
+  }
+}
 
+/// The trigger of a stated rule on the host: the heads in groups of
+/// group_heads(shape), each group active iff fires(its total length, its heads, c).
 template <class E>
-constexpr bool selects_per_head = requires(const E& e) {
-  { e.head_selection() } -> std::same_as<HeadSelection>;
-};
+bool trigger_groups(const E& e, const CacheShape& shape, StepContext c, std::span<const std::int64_t> lengths,
+                    std::span<std::uint8_t> active) {
+  const std::int64_t group = e.group_heads(shape);
+  require(group >= 1 && shape.heads_total() % group == 0, "Evictor: group_heads = ", group,
+          " must divide L x Hkv = ", shape.heads_total(), " (heads trigger together within one sequence)");
+  const auto per = static_cast<std::size_t>(group);
+  bool any = false;
+  for (std::size_t first = 0; first < lengths.size(); first += per) {
+    const std::int64_t total = std::accumulate(lengths.begin() + first, lengths.begin() + first + per, std::int64_t{0});
+    const bool fires = e.fires(total, static_cast<std::int64_t>(per), c);
+    std::fill(active.begin() + first, active.begin() + first + per, static_cast<std::uint8_t>(fires ? 1 : 0));
+    any = any || fires;
+  }
+  return any;
+}
+
+/// A HeadSelection on the host: in each head, the prompt (when keeps_prompt), window and sinks
+/// protected, then the top keep (past the protected prompt) or every entry scoring >= bound.
+inline void select_heads(const HeadSelection& sel, StepContext c, const SegmentedScores& s,
+                         std::span<std::uint8_t> keep) {
+  std::vector<float> score(s.score.begin(), s.score.end());
+  for (std::int64_t h = 0; h < s.segments(); ++h) {
+    const auto b = static_cast<std::size_t>(s.offsets[h]);
+    const auto n = static_cast<std::size_t>(s.length(h));
+    const auto seg = std::span<float>(score).subspan(b, n);
+    const auto pos = s.position.subspan(b, n);
+    std::int64_t prompt = 0;
+    if (sel.keeps_prompt)
+      for (std::size_t i = 0; i < n; ++i)
+        if (pos[i] < c.prompt) {
+          seg[i] = std::numeric_limits<float>::infinity();
+          ++prompt;
+        }
+    rank::protect_window(pos, sel.window, seg);
+    rank::protect_sinks(pos, sel.sinks, seg);
+    if (sel.threshold)
+      rank::keep_at_least(seg, sel.bound, keep.subspan(b, n));
+    else
+      rank::keep_top_k(seg, pos, prompt + sel.keep, keep.subspan(b, n));
+  }
+}
+
+/// A PoolSelection on the host, over the groups of group_heads consecutive segments.
+inline void select_pools(const PoolSelection& sel, std::int64_t group_heads, const SegmentedScores& s,
+                         std::span<std::uint8_t> keep) {
+  auto score = protected_scores(s, sel.window, sel.sinks);
+  if (sel.guaranteed > 0) {  // each head's best `guaranteed` rank above the pool (AdaKV's safeguard)
+    std::vector<std::uint8_t> mine;
+    for (std::int64_t h = 0; h < s.segments(); ++h) {
+      const auto b = static_cast<std::size_t>(s.offsets[h]);
+      const auto n = static_cast<std::size_t>(s.length(h));
+      mine.resize(n);
+      rank::keep_top_k(std::span<const float>(score).subspan(b, n), s.position.subspan(b, n), sel.guaranteed, mine);
+      for (std::size_t i = 0; i < n; ++i)
+        if (mine[i]) score[b + i] = std::numeric_limits<float>::infinity();
+    }
+  }
+  for (std::int64_t first = 0; first < s.segments(); first += group_heads) {
+    const std::int64_t last = first + group_heads;
+    const auto b = static_cast<std::size_t>(s.offsets[first]);
+    const auto n = static_cast<std::size_t>(s.offsets[last] - s.offsets[first]);
+    if (n == 0) continue;
+    if (sel.threshold)
+      rank::keep_at_least(std::span<const float>(score).subspan(b, n), sel.bound, keep.subspan(b, n));
+    else
+      select_pooled(s, score, first, last, group_heads * sel.budget, sel.budget, sel.floor_ratio, keep);
+  }
+}
+
+}  // namespace detail
+
+/// The Evictor's trigger over the per-head lengths (one per (layer, kv head), head_index order):
+/// marks in `active` the heads of every group that fires and returns whether any does.
+template <Evictor E>
+bool trigger(const E& e, const CacheShape& shape, StepContext c, std::span<const std::int64_t> lengths,
+             std::span<std::uint8_t> active) {
+  return detail::trigger_groups(e, shape, c, lengths, active);
+}
+
+/// The Evictor's selection over the active heads' segments: keep[i] = 1 for every survivor.
+template <Evictor E>
+void select(const E& e, const CacheShape& shape, StepContext c, const SegmentedScores& scores,
+            std::span<std::uint8_t> keep) {
+  if constexpr (evictor_selects_itself<E>)
+    e.select(shape, c, scores, keep);
+  else if constexpr (selects_per_head<E>)
+    detail::select_heads(e.selection(), c, scores, keep);
+  else
+    detail::select_pools(e.selection(), e.group_heads(shape), scores, keep);
+}
 
 }  // namespace kvpolicy::evict
