@@ -30,7 +30,7 @@ std::vector<std::uint8_t> run_select(const E& e, const CacheShape& shape, const 
     offsets.push_back(static_cast<std::int64_t>(score.size()));
   }
   std::vector<std::uint8_t> keep(score.size(), 1);
-  evict::select(e, shape, {}, SegmentedScores{score, position, offsets}, keep);
+  evict::select_survivors(e, shape, {}, SegmentedScores{score, position, offsets}, keep);
   return keep;
 }
 
@@ -41,10 +41,10 @@ TEST_CASE("per-head buffered trigger fires at len >= M + B (SPEC §1)") {
   const auto e = trimkv_evictor({.budget = 4, .buffer = 2});
   std::vector<std::uint8_t> active(2);
   std::vector<std::int64_t> lengths{5, 6};
-  CHECK(evict::trigger(e, shape, {}, lengths, active));
+  CHECK(evict::trigger_heads(e, shape, {}, lengths, active));
   CHECK(active == std::vector<std::uint8_t>{0, 1});
   lengths = {5, 5};
-  CHECK_FALSE(evict::trigger(e, shape, {}, lengths, active));
+  CHECK_FALSE(evict::trigger_heads(e, shape, {}, lengths, active));
 }
 
 TEST_CASE("ties go to the larger position, across heads to the lower (layer, head) (SPEC, Ties)") {
@@ -87,13 +87,13 @@ TEST_CASE("global trigger is >= L Hkv (M + B), layer-wise is > Hkv (M + B) (SPEC
   std::vector<std::uint8_t> active(4);
   const evict::Global g{4, 2, 0.0, 0, 0.0};
   std::vector<std::int64_t> lengths{6, 6, 6, 5};  // 23 < 24
-  CHECK_FALSE(evict::trigger(g, shape, {}, lengths, active));
+  CHECK_FALSE(evict::trigger_heads(g, shape, {}, lengths, active));
   lengths = {9, 3, 6, 6};  // 24: fires, every head takes part
-  CHECK(evict::trigger(g, shape, {}, lengths, active));
+  CHECK(evict::trigger_heads(g, shape, {}, lengths, active));
   CHECK(active == std::vector<std::uint8_t>{1, 1, 1, 1});
   const evict::LayerWise lw{4, 2, 0.0, 0, 0.0};
   lengths = {6, 6, 7, 6};  // layer 0 total 12 = Hkv (M+B): no; layer 1 total 13: yes
-  CHECK(evict::trigger(lw, shape, {}, lengths, active));
+  CHECK(evict::trigger_heads(lw, shape, {}, lengths, active));
   CHECK(active == std::vector<std::uint8_t>{0, 0, 1, 1});
 }
 

@@ -1,5 +1,6 @@
 /// \file
-/// kvpolicy/cache.hpp — Cache<Scorer, Admitter, Evictor, Allocator, Backend>: the composition point.
+/// kvpolicy/cache.hpp — Cache<Scorer, Admitter, Evictor, Allocator, Backend>: the composition point,
+/// one class template for every Backend.
 ///
 /// One forward step of a sequence, as an engine runs it (SPEC, "When eviction runs"):
 ///   for each layer l:  append(seq, l, keys, values, log_beta)   // T new tokens, positions n..n+T-1
@@ -7,57 +8,62 @@
 ///   commit(seq)                                                 // n += T; trigger; evict
 /// step() does all three for every layer at once. Every call validates everything before it changes
 /// anything: a call that throws leaves the cache exactly as it was (SPEC §7).
+///
+/// The Cache owns the step state machine (engine/step_state.hpp): which calls a sequence may make,
+/// every input check, the prompt it detects, the order plan-then-apply. The Backend owns the rest
+/// through its Executor (B::Executor<S, A, E, Alloc>): where entries live, how the attention runs,
+/// and how an eviction is planned and applied — cpu_backend's on the host (cpu/executor.hpp),
+/// cuda_backend's on the device (cuda/executor.cuh).
 #pragma once
 
 #include "kvpolicy/core/cxx20.hpp"  // first: names a missing -std=c++20
 
-#include <algorithm>
 #include <array>
-#include <cmath>
-#include <functional>
 #include <cstdint>
-#include <limits>
-#include <map>
 #include <span>
 #include <utility>
 #include <vector>
 
 #include "kvpolicy/core/concepts.hpp"
-#include "kvpolicy/core/dtype.hpp"
 #include "kvpolicy/core/error.hpp"
-#include "kvpolicy/core/mask.hpp"
-#include "kvpolicy/core/parallel.hpp"
 #include "kvpolicy/core/shape.hpp"
 #include "kvpolicy/core/view.hpp"
-#include "kvpolicy/engine/planner.hpp"
 #include "kvpolicy/engine/scorer_inputs.hpp"
 #include "kvpolicy/engine/step_state.hpp"
-#include "kvpolicy/memory/pool.hpp"
 
 namespace kvpolicy {
 
-/// One entry an eviction removed, for tools that trace decisions (kvpolicy-replay).
-struct EvictedEntry {
-  int layer = 0;
-  int head = 0;
-  std::int32_t position = 0;
+/// What the Cache calls on its Backend's Executor X, after its own checks of every argument
+/// (cpu/executor.hpp and cuda/executor.cuh are the two): a sequence's memory (X::Sequence) made and
+/// released, its lengths and entries read, a layer appended (all or nothing) and attended, an open
+/// step taken back, and the evictions of the steps that close together planned (X::Plan; it may
+/// throw, changing nothing) then applied (it cannot fail).
+template <class X, class Inputs>
+concept BackendExecutor = requires(X& x, const X& cx, typename X::Sequence& m, const typename X::Sequence& cm,
+                                   typename Inputs::Sequence& in, std::span<const typename X::Request> requests,
+                                   const typename X::Plan& plan, std::vector<EvictedEntry>* evicted,
+                                   View<const float, 3> rows, View<float, 3> out, View<const float, 2> scalars) {
+  { x.add_sequence(std::int64_t{}) } -> std::same_as<typename X::Sequence>;
+  x.remove_sequence(std::int64_t{}, m);
+  { cx.length(std::int64_t{}, cm, 0, 0) } -> std::convertible_to<std::int64_t>;
+  { cx.lengths(std::int64_t{}, cm) } -> std::same_as<std::vector<std::int64_t>>;
+  { cx.entry(std::int64_t{}, cm, 0, 0, std::int64_t{}) } -> std::same_as<EntryMeta>;
+  { cx.head_contents(std::int64_t{}, cm, 0, 0) } -> std::same_as<HeadContents>;
+  { cx.can_step(std::int64_t{}, cm, std::int64_t{}) } -> std::same_as<bool>;
+  { cx.batch_pages(std::int64_t{}, cm, std::int64_t{}) } -> std::convertible_to<std::int64_t>;
+  x.append(std::int64_t{}, m, 0, std::int64_t{}, std::int64_t{}, rows, rows, scalars, scalars, true);
+  x.attend(std::int64_t{}, m, in, 0, std::int64_t{}, std::int64_t{}, rows, out);
+  x.abort(std::int64_t{}, m, in, std::int64_t{}, true);
+  { x.plan(requests) } -> std::same_as<typename X::Plan>;
+  { plan.context(std::size_t{}) } -> std::same_as<StepContext>;
+  { x.apply(plan, evicted) } -> std::same_as<std::vector<EvictionReport>>;
 };
-
-/// What a commit did: whether the Evictor's trigger fired, and how many entries left the cache
-/// (by the Evictor, or by an Admitter's ring, SPEC §3).
-struct EvictionReport {
-  bool triggered = false;
-  std::int64_t evicted = 0;
-};
-
 
 template <Scorer S, Admitter A, Evictor E, Allocator Alloc, Backend B>
 class Cache {
   // Compositions that cannot work fail here, with one line each (docs/architecture.md, "The four concepts").
   static_assert(!scorer_needs_attention_mass<S> || backend_emits_attention_mass<B>,
                 "kvpolicy::Cache: this Scorer ranks by attention mass (H2O), which this Backend's attention does not emit");
-  static_assert(!scorer_needs_attention_mass<S> || requires(Alloc& a) { a.pool().add_attention_mass(0, 0.0f); },
-                "kvpolicy::Cache: this Scorer ranks by attention mass, and this Allocator's pool cannot accumulate it");
   static_assert(!(scorer_static_score<S> && scorer_needs_attention_mass<S>),
                 "kvpolicy::Cache: a Scorer reads either a static score or the attention mass, not both");
   static_assert(!(admitter_has_ring<A> && masks_attention<E>),
@@ -71,6 +77,10 @@ class Cache {
   using Inputs = detail::ScorerInputs<S>;
   // the attention feeds the Scorer (engine/scorer_inputs.hpp), so every step attends
   static constexpr bool observes_attention = Inputs::observes_attention;
+  // where entries live and how steps run on them (the Backend's)
+  using Executor = typename B::template Executor<S, A, E, Alloc>;
+  static_assert(BackendExecutor<Executor, Inputs>,
+                "kvpolicy::Cache: this Backend's Executor lacks a call the Cache makes (cache.hpp, BackendExecutor)");
 
  public:
   using scorer_type = S;
@@ -79,21 +89,30 @@ class Cache {
   using allocator_type = Alloc;
   using backend_type = B;
   using storage_type = typename Alloc::storage_type;
+  /// What a Backend takes beside the policies (cuda_backend: the stream every call runs on).
+  using backend_options = typename B::Options;
 
-  Cache(CacheShape shape, Alloc allocator, E evictor = {}, S scorer = {}, A admitter = {})
-      : shape_(shape), checks_{shape}, alloc_(std::move(allocator)), evictor_(evictor), scorer_(scorer),
-        admitter_(admitter) {
-    evictor_.validate(shape_);
-    scorer_.validate();
-    if constexpr (admitter_validates<A>) admitter_.validate();
-    if constexpr (evictor_checks_scorer<E, S>) evictor_.validate_scorer(scorer_);
-    alloc_.bind(shape_);
-  }
+  /// Checks every part (each its own settings, the Evictor the Scorer it is given), then lets the
+  /// Backend take its memory: a refused composition allocates nothing.
+  Cache(CacheShape shape, Alloc allocator, E evictor = {}, S scorer = {}, A admitter = {},
+        backend_options options = {})
+      : shape_(validated(shape, evictor, scorer, admitter)), checks_{shape},
+        executor_(shape_, std::move(allocator), evictor, scorer, admitter, options) {}
 
   const CacheShape& shape() const { return shape_; }
-  const E& evictor() const { return evictor_; }
-  const S& scorer() const { return scorer_; }
-  const Alloc& allocator() const { return alloc_; }
+  const E& evictor() const { return executor_.evictor(); }
+  const S& scorer() const { return executor_.scorer(); }
+  /// The Allocator, where the Backend keeps it (cpu_backend).
+  const Alloc& allocator() const
+    requires requires(const Executor& x) { x.allocator(); }
+  {
+    return executor_.allocator();
+  }
+  /// The Backend's executor, for what it offers beyond the Cache (cuda_backend: the device views
+  /// an engine drives the kernels over), and what it keeps for a sequence (cuda_backend: its slot).
+  const Executor& backend() const { return executor_; }
+  Executor& backend() { return executor_; }
+  const typename Executor::Sequence& backend_sequence(std::int64_t seq) const { return state_of(seq).memory; }
 
   /// ---- sequences -------------------------------------------------------------------------------
   /// prompt_tokens: the length of the sequence's prompt, when the engine knows it; policies that
@@ -101,13 +120,12 @@ class Cache {
   /// token before the first single-token (decode) step.
   void add_sequence(std::int64_t seq, std::int64_t prompt_tokens = -1) {
     SequenceState st = state_.make(seq, shape_.layers, prompt_tokens);
-    st.inputs = Inputs::start(scorer_, shape_);
-    alloc_.add_sequence(seq);  // last of what can throw: a failed call registers nothing
+    st.inputs = Inputs::start(scorer(), shape_);
+    st.memory = executor_.add_sequence(seq);  // last of what can throw: a failed call registers nothing
     state_.insert(seq, std::move(st));
   }
   void remove_sequence(std::int64_t seq) {
-    state_of(seq);
-    alloc_.remove_sequence(seq);
+    executor_.remove_sequence(seq, state_of(seq).memory);
     state_.erase(seq);
   }
   bool has_sequence(std::int64_t seq) const { return state_.contains(seq); }
@@ -117,44 +135,31 @@ class Cache {
   /// sequence is still in its prefill, every committed token).
   std::int64_t prompt_tokens(std::int64_t seq) const { return state_of(seq).prompt_tokens(); }
   std::int64_t length(std::int64_t seq, int layer, int head) const {
-    state_of(seq);  // an unknown sequence is the Cache's error, as on the device
-    return alloc_.length(seq, layer, head);
+    const SequenceState& st = state_of(seq);  // an unknown sequence is the Cache's error
+    checks_.layer(layer, "length");
+    checks_.head(head, "length");
+    return executor_.length(seq, st.memory, layer, head);
   }
   std::int64_t total_length(std::int64_t seq) const {
-    state_of(seq);
     std::int64_t total = 0;
-    for (int l = 0; l < shape_.layers; ++l)
-      for (int h = 0; h < shape_.kv_heads; ++h) total += alloc_.length(seq, l, h);
+    for (const std::int64_t len : executor_.lengths(seq, state_of(seq).memory)) total += len;
     return total;
   }
   /// Every entry of a head, in storage order: metadata, K and V (for tests and tools; O(length x d)).
   HeadContents head_contents(std::int64_t seq, int layer, int head) const {
-    state_of(seq);
+    const SequenceState& st = state_of(seq);
     checks_.layer(layer, "head_contents");
     checks_.head(head, "head_contents");
-    const auto head_layout = alloc_.layout(seq, layer, head);
-    const auto d = static_cast<std::size_t>(shape_.head_dim);
-    HeadContents c;
-    for (std::int64_t i = 0; i < head_layout.length; ++i) {
-      const std::int64_t slot = head_layout.slot(i);
-      c.meta.push_back(alloc_.pool().meta(slot));
-      const storage_type* k = alloc_.pool().key(slot);
-      const storage_type* v = alloc_.pool().value(slot);
-      for (std::size_t j = 0; j < d; ++j) {
-        c.keys.push_back(to_float(k[j]));
-        c.values.push_back(to_float(v[j]));
-      }
-    }
-    return c;
+    return executor_.head_contents(seq, st.memory, layer, head);
   }
-  std::int64_t pages_free() const { return alloc_.pages_free(); }
-  std::int64_t pages_total() const { return alloc_.pages_total(); }
+  std::int64_t pages_free() const { return executor_.pages_free(); }
+  std::int64_t pages_total() const { return executor_.pages_total(); }
   /// Metadata of entry i of a head, in storage order (not position order after compaction).
   EntryMeta entry(std::int64_t seq, int layer, int head, std::int64_t i) const {
-    state_of(seq);
-    const auto head_layout = alloc_.layout(seq, layer, head);
-    require(i >= 0 && i < head_layout.length, "Cache::entry: index ", i, " out of range [0, ", head_layout.length, ")");
-    return alloc_.pool().meta(head_layout.slot(i));
+    const SequenceState& st = state_of(seq);
+    checks_.layer(layer, "entry");
+    checks_.head(head, "entry");
+    return executor_.entry(seq, st.memory, layer, head, i);
   }
 
   /// ---- one step, layer by layer ----------------------------------------------------------------
@@ -168,15 +173,7 @@ class Cache {
     const std::int64_t T = keys.dim(1);
     checks_.append(seq, st, layer, T);
     checks_.layer_inputs(layer, T, st.n, keys, values, log_beta, gate);
-    require(alloc_.can_append(seq, T, layer), "Cache::append: out of memory: sequence ", seq, " layer ", layer,
-            " cannot take ", T, " more entries per head (", alloc_.pages_free(), " of ", alloc_.pages_total(),
-            " pages free)");
-    try {
-      write_layer(seq, st, layer, T, keys, values, log_beta, gate);
-    } catch (...) {  // an Admitter or an allocation failed midway: take back this layer's entries
-      drop_open_entries(seq, st, layer);
-      throw;
-    }
+    write_layer(st, seq, layer, T, keys, values, log_beta, gate);
   }
 
   /// Sets the frozen score (SPEC §4) of the open step's entries at `layer`: scores [Hkv, T], finite
@@ -185,7 +182,9 @@ class Cache {
   /// commit(), which is where the trigger and the eviction read them. Only for a static-score Scorer;
   /// the Admitter decided at append(). Validated whole before any entry changes.
   void set_step_scores(std::int64_t seq, int layer, View<const float, 2> scores)
-    requires scorer_static_score<S>
+    requires scorer_static_score<S> && requires(Executor& x, typename Executor::Sequence& m) {
+      x.set_step_scores(seq, m, layer, std::int64_t{}, scores);
+    }
   {
     SequenceState& st = state_of(seq);
     checks_.layer(layer, "set_step_scores");
@@ -193,16 +192,7 @@ class Cache {
             " of sequence ", seq, " has not been appended in an open step");
     require_shape(scores, {shape_.kv_heads, st.pending}, "Cache::set_step_scores: scores");
     detail::check_log_beta<S>(layer, st.n, scores, "Cache::set_step_scores");
-    for (int h = 0; h < shape_.kv_heads; ++h) {
-      // the open step's entries are a head's last ones: nothing compacts a head before commit()
-      const auto head_layout = alloc_.layout(seq, layer, h);
-      for (std::int64_t j = head_layout.length - 1; j >= 0; --j) {
-        const std::int64_t slot = head_layout.slot(j);
-        const std::int64_t t = alloc_.pool().meta(slot).position - st.n;
-        if (t < 0) break;
-        alloc_.pool().set_write_score(slot, scores(h, t));
-      }
-    }
+    executor_.set_step_scores(seq, st.memory, layer, st.n, scores);
   }
 
   /// queries [Hq, T, d] of this step's T tokens at `layer` (appended already) -> out [Hq, T, d].
@@ -220,27 +210,21 @@ class Cache {
     require_shape(queries, qshape, "Cache::attend: queries");
     require_shape(View<const float, 3>(out), qshape, "Cache::attend: out");
     checks_.queries(queries, layer);
-    attend_layer(seq, st, layer, queries, out);
+    attend_layer(st, seq, layer, queries, out);
   }
 
   /// Closes the step: n += T, then the evictor's trigger and, if it fires, the eviction.
   EvictionReport commit(std::int64_t seq, std::vector<EvictedEntry>* evicted = nullptr) {
-    SequenceState& st = state_of(seq);
-    checks_.commit(seq, st, observes_attention);
-    // Plan first (it may throw: a scorer that returns NaN), then change state: a commit that
-    // throws leaves the step open and the cache as it was.
-    const EvictionPlan plan = planner().plan(seq, st.context(), st.inputs);
-    return close_step(seq, st, plan, evicted);
+    checks_.commit(seq, state_of(seq), observes_attention);
+    return close_steps(std::span<const std::int64_t>(&seq, 1), evicted).front();
   }
 
   /// Discards the open step of `seq`: the entries its append() calls stored are removed and their
   /// pages go back to the pool, as if the step had never started. For an engine whose forward pass
-  /// failed between append() and commit(). A sequence with no open step is left as it is (the call
-  /// still scans its heads: O(entries)).
+  /// failed between append() and commit(). A sequence with no open step is left as it is.
   void abort_step(std::int64_t seq) {
     SequenceState& st = state_of(seq);
-    Inputs::abort(st.inputs, alloc_.pool());  // what the step's attention recorded, first
-    drop_open_entries(seq, st, -1);
+    executor_.abort(seq, st.memory, st.inputs, st.n, st.pending > 0);  // what the step's attention recorded, and its entries
     st.end();
   }
 
@@ -251,11 +235,17 @@ class Cache {
 
   /// Validated whole before anything is written.
   EvictionReport step(const SequenceStep& s, std::vector<EvictedEntry>* evicted = nullptr) {
-    validate_step(s);
-    require(alloc_.can_append(s.seq, s.keys.dim(2)), "Cache::step: out of memory: sequence ", s.seq, " cannot take ",
-            s.keys.dim(2), " more entries in every head (", alloc_.pages_free(), " of ", alloc_.pages_total(),
-            " pages free)");
-    return run_step(s, evicted);
+    checks_.step(s, state_of(s.seq), observes_attention);
+    require(executor_.can_step(s.seq, state_of(s.seq).memory, s.keys.dim(2)), "Cache::step: out of memory: sequence ",
+            s.seq, " cannot take ", s.keys.dim(2), " more entries in every head (", pages_free(), " of ",
+            pages_total(), " pages free)");
+    try {
+      write_and_attend(s);
+      return commit(s.seq, evicted);
+    } catch (...) {  // whatever failed (a user Scorer, Admitter or Backend; an allocation), the step leaves no trace
+      abort_step(s.seq);
+      throw;
+    }
   }
   EvictionReport step(std::int64_t seq, View<const float, 4> keys, View<const float, 4> values,
                       View<const float, 3> log_beta, View<const float, 4> queries = {}, View<float, 4> out = {},
@@ -269,201 +259,93 @@ class Cache {
   /// foresee (a user-defined Scorer returning NaN) takes back every step of the batch.
   std::vector<EvictionReport> step_batch(std::span<const SequenceStep> batch) {
     std::int64_t pages_needed = 0;
+    std::vector<std::int64_t> seqs;
     for (std::size_t i = 0; i < batch.size(); ++i) {
-      validate_step(batch[i]);
+      checks_.step(batch[i], state_of(batch[i].seq), observes_attention);
       for (std::size_t j = 0; j < i; ++j)
         require(batch[j].seq != batch[i].seq, "Cache::step_batch: sequence ", batch[i].seq, " appears twice");
-      if constexpr (allocator_counts_pages<Alloc>)
-        pages_needed += alloc_.pages_needed(batch[i].seq, batch[i].keys.dim(2));
-      else
-        require(alloc_.can_append(batch[i].seq, batch[i].keys.dim(2)), "Cache::step_batch: out of memory: sequence ",
-                batch[i].seq, " cannot take ", batch[i].keys.dim(2), " more entries in every head");
+      pages_needed += executor_.batch_pages(batch[i].seq, state_of(batch[i].seq).memory, batch[i].keys.dim(2));
+      seqs.push_back(batch[i].seq);
     }
-    require(pages_needed <= alloc_.pages_free(), "Cache::step_batch: out of memory: the batch needs ", pages_needed,
-            " pages, ", alloc_.pages_free(), " of ", alloc_.pages_total(), " are free");
-    std::vector<EvictionPlan> plans;
-    std::vector<EvictionReport> reports;
+    require(pages_needed <= pages_free(), "Cache::step_batch: out of memory: the batch needs ", pages_needed,
+            " pages, ", pages_free(), " of ", pages_total(), " are free");
     std::size_t started = 0;
     try {
-      plans.reserve(batch.size());
-      reports.reserve(batch.size());
       for (const auto& s : batch) {
         ++started;
         write_and_attend(s);
       }
-      for (const auto& s : batch) {
-        const SequenceState& st = state_of(s.seq);
-        plans.push_back(planner().plan(s.seq, st.context(), st.inputs));
-      }
+      return close_steps(seqs, nullptr);
     } catch (...) {
       for (std::size_t i = started; i-- > 0;) abort_step(batch[i].seq);  // last first: pages return in reverse
       throw;
     }
-    for (std::size_t i = 0; i < batch.size(); ++i)
-      reports.push_back(close_step(batch[i].seq, state_of(batch[i].seq), plans[i], nullptr));
-    return reports;
   }
 
  private:
-  /// The shared step state (engine/step_state.hpp) and what the sequence's attention recorded for
-  /// the Scorer (engine/scorer_inputs.hpp).
+  /// The shared step state (engine/step_state.hpp), what the sequence's attention recorded for the
+  /// Scorer (engine/scorer_inputs.hpp), and what the Backend keeps for it.
   struct SequenceState : detail::StepState {
     typename Inputs::Sequence inputs;
+    typename Executor::Sequence memory;
   };
-  using EvictionPlan = detail::EvictionPlan;
-  detail::EvictionPlanner<S, A, E, Alloc> planner() const { return {shape_, alloc_, evictor_, scorer_, admitter_}; }
 
-  void validate_step(const SequenceStep& s) const { checks_.step(s, state_of(s.seq), observes_attention); }
+  /// The composition's own checks, before the Backend takes any memory.
+  static const CacheShape& validated(const CacheShape& shape, const E& evictor, const S& scorer, const A& admitter) {
+    evictor.validate(shape);
+    scorer.validate();
+    if constexpr (admitter_validates<A>) admitter.validate();
+    if constexpr (evictor_checks_scorer<E, S>) evictor.validate_scorer(scorer);
+    return shape;
+  }
+
+  const SequenceState& state_of(std::int64_t seq) const { return state_.at(seq); }
+  SequenceState& state_of(std::int64_t seq) { return state_.at(seq); }
+
+  void write_layer(SequenceState& st, std::int64_t seq, int layer, std::int64_t T, View<const float, 3> keys,
+                   View<const float, 3> values, View<const float, 2> log_beta, View<const float, 2> gate) {
+    executor_.append(seq, st.memory, layer, st.n, T, keys, values, log_beta, gate, st.pending == 0);
+    st.pending = T;
+    st.appended[static_cast<std::size_t>(layer)] = 1;
+  }
+  void attend_layer(SequenceState& st, std::int64_t seq, int layer, View<const float, 3> queries, View<float, 3> out) {
+    Inputs::record_queries(st.inputs, layer, queries, st.n);
+    st.attended[static_cast<std::size_t>(layer)] = 1;
+    executor_.attend(seq, st.memory, st.inputs, layer, st.n, st.pending, queries, out);
+  }
   void write_and_attend(const SequenceStep& s) {
     SequenceState& st = state_of(s.seq);
     const std::int64_t T = s.keys.dim(2);
     detail::for_each_layer(
         s, shape_.layers,
         [&](int l, auto keys, auto values, auto log_beta, auto gate) {
-          write_layer(s.seq, st, l, T, keys, values, log_beta, gate);
+          write_layer(st, s.seq, l, T, keys, values, log_beta, gate);
         },
-        [&](int l, auto queries, auto out) { attend_layer(s.seq, st, l, queries, out); });
+        [&](int l, auto queries, auto out) { attend_layer(st, s.seq, l, queries, out); });
   }
-  EvictionReport run_step(const SequenceStep& s, std::vector<EvictedEntry>* evicted) {
-    try {
-      write_and_attend(s);
-      return commit(s.seq, evicted);
-    } catch (...) {  // whatever failed (a user Scorer, Admitter or Backend; an allocation), the step leaves no trace
-      abort_step(s.seq);
-      throw;
+
+  /// Closes the open steps of `seqs` (every layer appended): plans every eviction first (it may
+  /// throw: a scorer that returns NaN; then every step is still open and the cache as it was),
+  /// then closes each step and applies the plans, where nothing can fail.
+  std::vector<EvictionReport> close_steps(std::span<const std::int64_t> seqs, std::vector<EvictedEntry>* evicted) {
+    std::vector<typename Executor::Request> requests;
+    requests.reserve(seqs.size());
+    for (const std::int64_t seq : seqs) {
+      const SequenceState& st = state_of(seq);
+      requests.push_back({seq, &st.memory, st.context(), &st.inputs});
     }
-  }
-
-  // Removes the entries at positions >= n (the open step's) from every head of `layer` (every
-  // layer for -1), last head first, so that pages go back to the pool in the reverse of the order
-  // append took them and the free list is as it was.
-  void drop_open_entries(std::int64_t seq, const SequenceState& st, int layer) {
-    std::vector<std::uint8_t> keep;
-    for (int l = shape_.layers - 1; l >= 0; --l) {
-      if (layer >= 0 && l != layer) continue;
-      for (int h = shape_.kv_heads - 1; h >= 0; --h) {
-        const auto head_layout = alloc_.layout(seq, l, h);
-        keep.assign(static_cast<std::size_t>(head_layout.length), 1);
-        bool any = false;
-        for (std::int64_t j = 0; j < head_layout.length; ++j)
-          if (alloc_.pool().meta(head_layout.slot(j)).position >= st.n) {
-            keep[static_cast<std::size_t>(j)] = 0;
-            any = true;
-          }
-        if (any) alloc_.compact(seq, l, h, keep);
-      }
+    const typename Executor::Plan plan = executor_.plan(requests);
+    for (std::size_t i = 0; i < seqs.size(); ++i) {
+      SequenceState& st = state_of(seqs[i]);
+      st.commit(plan.context(i));  // n += T; the first decode step fixes an undeclared prompt (SPEC §4)
+      Inputs::commit(st.inputs);
     }
-  }
-
-  // The state change of a commit, after its eviction is planned: nothing in here can fail (the
-  // report vector is grown first).
-  EvictionReport close_step(std::int64_t seq, SequenceState& st, const EvictionPlan& plan,
-                            std::vector<EvictedEntry>* evicted) {
-    if (evicted != nullptr) evicted->reserve(evicted->size() + static_cast<std::size_t>(plan.evicted));
-    // the first decode step fixes an undeclared prompt (SPEC §4 protects it from then on)
-    st.commit(plan.context);  // n += T; the first decode step fixes an undeclared prompt (SPEC §4)
-    Inputs::commit(st.inputs);
-    return apply_eviction(seq, plan, evicted);
-  }
-
-  const SequenceState& state_of(std::int64_t seq) const { return state_.at(seq); }
-  SequenceState& state_of(std::int64_t seq) { return state_.at(seq); }
-  void write_layer(std::int64_t seq, SequenceState& st, int layer, std::int64_t T, View<const float, 3> keys,
-                   View<const float, 3> values, View<const float, 2> log_beta, View<const float, 2> gate) {
-    const int d = shape_.head_dim;
-    std::vector<EntryMeta> meta;
-    std::vector<float> k_kept, v_kept;
-    for (int h = 0; h < shape_.kv_heads; ++h) {
-      meta.clear();
-      bool dropped = false;
-      for (std::int64_t t = 0; t < T; ++t) {
-        const EntryMeta m{static_cast<std::int32_t>(st.n + t), log_beta(h, t),
-                          S::needs_key_norm ? memory::key_norm(&keys(h, t, 0), d) : 0.0f, 0.0f,
-                          gate.data != nullptr ? gate(h, t) : 1.0f};
-        // keep (and local, for allocators without a ring) store the entry; drop never does
-        if (admitter_.admit(m) == Admission::drop) {
-          dropped = true;
-          continue;
-        }
-        meta.push_back(m);
-      }
-      if (!dropped) {  // the common case: the head's [T, d] rows go straight from the caller's buffers
-        alloc_.append(seq, layer, h, T, &keys(h, 0, 0), &values(h, 0, 0), meta.data());
-        continue;
-      }
-      k_kept.clear();
-      v_kept.clear();
-      for (const EntryMeta& m : meta) {
-        const std::int64_t t = m.position - st.n;
-        k_kept.insert(k_kept.end(), &keys(h, t, 0), &keys(h, t, 0) + d);
-        v_kept.insert(v_kept.end(), &values(h, t, 0), &values(h, t, 0) + d);
-      }
-      alloc_.append(seq, layer, h, static_cast<std::int64_t>(meta.size()), k_kept.data(), v_kept.data(), meta.data());
-    }
-    st.pending = T;
-    st.appended[static_cast<std::size_t>(layer)] = 1;
-  }
-
-  void attend_layer(std::int64_t seq, SequenceState& st, int layer, View<const float, 3> queries,
-                    View<float, 3> out) {
-    Inputs::record_queries(st.inputs, layer, queries, st.n);
-    st.attended[static_cast<std::size_t>(layer)] = 1;
-    std::vector<std::int32_t> q_pos(static_cast<std::size_t>(st.pending));
-    for (std::int64_t t = 0; t < st.pending; ++t) q_pos[static_cast<std::size_t>(t)] = static_cast<std::int32_t>(st.n + t);
-    // WG-KV's vertical-slash mask, SPEC §3: from its Evictor, or from an Admitter with a ring; else causal
-    const AttentionMask mask = composed_attention_mask(evictor_, admitter_);
-    // One task per kv head: each writes its own query heads of `out` and its own mass vector.
-    std::vector<std::vector<float>> mass(Inputs::needs_mass ? static_cast<std::size_t>(shape_.kv_heads) : 0);
-    const auto attend_head = [&](int h) {
-      const auto head_layout = alloc_.layout(seq, layer, h);
-      std::span<float> key_mass;  // each key's probability, summed over every query so far (H2O)
-      if constexpr (Inputs::needs_mass) {
-        auto& m = mass[static_cast<std::size_t>(h)];
-        m.assign(static_cast<std::size_t>(head_layout.length), 0.0f);
-        key_mass = m;
-      }
-      B::attend(std::as_const(alloc_).pool(), head_layout, h, shape_.group(), queries, q_pos, out, key_mass, mask);
-    };
-    detail::for_each_kv_head<B>(shape_.kv_heads, attention_work(seq, layer, st.pending), attend_head);
-    if constexpr (Inputs::needs_mass)  // applied in head order, undone by abort_step
-      for (int h = 0; h < shape_.kv_heads; ++h)
-        Inputs::add_mass(st.inputs, alloc_.pool(), alloc_.layout(seq, layer, h), mass[static_cast<std::size_t>(h)]);
-  }
-
-  /// (query rows) x (entries) over the layer's kv heads: what decides whether threads pay off.
-  std::int64_t attention_work(std::int64_t seq, int layer, std::int64_t T) const {
-    std::int64_t entries = 0;
-    for (int h = 0; h < shape_.kv_heads; ++h) entries += alloc_.length(seq, layer, h);
-    return entries * T * shape_.group();
-  }
-
-
-  /// Compacts every active head by the plan's keep flags.
-  EvictionReport apply_eviction(std::int64_t seq, const EvictionPlan& plan, std::vector<EvictedEntry>* evicted) {
-    EvictionReport report;
-    report.triggered = plan.triggered;
-    if (!plan.removes_any) return report;
-    for (int l = 0; l < shape_.layers; ++l)
-      for (int h = 0; h < shape_.kv_heads; ++h) {
-        const auto i = static_cast<std::size_t>(head_index(shape_, l, h));
-        if (!plan.active[i]) continue;
-        const auto seg = std::span<const std::uint8_t>(plan.keep).subspan(static_cast<std::size_t>(plan.offsets[i]),
-                                                                           static_cast<std::size_t>(plan.lengths[i]));
-        if (evicted != nullptr)
-          for (std::int64_t j = 0; j < plan.lengths[i]; ++j)
-            if (!seg[static_cast<std::size_t>(j)])
-              evicted->push_back({l, h, plan.position[static_cast<std::size_t>(plan.offsets[i] + j)]});
-        report.evicted += alloc_.compact(seq, l, h, seg);
-      }
-    return report;
+    return executor_.apply(plan, evicted);
   }
 
   CacheShape shape_;
   detail::StepChecks<S, A, storage_type> checks_;
-  Alloc alloc_;
-  E evictor_;
-  S scorer_;
-  A admitter_;
+  Executor executor_;
   detail::Sequences<SequenceState> state_;
 };
 

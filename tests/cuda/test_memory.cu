@@ -136,7 +136,7 @@ void cpu_evict(Twin& tw, const Evictor& e, std::int64_t n, const Scorer& scorer 
     for (int l = 0; l < shape.layers; ++l)
       for (int h = 0; h < shape.kv_heads; ++h) lengths[kp::head_index(shape, l, h)] = tw.cpu.length(q, l, h);
     const kp::StepContext ctx{n, 0, false, 0};
-    if (!kp::evict::trigger(e, shape, ctx, lengths, active)) continue;
+    if (!kp::evict::trigger_heads(e, shape, ctx, lengths, active)) continue;
     std::vector<float> score;
     std::vector<std::int32_t> position;
     for (std::size_t i = 0; i < heads; ++i) {
@@ -153,7 +153,7 @@ void cpu_evict(Twin& tw, const Evictor& e, std::int64_t n, const Scorer& scorer 
       offsets.push_back(static_cast<std::int64_t>(score.size()));
     }
     std::vector<std::uint8_t> keep(score.size());
-    kp::evict::select(e, shape, ctx, kp::SegmentedScores{score, position, offsets}, keep);
+    kp::evict::select_survivors(e, shape, ctx, kp::SegmentedScores{score, position, offsets}, keep);
     for (std::size_t i = 0; i < heads; ++i)
       if (active[i])
         tw.cpu.compact(q, static_cast<int>(i) / shape.kv_heads, static_cast<int>(i) % shape.kv_heads,

@@ -70,7 +70,7 @@ TEST_CASE("segmented_select marks what evict::PerHead::select marks") {
     if (seed % 4 == 0) cpu.threshold = std::exp(cudatest::random_score(rng, 1));
     std::vector<std::uint8_t> want(s.score.size());
     kp::CacheShape shape{1, segments, segments, 8};
-    kp::evict::select(cpu, shape, {}, {s.score, s.position, s.offsets}, want);
+    kp::evict::select_survivors(cpu, shape, {}, {s.score, s.position, s.offsets}, want);
 
     OnDevice d(s);
     d.keep.poison();
@@ -135,9 +135,9 @@ TEST_CASE("pooled_select marks what evict::Global and evict::LayerWise mark") {
       const auto slice = s.slice(q * per_sequence, (q + 1) * per_sequence);
       std::vector<std::uint8_t> k(slice.score.size());
       if (global)
-        kp::evict::select(kp::evict::Global{budget, 1, floor_ratio, window, threshold}, shape, {}, slice.view(), k);
+        kp::evict::select_survivors(kp::evict::Global{budget, 1, floor_ratio, window, threshold}, shape, {}, slice.view(), k);
       else
-        kp::evict::select(kp::evict::LayerWise{budget, 1, floor_ratio, window, threshold}, shape, {}, slice.view(), k);
+        kp::evict::select_survivors(kp::evict::LayerWise{budget, 1, floor_ratio, window, threshold}, shape, {}, slice.view(), k);
       std::copy(k.begin(), k.end(), want.begin() + s.offsets[q * per_sequence]);
     }
 
@@ -161,7 +161,7 @@ TEST_CASE("pooled_select at DBTrimKV's size: L = 36, Hkv = 8, M + B = 1152 per h
   for (int i = 0; i < 36 * 8; ++i) cudatest::append_segment(s, rng, 1152, 1);
   const kp::CacheShape shape{36, 8, 32, 128};
   std::vector<std::uint8_t> want(s.score.size());
-  kp::evict::select(kp::evict::Global{1024, 128, 0.0, 0, 0.0}, shape, {}, {s.score, s.position, s.offsets}, want);
+  kp::evict::select_survivors(kp::evict::Global{1024, 128, 0.0, 0, 0.0}, shape, {}, {s.score, s.position, s.offsets}, want);
   OnDevice d(s);
   d.keep.poison();
   kc::PooledRule rule;

@@ -67,7 +67,7 @@ constexpr bool admitter_reads_gate = requires { requires A::reads_gate; };
 /// Evictor: the rule of an eviction, stated once (core/rule.hpp): which heads trigger together
 /// (group_heads), when a group fires (fires, KVPOLICY_HD: the device's trigger kernel calls it),
 /// and what a triggered group keeps (selection(): a HeadSelection or a PoolSelection). It never
-/// moves data; the host executor (policy/selection.hpp: evict::trigger, evict::select) and the
+/// moves data; the host executor (policy/selection.hpp: evict::trigger_heads, evict::select_survivors) and the
 /// device's evict_step run the statement. A rule the data cannot state (WG-KV's hard budget, which
 /// weighs every head against one sum) gives select(shape, ctx, scores, keep) instead of
 /// selection(), and runs on the host only.
@@ -137,17 +137,17 @@ template <class S>
 constexpr bool scorer_needs_attention_mass = requires { requires S::needs_attention_mass; };
 template <class S>
 constexpr bool scorer_needs_head_keys = HeadScorer<S>;
-/// Backend: where a Cache's entries live and how its attention runs, named by the fifth argument
-/// of Cache — cpu_backend (the host pool; attend() per kv head, cpu/backend.hpp) or cuda_backend
-/// (device memory and the CUDA kernels; a specialisation of Cache, cuda/cache.cuh). A Backend names
-/// itself; what it can do beyond that it declares with optional traits (default false):
-/// emits_attention_mass (below), parallel_heads (core/parallel.hpp). The host Cache calls one
-/// attend(pool, head layout, kv head, group, queries, query positions, out, key_mass, mask) per kv
-/// head of a layer: key_mass is empty unless the Scorer ranks by attention mass, and mask is
-/// composed_attention_mask's (causal only unless a part masks).
+/// Backend: where a Cache's entries live, how its attention runs and how its evictions are planned
+/// and applied, named by the fifth argument of Cache — cpu_backend (the Allocator's host pool,
+/// cpu/backend.hpp) or cuda_backend (device memory and the CUDA kernels, cuda/cache.cuh). A
+/// Backend names itself, says what it takes beside the policies (Options: nothing on the CPU, the
+/// stream on the device), and gives the Cache its Executor<S, A, E, Alloc> (cache.hpp lists what
+/// the Cache calls on it). What it can do beyond that it declares with optional traits (default
+/// false): emits_attention_mass (below), parallel_heads (core/parallel.hpp).
 template <class B>
 concept Backend = requires {
   { B::name } -> std::convertible_to<const char*>;
+  typename B::Options;
 };
 /// A Backend whose attention accumulates per-key attention mass into the entries' metadata.
 template <class B>

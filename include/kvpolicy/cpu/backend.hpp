@@ -1,5 +1,6 @@
 /// \file
-/// kvpolicy/cpu/backend.hpp — the CPU backend: how a Cache attends over its entries on the host.
+/// kvpolicy/cpu/backend.hpp — the CPU backend: a Cache's entries in the Allocator's host pool, its
+/// steps run by cpu::Executor (cpu/executor.hpp), its attention over the entries on the host.
 ///
 /// Two kernels, one answer (SPEC §6, up to fp32 rounding):
 ///   - cpu::attend_tiled (cpu/tiled_attention.hpp): Eigen matrix products on tiles, the online
@@ -12,6 +13,7 @@
 #pragma once
 
 #include "kvpolicy/cpu/attention.hpp"
+#include "kvpolicy/cpu/executor.hpp"
 
 #if !defined(KVPOLICY_PORTABLE_ATTENTION) && !defined(__CUDACC__) && __has_include(<Eigen/Core>)
 #define KVPOLICY_TILED_ATTENTION 1
@@ -37,6 +39,11 @@ struct cpu_backend {
   static constexpr bool parallel_heads = true;
   /// The kernel this translation unit uses: "tiled" or "portable".
   static constexpr const char* kernel = KVPOLICY_TILED_ATTENTION ? "tiled" : "portable";
+  /// Nothing beside the policies: the Allocator is the host memory.
+  struct Options {};
+  /// How a Cache's steps run here: on the host, over the Allocator's pool (cpu/executor.hpp).
+  template <Scorer S, Admitter A, Evictor E, Allocator Alloc>
+  using Executor = cpu::Executor<cpu_backend, S, A, E, Alloc>;
 
   template <class Storage>
   static void attend(const memory::EntryPool<Storage>& pool, const memory::HeadLayout& head, int kv_head, int group,

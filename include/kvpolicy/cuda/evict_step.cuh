@@ -4,7 +4,7 @@
 /// stream, scratch from a workspace sized up front, no allocation and no host synchronisation.
 /// Templated on the Evictor: it runs the rule the Evictor states once (core/rule.hpp) — its
 /// trigger kernel calls the Evictor's fires(), its selection kernels read the Evictor's
-/// selection() as it is — the statement the host's evict::select runs too.
+/// selection() as it is — the statement the host's evict::select_survivors runs too.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -102,23 +102,31 @@ std::int64_t eviction_length_hint(const E& evictor) {
 
 namespace detail {
 
-/// The plan of an eviction step (llama.cpp's prepare, before its apply): the Evictor's trigger over
-/// its groups of heads, the active heads' scores at their sequence's context, and their survivors as
-/// the Evictor's selection() states. It writes only the workspace w (active
-/// heads, offsets, scores, the keep mask, and the NaN flag, with Status::nan_score in *status when
-/// a score is NaN); the pool, the block tables and the free list are as they were.
-template <class Scorer, class Evictor, class T>
-void plan_eviction(const EvictWork& w, const Scorer& scorer, const Evictor& evictor, const CacheShape& shape,
-                   const PagedKV<T>& kv, const BlockTableView& t, const StepContext* context, std::int32_t per_group,
-                   Status* status, cudaStream_t stream) {
+/// The trigger of an eviction step: the Evictor's fires() over its groups of heads, into w.active
+/// (per segment) and w.group_active (per group). A caller that knows the lengths on the host (the
+/// Cache) runs evict::trigger_heads there instead and uploads the same flags.
+template <class Evictor>
+void trigger_heads(const EvictWork& w, const Evictor& evictor, const CacheShape& shape, const BlockTableView& t,
+                   const StepContext* context, std::int32_t per_group, cudaStream_t stream) {
   const auto per_sequence = static_cast<std::int32_t>(shape.heads_total());
   const std::int32_t groups = t.segments / per_group;
-  const std::int64_t max_length = eviction_length_hint(evictor);
-  KVPOLICY_CUDA_CHECK(cudaMemsetAsync(w.failed, 0, sizeof(int), stream), "gpu::evict_step: clearing its NaN flag");
-
   trigger_kernel<Evictor><<<static_cast<unsigned>(groups), SelectTuning::threads, 0, stream>>>(
       t, evictor, per_group, per_sequence, context, w.group_active, w.active);
   check_launch("trigger_kernel", "segments = ", t.segments, ", groups = ", groups);
+}
+
+/// The plan of an eviction step (llama.cpp's prepare, before its apply), once w.active and
+/// w.group_active hold the trigger: the active heads' scores at their sequence's context, and their
+/// survivors as the Evictor's selection() states. It writes only the workspace w (offsets, scores,
+/// positions, the keep mask, and the NaN flag, with Status::nan_score in *status when a score is
+/// NaN); the pool, the block tables and the free list are as they were.
+template <class Scorer, class Evictor, class T>
+void select_survivors(const EvictWork& w, const Scorer& scorer, const Evictor& evictor, const CacheShape& shape,
+                      const PagedKV<T>& kv, const BlockTableView& t, const StepContext* context,
+                      std::int32_t per_group, Status* status, cudaStream_t stream) {
+  const auto per_sequence = static_cast<std::int32_t>(shape.heads_total());
+  const std::int64_t max_length = eviction_length_hint(evictor);
+  KVPOLICY_CUDA_CHECK(cudaMemsetAsync(w.failed, 0, sizeof(int), stream), "gpu::evict_step: clearing its NaN flag");
   segment_offsets(t, w.active, w.offsets, stream);
   score_segments(scorer, kv.metadata(), t, kv.page_size, context, per_sequence, w.active, w.offsets, w.score,
                  w.position, max_length, stream, w.failed, status);
@@ -187,7 +195,8 @@ void evict_step(void* workspace, std::size_t& workspace_bytes, const Scorer& sco
   require(context != nullptr, who, ": context must be a device pointer");
   WorkspaceLayout carve;
   const detail::EvictWork w = detail::carve_evict(carve, workspace, per_group, kv, t);
-  detail::plan_eviction(w, scorer, evictor, shape, kv, t, context, per_group, status, stream);
+  detail::trigger_heads(w, evictor, shape, t, context, per_group, stream);
+  detail::select_survivors(w, scorer, evictor, shape, kv, t, context, per_group, status, stream);
   detail::apply_eviction(w, kv, t, free, evicted, stream);
 }
 

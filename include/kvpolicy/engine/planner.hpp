@@ -65,7 +65,7 @@ class EvictionPlanner {
     for (const std::int64_t len : lengths) ctx.entries += len;
     made.context = ctx;
     made.active.assign(heads, 0);
-    const bool fires = evict::trigger(evictor_, shape_, ctx, lengths, made.active);
+    const bool fires = evict::trigger_heads(evictor_, shape_, ctx, lengths, made.active);
     if (!fires && !ring_drops) return made;
     if (!fires) std::fill(made.active.begin(), made.active.end(), std::uint8_t{0});
     made.removes_any = true;
@@ -102,7 +102,7 @@ class EvictionPlanner {
         }
       }
     std::vector<std::uint8_t> keep(score.size(), 1);
-    if (fires) evict::select(evictor_, shape_, ctx, SegmentedScores{score, position, offsets}, keep);
+    if (fires) evict::select_survivors(evictor_, shape_, ctx, SegmentedScores{score, position, offsets}, keep);
     if (!ring_drops) {
       made.offsets = std::move(offsets);
       made.keep = std::move(keep);

@@ -1,9 +1,9 @@
 /// \file
-/// kvpolicy/engine/step_state.hpp — the step state machine both Caches share (the CPU Cache of
-/// cache.hpp and Cache<…, cuda_backend> of cuda/cache.cuh): a sequence's open step (SPEC, "When
-/// eviction runs"), the prompt it detects (SPEC §4), and every input check of a step, run on all
-/// layers before anything is written (SPEC §7). The backends differ in where entries live and how
-/// a step changes memory, never in what a step accepts or refuses: both run this code.
+/// kvpolicy/engine/step_state.hpp — the Cache's step state machine (cache.hpp), whatever its
+/// Backend: a sequence's open step (SPEC, "When eviction runs"), the prompt it detects (SPEC §4),
+/// and every input check of a step, run on all layers before anything is written (SPEC §7). The
+/// backends differ in where entries live and how a step changes memory, never in what a step
+/// accepts or refuses.
 #pragma once
 
 #include <algorithm>
@@ -33,6 +33,20 @@ struct SequenceStep {
   View<const float, 4> queries{};
   View<float, 4> out{};
   View<const float, 3> gate{};  ///< [L, Hkv, T] write gates, for an Admitter that reads them
+};
+
+/// One entry an eviction removed, for tools that trace decisions (kvpolicy-replay).
+struct EvictedEntry {
+  int layer = 0;
+  int head = 0;
+  std::int32_t position = 0;
+};
+
+/// What a commit did: whether the Evictor's trigger fired, and how many entries left the cache
+/// (by the Evictor, or by an Admitter's ring, SPEC §3).
+struct EvictionReport {
+  bool triggered = false;
+  std::int64_t evicted = 0;
 };
 
 /// What one head of a sequence holds, read back in storage order (Cache::head_contents): each
@@ -137,7 +151,7 @@ void for_each_layer(const SequenceStep& s, int layers, Write&& write, Attend&& a
 }
 
 /// The sequences of a Cache, each with its state (a StepState and what the backend keeps beside
-/// it): the registry both Caches keep, with add_sequence's checks and the error for an unknown id.
+/// it), with add_sequence's checks and the error for an unknown id.
 template <class State>
 class Sequences {
  public:

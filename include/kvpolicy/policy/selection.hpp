@@ -1,7 +1,7 @@
 /// \file
 /// kvpolicy/policy/selection.hpp — the host executor of an Evictor's rule (core/rule.hpp), the
-/// reference the device's evict_step must match: evict::trigger runs the rule's trigger over the
-/// groups of group_heads(shape) heads, evict::select marks the survivors its selection() states
+/// reference the device's evict_step must match: evict::trigger_heads runs the rule's trigger over the
+/// groups of group_heads(shape) heads, evict::select_survivors marks the survivors its selection() states
 /// (per head: select_heads; pooled: select_pools, over policy/rank.hpp), or calls the Evictor's
 /// own select() for a rule the data cannot state. Neither moves data.
 #pragma once
@@ -148,14 +148,14 @@ inline void select_pools(const PoolSelection& sel, std::int64_t group_heads, con
 /// The Evictor's trigger over the per-head lengths (one per (layer, kv head), head_index order):
 /// marks in `active` the heads of every group that fires and returns whether any does.
 template <Evictor E>
-bool trigger(const E& e, const CacheShape& shape, StepContext c, std::span<const std::int64_t> lengths,
+bool trigger_heads(const E& e, const CacheShape& shape, StepContext c, std::span<const std::int64_t> lengths,
              std::span<std::uint8_t> active) {
   return detail::trigger_groups(e, shape, c, lengths, active);
 }
 
 /// The Evictor's selection over the active heads' segments: keep[i] = 1 for every survivor.
 template <Evictor E>
-void select(const E& e, const CacheShape& shape, StepContext c, const SegmentedScores& scores,
+void select_survivors(const E& e, const CacheShape& shape, StepContext c, const SegmentedScores& scores,
             std::span<std::uint8_t> keep) {
   if constexpr (evictor_selects_itself<E>)
     e.select(shape, c, scores, keep);

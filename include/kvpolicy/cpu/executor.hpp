@@ -1,0 +1,294 @@
+/// \file
+/// kvpolicy/cpu/executor.hpp — what cpu_backend does for a Cache (cache.hpp): its entries live in
+/// the Allocator's host pool, its attention runs per kv head through the Backend's attend(), and
+/// its eviction is the host planner's plan (engine/planner.hpp) applied by compaction. The Cache
+/// has checked every argument before it calls in here; a call that throws here (an Admitter, an
+/// allocation) takes back what it wrote.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "kvpolicy/core/concepts.hpp"
+#include "kvpolicy/core/dtype.hpp"
+#include "kvpolicy/core/error.hpp"
+#include "kvpolicy/core/parallel.hpp"
+#include "kvpolicy/core/shape.hpp"
+#include "kvpolicy/core/view.hpp"
+#include "kvpolicy/engine/planner.hpp"
+#include "kvpolicy/engine/scorer_inputs.hpp"
+#include "kvpolicy/engine/step_state.hpp"
+#include "kvpolicy/memory/pool.hpp"
+
+namespace kvpolicy::cpu {
+
+/// One Cache's host memory and its steps over it, for the Backend B (its attend()).
+template <class B, Scorer S, Admitter A, Evictor E, Allocator Alloc>
+class Executor {
+  static_assert(!scorer_needs_attention_mass<S> || requires(Alloc& a) { a.pool().add_attention_mass(0, 0.0f); },
+                "kvpolicy::Cache: this Scorer ranks by attention mass, and this Allocator's pool cannot accumulate it");
+  using Inputs = detail::ScorerInputs<S>;
+
+ public:
+  using storage_type = typename Alloc::storage_type;
+  /// What the executor keeps per sequence beside the Cache's step state: nothing (the Allocator
+  /// keys its heads by the sequence id).
+  struct Sequence {};
+  /// The plans of the sequences whose steps close together (one per sequence, in order).
+  struct Plan {
+    std::vector<std::int64_t> seqs;
+    std::vector<detail::EvictionPlan> plans;
+    StepContext context(std::size_t i) const { return plans[i].context; }
+  };
+
+  Executor(const CacheShape& shape, Alloc allocator, const E& evictor, const S& scorer, const A& admitter,
+           typename B::Options)
+      : shape_(shape), alloc_(std::move(allocator)), evictor_(evictor), scorer_(scorer), admitter_(admitter) {
+    alloc_.bind(shape_);
+  }
+
+  const E& evictor() const { return evictor_; }
+  const S& scorer() const { return scorer_; }
+  const Alloc& allocator() const { return alloc_; }
+
+  // ---- sequences and what they hold --------------------------------------------------------------
+  Sequence add_sequence(std::int64_t seq) {
+    alloc_.add_sequence(seq);
+    return {};
+  }
+  void remove_sequence(std::int64_t seq, Sequence&) { alloc_.remove_sequence(seq); }
+  std::int64_t length(std::int64_t seq, const Sequence&, int layer, int head) const {
+    return alloc_.length(seq, layer, head);
+  }
+  /// Every head's length, in head_index order.
+  std::vector<std::int64_t> lengths(std::int64_t seq, const Sequence&) const {
+    std::vector<std::int64_t> len(static_cast<std::size_t>(shape_.heads_total()));
+    for (int l = 0; l < shape_.layers; ++l)
+      for (int h = 0; h < shape_.kv_heads; ++h) len[static_cast<std::size_t>(head_index(shape_, l, h))] = alloc_.length(seq, l, h);
+    return len;
+  }
+  EntryMeta entry(std::int64_t seq, const Sequence&, int layer, int head, std::int64_t i) const {
+    const auto head_layout = alloc_.layout(seq, layer, head);
+    require(i >= 0 && i < head_layout.length, "Cache::entry: index ", i, " out of range [0, ", head_layout.length, ")");
+    return alloc_.pool().meta(head_layout.slot(i));
+  }
+  HeadContents head_contents(std::int64_t seq, const Sequence&, int layer, int head) const {
+    const auto head_layout = alloc_.layout(seq, layer, head);
+    const auto d = static_cast<std::size_t>(shape_.head_dim);
+    HeadContents c;
+    for (std::int64_t i = 0; i < head_layout.length; ++i) {
+      const std::int64_t slot = head_layout.slot(i);
+      c.meta.push_back(alloc_.pool().meta(slot));
+      const storage_type* k = alloc_.pool().key(slot);
+      const storage_type* v = alloc_.pool().value(slot);
+      for (std::size_t j = 0; j < d; ++j) {
+        c.keys.push_back(to_float(k[j]));
+        c.values.push_back(to_float(v[j]));
+      }
+    }
+    return c;
+  }
+  std::int64_t pages_free() const { return alloc_.pages_free(); }
+  std::int64_t pages_total() const { return alloc_.pages_total(); }
+  /// Whether every head can take T more entries (a whole step).
+  bool can_step(std::int64_t seq, const Sequence&, std::int64_t T) const { return alloc_.can_append(seq, T); }
+  /// The free pages a step of T more tokens takes, where the Allocator counts them; else the step is
+  /// checked alone (refused here when it does not fit) and counts 0.
+  std::int64_t batch_pages(std::int64_t seq, const Sequence&, std::int64_t T) const {
+    if constexpr (allocator_counts_pages<Alloc>) {
+      return alloc_.pages_needed(seq, T);
+    } else {
+      require(alloc_.can_append(seq, T), "Cache::step_batch: out of memory: sequence ", seq, " cannot take ", T,
+              " more entries in every head");
+      return 0;
+    }
+  }
+
+  // ---- one step ----------------------------------------------------------------------------------
+  /// The layer's T tokens at positions n..n+T-1, as the Admitter admits them: all of them or, when
+  /// this throws, none.
+  void append(std::int64_t seq, Sequence&, int layer, std::int64_t n, std::int64_t T, View<const float, 3> keys,
+              View<const float, 3> values, View<const float, 2> write_score, View<const float, 2> gate, bool) {
+    require(alloc_.can_append(seq, T, layer), "Cache::append: out of memory: sequence ", seq, " layer ", layer,
+            " cannot take ", T, " more entries per head (", alloc_.pages_free(), " of ", alloc_.pages_total(),
+            " pages free)");
+    try {
+      write_layer(seq, layer, n, T, keys, values, write_score, gate);
+    } catch (...) {  // an Admitter or an allocation failed midway: take back this layer's entries
+      drop_open_entries(seq, n, layer);
+      throw;
+    }
+  }
+
+  /// The frozen scores of the open step's entries at `layer` (SPEC §4), checked by the Cache.
+  void set_step_scores(std::int64_t seq, Sequence&, int layer, std::int64_t n, View<const float, 2> scores) {
+    for (int h = 0; h < shape_.kv_heads; ++h) {
+      // the open step's entries are a head's last ones: nothing compacts a head before commit()
+      const auto head_layout = alloc_.layout(seq, layer, h);
+      for (std::int64_t j = head_layout.length - 1; j >= 0; --j) {
+        const std::int64_t slot = head_layout.slot(j);
+        const std::int64_t t = alloc_.pool().meta(slot).position - n;
+        if (t < 0) break;
+        alloc_.pool().set_write_score(slot, scores(h, t));
+      }
+    }
+  }
+
+  /// queries [Hq, T, d] at positions n..n+T-1 over the layer's entries -> out; the attention
+  /// mass, for a Scorer that reads it, into the pool (recorded in `inputs`, which abort takes back).
+  void attend(std::int64_t seq, Sequence&, typename Inputs::Sequence& inputs, int layer, std::int64_t n,
+              std::int64_t T, View<const float, 3> queries, View<float, 3> out) {
+    std::vector<std::int32_t> q_pos(static_cast<std::size_t>(T));
+    for (std::int64_t t = 0; t < T; ++t) q_pos[static_cast<std::size_t>(t)] = static_cast<std::int32_t>(n + t);
+    const AttentionMask mask = composed_attention_mask(evictor_, admitter_);
+    // One task per kv head: each writes its own query heads of `out` and its own mass vector.
+    std::vector<std::vector<float>> mass(Inputs::needs_mass ? static_cast<std::size_t>(shape_.kv_heads) : 0);
+    const auto attend_head = [&](int h) {
+      const auto head_layout = alloc_.layout(seq, layer, h);
+      std::span<float> key_mass;  // each key's probability, summed over every query so far (H2O)
+      if constexpr (Inputs::needs_mass) {
+        auto& m = mass[static_cast<std::size_t>(h)];
+        m.assign(static_cast<std::size_t>(head_layout.length), 0.0f);
+        key_mass = m;
+      }
+      B::attend(std::as_const(alloc_).pool(), head_layout, h, shape_.group(), queries, q_pos, out, key_mass, mask);
+    };
+    detail::for_each_kv_head<B>(shape_.kv_heads, attention_work(seq, layer, T), attend_head);
+    if constexpr (Inputs::needs_mass)  // applied in head order, undone by abort
+      for (int h = 0; h < shape_.kv_heads; ++h)
+        Inputs::add_mass(inputs, alloc_.pool(), alloc_.layout(seq, layer, h), mass[static_cast<std::size_t>(h)]);
+  }
+
+  /// Takes back the open step (entries at positions >= n) and what its attention recorded. It scans
+  /// every head whether or not a step is open (a layer's append takes its own entries back).
+  void abort(std::int64_t seq, Sequence&, typename Inputs::Sequence& inputs, std::int64_t n, bool) {
+    Inputs::abort(inputs, alloc_.pool());  // the mass first, while its entries are there
+    drop_open_entries(seq, n, -1);
+  }
+
+  // ---- eviction: plan, then apply ----------------------------------------------------------------
+  /// What one sequence's commit asks the planner for.
+  struct Request {
+    std::int64_t seq;
+    const Sequence* memory;
+    StepContext context;
+    const typename Inputs::Sequence* inputs;
+  };
+  /// Every request's eviction (SPEC §1–5), planned and not applied; throws (a NaN score) with
+  /// nothing changed.
+  Plan plan(std::span<const Request> requests) const {
+    Plan p;
+    const detail::EvictionPlanner<S, A, E, Alloc> planner{shape_, alloc_, evictor_, scorer_, admitter_};
+    for (const Request& r : requests) {
+      p.seqs.push_back(r.seq);
+      p.plans.push_back(planner.plan(r.seq, r.context, *r.inputs));
+    }
+    return p;
+  }
+  /// Compacts every planned head; nothing in here can fail but the evicted list's growth, which
+  /// comes first.
+  std::vector<EvictionReport> apply(const Plan& p, std::vector<EvictedEntry>* evicted) {
+    if (evicted != nullptr) {
+      std::int64_t total = 0;
+      for (const auto& plan : p.plans) total += plan.evicted;
+      evicted->reserve(evicted->size() + static_cast<std::size_t>(total));
+    }
+    std::vector<EvictionReport> reports(p.plans.size());
+    for (std::size_t i = 0; i < p.plans.size(); ++i) reports[i] = apply_one(p.seqs[i], p.plans[i], evicted);
+    return reports;
+  }
+
+ private:
+  void write_layer(std::int64_t seq, int layer, std::int64_t n, std::int64_t T, View<const float, 3> keys,
+                   View<const float, 3> values, View<const float, 2> write_score, View<const float, 2> gate) {
+    const int d = shape_.head_dim;
+    std::vector<EntryMeta> meta;
+    std::vector<float> k_kept, v_kept;
+    for (int h = 0; h < shape_.kv_heads; ++h) {
+      meta.clear();
+      bool dropped = false;
+      for (std::int64_t t = 0; t < T; ++t) {
+        const EntryMeta m{static_cast<std::int32_t>(n + t), write_score(h, t),
+                          S::needs_key_norm ? memory::key_norm(&keys(h, t, 0), d) : 0.0f, 0.0f,
+                          gate.data != nullptr ? gate(h, t) : 1.0f};
+        // keep (and local, for allocators without a ring) store the entry; drop never does
+        if (admitter_.admit(m) == Admission::drop) {
+          dropped = true;
+          continue;
+        }
+        meta.push_back(m);
+      }
+      if (!dropped) {  // the common case: the head's [T, d] rows go straight from the caller's buffers
+        alloc_.append(seq, layer, h, T, &keys(h, 0, 0), &values(h, 0, 0), meta.data());
+        continue;
+      }
+      k_kept.clear();
+      v_kept.clear();
+      for (const EntryMeta& m : meta) {
+        const std::int64_t t = m.position - n;
+        k_kept.insert(k_kept.end(), &keys(h, t, 0), &keys(h, t, 0) + d);
+        v_kept.insert(v_kept.end(), &values(h, t, 0), &values(h, t, 0) + d);
+      }
+      alloc_.append(seq, layer, h, static_cast<std::int64_t>(meta.size()), k_kept.data(), v_kept.data(), meta.data());
+    }
+  }
+
+  // Removes the entries at positions >= n (the open step's) from every head of `layer` (every
+  // layer for -1), last head first, so that pages go back to the pool in the reverse of the order
+  // append took them and the free list is as it was.
+  void drop_open_entries(std::int64_t seq, std::int64_t n, int layer) {
+    std::vector<std::uint8_t> keep;
+    for (int l = shape_.layers - 1; l >= 0; --l) {
+      if (layer >= 0 && l != layer) continue;
+      for (int h = shape_.kv_heads - 1; h >= 0; --h) {
+        const auto head_layout = alloc_.layout(seq, l, h);
+        keep.assign(static_cast<std::size_t>(head_layout.length), 1);
+        bool any = false;
+        for (std::int64_t j = 0; j < head_layout.length; ++j)
+          if (alloc_.pool().meta(head_layout.slot(j)).position >= n) {
+            keep[static_cast<std::size_t>(j)] = 0;
+            any = true;
+          }
+        if (any) alloc_.compact(seq, l, h, keep);
+      }
+    }
+  }
+
+  /// (query rows) x (entries) over the layer's kv heads: what decides whether threads pay off.
+  std::int64_t attention_work(std::int64_t seq, int layer, std::int64_t T) const {
+    std::int64_t entries = 0;
+    for (int h = 0; h < shape_.kv_heads; ++h) entries += alloc_.length(seq, layer, h);
+    return entries * T * shape_.group();
+  }
+
+  /// Compacts every active head of one sequence by its plan's keep flags.
+  EvictionReport apply_one(std::int64_t seq, const detail::EvictionPlan& plan, std::vector<EvictedEntry>* evicted) {
+    EvictionReport report;
+    report.triggered = plan.triggered;
+    if (!plan.removes_any) return report;
+    for (int l = 0; l < shape_.layers; ++l)
+      for (int h = 0; h < shape_.kv_heads; ++h) {
+        const auto i = static_cast<std::size_t>(head_index(shape_, l, h));
+        if (!plan.active[i]) continue;
+        const auto seg = std::span<const std::uint8_t>(plan.keep).subspan(static_cast<std::size_t>(plan.offsets[i]),
+                                                                           static_cast<std::size_t>(plan.lengths[i]));
+        if (evicted != nullptr)
+          for (std::int64_t j = 0; j < plan.lengths[i]; ++j)
+            if (!seg[static_cast<std::size_t>(j)])
+              evicted->push_back({l, h, plan.position[static_cast<std::size_t>(plan.offsets[i] + j)]});
+        report.evicted += alloc_.compact(seq, l, h, seg);
+      }
+    return report;
+  }
+
+  CacheShape shape_;
+  Alloc alloc_;
+  E evictor_;
+  S scorer_;
+  A admitter_;
+};
+
+}  // namespace kvpolicy::cpu
