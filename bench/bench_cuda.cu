@@ -122,8 +122,7 @@ struct DecodeSetup {
   }
   double kv_bytes() const { return 2.0 * batch * kKv * double(length) * kDim * sizeof(__half); }
   kc::PagedKV<__half> kv() const {
-    return {keys.p, values.p, position.p, meta.p, nullptr, nullptr,
-            static_cast<std::int32_t>(pages_per_copy * copies), kPage, kDim};
+    return {keys.p, values.p, position.p, meta.p, static_cast<std::int32_t>(pages_per_copy * copies), kPage, kDim};
   }
   kc::BlockTableView tables_view() const {
     return {table.p, lengths.p, batch * kKv * copies, static_cast<std::int32_t>(max_pages())};
@@ -168,7 +167,7 @@ void BM_decode_attention_h2o(benchmark::State& state) {
   Buffer<float> mass(s.position.n);
   KVPOLICY_CUDA_CHECK(cudaMemset(mass.p, 0, mass.n * sizeof(float)), "fill");
   kc::PagedKV<__half> kv = s.kv();
-  kv.attention_mass = mass.p;
+  kv.fields[kp::Field::attention_mass] = mass.p;
   auto batch_of = [&](int copy) {
     kc::DecodeBatch a = s.batch_of(copy);
     a.accumulate_mass = true;
@@ -236,7 +235,7 @@ struct EvictSetup {
     copy(free_count.p, free_count0.p, 1);
   }
   kc::PagedKV<__half> kv() const {
-    return {keys.p, values.p, position.p, meta.p, nullptr, nullptr, static_cast<std::int32_t>(pages), kPage, kDim};
+    return {keys.p, values.p, position.p, meta.p, static_cast<std::int32_t>(pages), kPage, kDim};
   }
   kc::BlockTableView tables_view() const {
     return {table.p, lengths.p, segments, static_cast<std::int32_t>(kLength / kPage + 1)};

@@ -86,7 +86,7 @@ struct Pool {
     meta = upload(m);
   }
   kc::PagedKV<__half> kv() const {
-    return {keys, values, position, meta, nullptr, nullptr, static_cast<std::int32_t>(pages), page, dim};
+    return {keys, values, position, meta, static_cast<std::int32_t>(pages), page, dim};
   }
   kc::BlockTableView tables() const {
     return {table, lengths, segments, static_cast<std::int32_t>(pages_per_head)};

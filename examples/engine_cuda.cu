@@ -57,7 +57,7 @@ int main() {
   // ---- the engine's device memory, and the views over it ----
   kc::PagedKV<float> kv{device<float>(std::size_t(kPages) * kPage * kDim), device<float>(std::size_t(kPages) * kPage * kDim),
                         device<std::int32_t>(std::size_t(kPages) * kPage), device<float>(std::size_t(kPages) * kPage),
-                        nullptr, nullptr, kPages, kPage, kDim};
+                        kPages, kPage, kDim};
   kc::BlockTableView tables{device<std::int32_t>(std::size_t(kSegments) * kMaxPages), device<std::int32_t>(kSegments),
                          kSegments, kMaxPages};
   kc::FreeList free{device<std::int32_t>(kPages), device<std::int32_t>(1), kPages};

@@ -238,7 +238,7 @@ void differential(std::uint64_t seed, int trials, Scorer scorer, MakeEvictor mak
             const float* k = &kv[static_cast<std::size_t>(((l * H + h) * T + i) * d)];
             ref[static_cast<std::size_t>(l * H + h)].push_back(
                 EntryMeta{static_cast<std::int32_t>(n + i), lb[static_cast<std::size_t>((l * H + h) * T + i)],
-                          Scorer::needs_key_norm ? memory::key_norm(k, static_cast<int>(d)) : 0.0f});
+                          reads_field<Scorer>(Field::key_norm) ? memory::key_norm(k, static_cast<int>(d)) : 0.0f});
           }
       n += T;
       oracle_step(t.shape, ref, n, scorer, t.p);

@@ -151,8 +151,8 @@ double run_case(const AttnCase& c, std::uint64_t seed, bool with_mass = false) {
   DeviceBuffer<std::int32_t> dpos(pos_host), dtable(table), dlen(length), dbase(base), dq_pos(q_pos);
   DeviceBuffer<float> dmeta(gate_host), dq(q), dout(q.size()), dmass(mass0);
   dout.poison(0xFF);  // NaN everywhere
-  kc::PagedKV<T> kv{dk.get(),  dv.get(), dpos.get(), dmeta.get(), nullptr, with_mass ? dmass.get() : nullptr,
-                    static_cast<std::int32_t>(pages), P, d};
+  kc::PagedKV<T> kv{dk.get(), dv.get(), dpos.get(), dmeta.get(), static_cast<std::int32_t>(pages), P, d};
+  kv.fields[kp::Field::attention_mass] = with_mass ? dmass.get() : nullptr;
   kc::BlockTableView t{dtable.get(), dlen.get(), segments, static_cast<std::int32_t>(max_pages)};
   kc::DecodeBatch a{dq.get(), dbase.get(), c.batch, q_heads, c.kv_heads, dout.get()};
   a.accumulate_mass = with_mass;
@@ -241,7 +241,7 @@ TEST_CASE("decode attention over more than 64K entries per head, split and merge
 TEST_CASE("decode attention arguments are checked before any launch" * doctest::test_suite("host")) {
   float dummy = 0.0f;
   std::int32_t idummy = 0;
-  kc::PagedKV<float> kv{&dummy, &dummy, &idummy, &dummy, nullptr, nullptr, 4, 16, 96};
+  kc::PagedKV<float> kv{&dummy, &dummy, &idummy, &dummy, 4, 16, 96};
   kc::BlockTableView t{&idummy, &idummy, 2, 4};
   kc::DecodeBatch a{&dummy, &idummy, 1, 8, 2, &dummy};
   std::size_t bytes = 0;
@@ -272,7 +272,7 @@ TEST_CASE("decode attention arguments are checked before any launch" * doctest::
   h2o.accumulate_mass = true;
   CHECK_THROWS_WITH(kc::decode_attention(nullptr, bytes, kv, t, h2o, 100, nullptr, 132),
                     doctest::Contains("accumulate_mass needs the pool's attention_mass array"));
-  kv.attention_mass = &dummy;
+  kv.fields[kp::Field::attention_mass] = &dummy;
   kc::decode_attention(nullptr, bytes, kv, t, h2o, 100, nullptr, 132);
   kc::DecodeBatch wide = h2o;
   wide.q_heads = 2 * 64;  // a group of 64 at head_dim 256: 64 KiB of queries
@@ -280,7 +280,7 @@ TEST_CASE("decode attention arguments are checked before any launch" * doctest::
   CHECK_THROWS_WITH(kc::decode_attention(nullptr, bytes, kv, t, wide, 100, nullptr, 132),
                     doctest::Contains("accumulate_mass with a group of 64 query heads at head_dim = 256 needs"));
   kv.head_dim = 128;
-  kv.attention_mass = nullptr;
+  kv.fields[kp::Field::attention_mass] = nullptr;
   // the split plan covers every entry: chunks of whole pages, at least 256 entries unless the head is shorter
   for (std::int64_t len : {0, 1, 255, 256, 257, 4096, 70001, 1 << 22}) {
     const auto p = kc::detail::plan_decode(a, len, 16, 132);

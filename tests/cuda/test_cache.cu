@@ -20,6 +20,8 @@
 #include "kvpolicy/cuda/cache.cuh"
 #include "kvpolicy/dbtrimkv.hpp"
 #include "kvpolicy/epikv.hpp"
+#include "kvpolicy/policies/adakv.hpp"
+#include "kvpolicy/policies/tova.hpp"
 #include "kvpolicy/trimkv.hpp"
 #include "kvpolicy/wgkv.hpp"
 #include "state_machine.hpp"
@@ -51,24 +53,38 @@ float tie_prone_log_beta(std::mt19937_64& rng) {
                                                             : -std::uniform_real_distribution<float>(0.0f, 1.0f)(rng);
 }
 
+/// How drive() steps: whether a prefill attends too (a policy that ranks by the attention it
+/// observes: every step attends), and whether each sequence declares its prompt (the prefill) when
+/// it is added (a policy that compresses the declared prompt).
+struct DriveOptions {
+  bool attend_prefill = false;
+  bool declare_prompt = false;
+};
+
 template <class Cpu, class Gpu, class Meta = float (*)(std::mt19937_64&)>
 void drive(Cpu& cpu, Gpu& gpu, const kp::CacheShape& s, std::uint64_t seed, double tolerance,
-           Meta meta = tie_prone_log_beta) {
+           Meta meta = tie_prone_log_beta, DriveOptions options = {}) {
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> normal;
   const auto log_beta = [&] { return meta(rng); };
   std::vector<std::int64_t> live;
+  std::vector<std::int64_t> declared;  // the prompt each sequence declared (options.declare_prompt)
   std::int64_t next_id = 0;
   for (int step = 0; step < 120; ++step) {
     // up to 6 live sequences: more than the 4 slots the device cache starts with
     if ((live.size() < 6 && std::uniform_int_distribution<int>(0, 5)(rng) == 0) || live.empty()) {
-      cpu.add_sequence(next_id);
-      gpu.add_sequence(next_id);
+      const std::int64_t prompt =
+          options.declare_prompt ? std::uniform_int_distribution<std::int64_t>(1, 40)(rng) : std::int64_t{-1};
+      declared.push_back(prompt);
+      cpu.add_sequence(next_id, prompt);
+      gpu.add_sequence(next_id, prompt);
       live.push_back(next_id++);
     }
     const std::int64_t seq = live[std::uniform_int_distribution<std::size_t>(0, live.size() - 1)(rng)];
     const bool prefill = cpu.tokens(seq) == 0;
-    const std::int64_t T = prefill ? std::uniform_int_distribution<std::int64_t>(1, 40)(rng) : 1;
+    const std::int64_t T = !prefill ? 1
+                           : options.declare_prompt ? declared[static_cast<std::size_t>(seq)]
+                                                    : std::uniform_int_distribution<std::int64_t>(1, 40)(rng);
     std::vector<float> k(std::size_t(s.layers) * s.kv_heads * T * s.head_dim), v(k.size()), lb;
     for (auto& x : k) x = normal(rng);
     for (auto& x : v) x = normal(rng);
@@ -79,10 +95,10 @@ void drive(Cpu& cpu, Gpu& gpu, const kp::CacheShape& s, std::uint64_t seed, doub
     const kp::View<const float, 3> LB(lb.data(), {s.layers, s.kv_heads, T});
     std::vector<kp::EvictedEntry> gone_cpu, gone_gpu;
     kp::EvictionReport rc, rg;
-    if (T == 1) {
-      const kp::View<const float, 4> Q(q.data(), {s.layers, s.q_heads, 1, s.head_dim});
-      rc = cpu.step(seq, K, V, LB, Q, kp::View<float, 4>(out_cpu.data(), {s.layers, s.q_heads, 1, s.head_dim}), &gone_cpu);
-      rg = gpu.step(seq, K, V, LB, Q, kp::View<float, 4>(out_gpu.data(), {s.layers, s.q_heads, 1, s.head_dim}), &gone_gpu);
+    if (T == 1 || options.attend_prefill) {
+      const kp::View<const float, 4> Q(q.data(), {s.layers, s.q_heads, T, s.head_dim});
+      rc = cpu.step(seq, K, V, LB, Q, kp::View<float, 4>(out_cpu.data(), {s.layers, s.q_heads, T, s.head_dim}), &gone_cpu);
+      rg = gpu.step(seq, K, V, LB, Q, kp::View<float, 4>(out_gpu.data(), {s.layers, s.q_heads, T, s.head_dim}), &gone_gpu);
       double num = 0.0, den = 0.0;
       for (std::size_t i = 0; i < out_cpu.size(); ++i) {
         num += (double(out_gpu[i]) - out_cpu[i]) * (double(out_gpu[i]) - out_cpu[i]);
@@ -190,6 +206,59 @@ TEST_CASE("WGKVCache<cuda_backend>: the ring, promotion and the vertical-slash m
       return pick == 0 ? 0.1f : pick < 6 ? std::uniform_real_distribution<float>(0.001f, 0.1f)(rng)
                                          : std::uniform_real_distribution<float>(0.1f, 1.0f)(rng);
     });
+  }
+}
+
+// TOVA and AdaKV (policies/tova.hpp, policies/adakv.hpp) through the generic device path: the
+// observed attention scored on the device from the queries the Cache records, TOVA's per-head rule
+// and AdaKV's per-layer pool with its guaranteed share read as data.
+TEST_CASE("TOVA on the device keeps what it keeps on the CPU") {
+  for (std::uint64_t seed = 1; seed <= cudatest::seeds(6); ++seed) {
+    const kp::CacheShape shape{2, 2, 4, 64};
+    const kp::BaselineConfig c{static_cast<std::int64_t>(6 + 3 * seed), 1, seed % 2 == 0 ? 2 : 0, seed % 3 == 0 ? 3 : 0};
+    const std::int64_t pages = 6 * shape.heads_total() * 8;
+    using Tova = kp::evict::PerHead<kp::trigger::Buffered>;
+    kp::Cache<kp::score::ObservedAttention, kp::admit::All, Tova, kp::memory::Paged<16>, kp::cpu_backend> cpu(
+        shape, kp::memory::Paged<16>(pages), kp::baseline_evictor(c), kp::policies::tova::scorer);
+    kp::Cache<kp::score::ObservedAttention, kp::admit::All, Tova, kp::memory::Paged<16>, kp::cuda_backend> gpu(
+        shape, kp::memory::Paged<16>(pages), kp::baseline_evictor(c), kp::policies::tova::scorer);
+    drive(cpu, gpu, shape, seed * 13, 1e-5, tie_prone_log_beta, DriveOptions{.attend_prefill = true});
+  }
+}
+
+TEST_CASE("AdaKV on the device compresses the prompt as on the CPU") {
+  for (std::uint64_t seed = 1; seed <= cudatest::seeds(6); ++seed) {
+    const kp::CacheShape shape{2, 3, 6, 64};
+    const std::int64_t budget = static_cast<std::int64_t>(4 + 2 * seed);
+    kp::SnapKVConfig c;  // SnapKV's score with its defaults, as policies/adakv.hpp builds it
+    c.budget = budget;
+    c.window = std::min<std::int64_t>(seed % 2 == 0 ? 2 : 32, budget - 1);
+    c.sinks = seed % 3 == 0 ? 1 : 0;
+    const kp::policies::adakv::Evictor e{budget, c.window, c.sinks, seed % 4 == 0 ? 0.0 : 0.2 * static_cast<double>(seed % 5)};
+    const std::int64_t pages = 6 * shape.heads_total() * 8;
+    using AdaKV = kp::policies::adakv::Evictor;
+    kp::Cache<kp::score::ObservedAttention, kp::admit::All, AdaKV, kp::memory::Paged<16>, kp::cpu_backend> cpu(
+        shape, kp::memory::Paged<16>(pages), e, kp::snapkv_scorer(c));
+    kp::Cache<kp::score::ObservedAttention, kp::admit::All, AdaKV, kp::memory::Paged<16>, kp::cuda_backend> gpu(
+        shape, kp::memory::Paged<16>(pages), e, kp::snapkv_scorer(c));
+    drive(cpu, gpu, shape, seed * 17, 1e-5, tie_prone_log_beta,
+          DriveOptions{.attend_prefill = true, .declare_prompt = true});
+  }
+}
+
+TEST_CASE("SnapKVCache<cuda_backend> compresses the prompt as on the CPU") {
+  for (std::uint64_t seed = 1; seed <= cudatest::seeds(4); ++seed) {
+    const kp::CacheShape shape{2, 2, 4, 64};
+    kp::SnapKVConfig c;
+    c.budget = static_cast<std::int64_t>(5 + 3 * seed);
+    c.window = std::min<std::int64_t>(seed % 2 == 0 ? 3 : 32, c.budget);
+    c.pooling = seed % 3 == 0 ? kp::score::Pooling::max : kp::score::Pooling::avg;
+    c.group_reduce = seed % 4 == 0 ? kp::score::GroupReduce::max : kp::score::GroupReduce::mean;
+    const std::int64_t pages = 6 * shape.heads_total() * 8;
+    kp::SnapKVCache<kp::cpu_backend> cpu(shape, kp::memory::Paged<16>(pages), kp::snapkv_evictor(c), kp::snapkv_scorer(c));
+    kp::SnapKVCache<kp::cuda_backend> gpu(shape, kp::memory::Paged<16>(pages), kp::snapkv_evictor(c), kp::snapkv_scorer(c));
+    drive(cpu, gpu, shape, seed * 19, 1e-5, tie_prone_log_beta,
+          DriveOptions{.attend_prefill = true, .declare_prompt = true});
   }
 }
 

@@ -57,8 +57,9 @@ struct Twin {
     table.upload(std::vector<std::int32_t>(table.size(), 0));
   }
   kc::PagedKV<float> kv() const {
-    return {keys.get(), values.get(), position.get(), meta.get(), nullptr, with_mass ? mass.get() : nullptr, pages, kPage,
-            shape.head_dim};
+    kc::PagedKV<float> kv{keys.get(), values.get(), position.get(), meta.get(), pages, kPage, shape.head_dim};
+    kv.fields[kp::Field::attention_mass] = with_mass ? mass.get() : nullptr;
+    return kv;
   }
   kc::BlockTableView tables() const { return {table.get(), length.get(), segments, pages}; }
   kc::FreeList free() const { return {free_pages.get(), free_count.get(), pages}; }
@@ -298,7 +299,7 @@ TEST_CASE("H2O on the device: evict_step ranks by the attention mass and compact
       for (int s = 0; s < tw.segments; ++s) {
         const auto layout = tw.cpu.layout(tw.seq_of(s), tw.layer_of(s), tw.head_of(s));
         for (std::int64_t i = 0; i < layout.length; ++i)
-          pool.add_attention_mass(layout.slot(i), increments[std::uniform_int_distribution<int>(0, 4)(rng)]);
+          pool.add_to_field(layout.slot(i), kp::Field::attention_mass, increments[std::uniform_int_distribution<int>(0, 4)(rng)]);
       }
       std::vector<float> am(tw.mass.size(), 0.0f);
       for (std::int64_t slot = 0; slot < pool.slots(); ++slot) am[slot] = pool.meta(slot).attention_mass;
@@ -393,7 +394,7 @@ TEST_CASE("memory and eviction arguments are checked before any launch" * doctes
   g.threshold = 0.0;
   float dummy = 0.0f;
   std::int32_t idummy = 0;
-  kv = kc::PagedKV<float>{&dummy, &dummy, &idummy, &dummy, nullptr, nullptr, 10, 16, 64};
+  kv = kc::PagedKV<float>{&dummy, &dummy, &idummy, &dummy, 10, 16, 64};
   t = kc::BlockTableView{&idummy, &idummy, 6, 10};
   CHECK_THROWS_WITH(kc::evict_step(nullptr, bytes, decay, g, shape, kv, t, f, nullptr, nullptr, nullptr, nullptr),
                     doctest::Contains("segments = 6 is not a multiple of L x Hkv = 4"));
@@ -408,6 +409,6 @@ TEST_CASE("memory and eviction arguments are checked before any launch" * doctes
   CHECK_THROWS_WITH(kc::evict_step(nullptr, bytes, kp::score::NegKeyNorm{}, r, shape, kv, t, f, nullptr, nullptr,
                                    nullptr, nullptr),
                     doctest::Contains("this Scorer reads key_norm; the pool has none"));
-  kv.attention_mass = &dummy;
+  kv.fields[kp::Field::attention_mass] = &dummy;
   kc::evict_step(nullptr, bytes, kp::score::AttentionMass{}, r, shape, kv, t, f, nullptr, nullptr, nullptr, nullptr);
 }

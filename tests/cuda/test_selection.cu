@@ -53,6 +53,13 @@ void check_keep(const std::vector<std::uint8_t>& got, const std::vector<std::uin
   }
 }
 
+// The metadata of a pool that carries the key norm (Field::key_norm) and no other field.
+kc::EntryMetaView key_norm_view(std::int32_t* position, float* write_score, float* key_norm) {
+  kc::EntryMetaView v{position, write_score};
+  v.fields[kp::Field::key_norm] = key_norm;
+  return v;
+}
+
 }  // namespace
 
 TEST_CASE("segmented_select marks what evict::PerHead::select marks") {
@@ -205,7 +212,7 @@ TEST_CASE("score_segments scores as the CPU Scorers do, bit for bit") {
   DeviceBuffer<std::int32_t> out_pos(pages * page);
   const auto run = [&](const auto& scorer) {
     out.poison();
-    kc::score_segments(scorer, kc::EntryMetaView{dpos.get(), dmeta.get(), dnorm.get(), nullptr}, t, page, dctx.get(),
+    kc::score_segments(scorer, key_norm_view(dpos.get(), dmeta.get(), dnorm.get()), t, page, dctx.get(),
                        segments / 2, nullptr, offsets.get(), out.get(), out_pos.get(), 8 * page, nullptr);
     cudatest::sync();
     const auto got = out.download();

@@ -36,10 +36,25 @@ concept WindowScorer = requires(const S& s, View<const float, 2> keys, std::span
   s.score_window(keys, meta, c, q, out);
 };
 template <class S>
-concept Scorer = std::copyable<S> && requires(const S& s) {
-  { S::needs_key_norm } -> std::convertible_to<bool>;
-  s.validate();
-} && (EntryScorer<S> || HeadScorer<S> || WindowScorer<S>);
+concept Scorer = std::copyable<S> && requires(const S& s) { s.validate(); } &&
+                 (EntryScorer<S> || HeadScorer<S> || WindowScorer<S>);
+
+/// The per-entry fields a part declares it reads (`static constexpr FieldSet entry_fields`, core/
+/// entry.hpp; none when it declares none): what the pools carry for it.
+template <class T>
+constexpr FieldSet entry_fields_of() {
+  if constexpr (requires { T::entry_fields; })
+    return T::entry_fields;
+  else
+    return {};
+}
+template <class T>
+constexpr bool reads_field(Field f) {
+  return entry_fields_of<T>().has(f);
+}
+/// The fields a composition's pools carry: what its Scorer and its Admitter read.
+template <class S, class A>
+inline constexpr FieldSet composed_fields = entry_fields_of<S>() | entry_fields_of<A>();
 
 /// Admitter: decides at write time where a new entry goes.
 template <class A>
@@ -60,9 +75,9 @@ constexpr bool admitter_may_skip = !requires { requires A::stores_every_token; }
 /// SPEC §4): exact only when every prompt token was stored.
 template <class E>
 constexpr bool evictor_counts_prompt_by_length = requires { requires E::counts_prompt_by_length; };
-/// An Admitter that decides by EntryMeta::gate, which append must then be given.
+/// An Admitter that decides by the gate field (it declares Field::gate), which append must then be given.
 template <class A>
-constexpr bool admitter_reads_gate = requires { requires A::reads_gate; };
+constexpr bool admitter_reads_gate = reads_field<A>(Field::gate);
 
 /// Evictor: the rule of an eviction, stated once (core/rule.hpp): which heads trigger together
 /// (group_heads), when a group fires (fires, KVPOLICY_HD: the device's trigger kernel calls it),
@@ -128,13 +143,13 @@ AttentionMask composed_attention_mask(const E& e, const A& a) {
 /// ---- what a Scorer reads besides its write score and position (each optional, default false) ----------
 /// static_score: EntryMeta::write_score is a score handed in at write time (EpiKV, the KV
 ///   statistics, SPEC §4), any value but NaN, instead of a log_beta in [-inf, 0].
-/// needs_attention_mass: ranks by EntryMeta::attention_mass, which the Backend's attention must
+/// needs_attention_mass: it declares Field::attention_mass, which the Backend's attention must
 ///   accumulate (H2O, SPEC §5).
 /// A HeadScorer reads the head's stored keys (KeyDiff, SPEC §5).
 template <class S>
 constexpr bool scorer_static_score = requires { requires S::static_score; };
 template <class S>
-constexpr bool scorer_needs_attention_mass = requires { requires S::needs_attention_mass; };
+constexpr bool scorer_needs_attention_mass = reads_field<S>(Field::attention_mass);
 template <class S>
 constexpr bool scorer_needs_head_keys = HeadScorer<S>;
 /// Backend: where a Cache's entries live, how its attention runs and how its evictions are planned

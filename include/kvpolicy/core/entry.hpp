@@ -3,27 +3,20 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <span>
+
+#include "kvpolicy/core/math.hpp"
 
 namespace kvpolicy {
 
-/// What one cache entry carries besides its K/V. Every field but attention_mass is written once,
-/// when the token is appended:
-/// - position: the token's position p in its sequence.
-/// - write_score: the scalar append was handed with the token (its `log_beta` argument), which the
-///   Scorer interprets: log beta for the retention scorers (SPEC §1 "Each entry stores its position
-///   p and log_beta"); the static score for a Scorer that declares static_score (EpiKV and the KV
-///   statistics, SPEC §4: handed to append, or set before commit by
-///   set_step_scores); g in WG-KV's own cache, where the score is the
-///   write gate (SPEC §3, score::Frozen under evict::WriteGated).
-/// - key_norm: ||k||_2 of the stored (post-RoPE) key, for a Scorer that declares needs_key_norm
-///   (KNorm, SPEC §1 and §5), else 0.
-/// - attention_mass: the one field that changes, the attention mass the key has received from every
-///   query so far, accumulated by the attention for a Scorer that declares needs_attention_mass
-///   (H2O, SPEC §5), else 0.
-/// - gate: WG-KV's write gate g in [0, 1] (SPEC §3) when append is handed one beside the write
-///   score (an Admitter that decides by it, admit::WriteGate); 1 when it is not.
-/// Which float holds g for the vertical-slash mask the mask itself names (AttentionMask::gate_field).
+/// What one cache entry carries besides its K/V: its position p in its sequence, the write score
+/// append was handed with it (its `log_beta` argument), which the Scorer interprets — log beta for
+/// the retention scorers (SPEC §1 "Each entry stores its position p and log_beta"), the static score
+/// for a Scorer that declares static_score (EpiKV and the KV statistics, SPEC §4: handed to append,
+/// or set before commit by set_step_scores), g in WG-KV's own cache (SPEC §3, score::Frozen under
+/// evict::WriteGated) — and the per-entry fields a part declares it reads (Field, below), each 0
+/// (the gate: 1) where no part of the composition declares it.
 struct EntryMeta {
   std::int32_t position = 0;
   float write_score = 0.0f;
@@ -31,6 +24,54 @@ struct EntryMeta {
   float attention_mass = 0.0f;
   float gate = 1.0f;
 };
+
+/// The per-entry fields beyond position and write score. A part that reads one declares it
+/// (`static constexpr FieldSet entry_fields{...}`, as a FlashInfer variant declares what it reads);
+/// the pools and kernels of every backend carry the declared ones, each by its Field alone:
+///   key_norm        written with the entry: ||k||_2 of its key as handed in (KNorm, SPEC §1, §5);
+///   gate            written with the entry: the write gate g handed in beside it, 1 when none
+///                   (WG-KV's admission, SPEC §3; the vertical-slash mask beside it);
+///   attention_mass  0 when written, then the attention adds the probability each query gives the
+///                   key (H2O, SPEC §5): the one field that changes.
+enum class Field : std::uint8_t { key_norm, gate, attention_mass };
+inline constexpr int field_count = 3;
+inline constexpr Field fields_all[field_count] = {Field::key_norm, Field::gate, Field::attention_mass};
+
+/// Where a field's value comes from.
+enum class FieldSource : std::uint8_t { key, handed, attention };
+KVPOLICY_HD constexpr FieldSource source_of(Field f) {
+  return f == Field::key_norm ? FieldSource::key : f == Field::gate ? FieldSource::handed : FieldSource::attention;
+}
+/// How a part that declares a field uses it, for messages ("this Scorer reads key_norm").
+constexpr const char* field_use(Field f) {
+  return f == Field::key_norm ? "reads key_norm" : f == Field::gate ? "reads gate" : "ranks by attention_mass (H2O)";
+}
+/// A field's value before anything is written into it.
+KVPOLICY_HD constexpr float initial_value(Field f) { return f == Field::gate ? 1.0f : 0.0f; }
+
+/// A set of Fields.
+struct FieldSet {
+  std::uint8_t bits = 0;
+  constexpr FieldSet() = default;
+  constexpr FieldSet(std::initializer_list<Field> fields) {
+    for (const Field f : fields) bits = static_cast<std::uint8_t>(bits | (1u << static_cast<unsigned>(f)));
+  }
+  KVPOLICY_HD constexpr bool has(Field f) const { return ((bits >> static_cast<unsigned>(f)) & 1u) != 0; }
+  constexpr FieldSet operator|(FieldSet o) const {
+    FieldSet s;
+    s.bits = static_cast<std::uint8_t>(bits | o.bits);
+    return s;
+  }
+  constexpr bool empty() const { return bits == 0; }
+};
+
+/// The member of EntryMeta that holds a field.
+KVPOLICY_HD float& field_of(EntryMeta& m, Field f) {
+  return f == Field::key_norm ? m.key_norm : f == Field::gate ? m.gate : m.attention_mass;
+}
+KVPOLICY_HD float field_of(const EntryMeta& m, Field f) {
+  return f == Field::key_norm ? m.key_norm : f == Field::gate ? m.gate : m.attention_mass;
+}
 
 /// The step context a score is evaluated in: n = tokens of the sequence processed so far, after the
 /// current forward step appended to every layer (SPEC, Notation).

@@ -28,9 +28,12 @@ namespace kvpolicy::cpu {
 /// One Cache's host memory and its steps over it, for the Backend B (its attend()).
 template <class B, Scorer S, Admitter A, Evictor E, Allocator Alloc>
 class Executor {
-  static_assert(!scorer_needs_attention_mass<S> || requires(Alloc& a) { a.pool().add_attention_mass(0, 0.0f); },
+  static_assert(!scorer_needs_attention_mass<S> ||
+                    requires(Alloc& a) { a.pool().add_to_field(0, Field::attention_mass, 0.0f); },
                 "kvpolicy::Cache: this Scorer ranks by attention mass, and this Allocator's pool cannot accumulate it");
   using Inputs = detail::ScorerInputs<S>;
+  // what the pool carries per entry beside position and write score: what the parts declare
+  static constexpr FieldSet fields = composed_fields<S, A>;
 
  public:
   using storage_type = typename Alloc::storage_type;
@@ -211,9 +214,11 @@ class Executor {
       meta.clear();
       bool dropped = false;
       for (std::int64_t t = 0; t < T; ++t) {
-        const EntryMeta m{static_cast<std::int32_t>(n + t), write_score(h, t),
-                          S::needs_key_norm ? memory::key_norm(&keys(h, t, 0), d) : 0.0f, 0.0f,
-                          gate.data != nullptr ? gate(h, t) : 1.0f};
+        EntryMeta m{static_cast<std::int32_t>(n + t), write_score(h, t)};
+        for (const Field f : fields_all)  // the fields the parts declare, each as its Field says
+          if (fields.has(f))
+            field_of(m, f) = memory::field_at_write(f, &keys(h, t, 0), d,
+                                                    gate.data != nullptr ? gate(h, t) : initial_value(f));
         // keep (and local, for allocators without a ring) store the entry; drop never does
         if (admitter_.admit(m) == Admission::drop) {
           dropped = true;

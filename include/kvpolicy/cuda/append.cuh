@@ -32,7 +32,10 @@ struct AppendRows {
   const T* values = nullptr;
   const std::int32_t* position = nullptr;
   const float* write_score = nullptr;
-  const float* key_norm = nullptr;  ///< [rows, tokens] ||k||, or null: computed from the stored key
+  /// [rows, tokens] per Field, the value each carried field takes (memory::field_at_write of the
+  /// key as handed in, or the value handed in beside it); null: a field drawn from the key is
+  /// computed from the stored key, any other takes its initial value.
+  const float* fields[field_count] = {};
 };
 
 namespace detail {
@@ -90,9 +93,10 @@ __global__ void __launch_bounds__(SelectTuning::threads)
   if (threadIdx.x == 0) *free.count = available - static_cast<std::int32_t>(total);
 }
 
-/// One block per (row, token): K/V row, metadata, and ||k||_2 of the stored key when kept —
-/// accumulated in double in index order, as memory::key_norm does (for fp32 storage both give the
-/// same bits; for fp16/bf16 the device's is the norm of the rounded key the pool holds).
+/// One block per (row, token): K/V row, metadata, and every carried field: the value handed in, or
+/// for a field drawn from the key without one, ||k||_2 of the stored key — accumulated in double in
+/// index order, as memory::key_norm does (for fp32 storage both give the same bits; for fp16/bf16
+/// the device's is the norm of the rounded key the pool holds).
 template <class T>
 __global__ void write_entries_kernel(PagedKV<T> kv, BlockTableView t, AppendRows<T> a, const std::int32_t* first,
                                      const std::int32_t* ok) {
@@ -106,19 +110,26 @@ __global__ void write_entries_kernel(PagedKV<T> kv, BlockTableView t, AppendRows
     kv.values[slot * kv.head_dim + c] = a.values[src + c];
   }
   if (threadIdx.x == 0) {
-    if (kv.key_norm && a.key_norm) {
-      kv.key_norm[slot] = a.key_norm[r * a.tokens + tok];
-    } else if (kv.key_norm) {
-      double sq = 0.0;
-      for (int c = 0; c < kv.head_dim; ++c) {
-        const double f = to_float(a.keys[src + c]);
-        sq = __dadd_rn(sq, __dmul_rn(f, f));
+    const long long at = r * a.tokens + tok;
+    for (int f = 0; f < field_count; ++f) {
+      float* column = kv.fields.column[f];
+      if (column == nullptr) continue;
+      const Field field = static_cast<Field>(f);
+      if (a.fields[f] != nullptr) {
+        column[slot] = a.fields[f][at];
+      } else if (source_of(field) == FieldSource::key) {  // ||k||_2 of the stored key
+        double sq = 0.0;
+        for (int c = 0; c < kv.head_dim; ++c) {
+          const double x = to_float(a.keys[src + c]);
+          sq = __dadd_rn(sq, __dmul_rn(x, x));
+        }
+        column[slot] = static_cast<float>(sqrt(sq));
+      } else {
+        column[slot] = initial_value(field);
       }
-      kv.key_norm[slot] = static_cast<float>(sqrt(sq));
     }
-    kv.position[slot] = a.position[r * a.tokens + tok];
-    kv.write_score[slot] = a.write_score[r * a.tokens + tok];
-    if (kv.attention_mass) kv.attention_mass[slot] = 0.0f;
+    kv.position[slot] = a.position[at];
+    kv.write_score[slot] = a.write_score[at];
   }
 }
 

@@ -41,7 +41,7 @@ namespace kvpolicy::gpu {
 /// (core/mask.hpp), its g read from the pool's write_score (GateField::write_score); it needs
 /// query_position.
 /// With accumulate_mass (H2O, SPEC §5, the twin of cpu::attend_paged's key_mass) every visible
-/// entry's kv.attention_mass[slot] grows by the probability it received, summed over the G query
+/// entry's attention_mass column (kv.fields[Field::attention_mass]) grows by the probability it received, summed over the G query
 /// heads of its group; a query head that sees no entry adds nothing, nor does a probability that is
 /// not finite (a logit past fp32).
 struct DecodeBatch {
@@ -363,7 +363,7 @@ __global__ void __launch_bounds__(DecodeTuning::warps * 32)
       if (isfinite(p)) mass += p;
     }
     // one lane group per entry; atomic should a batch repeat a segment
-    if (sub_lane == 0 && slot >= 0) atomicAdd(&kv.attention_mass[slot], mass);
+    if (sub_lane == 0 && slot >= 0) atomicAdd(&kv.fields[Field::attention_mass][slot], mass);
   }
 }
 
@@ -413,7 +413,7 @@ void decode_attention(void* workspace, std::size_t& workspace_bytes, const Paged
   dispatch_head_dim(kv.head_dim, who, [](auto) {});
   validate_decode(a, max_length, kv.page_size, who);
   if (a.accumulate_mass) {
-    require(kv.attention_mass != nullptr, who, ": accumulate_mass needs the pool's attention_mass array");
+    require(kv.fields[Field::attention_mass] != nullptr, who, ": accumulate_mass needs the pool's attention_mass array");
     const std::size_t shared = detail::decode_mass_shared_bytes(a.q_heads / a.kv_heads, kv.head_dim);
     require(shared <= detail::DecodeTuning::mass_shared_limit, who, ": accumulate_mass with a group of ", a.q_heads / a.kv_heads,
             " query heads at head_dim = ", kv.head_dim, " needs ", shared, " bytes of shared memory, over ",

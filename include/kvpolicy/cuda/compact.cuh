@@ -76,8 +76,7 @@ __global__ void __launch_bounds__(SelectTuning::threads)
       if (lane == 0) {
         kv.position[dst] = kv.position[src];
         kv.write_score[dst] = kv.write_score[src];
-        if (kv.key_norm) kv.key_norm[dst] = kv.key_norm[src];
-        if (kv.attention_mass) kv.attention_mass[dst] = kv.attention_mass[src];
+        kv.fields.move(dst, src);
       }
     }
     base_rank += total;

@@ -115,6 +115,54 @@ void trigger_heads(const EvictWork& w, const Evictor& evictor, const CacheShape&
   check_launch("trigger_kernel", "segments = ", t.segments, ", groups = ", groups);
 }
 
+/// Raises the scores of the entries `marked` flags to +inf (the first `*total` of them): AdaKV's
+/// guaranteed share ranks above the pool.
+template <int = 0>  // header-only: a template kernel links once across translation units
+__global__ void raise_marked_kernel(float* score, const std::uint8_t* marked, const std::int64_t* total) {
+  const long long n = *total;
+  for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<long long>(gridDim.x) * blockDim.x)
+    if (marked[i]) score[i] = __int_as_float(0x7f800000);
+}
+
+/// The survivors of the scored active heads (w.offsets, w.score, w.position), as the Evictor's
+/// selection() states, into w.keep. Writes only the workspace.
+template <class Evictor>
+void select_kept(const EvictWork& w, const Evictor& evictor, const CacheShape& shape, const BlockTableView& t,
+                 const StepContext* context, std::int32_t per_group, cudaStream_t stream) {
+  const auto per_sequence = static_cast<std::int32_t>(shape.heads_total());
+  const std::int64_t max_length = eviction_length_hint(evictor);
+  DeviceSegments s{w.score, w.position, w.offsets, t.segments};
+  if constexpr (selects_per_head<Evictor>) {
+    SegmentRule rule;
+    rule.sel = evictor.selection();
+    rule.active = w.active;
+    rule.context = context;
+    rule.context_stride = per_sequence;
+    segmented_select(s, rule, w.keep, stream);
+  } else {
+    PooledRule pr;
+    pr.sel = evictor.selection();
+    pr.segments_per_group = per_group;
+    pr.group_active = w.group_active;
+    if (pr.sel.guaranteed > 0) {  // each head's best `guaranteed` (protections first) rank above the pool
+      SegmentRule share;
+      share.sel.keep = pr.sel.guaranteed;
+      share.sel.window = pr.sel.window;
+      share.sel.sinks = pr.sel.sinks;
+      share.active = w.active;
+      segmented_select(s, share, w.keep, stream);
+      const unsigned blocks = std::min(blocks_for(std::max<std::int64_t>(max_length * t.segments, 1),
+                                                  SelectTuning::threads, "raise_marked_kernel"), 1024u);
+      raise_marked_kernel<><<<blocks, SelectTuning::threads, 0, stream>>>(w.score, w.keep, w.offsets + t.segments);
+      check_launch("raise_marked_kernel", "segments = ", t.segments);
+      pr.sel.guaranteed = 0;
+    }
+    std::size_t bytes = w.pooled_bytes;
+    pooled_select(w.pooled, bytes, s, pr, w.keep, max_length, stream);
+  }
+}
+
 /// The plan of an eviction step (llama.cpp's prepare, before its apply), once w.active and
 /// w.group_active hold the trigger: the active heads' scores at their sequence's context, and their
 /// survivors as the Evictor's selection() states. It writes only the workspace w (offsets, scores,
@@ -130,22 +178,7 @@ void select_survivors(const EvictWork& w, const Scorer& scorer, const Evictor& e
   segment_offsets(t, w.active, w.offsets, stream);
   score_segments(scorer, kv.metadata(), t, kv.page_size, context, per_sequence, w.active, w.offsets, w.score,
                  w.position, max_length, stream, w.failed, status);
-  DeviceSegments s{w.score, w.position, w.offsets, t.segments};
-  if constexpr (selects_per_head<Evictor>) {
-    SegmentRule rule;
-    rule.sel = evictor.selection();
-    rule.active = w.active;
-    rule.context = context;
-    rule.context_stride = per_sequence;
-    segmented_select(s, rule, w.keep, stream);
-  } else {
-    PooledRule pr;
-    pr.sel = evictor.selection();
-    pr.segments_per_group = per_group;
-    pr.group_active = w.group_active;
-    std::size_t bytes = w.pooled_bytes;
-    pooled_select(w.pooled, bytes, s, pr, w.keep, max_length, stream);
-  }
+  select_kept(w, evictor, shape, t, context, per_group, stream);
 }
 
 /// The apply of a planned step, the one launch that changes memory: the active heads compacted to
@@ -178,9 +211,8 @@ void evict_step(void* workspace, std::size_t& workspace_bytes, const Scorer& sco
   kv.validate(who);
   t.validate(who);
   // what the Scorer reads must be in the pool (else every score would read 0: a silent recency)
-  if (Scorer::needs_key_norm) require(kv.key_norm != nullptr, who, ": this Scorer reads key_norm; the pool has none");
-  if constexpr (scorer_needs_attention_mass<Scorer>)
-    require(kv.attention_mass != nullptr, who, ": this Scorer ranks by attention_mass (H2O); the pool has none");
+  for (const Field f : fields_all)
+    require(!reads_field<Scorer>(f) || kv.fields[f] != nullptr, who, ": this Scorer ", field_use(f), "; the pool has none");
   const auto per_sequence = static_cast<std::int32_t>(shape.heads_total());
   require(t.segments % per_sequence == 0, who, ": segments = ", t.segments, " is not a multiple of L x Hkv = ",
           per_sequence);

@@ -13,7 +13,8 @@
 /// as examples/engine_cuda.cu does, and pays neither.
 ///
 /// What it runs: EntryScorers (RetentionDecay, Lookahead, KNormRetention, Frozen, the training-free
-/// EntryScorers); admit::All; every Evictor that states its selection as data (core/rule.hpp).
+/// EntryScorers) and score::ObservedAttention (SnapKV, TOVA, AdaKV: the queries the Cache records,
+/// scored on the device); admit::All; every Evictor that states its selection as data (core/rule.hpp).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -34,6 +35,7 @@
 #include "kvpolicy/cuda/check.cuh"
 #include "kvpolicy/cuda/device_array.cuh"
 #include "kvpolicy/cuda/evict_step.cuh"
+#include "kvpolicy/cuda/observed_attention.cuh"
 #include "kvpolicy/cuda/paged_memory.cuh"
 #include "kvpolicy/engine/scorer_inputs.hpp"
 #include "kvpolicy/engine/step_state.hpp"
@@ -51,7 +53,13 @@ class Executor {
 
 template <Scorer S, Admitter A, Evictor E, int P, class Storage>
 class Executor<S, A, E, memory::Paged<P, Storage>> {
-  static_assert(EntryScorer<S>, "kvpolicy::Cache<cuda_backend>: the device scores entry by entry (an EntryScorer)");
+  // the scorers the device runs: any EntryScorer (its own KVPOLICY_HD operator()), and the observed
+  // attention (SnapKV's, TOVA's, AdaKV's score: cuda/observed_attention.cuh) from the queries the
+  // Cache records
+  static constexpr bool observes = std::is_same_v<S, score::ObservedAttention>;
+  static_assert(EntryScorer<S> || observes,
+                "kvpolicy::Cache<cuda_backend>: the device scores entry by entry (an EntryScorer) or by "
+                "score::ObservedAttention");
   static_assert(std::is_same_v<A, admit::All>, "kvpolicy::Cache<cuda_backend>: the device cache admits every token");
   static_assert(evictor_states_selection<E>,
                 "kvpolicy::Cache<cuda_backend>: the device runs an Evictor that states its selection as data "
@@ -62,6 +70,8 @@ class Executor<S, A, E, memory::Paged<P, Storage>> {
   template <class T>
   using DeviceArray = detail::DeviceArray<T>;
   using Inputs = kvpolicy::detail::ScorerInputs<S>;
+  // the per-entry fields the parts declare: the columns the device pool carries
+  static constexpr FieldSet fields = composed_fields<S, A>;
 
  public:
   using storage_type = Storage;
@@ -96,7 +106,7 @@ class Executor<S, A, E, memory::Paged<P, Storage>> {
   Executor(const CacheShape& shape, memory::Paged<P, Storage> allocator, const E& evictor, const S& scorer,
            const A& admitter, cudaStream_t stream)
       : shape_(with_kernels(shape)), evictor_(evictor), scorer_(scorer), admitter_(admitter),
-        mem_(shape_, static_cast<std::int32_t>(allocator.pages_total()), S::needs_key_norm,
+        mem_(shape_, static_cast<std::int32_t>(allocator.pages_total()), fields,
              std::min<std::int64_t>(allocator.pages_total() * P, typical_head_length()), stream) {
     const int d = shape_.head_dim;
     int device = 0;
@@ -174,10 +184,11 @@ class Executor<S, A, E, memory::Paged<P, Storage>> {
 
   // ---- one step ----------------------------------------------------------------------------------
   /// Stages the layer's entries and appends them on the device: all of them, or (out of pages, a
-  /// full block-table row that cannot widen) none, with the error. gate is not stored: the device
-  /// admits every token, and no policy it runs reads g.
+  /// full block-table row that cannot widen) none, with the error; with them the fields the parts
+  /// declare, each as its Field says (memory::field_at_write).
   void append(std::int64_t seq, Sequence& m, int layer, std::int64_t n, std::int64_t T, View<const float, 3> keys,
-              View<const float, 3> values, View<const float, 2> write_score, View<const float, 2>, bool step_opens) {
+              View<const float, 3> values, View<const float, 2> write_score, View<const float, 2> gate,
+              bool step_opens) {
     const int d = shape_.head_dim;
     std::vector<device_type> k(static_cast<std::size_t>(keys.size())), v(k.size());
     for (std::int64_t i = 0; i < keys.size(); ++i) {
@@ -199,14 +210,17 @@ class Executor<S, A, E, memory::Paged<P, Storage>> {
     if (step_opens) m.first = mem_.lengths(m.slot);  // where this step's entries begin, for abort
     AppendRows<device_type> a{rows_.get(), shape_.kv_heads, static_cast<std::int32_t>(T), stage_keys_.get(),
                               stage_values_.get(), stage_position_.get(), stage_write_score_.get()};
-    if constexpr (S::needs_key_norm) {  // ||k|| of the fp32 key as handed in, as the CPU cache stores it
-      std::vector<float> norm(pos.size());
-      for (std::int64_t h = 0; h < shape_.kv_heads; ++h)
-        for (std::int64_t t = 0; t < T; ++t)
-          norm[static_cast<std::size_t>(h * T + t)] = memory::key_norm(&keys(h, t, 0), d);  // finite: checked
-      mem_.upload(stage_norm_.get(), norm.data(), norm.size());
-      a.key_norm = stage_norm_.get();
-    }
+    for (const Field f : fields_all)  // each declared field's value as the CPU cache stores it (the fp32 key as handed in)
+      if (fields.has(f) && source_of(f) != FieldSource::attention) {
+        auto& column = stage_fields_[static_cast<int>(f)];
+        std::vector<float> value(pos.size());
+        for (std::int64_t h = 0; h < shape_.kv_heads; ++h)
+          for (std::int64_t t = 0; t < T; ++t)
+            value[static_cast<std::size_t>(h * T + t)] = memory::field_at_write(
+                f, &keys(h, t, 0), d, gate.data != nullptr ? gate(h, t) : initial_value(f));  // finite: checked
+        mem_.upload(column.get(), value.data(), value.size());
+        a.fields[static_cast<int>(f)] = column.get();
+      }
     Status s{};
     while (true) {
       std::size_t bytes = workspace_.size();
@@ -266,8 +280,10 @@ class Executor<S, A, E, memory::Paged<P, Storage>> {
                     d * sizeof(float));
   }
 
-  /// Takes back the open step: each head back to its length when the step began.
-  void abort(std::int64_t, Sequence& m, typename Inputs::Sequence&, std::int64_t, bool open) {
+  /// Takes back the open step: what its attention recorded (the observed queries), and each head
+  /// back to its length when the step began.
+  void abort(std::int64_t, Sequence& m, typename Inputs::Sequence& inputs, std::int64_t, bool open) {
+    Inputs::abort(inputs, mem_);  // the device keeps no attention mass (emits_attention_mass is false)
     if (open) truncate(m, m.first);
   }
 
@@ -321,8 +337,12 @@ class Executor<S, A, E, memory::Paged<P, Storage>> {
     for (std::size_t g = 0; g < group_active.size(); ++g) group_active[g] = active_all[g * static_cast<std::size_t>(per_group)];
     mem_.upload(p.work.active, active_all.data(), active_all.size());
     mem_.upload(p.work.group_active, group_active.data(), group_active.size());
-    detail::select_survivors(p.work, scorer_, evictor_, shape_, kv(), p.tables, context_.get(), per_group,
-                             mem_.status_word(), mem_.stream());
+    if constexpr (observes) {
+      score_observed(p, requests, active_all);
+    } else {
+      detail::select_survivors(p.work, scorer_, evictor_, shape_, kv(), p.tables, context_.get(), per_group,
+                               mem_.status_word(), mem_.stream());
+    }
     const Status s = mem_.status();
     if (s.code == Status::nan_score) {
       mem_.reset_status();
@@ -389,6 +409,65 @@ class Executor<S, A, E, memory::Paged<P, Storage>> {
     }
   }
 
+  /// The plan's scores and survivors by the observed attention: each active head's window of
+  /// queries (recorded by the Cache as its attention ran) staged on the device, then scored there
+  /// (cuda/observed_attention.cuh) and selected as for any Scorer.
+  void score_observed(Plan& p, std::span<const Request> requests, const std::vector<std::uint8_t>& active)
+    requires observes
+  {
+    const auto per_seq = static_cast<std::size_t>(shape_.heads_total());
+    const auto segments = static_cast<std::size_t>(p.tables.segments);
+    const auto group = static_cast<std::size_t>(shape_.group()), d = static_cast<std::size_t>(shape_.head_dim);
+    const auto capacity = static_cast<std::size_t>(scorer_.observation_window);
+    std::vector<float> queries(segments * group * capacity * d, 0.0f), window;
+    std::vector<std::int32_t> position(segments * capacity, 0), count(segments, 0), window_position;
+    std::int64_t entries = 0;
+    for (std::size_t j = 0; j < p.fired.size(); ++j) {
+      const Request& r = requests[p.fired[j]];
+      const std::vector<std::int64_t> len = lengths(r.seq, *r.memory);
+      for (std::size_t h = 0; h < per_seq; ++h) {
+        const std::size_t seg = j * per_seq + h;
+        if (!active[seg]) continue;
+        entries += len[h];
+        const int layer = static_cast<int>(h) / shape_.kv_heads, head = static_cast<int>(h) % shape_.kv_heads;
+        const ObservedQueries q = r.inputs->windows[static_cast<std::size_t>(layer)].ordered(
+            head, static_cast<int>(group), window, window_position);
+        count[seg] = static_cast<std::int32_t>(q.window);
+        for (std::size_t g = 0; g < group; ++g)
+          for (std::int64_t w = 0; w < q.window; ++w)
+            std::copy_n(q.query(static_cast<std::int64_t>(g), w), d,
+                        &queries[((seg * group + g) * capacity + static_cast<std::size_t>(w)) * d]);
+        std::copy(q.position.begin(), q.position.end(), &position[seg * capacity]);
+      }
+    }
+    if (observed_queries_.size() < queries.size()) observed_queries_ = DeviceArray<float>(queries.size());
+    if (observed_position_.size() < position.size()) observed_position_ = DeviceArray<std::int32_t>(position.size());
+    if (observed_count_.size() < count.size()) observed_count_ = DeviceArray<std::int32_t>(count.size());
+    const auto scratch_bytes = std::max<std::size_t>(static_cast<std::size_t>(entries), 1) * ObservedScratch::bytes_per_entry;
+    if (observed_scratch_.size() < scratch_bytes) observed_scratch_ = DeviceArray<unsigned char>(scratch_bytes);
+    mem_.upload(observed_queries_.get(), queries.data(), queries.size());
+    mem_.upload(observed_position_.get(), position.data(), position.size());
+    mem_.upload(observed_count_.get(), count.data(), count.size());
+    const auto n = static_cast<std::size_t>(std::max<std::int64_t>(entries, 1));
+    auto* base = observed_scratch_.get();
+    ObservedScratch x;
+    x.sum = reinterpret_cast<double*>(base);
+    x.pooled = x.sum + n;
+    x.reduced = x.pooled + n;
+    x.work = x.reduced + n;
+    x.rank = reinterpret_cast<std::int32_t*>(x.work + n);
+    x.order = x.rank + n;
+    const ObservedWindows windows{observed_queries_.get(), observed_position_.get(), observed_count_.get(),
+                                  static_cast<std::int32_t>(group), static_cast<std::int32_t>(capacity)};
+    const auto per_group = static_cast<std::int32_t>(evictor_.group_heads(shape_));
+    KVPOLICY_CUDA_CHECK(cudaMemsetAsync(p.work.failed, 0, sizeof(int), mem_.stream()),
+                        "Cache<cuda_backend>: clearing the plan's NaN flag");
+    segment_offsets(p.tables, p.work.active, p.work.offsets, mem_.stream());
+    observed_attention_scores(scorer_, kv(), p.tables, p.work.active, p.work.offsets, windows, x, p.work.score,
+                              p.work.position, mem_.stream());
+    detail::select_kept(p.work, evictor_, shape_, p.tables, context_.get(), per_group, mem_.stream());
+  }
+
   /// Shrinks each head of a sequence to keep_first[i] entries (its first ones).
   void truncate(const Sequence& m, const std::vector<std::int32_t>& keep_first) {
     mem_.truncate(m.slot, keep_first, workspace_.get(), workspace_.size());
@@ -402,7 +481,8 @@ class Executor<S, A, E, memory::Paged<P, Storage>> {
     if (stage_position_.size() < entries) {
       stage_position_ = DeviceArray<std::int32_t>(entries);
       stage_write_score_ = DeviceArray<float>(entries);
-      if (S::needs_key_norm) stage_norm_ = DeviceArray<float>(entries);
+      for (const Field f : fields_all)
+        if (fields.has(f)) stage_fields_[static_cast<int>(f)] = DeviceArray<float>(entries);
     }
   }
   /// Pages the sequence's heads take to grow by T entries each (the CPU pool's count).
@@ -414,12 +494,11 @@ class Executor<S, A, E, memory::Paged<P, Storage>> {
   void reserve_workspace(std::size_t bytes) {
     if (workspace_.size() < bytes) workspace_ = DeviceArray<unsigned char>(bytes);
   }
-  /// The workspace one eviction over `tables` takes (gpu::evict_step's size query).
+  /// The workspace one eviction over `tables` takes (what gpu::evict_step's size query gives).
   std::size_t evict_workspace_bytes(const BlockTableView& tables) const {
-    std::size_t bytes = 0;
-    evict_step(nullptr, bytes, scorer_, evictor_, shape_, kv(), tables, free_list(), context_.get(), nullptr, nullptr,
-               mem_.stream());
-    return bytes;
+    WorkspaceLayout layout;
+    detail::carve_evict(layout, nullptr, static_cast<std::int32_t>(evictor_.group_heads(shape_)), kv(), tables);
+    return layout.bytes();
   }
 
   /// About what one head holds after its eviction under the Evictor's stated rule, plus room for a
@@ -444,11 +523,16 @@ class Executor<S, A, E, memory::Paged<P, Storage>> {
   // the host-view API's scratch: staged inputs, queries, the eviction's batch, the kernels' workspace
   DeviceArray<device_type> stage_keys_, stage_values_;
   DeviceArray<std::int32_t> rows_, base_, query_position_, stage_position_, gather_tables_, gather_length_;
-  DeviceArray<float> queries_, out_, stage_write_score_, stage_norm_;
+  DeviceArray<float> queries_, out_, stage_write_score_;
+  DeviceArray<float> stage_fields_[field_count];
   int sm_count_ = 0;
   DeviceArray<std::int64_t> evicted_;
   DeviceArray<StepContext> context_;
   DeviceArray<unsigned char> workspace_;
+  // the observed attention's staged windows and scratch (score::ObservedAttention only)
+  DeviceArray<float> observed_queries_;
+  DeviceArray<std::int32_t> observed_position_, observed_count_;
+  DeviceArray<unsigned char> observed_scratch_;
 };
 
 }  // namespace kvpolicy::gpu

@@ -53,9 +53,10 @@ class PagedMemory {
   using device_type = detail::device_storage_t<Storage>;
   static_assert(sizeof(device_type) == sizeof(Storage), "gpu::PagedMemory: storage sizes differ");
 
-  /// `pages` pages of P slots on the current device; block-table rows wide enough for
-  /// `head_length_hint` entries and a page more; 4 sequence slots to start with.
-  PagedMemory(const CacheShape& shape, std::int32_t pages, bool with_key_norm, std::int64_t head_length_hint,
+  /// `pages` pages of P slots on the current device, with a column for each of `fields` (the
+  /// fields the composition's parts declare); block-table rows wide enough for `head_length_hint`
+  /// entries and a page more; 4 sequence slots to start with.
+  PagedMemory(const CacheShape& shape, std::int32_t pages, FieldSet fields, std::int64_t head_length_hint,
               cudaStream_t stream)
       : shape_(shape), stream_(stream), pages_(pages) {
     const auto slots = std::size_t(pages_) * P, d = static_cast<std::size_t>(shape_.head_dim);
@@ -63,7 +64,8 @@ class PagedMemory {
     values_ = DeviceArray<device_type>(slots * d);
     position_ = DeviceArray<std::int32_t>(slots);
     write_score_ = DeviceArray<float>(slots);
-    if (with_key_norm) key_norm_ = DeviceArray<float>(slots);
+    for (const Field f : fields_all)
+      if (fields.has(f)) fields_[static_cast<int>(f)] = DeviceArray<float>(slots);
     free_pages_ = DeviceArray<std::int32_t>(pages_);
     free_count_ = DeviceArray<std::int32_t>(1);
     status_ = DeviceArray<Status>(1);
@@ -78,8 +80,9 @@ class PagedMemory {
 
   // ---- views -------------------------------------------------------------------------------------
   PagedKV<device_type> kv() const {
-    return {keys_.get(), values_.get(), position_.get(), write_score_.get(), key_norm_.get(), nullptr, pages_, P,
-            shape_.head_dim};
+    PagedKV<device_type> kv{keys_.get(), values_.get(), position_.get(), write_score_.get(), pages_, P, shape_.head_dim};
+    for (int f = 0; f < field_count; ++f) kv.fields.column[f] = fields_[f].get();
+    return kv;
   }
   /// Every slot's block tables.
   BlockTableView tables_view() const {
@@ -176,20 +179,26 @@ class PagedMemory {
     c.keys.resize(len * d);
     c.values.resize(len * d);
     std::vector<std::int32_t> position(P);
-    std::vector<float> score(P), norm(P, 0.0f);
+    std::vector<float> score(P);
+    std::vector<std::vector<float>> field(field_count);
     std::vector<device_type> k(P * d), v(P * d);
     for (std::size_t page = 0; page < pages.size(); ++page) {
       const std::size_t first = std::size_t(pages[page]) * P, used = std::min<std::size_t>(P, len - page * P);
       download(position.data(), position_.get() + first, used);
       download(score.data(), write_score_.get() + first, used);
-      if (key_norm_.get() != nullptr) download(norm.data(), key_norm_.get() + first, used);
+      for (int f = 0; f < field_count; ++f)
+        if (fields_[f].get() != nullptr) {
+          field[static_cast<std::size_t>(f)].resize(P);
+          download(field[static_cast<std::size_t>(f)].data(), fields_[f].get() + first, used);
+        }
       download(k.data(), keys_.get() + first * d, used * d);
       download(v.data(), values_.get() + first * d, used * d);
       for (std::size_t j = 0; j < used; ++j) {
         const std::size_t i = page * P + j;
         c.meta[i].position = position[j];
         c.meta[i].write_score = score[j];
-        c.meta[i].key_norm = norm[j];
+        for (int f = 0; f < field_count; ++f)
+          if (fields_[f].get() != nullptr) field_of(c.meta[i], static_cast<Field>(f)) = field[static_cast<std::size_t>(f)][j];
         for (std::size_t e = 0; e < d; ++e) {
           Storage ks, vs;
           std::memcpy(static_cast<void*>(&ks), &k[j * d + e], sizeof ks);  // the same bits
@@ -208,7 +217,8 @@ class PagedMemory {
     EntryMeta m;
     m.position = download_one(position_.get() + slot);
     m.write_score = download_one(write_score_.get() + slot);
-    if (key_norm_.get() != nullptr) m.key_norm = download_one(key_norm_.get() + slot);
+    for (int f = 0; f < field_count; ++f)
+      if (fields_[f].get() != nullptr) field_of(m, static_cast<Field>(f)) = download_one(fields_[f].get() + slot);
     return m;
   }
   /// Shrinks each head of a slot to keep_first[i] entries (its first ones), returning emptied
@@ -273,7 +283,8 @@ class PagedMemory {
   std::int32_t slot_capacity_ = 0;
   DeviceArray<device_type> keys_, values_;
   DeviceArray<std::int32_t> position_, free_pages_, free_count_, tables_, tables_length_;
-  DeviceArray<float> write_score_, key_norm_;
+  DeviceArray<float> write_score_;
+  DeviceArray<float> fields_[field_count];  // a column per declared field (core/entry.hpp)
   DeviceArray<Status> status_;
   std::vector<std::int32_t> free_slots_;
 };

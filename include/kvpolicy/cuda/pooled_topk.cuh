@@ -241,7 +241,7 @@ inline void pooled_select(void* workspace, std::size_t& workspace_bytes, const D
   require(r.sel.window >= 0, who, ": window w = ", r.sel.window, " must be >= 0");
   require(r.sel.sinks >= 0, who, ": sinks S = ", r.sel.sinks, " must be >= 0");
   require(r.sel.guaranteed == 0, who, ": guaranteed = ", r.sel.guaranteed,
-          ": a per-head share ranked above the pool (AdaKV's safeguard) runs on the host only");
+          ": raise each head's share above the pool first (gpu::detail::select_kept does)");
   require(max_segment_length >= 0, who, ": max_segment_length = ", max_segment_length, " must be >= 0");
   const int groups = s.segments / r.segments_per_group;
   WorkspaceLayout layout;

@@ -84,9 +84,8 @@ void score_segments(const Scorer& scorer, const EntryMetaView& meta, const Block
           ": segments_per_sequence = ", segments_per_sequence, " must divide segments = ", t.segments);
   require(context && offsets && score && position && meta.position && meta.write_score, who,
           ": context, offsets, score, position and the metadata must be device pointers");
-  if (Scorer::needs_key_norm) require(meta.key_norm != nullptr, who, ": this Scorer reads key_norm; the pool has none");
-  if constexpr (scorer_needs_attention_mass<Scorer>)
-    require(meta.attention_mass != nullptr, who, ": this Scorer ranks by attention_mass (H2O); the pool has none");
+  for (const Field f : fields_all)
+    require(!reads_field<Scorer>(f) || meta.fields[f] != nullptr, who, ": this Scorer ", field_use(f), "; the pool has none");
   constexpr int threads = 256;
   const auto chunks = static_cast<unsigned>(
       max_segment_length <= 0 ? 1 : (max_segment_length + threads - 1) / threads > 1024 ? 1024

@@ -7,8 +7,9 @@
 ///   keys, values   [pages, page_size, head_dim], storage dtype T (float, __half, __nv_bfloat16)
 ///   position       [pages * page_size] int32        — EntryMeta::position
 ///   write_score    [pages * page_size] fp32         — EntryMeta::write_score (log_beta, or a static score)
-///   key_norm       [pages * page_size] fp32, or null — ||k||_2 for the KNorm scores
-///   attention_mass [pages * page_size] fp32, or null — H2O's accumulated mass
+///   fields[f]      [pages * page_size] fp32 per Field f (core/entry.hpp) a part of the composition
+///                  declares, null for the others — ||k||_2 for the KNorm scores, WG-KV's gate,
+///                  H2O's accumulated mass
 ///   slot of entry i of a head = table[i / page_size] * page_size + i % page_size
 /// A segment is one (sequence slot, layer, kv head); segment = slot * L * Hkv + layer * Hkv + head,
 /// the CPU path's head_index order within a sequence.
@@ -25,19 +26,37 @@
 
 namespace kvpolicy::gpu {
 
+/// The per-entry field columns of a pool, one per Field (core/entry.hpp): [pages * page_size] fp32
+/// each, null for a field no part of the composition declares. Kernels carry every column there is,
+/// by its Field alone.
+struct FieldColumns {
+  float* column[field_count] = {};
+
+  KVPOLICY_HD float* operator[](Field f) const { return column[static_cast<int>(f)]; }
+  KVPOLICY_HD float*& operator[](Field f) { return column[static_cast<int>(f)]; }
+  /// The entry's fields from the columns there are (the others keep their initial values).
+  KVPOLICY_HD void read(EntryMeta& m, std::int64_t slot) const {
+    for (int f = 0; f < field_count; ++f)
+      if (column[f] != nullptr) field_of(m, static_cast<Field>(f)) = column[f][slot];
+  }
+  /// Every column's value moves from slot src to slot dst (compaction).
+  KVPOLICY_HD void move(std::int64_t dst, std::int64_t src) const {
+    for (int f = 0; f < field_count; ++f)
+      if (column[f] != nullptr) column[f][dst] = column[f][src];
+  }
+};
+
 /// The per-entry metadata of a pool, without its K/V: what scoring and selection read.
 struct EntryMetaView {
   std::int32_t* position = nullptr;
   float* write_score = nullptr;
-  float* key_norm = nullptr;
-  float* attention_mass = nullptr;
+  FieldColumns fields{};
 
   KVPOLICY_HD EntryMeta entry(std::int64_t slot) const {
     EntryMeta m;
     m.position = position[slot];
     m.write_score = write_score[slot];
-    m.key_norm = key_norm ? key_norm[slot] : 0.0f;
-    m.attention_mass = attention_mass ? attention_mass[slot] : 0.0f;
+    fields.read(m, slot);
     return m;
   }
 };
@@ -48,14 +67,13 @@ struct PagedKV {
   T* values = nullptr;
   std::int32_t* position = nullptr;
   float* write_score = nullptr;
-  float* key_norm = nullptr;
-  float* attention_mass = nullptr;
   std::int32_t pages = 0;
   std::int32_t page_size = 0;
   std::int32_t head_dim = 0;
+  FieldColumns fields{};  ///< the declared fields' columns (null: the field is not carried)
 
   KVPOLICY_HD std::int64_t slots() const { return std::int64_t{pages} * page_size; }
-  KVPOLICY_HD EntryMetaView metadata() const { return {position, write_score, key_norm, attention_mass}; }
+  KVPOLICY_HD EntryMetaView metadata() const { return {position, write_score, fields}; }
 
   void validate(const char* who) const {
     require(keys && values && position && write_score, who,

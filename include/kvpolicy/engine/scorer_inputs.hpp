@@ -6,7 +6,7 @@
 ///   - `score_head(keys, metas, ctx, out)` (HeadScorer): the head's keys in fp32 (KeyDiff, SPEC §5);
 ///   - `score_window(keys, metas, ctx, window, out)` (WindowScorer): the keys and the last W
 ///     queries of the layer, which the attention records (SnapKV, SPEC §5);
-///   - `needs_attention_mass`: the attention adds each key's probability to its metadata (H2O,
+///   - Field::attention_mass declared: the attention adds each key's probability to that field (H2O,
 ///     SPEC §5).
 /// What the attention records is the open step's until the step closes: a step taken back
 /// (Cache::abort_step) restores the windows and the mass as they were.
@@ -59,8 +59,8 @@ class ScorerInputs {
   static void add_mass(Sequence& s, Pool& pool, const Layout& head, std::span<const float> mass) {
     for (std::int64_t j = 0; j < head.length; ++j) {
       const std::int64_t slot = head.slot(j);
-      s.mass_undo.emplace_back(slot, pool.meta(slot).attention_mass);
-      pool.add_attention_mass(slot, mass[static_cast<std::size_t>(j)]);
+      s.mass_undo.emplace_back(slot, field_of(pool.meta(slot), Field::attention_mass));
+      pool.add_to_field(slot, Field::attention_mass, mass[static_cast<std::size_t>(j)]);
     }
   }
 
@@ -74,7 +74,7 @@ class ScorerInputs {
   template <class Pool>
   static void abort(Sequence& s, Pool& pool) {
     if constexpr (scorer_needs_attention_mass<S>)
-      for (auto it = s.mass_undo.rbegin(); it != s.mass_undo.rend(); ++it) pool.set_attention_mass(it->first, it->second);
+      for (auto it = s.mass_undo.rbegin(); it != s.mass_undo.rend(); ++it) pool.set_field(it->first, Field::attention_mass, it->second);
     for (auto& w : s.windows) w.discard();
     s.mass_undo.clear();
   }

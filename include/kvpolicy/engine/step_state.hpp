@@ -237,7 +237,7 @@ struct StepChecks {
     }
     check_log_beta<S>(l, first_position, log_beta);
     check_storage_finite<Storage>(l, keys, values);
-    if constexpr (S::needs_key_norm)  // SPEC §1 knorm: log ||k|| must be finite for the score to be
+    if constexpr (reads_field<S>(Field::key_norm))  // SPEC §1 knorm: log ||k|| must be finite for the score to be
       for (std::int64_t h = 0; h < shape.kv_heads; ++h)
         for (std::int64_t t = 0; t < T; ++t)
           require(std::isfinite(memory::key_norm(&keys(h, t, 0), shape.head_dim)), "Cache::append: layer ", l,

@@ -80,10 +80,11 @@ class EntryPool {
   const Storage* value(std::int64_t slot) const { return values_.data() + slot * head_dim_; }
   const EntryMeta& meta(std::int64_t slot) const { return meta_[static_cast<std::size_t>(slot)]; }
 
-  /// H2O (SPEC §5): attention mass the entry's key received from this step's queries.
-  void add_attention_mass(std::int64_t slot, float mass) { meta_[static_cast<std::size_t>(slot)].attention_mass += mass; }
-  /// Puts back the mass a step taken back had added.
-  void set_attention_mass(std::int64_t slot, float mass) { meta_[static_cast<std::size_t>(slot)].attention_mass = mass; }
+  /// Adds to a field the attention accumulates (Field::attention_mass: the probability this step's
+  /// queries gave the entry's key, H2O, SPEC §5).
+  void add_to_field(std::int64_t slot, Field f, float value) { field_of(meta_[static_cast<std::size_t>(slot)], f) += value; }
+  /// Sets a field (puts back what a step taken back had added).
+  void set_field(std::int64_t slot, Field f, float value) { field_of(meta_[static_cast<std::size_t>(slot)], f) = value; }
   /// A static score set after append (Cache::set_step_scores, SPEC §4).
   void set_write_score(std::int64_t slot, float score) { meta_[static_cast<std::size_t>(slot)].write_score = score; }
 
@@ -139,6 +140,17 @@ inline float key_norm(const float* k, int d) {
   double s = 0.0;
   for (int i = 0; i < d; ++i) s += static_cast<double>(k[i]) * k[i];
   return static_cast<float>(std::sqrt(s));
+}
+
+/// The value a field takes when its entry is written (core/entry.hpp, Field): from the entry's key
+/// as the engine handed it (fp32), the value handed in beside it, or its initial value.
+inline float field_at_write(Field f, const float* key, int d, float handed) {
+  switch (source_of(f)) {
+    case FieldSource::key: return key_norm(key, d);
+    case FieldSource::handed: return handed;
+    case FieldSource::attention: break;
+  }
+  return initial_value(f);
 }
 
 }  // namespace kvpolicy::memory

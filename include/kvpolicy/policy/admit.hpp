@@ -26,7 +26,7 @@ static_assert(Admitter<All>, "admit::All must model kvpolicy::Admitter");
 /// applies the vertical-slash mask so a query never sees it past its ring. Admitted entries are then
 /// the Evictor's to keep or evict (e.g. TRIM-KV retention: wgkv.hpp's WGKVRetentionCache).
 struct WriteGate {
-  static constexpr bool reads_gate = true;
+  static constexpr FieldSet entry_fields{Field::gate};
   std::int64_t local = 256;  ///< W_local
   double tau = 0.1;          ///< admitted iff g >= tau
 

@@ -23,7 +23,6 @@ namespace kvpolicy::score {
 /// +inf and are never evicted. Positions above 2^24 round in fp32; the tie-break (larger position
 /// wins, SPEC Ties) keeps the order exact.
 struct Recency {
-  static constexpr bool needs_key_norm = false;
   std::int64_t sinks = 4;
   void validate() const { require(sinks >= 0, "score::Recency: sinks S = ", sinks, " must be >= 0"); }
   KVPOLICY_HD float operator()(EntryMeta m, StepContext) const {
@@ -33,7 +32,7 @@ struct Recency {
 
 /// KNorm, SPEC §5: score = -||k||_2 (keys of small norm draw attention and are kept).
 struct NegKeyNorm {
-  static constexpr bool needs_key_norm = true;
+  static constexpr FieldSet entry_fields{Field::key_norm};
   void validate() const {}
   KVPOLICY_HD float operator()(EntryMeta m, StepContext) const { return -m.key_norm; }
 };
@@ -42,7 +41,6 @@ struct NegKeyNorm {
 /// from `seed`: SplitMix64 of seed and (head_index << 32 | position), top 24 bits. The same on
 /// every backend and every run; different heads keep different survivors.
 struct SeededRandom {
-  static constexpr bool needs_key_norm = false;
   std::uint64_t seed = 0;
   void validate() const {}
   KVPOLICY_HD float operator()(EntryMeta m, StepContext c) const {
@@ -59,8 +57,7 @@ struct SeededRandom {
 /// the query heads of its GQA group). The Backend's attention accumulates it into the entry's
 /// metadata; no attention matrix is formed.
 struct AttentionMass {
-  static constexpr bool needs_key_norm = false;
-  static constexpr bool needs_attention_mass = true;
+  static constexpr FieldSet entry_fields{Field::attention_mass};
   void validate() const {}
   KVPOLICY_HD float operator()(EntryMeta m, StepContext) const { return m.attention_mass; }
 };
@@ -71,7 +68,6 @@ struct AttentionMass {
 /// zero when its norm is within rounding of it (keys that cancel exactly: ||sum|| <= 1e-12 N),
 /// where its direction would be noise. In double, then fp32.
 struct KeyDiff {
-  static constexpr bool needs_key_norm = false;
   static constexpr double kZeroAnchor = 1e-12;
   void validate() const {}
   void score_head(View<const float, 2> keys, std::span<const EntryMeta>, StepContext, std::span<float> out) const {

@@ -94,7 +94,6 @@ enum class Pooling : std::uint8_t { avg, max };
 enum class GroupReduce : std::uint8_t { mean, max };
 
 struct ObservedAttention {
-  static constexpr bool needs_key_norm = false;
   std::int64_t observation_window = 32;  ///< W_obs
   int pool_kernel = 5;                   ///< odd; 1 = no pooling
   Pooling pooling = Pooling::avg;
@@ -150,7 +149,6 @@ struct ObservedAttention {
 /// S_j = MaxPool_5(sum over the last W_obs = 256 queries of the max over the kv head's query group
 /// of softmax(q k^T / sqrt(d))_j), softmax and pooling along the global positions. In double, then fp32.
 struct GatedObservedAttention {
-  static constexpr bool needs_key_norm = false;
   static constexpr bool static_score = true;  // write_score is g, in [0, 1]
   double tau = 0.1;
   std::int64_t local = 256;               ///< W_local

@@ -23,7 +23,6 @@ KVPOLICY_HD float retention(float log_beta, float e) { return math::mul_rn(log_b
 /// TRIM-KV, SPEC §1: score(p) = log_beta * (n + 1 - p). The retention scorers below read log_beta
 /// from EntryMeta::write_score (what append was handed as log_beta).
 struct RetentionDecay {
-  static constexpr bool needs_key_norm = false;
   void validate() const {}
   KVPOLICY_HD float operator()(EntryMeta m, StepContext c) const { return retention(m.write_score, exponent(m, c)); }
 };
@@ -31,7 +30,6 @@ struct RetentionDecay {
 /// DBTrimKV lookahead, SPEC §2 Eq. 9: log G = e*log_beta + log(expm1(h*log_beta)/expm1(log_beta)).
 /// horizon = 1 is exactly RetentionDecay.
 struct Lookahead {
-  static constexpr bool needs_key_norm = false;
   int horizon = 2;
   void validate() const { require(horizon >= 1, "Lookahead: horizon h = ", horizon, " must be >= 1"); }
   KVPOLICY_HD float operator()(EntryMeta m, StepContext c) const {
@@ -41,7 +39,7 @@ struct Lookahead {
 
 /// KNorm-weighted retention, SPEC §1 variant `knorm`: log_beta*(n+1-p) + log(max(||k||_2, 1e-12)).
 struct KNormRetention {
-  static constexpr bool needs_key_norm = true;
+  static constexpr FieldSet entry_fields{Field::key_norm};
   void validate() const {}
   KVPOLICY_HD float operator()(EntryMeta m, StepContext c) const {
     return math::add_rn(retention(m.write_score, exponent(m, c)), math::log_via_double(fmaxf(m.key_norm, 1e-12f)));
@@ -51,7 +49,6 @@ struct KNormRetention {
 /// A score handed in at write time and frozen (SPEC §4: "computed once when the token is produced,
 /// then frozen"): EpiKV, HS-var and the KV statistics. EntryMeta::write_score holds it; higher = keep.
 struct Frozen {
-  static constexpr bool needs_key_norm = false;
   static constexpr bool static_score = true;
   void validate() const {}
   KVPOLICY_HD float operator()(EntryMeta m, StepContext) const { return m.write_score; }
