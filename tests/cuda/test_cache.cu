@@ -61,15 +61,16 @@ struct DriveOptions {
   bool declare_prompt = false;
 };
 
+/// Returns the entries the steps evicted, so that a test can see its streams reach an eviction.
 template <class Cpu, class Gpu, class Meta = float (*)(std::mt19937_64&)>
-void drive(Cpu& cpu, Gpu& gpu, const kp::CacheShape& s, std::uint64_t seed, double tolerance,
-           Meta meta = tie_prone_log_beta, DriveOptions options = {}) {
+std::int64_t drive(Cpu& cpu, Gpu& gpu, const kp::CacheShape& s, std::uint64_t seed, double tolerance,
+                   Meta meta = tie_prone_log_beta, DriveOptions options = {}) {
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> normal;
   const auto log_beta = [&] { return meta(rng); };
   std::vector<std::int64_t> live;
   std::vector<std::int64_t> declared;  // the prompt each sequence declared (options.declare_prompt)
-  std::int64_t next_id = 0;
+  std::int64_t next_id = 0, evicted = 0;
   for (int step = 0; step < 120; ++step) {
     // up to 6 live sequences: more than the 4 slots the device cache starts with
     if ((live.size() < 6 && std::uniform_int_distribution<int>(0, 5)(rng) == 0) || live.empty()) {
@@ -112,6 +113,7 @@ void drive(Cpu& cpu, Gpu& gpu, const kp::CacheShape& s, std::uint64_t seed, doub
     }
     REQUIRE_MESSAGE(rc.triggered == rg.triggered, "seed ", seed, " step ", step);
     REQUIRE(rc.evicted == rg.evicted);
+    evicted += rc.evicted;
     const auto a = sorted(gone_cpu), b = sorted(gone_gpu);
     REQUIRE(a.size() == b.size());
     for (std::size_t i = 0; i < a.size(); ++i)
@@ -136,6 +138,7 @@ void drive(Cpu& cpu, Gpu& gpu, const kp::CacheShape& s, std::uint64_t seed, doub
       REQUIRE(cpu.allocator().pages_free() == gpu.pages_free());
     }
   }
+  return evicted;
 }
 
 }  // namespace
@@ -222,7 +225,7 @@ TEST_CASE("TOVA on the device keeps what it keeps on the CPU") {
         shape, kp::memory::Paged<16>(pages), kp::baseline_evictor(c), kp::policies::tova::scorer);
     kp::Cache<kp::score::ObservedAttention, kp::admit::All, Tova, kp::memory::Paged<16>, kp::cuda_backend> gpu(
         shape, kp::memory::Paged<16>(pages), kp::baseline_evictor(c), kp::policies::tova::scorer);
-    drive(cpu, gpu, shape, seed * 13, 1e-5, tie_prone_log_beta, DriveOptions{.attend_prefill = true});
+    CHECK(drive(cpu, gpu, shape, seed * 13, 1e-5, tie_prone_log_beta, DriveOptions{.attend_prefill = true}) > 0);
   }
 }
 
@@ -241,8 +244,8 @@ TEST_CASE("AdaKV on the device compresses the prompt as on the CPU") {
         shape, kp::memory::Paged<16>(pages), e, kp::snapkv_scorer(c));
     kp::Cache<kp::score::ObservedAttention, kp::admit::All, AdaKV, kp::memory::Paged<16>, kp::cuda_backend> gpu(
         shape, kp::memory::Paged<16>(pages), e, kp::snapkv_scorer(c));
-    drive(cpu, gpu, shape, seed * 17, 1e-5, tie_prone_log_beta,
-          DriveOptions{.attend_prefill = true, .declare_prompt = true});
+    CHECK(drive(cpu, gpu, shape, seed * 17, 1e-5, tie_prone_log_beta,
+                DriveOptions{.attend_prefill = true, .declare_prompt = true}) > 0);
   }
 }
 
@@ -257,8 +260,8 @@ TEST_CASE("SnapKVCache<cuda_backend> compresses the prompt as on the CPU") {
     const std::int64_t pages = 6 * shape.heads_total() * 8;
     kp::SnapKVCache<kp::cpu_backend> cpu(shape, kp::memory::Paged<16>(pages), kp::snapkv_evictor(c), kp::snapkv_scorer(c));
     kp::SnapKVCache<kp::cuda_backend> gpu(shape, kp::memory::Paged<16>(pages), kp::snapkv_evictor(c), kp::snapkv_scorer(c));
-    drive(cpu, gpu, shape, seed * 19, 1e-5, tie_prone_log_beta,
-          DriveOptions{.attend_prefill = true, .declare_prompt = true});
+    CHECK(drive(cpu, gpu, shape, seed * 19, 1e-5, tie_prone_log_beta,
+                DriveOptions{.attend_prefill = true, .declare_prompt = true}) > 0);
   }
 }
 
