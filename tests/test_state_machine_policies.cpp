@@ -1,6 +1,7 @@
-// The API state machine (test_state_machine.cpp) for the policies of SPEC §3–5 and the
-// WG-KV + TRIM-KV composition: WG-KV, WG-KV under the appendix-K budget, EpiKV, H2O, SnapKV,
-// KeyDiff, KNorm, StreamingLLM, Random.
+// The API state machine (test_state_machine.cpp) for every registered policy (registry.hpp: a
+// policy added tomorrow runs here with no edit), and, with configurations drawn by hand, the
+// policies of SPEC §3–5 and the WG-KV + TRIM-KV composition: WG-KV, WG-KV under the appendix-K
+// budget, EpiKV, H2O, SnapKV, KeyDiff, KNorm, StreamingLLM, Random.
 //
 // Their semantics are checked against brute-force oracles in their own test files; what this file
 // checks is the API around them. A cache under test takes random streams of operations: sequences
@@ -41,6 +42,7 @@
 
 #include "kvpolicy/baselines.hpp"
 #include "kvpolicy/epikv.hpp"
+#include "kvpolicy/registry.hpp"
 #include "kvpolicy/trimkv.hpp"
 #include "kvpolicy/wgkv.hpp"
 #include "oracle.hpp"
@@ -209,7 +211,7 @@ StepData make_step(Rng& rng, const CacheShape& s, std::int64_t T) {
   for (auto& x : d.v) x = normal(rng);
   d.meta.resize(L * static_cast<std::size_t>(s.kv_heads * T));
   for (auto& x : d.meta) x = P::meta(rng);
-  d.with_gate = P::gated || uni(rng, 0, 1) == 0;  // an optional gate is stored (EntryMeta::gate) for any policy
+  d.with_gate = P::gated || uni(rng, 0, 1) == 0;  // an optional gate: stored where a part declares Field::gate
   d.gate.resize(d.meta.size());
   for (auto& x : d.gate) x = GateMeta::meta(rng);
   d.q.resize(L * static_cast<std::size_t>(s.q_heads * T * s.head_dim));
@@ -302,19 +304,18 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b, std::si
   return std::memcmp(a.data() + first, b.data() + first, count * sizeof(float)) == 0;
 }
 
-// One random stream.
-template <class P>
-void run_stream(std::uint64_t seed) {
-  using C = typename P::C;
-  using Step = typename C::SequenceStep;
-  Rng rng(seed);
+// A stream's cache shape and pool size.
+CacheShape draw_shape(Rng& rng) {
   CacheShape sh{static_cast<int>(uni(rng, 1, 2)), static_cast<int>(uni(rng, 1, 2)), 0, static_cast<int>(uni(rng, 1, 4))};
   sh.q_heads = sh.kv_heads * static_cast<int>(uni(rng, 1, 2));
-  const std::int64_t pages_total = uni(rng, 2, 48);
-  Rng config_rng(seed ^ 0x5eedull);
-  C sut = P::make(config_rng, sh, pages_total);
-  config_rng.seed(seed ^ 0x5eedull);
-  C ref = P::make(config_rng, sh, pages_total);
+  return sh;
+}
+
+// One random stream's operations on the cache under test and its reference; P says what the
+// policy's steps take (P::meta, bad_meta, observes, gated, prompt).
+template <class P, class C>
+void run_operations(C& sut, C& ref, Rng& rng, const CacheShape& sh, std::uint64_t seed) {
+  using Step = typename C::SequenceStep;
   std::vector<std::int64_t> ids;
   for (std::int64_t i = 0; i < kIds; ++i) ids.push_back(i);
   const std::int64_t L = sh.layers, H = sh.kv_heads, Hq = sh.q_heads, D = sh.head_dim;
@@ -563,6 +564,20 @@ void run_stream(std::uint64_t seed) {
   }
 }
 
+// One random stream of a policy written out above.
+template <class P>
+void run_stream(std::uint64_t seed) {
+  using C = typename P::C;
+  Rng rng(seed);
+  const CacheShape sh = draw_shape(rng);
+  const std::int64_t pages_total = uni(rng, 2, 48);
+  Rng config_rng(seed ^ 0x5eedull);
+  C sut = P::make(config_rng, sh, pages_total);
+  config_rng.seed(seed ^ 0x5eedull);
+  C ref = P::make(config_rng, sh, pages_total);
+  run_operations<P>(sut, ref, rng, sh, seed);
+}
+
 // Streams per policy; KVPOLICY_STREAM_SEED runs just one (of the policy whose base it falls under).
 template <class P>
 void run_streams(std::uint64_t base, int count) {
@@ -586,7 +601,120 @@ void run_streams(std::uint64_t base, int count) {
   CHECK(coverage.batch_commits > count / 2);
 }
 
+// ---- every registered policy (registry.hpp) -------------------------------------------------------
+// A policy registered tomorrow runs here with no edit: its options take small random values (a
+// draw its Cache refuses is drawn again; an option this list does not know keeps its default),
+// its steps the write score its Inputs and its Scorer name, and what its Cache type declares says
+// whether they attend and take a gate.
+template <registry::Policy R, class C>
+struct Registered {
+  static constexpr const char* name = R::name.data();
+  using S = typename C::scorer_type;
+  static constexpr bool observes = kvpolicy::detail::ScorerInputs<S>::observes_attention;
+  static constexpr bool gated = admitter_reads_gate<typename C::admitter_type>;
+  static constexpr bool prompt = true;
+  static float meta(Rng& rng) {
+    if constexpr (R::inputs == registry::Inputs::write_gate)
+      return GateMeta::meta(rng);
+    else if constexpr (scorer_static_score<S>)
+      return FrozenMeta::meta(rng);
+    else
+      return LogBetaMeta::meta(rng);
+  }
+  static constexpr float bad_meta = scorer_static_score<S> ? kInf : 0.5f;
+};
+
+// Small values of a policy's options, as text: the budgets and rings of a few entries the streams
+// overrun, the variants now and then.
+template <registry::Policy R>
+std::map<std::string, std::string, std::less<>> draw_options(Rng& rng) {
+  std::map<std::string, std::string, std::less<>> given;
+  for (const registry::Option& o : R::options) {
+    const std::string_view n = o.name;
+    std::string value;
+    if (n == "budget") value = std::to_string(uni(rng, 1, 5));
+    else if (n == "buffer") value = std::to_string(uni(rng, 1, 3));
+    else if (n == "window" || n == "sinks") value = std::to_string(uni(rng, 0, 2));
+    else if (n == "local") value = std::to_string(uni(rng, 1, 4));
+    else if (n == "avg-budget") value = std::to_string(uni(rng, 0, 1) ? 0 : uni(rng, 1, 3));
+    else if (n == "horizon") value = std::to_string(uni(rng, 1, 3));
+    else if (n == "recency") value = std::to_string(uni(rng, -1, 2));
+    else if (n == "seed") value = std::to_string(uni(rng, 0, 1000));
+    else if (n == "pool-kernel") value = std::to_string(2 * uni(rng, 0, 2) + 1);
+    else if (n == "threshold") value = uni(rng, 0, 3) == 0 ? "0.5" : "0";
+    else if (n == "floor") value = uni(rng, 0, 2) == 0 ? "0.25" : "0";
+    else if (n == "tau") value = uni(rng, 0, 1) ? "0.1" : "0.5";
+    else if (n == "safeguard") value = uni(rng, 0, 1) ? "0.2" : "0.5";
+    else if (o.kind == registry::Kind::choice) {
+      std::int64_t count = 0;
+      while (count < static_cast<std::int64_t>(o.choices.size()) && !o.choices[static_cast<std::size_t>(count)].empty()) ++count;
+      value = std::string(o.choices[static_cast<std::size_t>(uni(rng, 0, count - 1))]);
+    } else {
+      continue;  // its default
+    }
+    given[std::string(n)] = value;
+  }
+  return given;
+}
+
+template <registry::Policy R>
+void run_registered_stream(std::uint64_t seed) {
+  Rng rng(seed);
+  const CacheShape sh = draw_shape(rng);
+  const std::int64_t pages_total = uni(rng, 2, 48);
+  Rng config_rng(seed ^ 0x5eedull);
+  std::map<std::string, std::string, std::less<>> given;
+  for (int attempt = 0;; ++attempt) {  // a combination the policy refuses (w > M, ...) is drawn again
+    given = draw_options<R>(config_rng);
+    try {
+      R::template make<cpu_backend>(registry::Values(R::name, R::options, given), sh, Pool(pages_total), [](auto&) {});
+      break;
+    } catch (const kvpolicy::Error&) {
+      REQUIRE_MESSAGE(attempt < 1000, R::name, ": no drawn configuration is accepted");
+    }
+  }
+  const registry::Values values(R::name, R::options, given);
+  R::template make<cpu_backend>(values, sh, Pool(pages_total), [&](auto& sut) {
+    R::template make<cpu_backend>(values, sh, Pool(pages_total), [&](auto& ref) {
+      using C = std::remove_reference_t<decltype(sut)>;
+      if constexpr (std::is_same_v<C, std::remove_reference_t<decltype(ref)>>)
+        run_operations<Registered<R, C>>(sut, ref, rng, sh, seed);
+      else
+        FAIL(R::name, ": the same options built two different compositions");
+    });
+  });
+}
+
+template <registry::Policy R>
+void run_registered_streams(std::uint64_t base, int count) {
+  if (const char* env = std::getenv("KVPOLICY_STREAM_SEED")) {
+    const std::uint64_t seed = std::strtoull(env, nullptr, 10);
+    if (seed / 10000 == base / 10000) run_registered_stream<R>(seed);
+    return;
+  }
+  coverage = {};
+  for (int i = 0; i < count; ++i) run_registered_stream<R>(base + static_cast<std::uint64_t>(i));
+  MESSAGE(std::string(R::name), " (registered), ", count, " streams: ", coverage.accepted, " calls accepted, ",
+          coverage.rejected, " rejected (", coverage.fault_refused, " for their fault alone), ", coverage.committed,
+          " steps committed, ", coverage.aborted, " taken back, ", coverage.evictions, " evictions removed ",
+          coverage.evicted, " entries");
+  // a policy without options (the full cache) has no budget a stream could reach
+  CHECK((coverage.evictions > 0 || R::options.empty()));
+  CHECK(coverage.fault_refused > count);
+  CHECK(coverage.aborted > count / 4);
+  CHECK(coverage.layer_commits > count);
+  CHECK(coverage.batch_commits > count / 2);
+}
+
 }  // namespace
+
+TEST_CASE("state machine: every registered policy against its reference over random operation streams") {
+  std::uint64_t base = 2000000;  // 2000000 + 10000 k for the k-th registered policy
+  registry::for_each([&]<registry::Policy R>() {
+    run_registered_streams<R>(base, 100);
+    base += 10000;
+  });
+}
 
 // Seeds: 1000000 + 100000 k for the k-th policy (test_state_machine.cpp uses 100000..399999).
 TEST_CASE("state machine: WG-KV against its reference over random operation streams") { run_streams<WGKV>(1000000, 300); }
