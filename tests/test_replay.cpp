@@ -158,7 +158,9 @@ TEST_CASE("replay: every policy runs on the synthetic trace within its budget, a
   const std::int64_t M = 24, B = 4, P = 40;
   for (const auto name : registry::names()) {
     const std::string policy(name);
-    if (policy == "full") continue;  // it keeps every token: no budget to check
+    const auto [in, without_options] = registry::visit(
+        policy, []<registry::Policy Q>() { return std::pair{Q::inputs, std::size(Q::options) == 0}; });
+    if (without_options) continue;  // the full cache: it keeps every token, no budget to check
     CAPTURE(policy);
     replay::Options o;
     o.policy = policy;
@@ -167,17 +169,21 @@ TEST_CASE("replay: every policy runs on the synthetic trace within its budget, a
     o.offer("band-a", 2).offer("band-b", 1);  // the synthetic hidden states jump at layer 2
     o.offer("local", 12);  // wgkv's ring
     const auto r = replay::replay(tr, o, &full);
-    const bool epikv_family = policy == "epikv" || policy == "hs-var" || policy == "kv-key" || policy == "kv-val" ||
-                              policy == "lag-kv";
+    // EpiKV's family (SPEC §4): a frozen score per token, the prompt protected
+    const bool epikv_family = in == registry::Inputs::hidden_states || in == registry::Inputs::key_value_statistic;
     // resident before an eviction: the prefill chunk, then the bound of the policy plus the new token
-    const std::int64_t bound = epikv_family ? P + M + 1 : policy == "dbtrimkv" ? 2 * 2 * (M + B) : M + B;
+    // (DBTrimKV's is the pool of the sequence's L x Hkv = 2 x 2 heads)
+    const std::int64_t bound = epikv_family                                    ? P + M + 1
+                               : in == registry::Inputs::tied_retention_gate ? 2 * 2 * (M + B)
+                                                                             : M + B;
     if (policy == "snapkv") {  // the prompt compressed to M once, then every decode token kept
       CHECK(r.peak_entries_per_head == std::max(P, M + tr.tokens - P));
       for (std::int64_t t = 0; t < tr.tokens; ++t)
         REQUIRE((r.evicted_at[static_cast<std::size_t>(t)] == -1 || r.evicted_at[static_cast<std::size_t>(t)] == P));
     }
     // wgkv holds what its gate admits; a prompt-compressing policy keeps every decode token
-    if (policy != "wgkv" && !registry::needs_prompt_length(policy)) CHECK(r.peak_entries_per_head <= std::max(P, bound));
+    const bool write_gated = in == registry::Inputs::write_gate;
+    if (!write_gated && !registry::needs_prompt_length(policy)) CHECK(r.peak_entries_per_head <= std::max(P, bound));
     std::int64_t evicted = 0;
     for (int l = 0; l < 2; ++l)
       for (int h = 0; h < 2; ++h)
@@ -185,7 +191,7 @@ TEST_CASE("replay: every policy runs on the synthetic trace within its budget, a
           const auto e = r.evicted_at[static_cast<std::size_t>((l * 2 + h) * tr.tokens + t)];
           REQUIRE((e == -1 || e > t));  // evicted after it was appended
           if (epikv_family) REQUIRE_MESSAGE((t >= P || e == -1), "prompt token ", t, " evicted");  // SPEC §4
-          if (policy == "wgkv" && e != -1) {  // SPEC §3: dropped only once out of the ring, and only if g < tau
+          if (write_gated && e != -1) {  // SPEC §3: dropped only once out of the ring, and only if g < tau
             REQUIRE(e >= t + 12 + 1);
             REQUIRE(tr.write_gate[static_cast<std::size_t>((l * 2 + h) * tr.tokens + t)] < 0.1f);
           }
@@ -193,7 +199,7 @@ TEST_CASE("replay: every policy runs on the synthetic trace within its budget, a
         }
     CHECK(evicted > 0);
     for (float e : r.attn_rel_error) REQUIRE(std::isfinite(e));
-    if (policy == "epikv" || policy == "hs-var") {  // one score per token: every head evicts the same tokens
+    if (in == registry::Inputs::hidden_states) {  // one score per token: every head evicts the same tokens
       for (std::int64_t i = 1; i < 4; ++i)
         for (std::int64_t t = 0; t < tr.tokens; ++t)
           REQUIRE(r.evicted_at[static_cast<std::size_t>(i * tr.tokens + t)] == r.evicted_at[static_cast<std::size_t>(t)]);

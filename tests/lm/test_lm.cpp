@@ -58,7 +58,16 @@ std::vector<int> text_tokens(std::size_t n) {
 
 // Gate files of the right shapes for this model (SPEC §1-3 tensor names), random weights; `bias`
 // sets the readouts' bias (large: every g and beta near 1).
-std::string write_gate(const std::string& kind, float bias) {
+// What a registered policy's entries need from the forward pass (registry::Inputs), and whether it
+// takes any option (the full cache takes none: it has no budget a text could reach).
+registry::Inputs inputs_of(std::string_view name) {
+  return registry::visit(name, []<registry::Policy P>() { return P::inputs; });
+}
+bool without_options(std::string_view name) {
+  return registry::visit(name, []<registry::Policy P>() { return std::size(P::options) == 0; });
+}
+
+std::string write_gate(registry::Inputs kind, float bias) {
   const Config& c = model().config;
   std::mt19937 rng(7);
   std::normal_distribution<float> normal(0.0f, 0.05f);
@@ -70,7 +79,7 @@ std::string write_gate(const std::string& kind, float bias) {
   auto fill = [](std::int64_t n, float x) { return std::vector<float>(static_cast<std::size_t>(n), x); };
   safetensors::Writer w;
   const int H = c.kv_heads, D = c.hidden, d = c.head_dim;
-  if (kind == "trimkv") {
+  if (kind == registry::Inputs::retention_gate) {
     const int I = 32;
     for (int l = 0; l < c.layers; ++l) {
       const auto p = gate::RetentionGate::prefix(l);
@@ -79,7 +88,7 @@ std::string write_gate(const std::string& kind, float bias) {
       w.add_f32(p + "linear2.weight", {H, I}, random(H * I));
       w.add_f32(p + "bias", {H}, fill(H, bias));
     }
-  } else if (kind == "dbtrimkv") {  // the authors' rg10 (SPEC §2): the tied readout under every layer's name
+  } else if (kind == registry::Inputs::tied_retention_gate) {  // the authors' rg10 (SPEC §2): the tied readout under every layer's name
     const int I = 32;
     const auto w3 = random(H * I);
     for (int l = 0; l < c.layers; ++l) {
@@ -103,7 +112,8 @@ std::string write_gate(const std::string& kind, float bias) {
       w.add_f32(p + "w2.bias", {H}, fill(H, bias));
     }
   }
-  const std::string path = "lm_gate_" + kind + "_" + std::to_string(static_cast<int>(bias)) + ".safetensors";
+  const std::string path =
+      "lm_gate_" + std::string(registry::name_of(kind)) + "_" + std::to_string(static_cast<int>(bias)) + ".safetensors";
   w.write(path);
   return path;
 }
@@ -140,13 +150,15 @@ TEST_CASE("every policy at a budget the text never reaches gives the full cache'
   CHECK(want.evictions == 0);
   for (const auto policy_name : registry::names()) {
     const std::string name(policy_name);
-    if (name == "full") continue;
+    if (without_options(name)) continue;  // the full cache itself
     CAPTURE(name);
+    const registry::Inputs in = inputs_of(name);
     PolicyOptions o;
     o.policy = name;
     o.offer("budget", 128).offer("buffer", 16);  // > 96 tokens: nothing is ever evicted
-    if (name == "trimkv" || name == "dbtrimkv") o.set("gate", write_gate(name, 0.0f));
-    if (name == "wgkv") o.set("gate", write_gate(name, 30.0f));  // g = 1: every token admitted
+    if (in == registry::Inputs::retention_gate || in == registry::Inputs::tied_retention_gate)
+      o.set("gate", write_gate(in, 0.0f));
+    if (in == registry::Inputs::write_gate) o.set("gate", write_gate(in, 30.0f));  // g = 1: every token admitted
     const Run got = run_policy(o, ids, chunk);
     CHECK(got.evictions == 0);
     CHECK(got.final_entries == want.final_entries);
@@ -163,14 +175,16 @@ TEST_CASE("at a small budget every policy evicts, holds what its rule allows, an
   const double full_ppl = perplexity(run_policy(full, ids, chunk).nll, 1);
   for (const auto policy_name : registry::names()) {
     const std::string name(policy_name);
-    if (name == "full") continue;
+    if (without_options(name)) continue;  // the full cache itself
     CAPTURE(name);
+    const registry::Inputs in = inputs_of(name);
     PolicyOptions o;
     o.policy = name;
     o.offer("budget", M).offer("buffer", B).offer("recency", 8);
-    if (name == "trimkv" || name == "dbtrimkv") o.set("gate", write_gate(name, 0.0f));
-    if (name == "wgkv") {
-      o.set("gate", write_gate(name, -30.0f));  // g = 1e-3 < tau: only the local ring stays
+    if (in == registry::Inputs::retention_gate || in == registry::Inputs::tied_retention_gate)
+      o.set("gate", write_gate(in, 0.0f));
+    if (in == registry::Inputs::write_gate) {
+      o.set("gate", write_gate(in, -30.0f));  // g = 1e-3 < tau: only the local ring stays
       o.set("local", M);
     }
     const bool compresses_prompt = registry::needs_prompt_length(name);  // SnapKV, AdaKV: the prompt only
@@ -181,10 +195,10 @@ TEST_CASE("at a small budget every policy evicts, holds what its rule allows, an
     CHECK(got.final_entries < 160 * heads);  // something was dropped
     if (compresses_prompt) {                 // the prompt (the first chunk) compressed once; decode keeps all
       CHECK(got.final_entries <= (160 - prompt + M) * heads);
-    } else if (name == "kv-key" || name == "kv-val" || name == "lag-kv" || name == "epikv" ||
-               name == "hs-var") {  // the prompt plus K generated
+    } else if (in == registry::Inputs::key_value_statistic || in == registry::Inputs::hidden_states) {
+      // the prompt plus K generated
       CHECK(got.final_entries <= (chunk + M) * heads);
-    } else if (name == "wgkv") {  // the W_local ring (and the step's tokens)
+    } else if (in == registry::Inputs::write_gate) {  // the W_local ring (and the step's tokens)
       CHECK(got.final_entries <= (M + chunk) * heads);
     } else {  // M + B - 1 per head after every step; DBTrimKV on the sum
       CHECK(got.final_entries <= (M + B - 1) * heads);
