@@ -3,9 +3,9 @@
 /// `Cache<Scorer, admit::All, Evictor, memory::Paged<P, Storage>, cuda_backend>` (so
 /// `TrimKVCache<cuda_backend>`, `DBTrimKVCache<cuda_backend>`, …) is the one Cache class template of
 /// cache.hpp, with its entries in device memory and its steps on the CUDA kernels
-/// (cuda/executor.cuh). Its API is the CPU Cache's — host fp32 views in and out, the same
-/// validation and errors — so an engine switches backends with one template argument and the
-/// differential tests drive both with the same calls.
+/// (cuda/executor.cuh). Its API is the Cache's — host fp32 views in and out, the same validation
+/// and errors as with cpu_backend — so an engine switches backends with one template argument and
+/// the differential tests drive both with the same calls.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -166,7 +166,7 @@ class Executor<S, A, E, memory::Paged<P, Storage>> {
     const std::vector<std::int32_t> len = mem_.lengths(m.slot);
     return {len.begin(), len.end()};
   }
-  /// Metadata of entry i of a head, in storage order (the CPU cache's order: both compact alike).
+  /// Metadata of entry i of a head, in storage order (the host pool's order: both compact alike).
   EntryMeta entry(std::int64_t, const Sequence& m, int layer, int head, std::int64_t i) const {
     const std::int32_t seg = mem_.segment(m.slot, layer, head);
     const std::int32_t len = mem_.length(seg);

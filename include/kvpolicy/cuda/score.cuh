@@ -38,7 +38,7 @@ __global__ void score_kernel(Scorer scorer, EntryMetaView meta, BlockTableView t
   const int seg = static_cast<int>(blockIdx.x);
   if (active && !active[seg]) return;
   StepContext c = context[seg / segments_per_sequence];
-  c.head = seg % segments_per_sequence;  // the (layer, kv head) scored, as the CPU Cache sets it
+  c.head = seg % segments_per_sequence;  // the (layer, kv head) scored, as the host planner sets it
   const long long begin = offsets[seg];
   const long long n = t.length[seg];
   for (long long i = static_cast<long long>(blockIdx.y) * blockDim.x + threadIdx.x; i < n;
