@@ -6,6 +6,9 @@
 
 struct backend_without_mass {
   static constexpr const char* name = "no-mass";
+  struct Options {};
+  template <class S, class A, class E, class Alloc>
+  using Executor = kvpolicy::cpu::Executor<backend_without_mass, S, A, E, Alloc>;
 #if KVPOLICY_BACKEND_EMITS_MASS
   static constexpr bool emits_attention_mass = true;
 #endif

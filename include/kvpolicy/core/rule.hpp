@@ -40,7 +40,7 @@ struct PoolSelection {
   std::int64_t sinks = 0;
   bool threshold = false;
   float bound = 0.0f;           // log alpha
-  std::int64_t guaranteed = 0;  // each head's top this many rank above the pool (exclusive with f)
+  std::int64_t guaranteed = 0;  // each head's top this many rank above the pool (AdaKV's safeguard)
 };
 
 }  // namespace kvpolicy::evict
