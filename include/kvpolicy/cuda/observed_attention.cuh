@@ -78,12 +78,14 @@ __global__ void __launch_bounds__(ObservedTuning::threads)
   std::int32_t *rank = x.rank + begin, *order = x.order + begin;
   for (long long i = threadIdx.x; i < n; i += blockDim.x) pos[i] = kv.position[t.slot(seg, i, kv.page_size)];
   __syncthreads();
-  for (long long i = threadIdx.x; i < n; i += blockDim.x) {  // positions are unique within a head
-    long long r = 0;
-    for (long long j = 0; j < n; ++j) r += pos[j] < pos[i];
-    rank[i] = static_cast<std::int32_t>(r);
-    order[r] = static_cast<std::int32_t>(i);
-  }
+  const bool pools = s.pool_kernel > 1;  // without pooling (TOVA) the position order is never read
+  if (pools)
+    for (long long i = threadIdx.x; i < n; i += blockDim.x) {  // positions are unique within a head: O(n^2 / threads)
+      long long r = 0;
+      for (long long j = 0; j < n; ++j) r += pos[j] < pos[i];
+      rank[i] = static_cast<std::int32_t>(r);
+      order[r] = static_cast<std::int32_t>(i);
+    }
   const bool mean = s.group_reduce == score::GroupReduce::mean;
   for (long long i = threadIdx.x; i < n; i += blockDim.x) reduced[i] = mean ? 0.0 : -INFINITY;
   const long long prefix = n > s.observation_window ? n - s.observation_window : 0;
@@ -129,6 +131,10 @@ __global__ void __launch_bounds__(ObservedTuning::threads)
     // pooled along positions over the prefix (stride 1, the length kept): avg with zero padding
     // counted, or max; the observation window's keys keep their sums
     for (long long i = threadIdx.x; i < n; i += blockDim.x) {
+      if (!pools) {  // a kernel of 1 pools nothing: every entry keeps its sum
+        pooled[i] = sum[i];
+        continue;
+      }
       const long long r = rank[i];
       if (r >= prefix) {
         pooled[i] = sum[i];
