@@ -579,15 +579,23 @@ void run_stream(std::uint64_t seed) {
 }
 
 // Streams per policy; KVPOLICY_STREAM_SEED runs just one (of the policy whose base it falls under).
-template <class P>
-void run_streams(std::uint64_t base, int count) {
+// KVPOLICY_STREAM_SEED=<seed> runs that one stream, where it falls in [base, base + span), and
+// nothing else; otherwise every stream runs, counted in `coverage`. Returns whether it replayed.
+template <class Run>
+bool run_seeds(std::uint64_t base, std::uint64_t span, int count, Run run) {
   if (const char* env = std::getenv("KVPOLICY_STREAM_SEED")) {
     const std::uint64_t seed = std::strtoull(env, nullptr, 10);
-    if (seed / 100000 == base / 100000) run_stream<P>(seed);
-    return;
+    if (seed / span == base / span) run(seed);
+    return true;
   }
   coverage = {};
-  for (int i = 0; i < count; ++i) run_stream<P>(base + static_cast<std::uint64_t>(i));
+  for (int i = 0; i < count; ++i) run(base + static_cast<std::uint64_t>(i));
+  return false;
+}
+
+template <class P>
+void run_streams(std::uint64_t base, int count) {
+  if (run_seeds(base, 100000, count, [](std::uint64_t seed) { run_stream<P>(seed); })) return;
   MESSAGE(std::string(P::name), ", ", count, " streams: ", coverage.accepted, " calls accepted, ", coverage.rejected,
           " rejected (", coverage.fault_refused, " for their fault alone), ", coverage.committed, " steps committed (",
           coverage.layer_commits, " through the layer API, ", coverage.batch_commits, " in batches), ", coverage.aborted,
@@ -687,13 +695,7 @@ void run_registered_stream(std::uint64_t seed) {
 
 template <registry::Policy R>
 void run_registered_streams(std::uint64_t base, int count) {
-  if (const char* env = std::getenv("KVPOLICY_STREAM_SEED")) {
-    const std::uint64_t seed = std::strtoull(env, nullptr, 10);
-    if (seed / 10000 == base / 10000) run_registered_stream<R>(seed);
-    return;
-  }
-  coverage = {};
-  for (int i = 0; i < count; ++i) run_registered_stream<R>(base + static_cast<std::uint64_t>(i));
+  if (run_seeds(base, 10000, count, [](std::uint64_t seed) { run_registered_stream<R>(seed); })) return;
   MESSAGE(std::string(R::name), " (registered), ", count, " streams: ", coverage.accepted, " calls accepted, ",
           coverage.rejected, " rejected (", coverage.fault_refused, " for their fault alone), ", coverage.committed,
           " steps committed, ", coverage.aborted, " taken back, ", coverage.evictions, " evictions removed ",

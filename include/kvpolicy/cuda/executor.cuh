@@ -297,6 +297,7 @@ class Executor<S, A, E, memory::Paged<P, Storage>> {
     const auto per_group = static_cast<std::int32_t>(evictor_.group_heads(shape_));
     Plan p;
     std::vector<std::uint8_t> active_all;  // the fired sequences' heads, side by side
+    std::vector<std::int64_t> lengths_all;  // and their lengths
     std::vector<StepContext> fired_context;
     for (std::size_t i = 0; i < requests.size(); ++i) {
       const std::vector<std::int64_t> lens = lengths(requests[i].seq, *requests[i].memory);
@@ -311,6 +312,7 @@ class Executor<S, A, E, memory::Paged<P, Storage>> {
       p.fired.push_back(i);
       fired_context.push_back(ctx);
       active_all.insert(active_all.end(), active.begin(), active.end());
+      lengths_all.insert(lengths_all.end(), lens.begin(), lens.end());
     }
     if (p.fired.empty()) return p;
     const std::size_t k = p.fired.size();
@@ -338,7 +340,7 @@ class Executor<S, A, E, memory::Paged<P, Storage>> {
     mem_.upload(p.work.active, active_all.data(), active_all.size());
     mem_.upload(p.work.group_active, group_active.data(), group_active.size());
     if constexpr (observes) {
-      score_observed(p, requests, active_all);
+      score_observed(p, requests, active_all, lengths_all);
     } else {
       detail::select_survivors(p.work, scorer_, evictor_, shape_, kv(), p.tables, context_.get(), per_group,
                                mem_.status_word(), mem_.stream());
@@ -412,7 +414,8 @@ class Executor<S, A, E, memory::Paged<P, Storage>> {
   /// The plan's scores and survivors by the observed attention: each active head's window of
   /// queries (recorded by the Cache as its attention ran) staged on the device, then scored there
   /// (cuda/observed_attention.cuh) and selected as for any Scorer.
-  void score_observed(Plan& p, std::span<const Request> requests, const std::vector<std::uint8_t>& active)
+  void score_observed(Plan& p, std::span<const Request> requests, const std::vector<std::uint8_t>& active,
+                      const std::vector<std::int64_t>& length)
     requires observes
   {
     const auto per_seq = static_cast<std::size_t>(shape_.heads_total());
@@ -424,11 +427,10 @@ class Executor<S, A, E, memory::Paged<P, Storage>> {
     std::int64_t entries = 0;
     for (std::size_t j = 0; j < p.fired.size(); ++j) {
       const Request& r = requests[p.fired[j]];
-      const std::vector<std::int64_t> len = lengths(r.seq, *r.memory);
       for (std::size_t h = 0; h < per_seq; ++h) {
         const std::size_t seg = j * per_seq + h;
         if (!active[seg]) continue;
-        entries += len[h];
+        entries += length[seg];
         const int layer = static_cast<int>(h) / shape_.kv_heads, head = static_cast<int>(h) % shape_.kv_heads;
         const ObservedQueries q = r.inputs->windows[static_cast<std::size_t>(layer)].ordered(
             head, static_cast<int>(group), window, window_position);
