@@ -4,6 +4,7 @@
   - a short run lowers the paper's objective on the training windows (initial gate vs trained);
   - a run stopped halfway and resumed from its checkpoint writes the same gate (equal tensors and
     metadata) as one uninterrupted run; the log, the curves and the summary are written;
+  - --time-budget's timed passes leave the gate untouched (the budgeted run is a --steps N run);
   - the written gate, loaded by the C++ gate (gate_forward), computes what torch computes on the
     same weights and inputs: |log_beta_cpp - log_beta_torch| <= 1e-5 + 1e-4 |log_beta| (g alike).
 usage: test_train_gates.py GATE_FORWARD WORK_DIR   (run with the venv of tools/train-venv.sh)
@@ -133,6 +134,25 @@ for kind in ("rg", "rg10", "wg"):
           f"(|{name}| up to {ref.abs().max().item():.3g})")
     if not bool((err <= bound).all()) or not math.isfinite(err.max().item()):
         failures.append(f"{kind}: C++ and torch differ beyond 1e-5 + 1e-4 |{name}|: max {err.max().item():.3g}")
+
+# --time-budget: the timed passes that choose the step count leave the gate as it was (no update, no
+# gradient kept), so the budgeted run is the run `--steps N` gives; N stays within [1, --steps].
+model, _ = train_gates.tiny_model(0)
+model.requires_grad_(False)
+torch.manual_seed(0)
+gate = make_gate("rg", model.config, WIDTH, bias_init=3.0)
+initial = {k: v.clone() for k, v in gate.state_dict().items()}
+budget_args = type("Args", (), {"steps": 10**6, "time_budget": 0.5, "memory": MEMORY})()
+ids = torch.tensor(list(open(text, "rb").read()))[:SEQ].unsqueeze(0)
+n = train_gates.budgeted_steps(budget_args, GatedModel(model, gate, LOCAL), gate, ids, 1.0)
+if any(not torch.equal(v, gate.state_dict()[k]) for k, v in initial.items()) or \
+        any(p.grad is not None for p in gate.parameters()):
+    failures.append("--time-budget: the timed passes changed the gate or kept its gradients")
+budget_args.steps = 3
+capped = train_gates.budgeted_steps(budget_args, GatedModel(model, gate, LOCAL), gate, ids, 1.0)
+print(f"--time-budget 0.5 s: {n} tiny steps (capped at --steps 3: {capped})")
+if not 1 <= n < 10**6 or capped != 3:
+    failures.append(f"--time-budget: {n} steps for 0.5 s, {capped} with --steps 3")
 
 if failures:
     print("\n".join("FAIL: " + f for f in failures))

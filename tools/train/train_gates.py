@@ -15,6 +15,7 @@ import csv
 import json
 import math
 import os
+import platform
 import random
 import sys
 import time
@@ -60,10 +61,14 @@ def parse():
                     help="the key layout the written write gate expects: adjacent (llama.cpp's, kvpolicy-lm; "
                          "the default for --gguf and --tiny) or half (transformers')")
     ap.add_argument("--stop-after", type=int, default=0, help="stop after this many steps of this run, checkpointed (resume later)")
+    ap.add_argument("--time-budget", type=float, default=0,
+                    help="seconds for the training loop: the step count (at most --steps) is chosen from timed steps "
+                         "that change nothing, and the summary records it (--steps N repeats the run); a run still "
+                         "going at 1.15x the budget stops there and is exported as truncated")
     ap.add_argument("--no-progress", action="store_true")
     a = ap.parse_args()
     for name, low in (("steps", 1), ("seq_len", 2), ("memory", 1), ("width", 1), ("local_window", 1),
-                      ("checkpoint_every", 1), ("stop_after", 0), ("threads", 0)):
+                      ("checkpoint_every", 1), ("stop_after", 0), ("threads", 0), ("time_budget", 0)):
         if getattr(a, name) < low:
             ap.error(f"--{name.replace('_', '-')} {getattr(a, name)} must be >= {low}")
     if not a.lr > 0 or a.weight_decay < 0 or not 0 <= a.warmup < 1:
@@ -172,6 +177,22 @@ def plot(log_path, png):
     plt.close(fig)
 
 
+def budgeted_steps(a, gm, gate, x, lam):
+    """The steps that fit a.time_budget: three forward-backward passes on the first window, timed
+    after the first (allocation, kernel selection), then the gradients dropped; the optimizer never
+    steps, so the run that follows is the run `--steps N` gives."""
+    seconds = []
+    for _ in range(3):
+        t0 = time.time()
+        loss, _ = objectives.objective(gm, x, a.memory, lam)
+        loss.backward()
+        loss.item()
+        seconds.append(time.time() - t0)
+    gate.zero_grad(set_to_none=True)
+    per_step = sum(seconds[1:]) / 2
+    return max(1, min(a.steps, int(a.time_budget / per_step)))
+
+
 def main():
     a = parse()
     os.makedirs(a.out, exist_ok=True)
@@ -203,6 +224,8 @@ def main():
     start, elapsed = 0, 0.0
     if os.path.exists(ckpt_path):
         ck = torch.load(ckpt_path, map_location=device)
+        if a.time_budget:  # the step count the budgeted run chose
+            a.steps = ck["args"]["steps"]
         for key in ("gate", "width", "seq_len", "steps", "seed"):  # a checkpoint of another run is refused
             if ck["args"][key] != getattr(a, key):
                 raise SystemExit(f"train_gates: {ckpt_path} is a run with --{key.replace('_', '-')} {ck['args'][key]}, "
@@ -220,6 +243,9 @@ def main():
                 w.writerows(kept)
     elif os.path.exists(log_path):
         os.remove(log_path)
+    elif a.time_budget:
+        a.steps = budgeted_steps(a, gm, gate, ids[:T].unsqueeze(0).to(device), lam)
+        print(f"train_gates: {a.steps} steps fit --time-budget {a.time_budget:g} s")
     fields = ["step", "lr", "loss", "kl", "ce", "cap"] if a.gate != "wg" else ["step", "lr", "loss", "distill", "sparsity", "admitted"]
     fields += ["seconds", "tokens"]
     new_log = not os.path.exists(log_path)
@@ -236,7 +262,7 @@ def main():
         plot(log_path, os.path.join(a.out, "curves.png"))
 
     bar = tqdm(range(start, a.steps), initial=start, total=a.steps, disable=a.no_progress, dynamic_ncols=True)
-    row = {}
+    row, truncated = {}, 0
     for step in bar:
         t0 = time.time()
         for group in opt.param_groups:
@@ -258,6 +284,11 @@ def main():
         if step + 1 - start == a.stop_after and step + 1 < a.steps:
             print(f"train_gates: stopped after step {step + 1} (--stop-after); run again to resume")
             return
+        if a.time_budget and elapsed > 1.15 * a.time_budget and step + 1 < a.steps:
+            save_checkpoint(step + 1)
+            truncated = step + 1
+            print(f"train_gates: --time-budget {a.time_budget:g} s overrun: exported after step {truncated} of {a.steps}")
+            break
     log_file.close()
     with open(log_path) as f:  # the last step's losses, also when a finished run is run again (export only)
         rows = list(csv.DictReader(f))
@@ -269,8 +300,12 @@ def main():
             "local_window": a.local_window, "rope_layout": "adjacent" if adjacent else "half",
             "model": os.path.basename(a.gguf or a.hf or "tiny")}
     export(gate, os.path.join(a.out, "gate.safetensors"), head_dim, adjacent, meta)
-    summary = {**meta, "tokens_seen": a.steps * T, "seconds": round(elapsed, 1),
-               "tokens_per_second": round(a.steps * T / max(elapsed, 1e-9), 1), "device": str(device),
+    done = truncated or a.steps
+    if truncated:
+        meta["truncated_at"] = truncated
+    summary = {**meta, "tokens_seen": done * T, "seconds": round(elapsed, 1),
+               "tokens_per_second": round(done * T / max(elapsed, 1e-9), 1), "device": str(device),
+               "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor(),
                "final": row}
     with open(os.path.join(a.out, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
