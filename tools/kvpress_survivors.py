@@ -6,6 +6,11 @@ whole prompt as one step, so its eviction runs once, at the prompt's end). For e
 the two sets of kept positions are compared.
 
   tools/kvpress-check.sh [--tokens 1024] [--keep 256]     (makes the venv build/kvpress, runs this)
+  tools/kvpress-check.sh --engine python                  (kvpolicy's side through the Python package)
+
+With --engine python the same keys, values and queries go through the Python package's
+kvpolicy.Cache (pip install .) instead of kvpolicy-replay: one step of the whole prompt, declared as
+the prompt, each policy by its registry name with the same options.
 
 kvpress keeps n_kept = int(T * (1 - compression_ratio)) per head (per layer on average for AdaKV,
 whose pruned entries are masked, not removed: its survivors are the entries not masked); the ratio
@@ -121,6 +126,25 @@ def kvpolicy_survivors(replay, trace, policy, args, out):
     return load_file(out)["evicted_at"] == -1  # [L, Hkv, T]
 
 
+def kvpolicy_survivors_python(trace, policy, args):
+    """The same as kvpolicy_survivors, through the Python package: kept [L, Hkv, T]."""
+    import kvpolicy
+    from safetensors.numpy import load_file
+
+    t = load_file(trace)
+    k, v, q = t["keys"], t["values"], t["queries"]
+    L, H, T, d = k.shape
+    options = {args[i][2:].replace("-", "_"): args[i + 1] for i in range(0, len(args), 2) if args[i] != "--prefill"}
+    cache = kvpolicy.Cache(policy, layers=L, kv_heads=H, q_heads=q.shape[1], head_dim=d, max_tokens=T + 16, **options)
+    cache.add_sequence(0, prompt_tokens=T)
+    cache.step(0, k, v, queries=q)
+    kept = np.zeros((L, H, T), bool)
+    for l in range(L):
+        for h in range(H):
+            kept[l, h, cache.entries(0, l, h)["position"]] = True
+    return kept
+
+
 def explain(score, ours, theirs):
     """For entries whose fate differs (one head, or a whole layer for AdaKV's pooled choice): do the
     ones only kvpolicy keeps score what the ones only kvpress keeps score (a tie), or within 1e-6?"""
@@ -140,6 +164,8 @@ def main():
     ap.add_argument("--text", default="/usr/share/common-licenses/GPL-3")
     ap.add_argument("--tokens", type=int, default=1024)
     ap.add_argument("--keep", type=int, default=256, help="n_kept of kvpress, M of kvpolicy")
+    ap.add_argument("--engine", choices=["replay", "python"], default="replay",
+                    help="kvpolicy's side: kvpolicy-replay, or the Python package's Cache")
     a = ap.parse_args()
     from kvpress import AdaKVPress, KeyDiffPress, KnormPress, SnapKVPress, StreamingLLMPress, TOVAPress
 
@@ -164,11 +190,13 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         trace = os.path.join(tmp, "trace.safetensors")
         L, H = record_trace(model, ids, trace)
-        print(f"SmolLM2-135M, {T} tokens of {os.path.basename(a.text)}, keep {M} per head; {L} layers x {H} kv heads")
+        print(f"SmolLM2-135M, {T} tokens of {os.path.basename(a.text)}, keep {M} per head; {L} layers x {H} kv heads; "
+              f"kvpolicy through {'kvpolicy-replay' if a.engine == 'replay' else 'the Python package'}")
         print(f"{'policy':<14}{'heads equal':>12}{'entries differ':>16}{'at a tie':>10}{'near-tie':>10}{'other':>8}")
         for name, press, adakv, args, required in pairs:
             theirs, scores = kvpress_survivors(model, ids, press, adakv)
-            ours = kvpolicy_survivors(a.replay, trace, name, args, os.path.join(tmp, name + ".safetensors"))
+            ours = kvpolicy_survivors(a.replay, trace, name, args, os.path.join(tmp, name + ".safetensors")) \
+                if a.engine == "replay" else kvpolicy_survivors_python(trace, name, args)
             equal, differ, why = 0, 0, {"tie": 0, "near-tie": 0, "differs": 0}
             for l in range(L):
                 equal += sum(np.array_equal(ours[l, h], theirs[l][h]) for h in range(H))
