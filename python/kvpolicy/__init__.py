@@ -11,6 +11,6 @@ baselines) as a Cache that keeps, per (layer, kv head), exactly what its policy 
 kvpolicy.policies() lists every policy with its options and defaults. Errors are kvpolicy.Error
 (a ValueError) with the library's message; a call that fails changes nothing.
 """
-from ._core import Cache, Error, Report, RetentionGate, WriteGate, policies
+from ._core import Cache, Error, HiddenStateSignal, KVStatistic, Report, RetentionGate, WriteGate, policies
 
-__all__ = ["Cache", "Error", "Report", "RetentionGate", "WriteGate", "policies"]
+__all__ = ["Cache", "Error", "HiddenStateSignal", "KVStatistic", "Report", "RetentionGate", "WriteGate", "policies"]

@@ -15,8 +15,9 @@ what each head holds, causal within the step. The last layer commits the step: t
 trigger and eviction. Positions are the tokens processed (get_seq_length), never the entries held.
 
 LLaMA-family models only (llama, mistral, qwen2, qwen3: RoPE, GQA, 1/sqrt(d) scaling); on the CPU;
-one sequence per batch row, no padding. Policies whose scores come from hidden-state bands or K/V
-statistics (epikv, hs-var, kv-key, kv-val, lag-kv) run in kvpolicy-lm, not here yet.
+one sequence per batch row, no padding. EpiKV and HS-var read the hidden states of their bands A
+and B (the inputs of decoder layers A and B, as output_hidden_states indexes them); a band equal to
+the layer count (the final norm's output, after the last attention) is refused here.
 """
 from __future__ import annotations
 
@@ -34,7 +35,9 @@ from . import _core
 
 NAME = "kvpolicy"
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
-_SUPPORTED_INPUTS = ("none", "retention_gate", "tied_retention_gate", "write_gate")
+_SUPPORTED_INPUTS = ("none", "retention_gate", "tied_retention_gate", "write_gate", "key_value_statistic",
+                     "hidden_states")
+_GATED = ("retention_gate", "tied_retention_gate", "write_gate")
 
 # The cache whose update() ran last on this thread: the attention function that follows it in the
 # same layer finds it here (transformers hands the attention function no cache).
@@ -50,8 +53,22 @@ def _normed_input_hook(module, args, output):
         _current.normed = output
 
 
+def _band_hook(module, args):
+    """A forward pre-hook on every module while an EpiKV-family Cache exists: keeps the input of
+    each decoder layer (hidden state l, output_hidden_states' indexing) that is one of its bands."""
+    if _bands and args and type(module).__name__.endswith("DecoderLayer"):
+        layer = getattr(getattr(module, "self_attn", None), "layer_idx", None)
+        if layer in _bands:
+            if not hasattr(_current, "hidden"):
+                _current.hidden = {}
+            _current.hidden[layer] = args[0]
+
+
 _hook_handle = None
+_band_handle = None
 _gated_caches = 0
+_bands_of = {}  # id(cache) -> its bands, for every live EpiKV-family Cache
+_bands = set()  # their union: the decoder-layer inputs the hook keeps
 
 
 def _install_normed_input_hook():
@@ -89,7 +106,7 @@ class Cache(transformers.Cache):
         if info["inputs"] not in _SUPPORTED_INPUTS:
             raise _core.Error(f"kvpolicy: policy {policy} scores from {info['inputs']}, which the transformers "
                               f"integration does not compute yet: run it in kvpolicy-lm")
-        if info["inputs"] != "none" and gate is None:
+        if info["inputs"] in _GATED and gate is None:
             raise _core.Error(f"kvpolicy: policy {policy} needs its trained gate: gate=FILE (SPEC's tensor names)")
         super().__init__(layers=[])
         self.policy, self.options, self.gate_path = policy, dict(options), None if gate is None else str(gate)
@@ -100,13 +117,26 @@ class Cache(transformers.Cache):
         self.batch = 0
         self._gate = None
         self._adjacent = False
-        if self.inputs != "none":
+        if self.inputs in _GATED:
             _install_normed_input_hook()
+        self._trackers = {}  # per sequence: the K/V statistic or the hidden-state signal
+        if self.inputs == "hidden_states":
+            global _band_handle
+            if _band_handle is None:
+                _band_handle = torch.nn.modules.module.register_module_forward_pre_hook(_band_hook)
+            defaults = info["options"]
+            self.bands = (int(options.get("band_a", defaults["band_a"]["default"])),
+                          int(options.get("band_b", defaults["band_b"]["default"])))
+            _bands_of[id(self)] = self.bands
+            _bands.update(self.bands)
 
     def __del__(self):
         global _gated_caches
-        if getattr(self, "inputs", "none") != "none":
+        if getattr(self, "inputs", "none") in _GATED:
             _gated_caches -= 1
+        if _bands_of.pop(id(self), None) is not None:
+            _bands.clear()
+            _bands.update(*_bands_of.values())
 
     # ---- transformers' Cache interface ---------------------------------------------------------
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
@@ -179,6 +209,9 @@ class Cache(transformers.Cache):
             self._gate = _core.WriteGate(self.gate_path, layers=c.num_hidden_layers, kv_heads=c.num_key_value_heads,
                                          head_dim=head_dim)
             self._adjacent = _safetensors_metadata(self.gate_path).get("rope_layout", "adjacent") == "adjacent"
+        elif self.inputs == "hidden_states" and max(self.bands) >= c.num_hidden_layers:
+            raise _core.Error(f"kvpolicy: bands {self.bands}: a band of {c.num_hidden_layers} is the final norm's "
+                              f"output, which comes after the last attention; give bands below it here")
 
     def attend(self, module, query, key, value, scaling):
         """query [B, Hq, T, d], key/value [B, Hkv, T, d] -> [B, T, Hq, d] (transformers' layout)."""
@@ -194,7 +227,7 @@ class Cache(transformers.Cache):
             raise _core.Error(f"kvpolicy: batch {B} differs from this cache's {self.batch} sequences")
         for b in range(B):
             if b not in self.cache:
-                self.cache.add_sequence(b, T if self.needs_prompt_length else -1)
+                self.cache.add_sequence(b, T)  # the first step is the prompt, as kvpolicy-lm declares it
         q = query.detach().float().contiguous()
         k = key.detach().float().contiguous()
         v = value.detach().float().contiguous()
@@ -202,12 +235,43 @@ class Cache(transformers.Cache):
         scores = self._layer_scores(module, layer, k, T)
         for b in range(B):
             s = None if scores is None else scores[b]
+            if self.inputs == "key_value_statistic":
+                s = self._tracker(b)(layer, k[b].numpy(), v[b].numpy())
             self.cache.append(b, layer, k[b].numpy(), v[b].numpy(), scores=s)
             self.cache.attend(b, layer, q[b].numpy(), out=out[b].numpy())
         if layer == self.config.num_hidden_layers - 1:
+            if self.inputs == "hidden_states":
+                self._set_hidden_scores(B, T)
             for b in range(B):
                 self.cache.commit(b)
         return out.to(query.dtype).transpose(1, 2).contiguous()
+
+    def _tracker(self, b):
+        if b not in self._trackers:
+            c = self.config
+            if self.inputs == "key_value_statistic":
+                self._trackers[b] = _core.KVStatistic(self.policy, layers=c.num_hidden_layers,
+                                                      kv_heads=c.num_key_value_heads, q_heads=c.num_attention_heads,
+                                                      head_dim=self.head_dim)
+            else:
+                self._trackers[b] = _core.HiddenStateSignal(self.policy, hidden=c.hidden_size, band_a=self.bands[0],
+                                                            band_b=self.bands[1])
+        return self._trackers[b]
+
+    def _set_hidden_scores(self, B, T):
+        """EpiKV's frozen scores (SPEC §4): one per token from bands A and B, the same in every layer
+        and kv head, set before the commit that reads them."""
+        hidden = getattr(_current, "hidden", {})
+        missing = [band for band in self.bands if band not in hidden]
+        if missing:
+            raise _core.Error(f"kvpolicy: the hidden states of bands {missing} were not seen")
+        L, H = self.config.num_hidden_layers, self.config.num_key_value_heads
+        for b in range(B):
+            h_a, h_b = (hidden[band][b].detach().float().contiguous().numpy() for band in self.bands)
+            token = self._tracker(b)(h_a, h_b)
+            scores = np.ascontiguousarray(np.broadcast_to(token, (H, T)), dtype=np.float32)
+            for layer in range(L):
+                self.cache.set_step_scores(b, layer, scores)
 
     def _layer_scores(self, module, layer, k, T):
         """Per sequence [Hkv, T] float32 arrays of the step's scores, or None."""
@@ -232,7 +296,7 @@ class Cache(transformers.Cache):
                 k_pre, k_post = _half_to_adjacent(k_pre), _half_to_adjacent(k_post)
             k_pre, k_post = k_pre.contiguous(), k_post.contiguous()
             return [self._gate(layer, k_pre[b].numpy(), k_post[b].numpy()) for b in range(B)]
-        return None
+        return None  # the K/V statistic is computed per sequence in attend(); EpiKV's at the last layer
 
 
 def _attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):

@@ -17,6 +17,7 @@
 
 #include "any_cache.hpp"
 #include "kvpolicy/gate/load.hpp"
+#include "kvpolicy/epikv.hpp"
 #include "kvpolicy/gate/write_gate.hpp"
 
 namespace nb = nanobind;
@@ -127,6 +128,18 @@ struct RetentionGateFile {
   gate::LayerGate forward;
   int hidden = 0;
   int kv_heads = 0;
+};
+
+/// The K/V statistic a policy of the kv-statistics family ranks by (SPEC §4), one tracker per sequence.
+struct KVStatistic {
+  std::unique_ptr<kvstats::Tracker> tracker;
+  CacheShape shape;
+};
+
+/// EpiKV's and HS-var's hidden-state signal (SPEC §4), one per sequence.
+struct HiddenStateSignal {
+  std::unique_ptr<epiphany::Signal> signal;
+  int hidden = 0;
 };
 
 /// The policy's needs (registry::Inputs) beside its Cache, for the checks that name them.
@@ -490,6 +503,72 @@ NB_MODULE(_core, m) {
           "steps"_a,
           "Several sequences' steps at once: a list of dicts with step()'s arguments (seq, keys, values, and "
           "optionally scores, queries, out, gates). The whole batch is validated first; a failure takes every step back.");
+
+  nb::class_<KVStatistic>(m, "KVStatistic",
+                          "The rolling K/V statistic a policy of the kv-statistics family ranks by (SPEC §4: kv-key, "
+                          "kv-val, lag-kv), for one sequence: each new entry's score from its key and value.")
+      .def(
+          "__init__",
+          [](KVStatistic* self, const std::string& policy, int layers, int kv_heads, int q_heads, int head_dim) {
+            const CacheShape shape{layers, kv_heads, q_heads, head_dim};
+            shape.validate();
+            std::unique_ptr<kvstats::Tracker> t;
+            registry::visit(policy, [&]<registry::Policy P>() {
+              if constexpr (P::inputs == registry::Inputs::key_value_statistic)
+                t = std::make_unique<kvstats::Tracker>(shape, kvstats::Config{P::statistic, 64});
+              else
+                fail("KVStatistic: policy ", policy, " does not rank by a K/V statistic (its inputs: ",
+                     registry::name_of(P::inputs), ")");
+            });
+            new (self) KVStatistic{std::move(t), shape};
+          },
+          "policy"_a, nb::kw_only(), "layers"_a, "kv_heads"_a, "q_heads"_a, "head_dim"_a)
+      .def(
+          "__call__",
+          [](KVStatistic& s, int layer, const Input& keys, const Input& values) {
+            check_array(keys, "keys", 3, {s.shape.kv_heads, -1, s.shape.head_dim}, "kv_heads, T, head_dim");
+            const auto T = static_cast<std::int64_t>(keys.shape(1));
+            check_array(values, "values", 3, {s.shape.kv_heads, T, s.shape.head_dim}, "kv_heads, T, head_dim");
+            std::vector<float> out(static_cast<std::size_t>(s.shape.kv_heads * T));
+            s.tracker->push(layer, view_of<3>(keys), view_of<3>(values), View<float, 2>(out.data(), {s.shape.kv_heads, T}));
+            return numpy_of(std::move(out), {static_cast<std::size_t>(s.shape.kv_heads), static_cast<std::size_t>(T)});
+          },
+          "layer"_a, "keys"_a, "values"_a,
+          "one layer's new keys/values [kv_heads, T, head_dim] -> their scores [kv_heads, T] (layers in order)");
+
+  nb::class_<HiddenStateSignal>(m, "HiddenStateSignal",
+                                "EpiKV's or HS-var's signal (SPEC §4) for one sequence: each token's score from the "
+                                "hidden states of bands A and B.")
+      .def(
+          "__init__",
+          [](HiddenStateSignal* self, const std::string& policy, int hidden, int band_a, int band_b) {
+            std::unique_ptr<epiphany::Signal> signal;
+            registry::visit(policy, [&]<registry::Policy P>() {
+              if constexpr (P::inputs == registry::Inputs::hidden_states) {
+                epiphany::SignalConfig c;
+                c.band_a = band_a;
+                c.band_b = band_b;
+                c.variant = P::variant;
+                signal = std::make_unique<epiphany::Signal>(c, hidden);
+              } else {
+                fail("HiddenStateSignal: policy ", policy, " does not rank by hidden states (its inputs: ",
+                     registry::name_of(P::inputs), ")");
+              }
+            });
+            new (self) HiddenStateSignal{std::move(signal), hidden};
+          },
+          "policy"_a, nb::kw_only(), "hidden"_a, "band_a"_a, "band_b"_a)
+      .def(
+          "__call__",
+          [](HiddenStateSignal& s, const Input& h_a, const Input& h_b) {
+            check_array(h_a, "h_a", 2, {-1, s.hidden}, "T, hidden");
+            const auto T = static_cast<std::int64_t>(h_a.shape(0));
+            check_array(h_b, "h_b", 2, {T, s.hidden}, "T, hidden");
+            std::vector<float> out(static_cast<std::size_t>(T));
+            s.signal->push(view_of<2>(h_a), view_of<2>(h_b), std::span<float>(out));
+            return numpy_of(std::move(out), {static_cast<std::size_t>(T)});
+          },
+          "h_a"_a, "h_b"_a, "the step's hidden states at bands A and B [T, hidden] -> each token's score [T]");
 
   nb::class_<RetentionGateFile>(m, "RetentionGate",
                                 "A trained retention gate under SPEC's tensor names (TRIM-KV's rg, SPEC §1; DBTrimKV's "

@@ -260,3 +260,23 @@ def test_steps_release_the_gil():
     worker.join()
     assert done and cache.tokens(0) == 1024
     assert ticks >= 20, f"the main thread ran {ticks} times during the step"
+
+
+def test_the_scores_of_the_kv_statistics_and_epikv_families():
+    """KVStatistic and HiddenStateSignal give finite scores of the stated shapes, refuse a policy of
+    another family, and keep state (the same input twice scores differently once the window moves)."""
+    rng = np.random.default_rng(8)
+    s = kvpolicy.KVStatistic("kv-key", **SHAPE)
+    k, v = rand(rng, H, 5, D), rand(rng, H, 5, D)
+    out = s(0, k, v)
+    assert out.shape == (H, 5) and np.isfinite(out).all()
+    with pytest.raises(kvpolicy.Error, match="does not rank by a K/V statistic"):
+        kvpolicy.KVStatistic("trimkv", **SHAPE)
+    sig = kvpolicy.HiddenStateSignal("epikv", hidden=32, band_a=1, band_b=2)
+    h_a, h_b = rand(rng, 6, 32), rand(rng, 6, 32)
+    first, second = sig(h_a, h_b), sig(h_a, h_b)
+    assert first.shape == (6,) and np.isfinite(first).all() and not np.array_equal(first, second)
+    with pytest.raises(kvpolicy.Error, match="h_b: shape"):
+        sig(h_a, rand(rng, 6, 31))
+    with pytest.raises(kvpolicy.Error, match="does not rank by hidden states"):
+        kvpolicy.HiddenStateSignal("knorm", hidden=32, band_a=1, band_b=2)

@@ -75,6 +75,11 @@ def test_full_policy_equals_sdpa_and_generates_the_same_tokens():
     ("trimkv", dict(budget=8, buffer=4), "rg"),
     ("dbtrimkv", dict(budget=8, buffer=4), "rg10"),
     ("wgkv", dict(local=8, tau=0.95), "wg"),  # the untrained gate gives g near 0.88: refused
+    ("epikv", dict(budget=4, band_a=1, band_b=2), None),
+    ("hs-var", dict(budget=4, band_a=0, band_b=2), None),
+    ("kv-key", dict(budget=4), None),
+    ("kv-val", dict(budget=4), None),
+    ("lag-kv", dict(budget=4), None),
 ])
 def test_every_policy_generates_and_evicts(policy, options, gate, tmp_path):
     _, model = tiny()
@@ -96,8 +101,8 @@ def test_refusals_name_the_problem():
         kt.Cache("nope")
     with pytest.raises(kvpolicy.Error, match="needs its trained gate"):
         kt.Cache("trimkv", budget=8)
-    with pytest.raises(kvpolicy.Error, match="scores from hidden_states"):
-        kt.Cache("epikv", budget=8)
+    with pytest.raises(kvpolicy.Error, match="a band of 3 is the final norm's output"), torch.no_grad():
+        model(torch.randint(0, 256, (1, 4)), cache=kt.Cache("epikv", budget=8, band_a=1, band_b=3))
     ids = torch.randint(0, 256, (2, 10))
     mask = torch.ones(2, 10, dtype=torch.long)
     mask[1, :3] = 0
@@ -133,12 +138,13 @@ def smollm2():
     return model, ids
 
 
-def chunked_nll(model, ids, cache, chunk=16):
-    """Per-token NLL of ids[1:], the text fed in steps of `chunk` tokens (kvpolicy-lm --chunk)."""
-    logp = []
+def chunked_nll(model, ids, cache, chunk=16, first=16):
+    """Per-token NLL of ids[1:], the text fed as a first step of `first` tokens (the prompt), then
+    steps of `chunk` tokens (kvpolicy-lm --prefill, --chunk)."""
+    logp, bounds = [], [0] + list(range(first, ids.shape[1], chunk)) + [ids.shape[1]]
     with torch.no_grad():
-        for s in range(0, ids.shape[1], chunk):
-            logp.append(torch.log_softmax(model(ids[:, s:s + chunk], cache=cache).logits[0].float(), -1))
+        for s, e in zip(bounds, bounds[1:]):
+            logp.append(torch.log_softmax(model(ids[:, s:e], cache=cache).logits[0].float(), -1))
     return -torch.cat(logp)[:-1].gather(1, ids[0, 1:, None])[:, 0]
 
 
@@ -161,6 +167,11 @@ def test_smollm2_full_cache_equals_transformers_sdpa(smollm2):
     ["streamingllm", "--budget", "64", "--buffer", "16", "--sinks", "4"],
     ["trimkv", "--budget", "64", "--buffer", "16", "--sinks", "4", "--gate", os.path.join(GATES, "trimkv.safetensors")],
     ["wgkv", "--local", "64", "--gate", os.path.join(GATES, "wgkv.safetensors")],
+    ["dbtrimkv", "--budget", "32", "--buffer", "16", "--gate", os.path.join(GATES, "dbtrimkv.safetensors")],
+    ["h2o", "--budget", "64", "--buffer", "16"],
+    ["snapkv", "--budget", "64", "--prefill", "256"],
+    ["epikv", "--budget", "64"],
+    ["kv-key", "--budget", "64"],
 ])
 def test_smollm2_perplexity_equals_kvpolicy_lm(smollm2, policy):
     if not LM or not LM_MODEL:
@@ -168,9 +179,12 @@ def test_smollm2_perplexity_equals_kvpolicy_lm(smollm2, policy):
     model, ids = smollm2
     name, args = policy[0], policy[1:]
     options = {args[i][2:].replace("-", "_"): args[i + 1] for i in range(0, len(args), 2)}
-    ppl = chunked_nll(model, ids, kt.Cache(name, max_tokens=1024, **options)).mean().exp().item()
+    prefill = int(options.pop("prefill", 16))  # the first step, the prompt (kvpolicy-lm --prefill)
+    ppl = chunked_nll(model, ids, kt.Cache(name, max_tokens=1024, **options), first=prefill).mean().exp().item()
     run = subprocess.run([LM, "--model", LM_MODEL, "--text", "/usr/share/common-licenses/GPL-3", "--tokens", "512",
                           "--chunk", "16", "--threads", "2", "--policy", name, *args],
                          capture_output=True, text=True, check=True)
     lm = float(re.findall(r"^ppl ([0-9.]+)$", run.stdout, re.M)[-1])
+    print(f"{' '.join(policy[:1] + [a for a in args if not a.endswith('.safetensors')])}: transformers + kvpolicy "
+          f"{ppl:.6f}, kvpolicy-lm {lm:.6f}")
     assert abs(ppl - lm) / lm < 1e-4, f"{name}: transformers + kvpolicy {ppl:.6f}, kvpolicy-lm {lm:.6f}"
