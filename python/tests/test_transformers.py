@@ -63,6 +63,30 @@ def test_full_policy_equals_sdpa_and_generates_the_same_tokens():
     assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "qwen3"])
+def test_llama_family_shapes_equal_sdpa(family, tmp_path):
+    """Each LLaMA-family model transformers builds (Qwen2's q/k/v biases, Qwen3's per-head q/k
+    norms, Mistral's own classes) in a tiny random config: the full policy equals SDPA, and WG-KV's
+    write gate (which reads the keys before RoPE: after Qwen3's k norm) runs."""
+    auto = transformers.AutoConfig.for_model(family, vocab_size=256, hidden_size=64, intermediate_size=128,
+                                             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                             max_position_embeddings=1024, head_dim=16)
+    torch.manual_seed(0)
+    ref = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(auto)).eval()
+    auto._attn_implementation = "kvpolicy"
+    model = transformers.AutoModelForCausalLM.from_config(auto).eval()
+    model.load_state_dict(ref.state_dict())
+    ids = torch.randint(0, 256, (1, 24))
+    with torch.no_grad():
+        want = ref(ids).logits
+        got = model(ids, cache=kt.Cache("full", max_tokens=64)).logits
+        assert (got - want).abs().max().item() < 1e-5
+        gate = tiny_gate("wg", model, str(tmp_path / "wg.safetensors"))
+        cache = kt.Cache("wgkv", local=4, tau=0.95, gate=gate, max_tokens=64)
+        model.generate(ids, max_new_tokens=4, do_sample=False, cache=cache)
+    assert 0 < cache.entries_held() < 2 * 2 * cache.get_seq_length()
+
+
 @pytest.mark.parametrize("policy, options, gate", [
     ("streamingllm", dict(budget=8, buffer=4, sinks=2), None),
     ("h2o", dict(budget=8, buffer=4), None),
