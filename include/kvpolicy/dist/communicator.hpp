@@ -1,0 +1,49 @@
+/// \file
+/// kvpolicy/dist/communicator.hpp — what a sharded cache needs from the engine's tensor-parallel
+/// group: its rank, its size, and an all-reduce (sum) of small int64 arrays. The engine hands in
+/// the communicator of the group it already has (dist/mpi.hpp wraps an MPI communicator); kvpolicy
+/// never creates processes or transports. A failed collective throws kvpolicy::Error naming the rank.
+#pragma once
+
+#include <concepts>
+#include <cstdint>
+#include <span>
+
+#include "kvpolicy/core/error.hpp"
+
+namespace kvpolicy::dist {
+
+template <class C>
+concept Communicator = requires(C& c, const C& cc, std::span<std::int64_t> values) {
+  { cc.rank() } -> std::convertible_to<int>;
+  { cc.size() } -> std::convertible_to<int>;
+  c.all_reduce_sum(values);  ///< every rank's values summed, in place, on every rank
+};
+
+/// One rank: the unsharded cache's group, where every collective is the identity.
+struct Local {
+  int rank() const { return 0; }
+  int size() const { return 1; }
+  void all_reduce_sum(std::span<std::int64_t>) {}
+};
+
+/// A communicator that counts what passes through another: the round trips (collectives) and the
+/// bytes each rank contributes, for the cost docs/distributed.md reports.
+template <Communicator C>
+struct Counted {
+  C& inner;
+  std::int64_t round_trips = 0;
+  std::int64_t bytes = 0;
+
+  int rank() const { return inner.rank(); }
+  int size() const { return inner.size(); }
+  void all_reduce_sum(std::span<std::int64_t> values) {
+    ++round_trips;
+    bytes += static_cast<std::int64_t>(values.size_bytes());
+    inner.all_reduce_sum(values);
+  }
+};
+
+static_assert(Communicator<Local> && Communicator<Counted<Local>>, "the built-in communicators");
+
+}  // namespace kvpolicy::dist

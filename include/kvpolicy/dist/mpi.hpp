@@ -1,0 +1,60 @@
+/// \file
+/// kvpolicy/dist/mpi.hpp — dist::Communicator over MPI (Debian's OpenMPI: libopenmpi-dev), for CPU
+/// caches sharded over the ranks of the engine's MPI communicator (its tensor-parallel group). The
+/// engine initializes MPI and owns the communicator; this wraps it and never frees it. An MPI error
+/// throws kvpolicy::Error with the rank and MPI's own message: the communicator must then be set to
+/// MPI_ERRORS_RETURN (the constructor does so; MPI's default aborts every rank instead).
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "kvpolicy/core/error.hpp"
+#include "kvpolicy/dist/communicator.hpp"
+
+namespace kvpolicy::dist {
+
+class Mpi {
+ public:
+  explicit Mpi(MPI_Comm comm) : comm_(comm) {
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    require(initialized != 0, "dist::Mpi: MPI is not initialized (the engine calls MPI_Init first)");
+    check(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+    check(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
+    check(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
+  }
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  MPI_Comm comm() const { return comm_; }
+
+  void all_reduce_sum(std::span<std::int64_t> values) {
+    require(values.size() <= static_cast<std::size_t>(INT32_MAX), "dist::Mpi: ", values.size(),
+            " values in one all-reduce");
+    if (values.empty()) return;
+    static_assert(sizeof(std::int64_t) == sizeof(long long));
+    check(MPI_Allreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()), MPI_LONG_LONG, MPI_SUM, comm_),
+          "MPI_Allreduce");
+  }
+
+ private:
+  void check(int code, const char* call) const {
+    if (code == MPI_SUCCESS) return;
+    char text[MPI_MAX_ERROR_STRING];
+    int length = 0;
+    MPI_Error_string(code, text, &length);
+    fail("dist::Mpi: rank ", rank_, ": ", call, " failed: ", std::string(text, static_cast<std::size_t>(length)));
+  }
+
+  MPI_Comm comm_;
+  int rank_ = -1;
+  int size_ = 0;
+};
+
+static_assert(Communicator<Mpi>, "dist::Mpi must model dist::Communicator");
+
+}  // namespace kvpolicy::dist
