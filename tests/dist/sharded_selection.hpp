@@ -101,10 +101,26 @@ inline Shard shard(const Case& c, int rank, int ranks) {
   return s;
 }
 
-/// Entries of this rank's shard whose fate differs from the unsharded selection's.
+/// Entries of this rank's shard whose fate differs from the unsharded selection's, plus heads whose
+/// trigger differs from the unsharded trigger's.
 template <class Comm>
 std::int64_t mismatches(Comm& comm, const Case& c) {
   const Shard s = shard(c, comm.rank(), comm.size());
+  std::int64_t bad = 0;
+  {  // the trigger: each pool's length summed over the ranks
+    std::vector<std::int64_t> all_lengths, lengths;
+    for (std::size_t h = 0; h + 1 < c.offsets.size(); ++h) all_lengths.push_back(c.offsets[h + 1] - c.offsets[h]);
+    for (std::size_t j = 0; j + 1 < s.offsets.size(); ++j) lengths.push_back(s.offsets[j + 1] - s.offsets[j]);
+    std::vector<std::uint8_t> want(all_lengths.size()), got(lengths.size());
+    if (c.layer) {
+      evict::trigger_heads(c.layer_wise, c.shape, StepContext{}, all_lengths, want);
+      dist::trigger_pools(comm, c.layer_wise, c.shape, StepContext{}, lengths, s.global_head, got);
+    } else {
+      evict::trigger_heads(c.global, c.shape, StepContext{}, all_lengths, want);
+      dist::trigger_pools(comm, c.global, c.shape, StepContext{}, lengths, s.global_head, got);
+    }
+    for (std::size_t j = 0; j < got.size(); ++j) bad += got[j] != want[static_cast<std::size_t>(s.global_head[j])];
+  }
   std::vector<std::uint8_t> keep(s.score.size());
   const SegmentedScores local{s.score, s.position, s.offsets};
   if (c.layer)
@@ -114,7 +130,6 @@ std::int64_t mismatches(Comm& comm, const Case& c) {
     dist::select_pools(comm, c.global.selection(), c.global.group_heads(c.shape), c.shape.heads_total(), local,
                        s.global_head, keep);
   const auto want = oracle(c);
-  std::int64_t bad = 0;
   for (std::size_t i = 0; i < keep.size(); ++i) bad += keep[i] != want[static_cast<std::size_t>(s.index[i])];
   return bad;
 }

@@ -118,6 +118,31 @@ void pooled_top_k(C& comm, std::span<const std::uint64_t> key, std::span<const s
   }
 }
 
+/// The trigger of a pooled Evictor (evict::Global, evict::LayerWise: group_heads of the unsharded
+/// shape) over sharded heads: each pool's length summed over every rank (one all-reduce of one
+/// count per pool), so every rank takes the same decision, the one evict::trigger_heads takes on the
+/// unsharded lengths. lengths[j]: the length of this rank's segment j, global head global_head[j];
+/// active[j] = 1 where its pool fires. Returns whether any does. Collective.
+template <Communicator C, Evictor E>
+bool trigger_pools(C& comm, const E& e, const CacheShape& shape, StepContext c, std::span<const std::int64_t> lengths,
+                   std::span<const std::int64_t> global_head, std::span<std::uint8_t> active) {
+  require(lengths.size() == global_head.size() && lengths.size() == active.size(), "dist::trigger_pools: ",
+          lengths.size(), " lengths, ", global_head.size(), " head indices and ", active.size(), " flags");
+  const std::int64_t group = e.group_heads(shape);
+  require(group >= 1 && shape.heads_total() % group == 0, "dist::trigger_pools: group_heads = ", group,
+          " must divide L x Hkv = ", shape.heads_total());
+  std::vector<std::int64_t> total(static_cast<std::size_t>(shape.heads_total() / group), 0);
+  for (std::size_t j = 0; j < lengths.size(); ++j) total[static_cast<std::size_t>(global_head[j] / group)] += lengths[j];
+  comm.all_reduce_sum(total);
+  bool any = false;
+  for (std::size_t j = 0; j < lengths.size(); ++j) {
+    const bool fires = e.fires(total[static_cast<std::size_t>(global_head[j] / group)], group, c);
+    active[j] = fires ? 1 : 0;
+    any = any || fires;
+  }
+  return any;
+}
+
 /// A PoolSelection (core/rule.hpp) over this rank's shard: s holds its heads' segments in
 /// ascending global order, global_head[j] the global (layer, head) index of segment j, and pools of
 /// group_heads consecutive global heads span the ranks. keep[i] = 1 for every survivor: exactly the
