@@ -1,0 +1,87 @@
+/// \file
+/// kvpolicy/dist/sharded.hpp — a pooled Evictor (evict::Global, evict::LayerWise: DBTrimKV's one
+/// budget, SPEC §2) for a Cache that holds one tensor-parallel rank's share of the kv heads: the kv
+/// heads [r * Hkv / TP, (r + 1) * Hkv / TP) of every layer, with their query heads. Each rank's
+/// Cache keeps exactly the entries the unsharded Cache keeps in those heads: its trigger fires on
+/// each pool's length summed over the ranks, its selection is dist::select_pools (dist/select.hpp).
+///
+///   dist::Mpi comm(tp_group);
+///   const CacheShape full{L, Hkv, Hq, d};
+///   dist::Sharded<evict::Global, dist::Mpi> e{dbtrimkv_evictor(config), &comm, full};
+///   Cache<score::Lookahead, admit::All, decltype(e), memory::Paged<16>, cpu_backend> cache(e.local_shape(), pool, e,
+///                                                                                   scorer);
+///
+/// Every rank must commit the same sequences' steps in the same order (each commit of a firing pool
+/// runs collectives); the engine's TP group does, running one forward pass. A step refused on one
+/// rank only (a NaN score from a user-defined Scorer, a full pool) is not yet agreed across ranks
+/// (docs/distributed.md). Host only (the CPU backend).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "kvpolicy/core/concepts.hpp"
+#include "kvpolicy/core/error.hpp"
+#include "kvpolicy/core/shape.hpp"
+#include "kvpolicy/dist/communicator.hpp"
+#include "kvpolicy/dist/select.hpp"
+
+namespace kvpolicy::dist {
+
+template <Evictor E, Communicator C>
+  requires evictor_states_selection<E> && (!selects_per_head<E>)
+struct Sharded {
+  E inner;                // the pooled Evictor, as the unsharded Cache would take it
+  C* comm = nullptr;      // the TP group (the engine's; outlives the Cache)
+  CacheShape full{};      // the unsharded shape: every rank's heads together
+
+  /// This rank's Cache shape: Hkv / TP kv heads and Hq / TP query heads of every layer.
+  CacheShape local_shape() const {
+    require(comm != nullptr, "dist::Sharded: no communicator");
+    return CacheShape{full.layers, full.kv_heads / comm->size(), full.q_heads / comm->size(), full.head_dim};
+  }
+  /// The global (layer, kv head) index of this rank's local head `local` (layer-major).
+  std::int64_t global_head(std::int64_t local) const {
+    const std::int64_t per = full.kv_heads / comm->size();
+    return (local / per) * full.kv_heads + comm->rank() * per + local % per;
+  }
+
+  void validate(const CacheShape& shape) const {
+    require(comm != nullptr, "dist::Sharded: no communicator");
+    full.validate();
+    inner.validate(full);
+    require(full.kv_heads % comm->size() == 0, "dist::Sharded: Hkv = ", full.kv_heads, " kv heads do not split over ",
+            comm->size(), " ranks");
+    const std::int64_t group = inner.group_heads(full);
+    require(group % full.kv_heads == 0, "dist::Sharded: a pool of ", group,
+            " heads is not whole layers; only layer-aligned pools shard by kv head");
+    require(shape == local_shape(), "dist::Sharded: rank ", comm->rank(), "'s Cache has shape L = ", shape.layers,
+            ", Hkv = ", shape.kv_heads, ", Hq = ", shape.q_heads, ", d = ", shape.head_dim, "; its share of the full ",
+            "shape is Hkv = ", local_shape().kv_heads, ", Hq = ", local_shape().q_heads);
+  }
+  template <class S>
+    requires evictor_checks_scorer<E, S>
+  void validate_scorer(const S& s) const {
+    inner.validate_scorer(s);
+  }
+
+  /// Each pool's local share: its heads on this rank (the pools are whole layers).
+  std::int64_t group_heads(const CacheShape&) const { return inner.group_heads(full) / comm->size(); }
+  /// The pool fires on its length over every rank (one all-reduce of one count): every rank decides
+  /// as the unsharded trigger does.
+  bool fires(std::int64_t length, std::int64_t heads, StepContext c) const {
+    std::array<std::int64_t, 1> total{length};
+    comm->all_reduce_sum(total);
+    return inner.fires(total[0], heads * comm->size(), c);
+  }
+  /// The pooled selection over the ranks (dist::select_pools): the survivors the unsharded Cache keeps.
+  void select(const CacheShape&, StepContext, const SegmentedScores& s, std::span<std::uint8_t> keep) const {
+    std::vector<std::int64_t> heads(static_cast<std::size_t>(s.segments()));
+    for (std::int64_t j = 0; j < s.segments(); ++j) heads[static_cast<std::size_t>(j)] = global_head(j);
+    select_pools(*comm, inner.selection(), inner.group_heads(full), full.heads_total(), s, heads, keep);
+  }
+};
+
+}  // namespace kvpolicy::dist
