@@ -233,12 +233,19 @@ class Cache {
   /// skip attention. One sequence's whole forward step (engine/step_state.hpp).
   using SequenceStep = kvpolicy::SequenceStep;
 
-  /// Validated whole before anything is written.
-  EvictionReport step(const SequenceStep& s, std::vector<EvictedEntry>* evicted = nullptr) {
+  /// What step() checks before it writes anything, alone: throws what step() would throw for `s`
+  /// before its first write, and changes nothing (a sharded cache's ranks agree on it first,
+  /// dist/agree.hpp).
+  void check_step(const SequenceStep& s) const {
     checks_.step(s, state_of(s.seq), observes_attention);
     require(executor_.can_step(s.seq, state_of(s.seq).memory, s.keys.dim(2)), "Cache::step: out of memory: sequence ",
             s.seq, " cannot take ", s.keys.dim(2), " more entries in every head (", pages_free(), " of ",
             pages_total(), " pages free)");
+  }
+
+  /// Validated whole before anything is written.
+  EvictionReport step(const SequenceStep& s, std::vector<EvictedEntry>* evicted = nullptr) {
+    check_step(s);
     try {
       write_and_attend(s);
       return commit(s.seq, evicted);

@@ -5,16 +5,22 @@
 // window, sinks) and through its own Cache of the kv heads [r Hkv / R, (r + 1) Hkv / R), and checks
 // after every step that its heads hold exactly the entries the unsharded cache holds there, that its
 // query heads' attention outputs are bit-identical, and that the evictions over the ranks add up.
-// Exit status 1 on any difference.
+// Some steps first go in with a NaN in one rank's share: every rank must refuse that step with the
+// same error (dist::step) and change nothing, before the step goes in whole. Exit status 1 on any
+// difference.
 #include <mpi.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <functional>
+#include <limits>
+#include <string>
 #include <cstdlib>
 #include <random>
 #include <vector>
 
 #include "kvpolicy/dbtrimkv.hpp"
+#include "kvpolicy/dist/agree.hpp"
 #include "kvpolicy/dist/mpi.hpp"
 #include "kvpolicy/dist/sharded.hpp"
 
@@ -23,6 +29,7 @@ namespace {
 using namespace kvpolicy;
 
 std::int64_t evictions = 0;  // entries the unsharded caches evicted: the traces do evict
+std::int64_t refusals = 0;   // steps every rank refused together
 
 template <class Inner>
 std::int64_t run_trace(dist::Mpi& mpi, std::uint64_t seed, const Inner& inner, const CacheShape& full,
@@ -78,10 +85,36 @@ std::int64_t run_trace(dist::Mpi& mpi, std::uint64_t seed, const Inner& inner, c
     const EvictionReport rw = whole.step(seq, v4(k, L, Hkv, t, d), v4(v, L, Hkv, t, d),
                                          View<const float, 3>(lb.data(), {full.layers, full.kv_heads, T}),
                                          v4(q, L, Hq, t, d), View<float, 4>(out.data(), {full.layers, full.q_heads, T, full.head_dim}));
-    const EvictionReport rm = mine.step(seq, v4(k_mine, L, lper, t, d), v4(v_mine, L, lper, t, d),
-                                        View<const float, 3>(lb_mine.data(), {local.layers, local.kv_heads, T}),
-                                        v4(q_mine, L, qper, t, d),
-                                        View<float, 4>(out_mine.data(), {local.layers, local.q_heads, T, local.head_dim}));
+    const auto mine_step = [&](const std::vector<float>& keys) {
+      return SequenceStep{seq, v4(keys, L, lper, t, d), v4(v_mine, L, lper, t, d),
+                          View<const float, 3>(lb_mine.data(), {local.layers, local.kv_heads, T}), v4(q_mine, L, qper, t, d),
+                          View<float, 4>(out_mine.data(), {local.layers, local.q_heads, T, local.head_dim})};
+    };
+    if (std::uniform_int_distribution<int>(0, 5)(rng) == 0) {  // one rank's share holds a NaN: all refuse
+      const int refusing = std::uniform_int_distribution<int>(0, mpi.size() - 1)(rng);
+      std::vector<float> k_bad = k_mine;
+      if (r == refusing) k_bad[k_bad.size() / 2] = std::numeric_limits<float>::quiet_NaN();
+      const auto state = [&] {
+        std::vector<std::int64_t> x{mine.pages_free()};
+        for (const std::int64_t s : live) x.insert(x.end(), {mine.tokens(s), mine.total_length(s)});
+        return x;
+      };
+      const auto before = state();
+      std::string message;
+      try {
+        dist::step(mpi, mine, mine_step(k_bad), static_cast<std::vector<EvictedEntry>*>(nullptr));
+      } catch (const Error& e) {
+        message = e.what();
+      }
+      bad += message.rfind("kvpolicy: rank " + std::to_string(refusing) + " refused: Cache::", 0) != 0;
+      bad += state() != before;
+      const auto h = static_cast<std::int64_t>(std::hash<std::string>{}(message) & 0xfffff);
+      std::vector<std::int64_t> same{h, h * h};  // every rank's message the same: zero variance
+      mpi.all_reduce_sum(same);
+      bad += same[1] * mpi.size() != same[0] * same[0];
+      refusals += 1;
+    }
+    const EvictionReport rm = dist::step(mpi, mine, mine_step(k_mine), static_cast<std::vector<EvictedEntry>*>(nullptr));
     std::array<std::int64_t, 1> evicted{rm.evicted};
     mpi.all_reduce_sum(evicted);
     bad += evicted[0] != rw.evicted;
@@ -139,10 +172,11 @@ int main(int argc, char** argv) {
       bad[1] += b[0] > 0;
     }
     if (mpi.rank() == 0)
-      std::printf("sharded DBTrimKV Cache on %d ranks: %ld traces of 60 steps (%lld entries evicted), %lld "
-                  "differences from the unsharded Cache (in %lld traces)\n", mpi.size(), traces,
-                  static_cast<long long>(evictions), static_cast<long long>(bad[0]), static_cast<long long>(bad[1]));
-    status = bad[0] == 0 && evictions > 0 ? 0 : 1;
+      std::printf("sharded DBTrimKV Cache on %d ranks: %ld traces of 60 steps (%lld entries evicted, %lld steps "
+                  "refused by every rank), %lld differences from the unsharded Cache (in %lld traces)\n", mpi.size(),
+                  traces, static_cast<long long>(evictions), static_cast<long long>(refusals),
+                  static_cast<long long>(bad[0]), static_cast<long long>(bad[1]));
+    status = bad[0] == 0 && evictions > 0 && refusals > 0 ? 0 : 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s\n", e.what());
     status = 2;
