@@ -1,0 +1,70 @@
+/// \file
+/// kvpolicy/dist/nccl.hpp — dist::Communicator over NCCL, for an engine whose tensor-parallel group
+/// is an ncclComm_t it already holds (one rank per GPU; NCCL also runs several ranks on one GPU).
+/// The collectives the sharded selection needs are a few KB of int64 counts (dist/select.hpp): they
+/// are staged through a device buffer this object owns and run on `stream`, which each call
+/// synchronizes. Needs <nccl.h> (the `nvidia-nccl-cu13` wheel ships it, or the engine's own NCCL);
+/// an NCCL or CUDA error throws kvpolicy::Error naming the rank.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <cstdint>
+#include <span>
+
+#include "kvpolicy/core/error.hpp"
+#include "kvpolicy/dist/communicator.hpp"
+
+namespace kvpolicy::dist {
+
+class Nccl {
+ public:
+  explicit Nccl(ncclComm_t comm, cudaStream_t stream = nullptr) : comm_(comm), stream_(stream) {
+    require(comm != nullptr, "dist::Nccl: no communicator");
+    check(ncclCommUserRank(comm_, &rank_), "ncclCommUserRank");
+    check(ncclCommCount(comm_, &size_), "ncclCommCount");
+  }
+  Nccl(const Nccl&) = delete;
+  Nccl& operator=(const Nccl&) = delete;
+  ~Nccl() {
+    if (buffer_ != nullptr) cudaFree(buffer_);
+  }
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+
+  void all_reduce_sum(std::span<std::int64_t> values) {
+    if (values.empty()) return;
+    if (values.size() > capacity_) {
+      if (buffer_ != nullptr) cuda(cudaFree(buffer_), "cudaFree");
+      buffer_ = nullptr;
+      capacity_ = 0;
+      cuda(cudaMalloc(reinterpret_cast<void**>(&buffer_), values.size_bytes()), "cudaMalloc");
+      capacity_ = values.size();
+    }
+    cuda(cudaMemcpyAsync(buffer_, values.data(), values.size_bytes(), cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync");
+    check(ncclAllReduce(buffer_, buffer_, values.size(), ncclInt64, ncclSum, comm_, stream_), "ncclAllReduce");
+    cuda(cudaMemcpyAsync(values.data(), buffer_, values.size_bytes(), cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync");
+    cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+  }
+
+ private:
+  void check(ncclResult_t r, const char* call) const {
+    if (r != ncclSuccess) fail("dist::Nccl: rank ", rank_, ": ", call, " failed: ", ncclGetErrorString(r));
+  }
+  void cuda(cudaError_t e, const char* call) const {
+    if (e != cudaSuccess) fail("dist::Nccl: rank ", rank_, ": ", call, " failed: ", cudaGetErrorString(e));
+  }
+
+  ncclComm_t comm_;
+  cudaStream_t stream_;
+  int rank_ = -1;
+  int size_ = 0;
+  std::int64_t* buffer_ = nullptr;
+  std::size_t capacity_ = 0;
+};
+
+static_assert(Communicator<Nccl>, "dist::Nccl must model dist::Communicator");
+
+}  // namespace kvpolicy::dist
