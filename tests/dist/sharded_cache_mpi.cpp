@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "kvpolicy/dbtrimkv.hpp"
+#include "kvpolicy/wgkv.hpp"
 #include "kvpolicy/dist/agree.hpp"
 #include "kvpolicy/dist/mpi.hpp"
 #include "kvpolicy/dist/sharded.hpp"
@@ -30,18 +31,15 @@ using namespace kvpolicy;
 
 std::int64_t evictions = 0;  // entries the unsharded caches evicted: the traces do evict
 std::int64_t refusals = 0;   // steps every rank refused together
+std::int64_t wgkv_traces = 0;
 
-template <class Inner>
-std::int64_t run_trace(dist::Mpi& mpi, std::uint64_t seed, const Inner& inner, const CacheShape& full,
-                       const DBTrimKVConfig& c) {
-  using Sharded = dist::Sharded<Inner, dist::Mpi>;
-  const Sharded e{inner, &mpi, full};
-  const CacheShape local = e.local_shape();
-  const std::int64_t pages_full = 4 * full.heads_total() * 16, pages_local = 4 * local.heads_total() * 16;
-  Cache<score::Lookahead, admit::All, Inner, memory::Paged<16>, cpu_backend> whole(full, memory::Paged<16>(pages_full), inner,
-                                                                      dbtrimkv_scorer(c));
-  Cache<score::Lookahead, admit::All, Sharded, memory::Paged<16>, cpu_backend> mine(local, memory::Paged<16>(pages_local), e,
-                                                                       dbtrimkv_scorer(c));
+/// One trace through `whole` (the unsharded Cache) and `mine` (this rank's share). write_gate: the
+/// scores are WG-KV's g in [0, 1] (some exactly tau), else DBTrimKV's log beta; `triggers`: whether
+/// the two report the same triggers (WG-KV's sharded trigger fires at every commit).
+template <class Whole, class Mine>
+std::int64_t run_trace(dist::Mpi& mpi, std::uint64_t seed, Whole& whole, Mine& mine, bool write_gate) {
+  const CacheShape full = whole.shape(), local = mine.shape();
+  const bool triggers = !write_gate;
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> normal;
   const int per = local.kv_heads, G = full.group(), r = mpi.rank();
@@ -62,11 +60,14 @@ std::int64_t run_trace(dist::Mpi& mpi, std::uint64_t seed, const Inner& inner, c
     for (auto& x : k) x = normal(rng);
     for (auto& x : v) x = normal(rng);
     for (auto& x : q) x = normal(rng);
-    // log beta from a few values (ties across heads and positions), sometimes a continuum
-    const std::array<float, 5> few{0.0f, -0.01f, -0.1f, -0.5f, -2.0f};
-    for (auto& x : lb)
+    // log beta (or g) from a few values (ties across heads and positions), sometimes a continuum
+    const std::array<float, 5> few = write_gate ? std::array<float, 5>{0.0f, 0.05f, 0.1f, 0.5f, 1.0f}
+                                                : std::array<float, 5>{0.0f, -0.01f, -0.1f, -0.5f, -2.0f};
+    for (auto& x : lb) {
+      const float u = std::uniform_real_distribution<float>(0.0f, 1.0f)(rng);
       x = std::uniform_int_distribution<int>(0, 3)(rng) ? few[std::uniform_int_distribution<std::size_t>(0, 4)(rng)]
-                                                        : -std::uniform_real_distribution<float>(0.0f, 1.0f)(rng);
+                                                        : (write_gate ? u : -u);
+    }
     // this rank's slices: kv heads [r per, (r+1) per), query heads [r per G, (r+1) per G)
     const auto lper = static_cast<std::size_t>(per), qper = static_cast<std::size_t>(per * G);
     std::vector<float> k_mine(L * lper * t * d), v_mine(k_mine.size()), q_mine(L * qper * t * d), lb_mine(L * lper * t),
@@ -119,7 +120,7 @@ std::int64_t run_trace(dist::Mpi& mpi, std::uint64_t seed, const Inner& inner, c
     mpi.all_reduce_sum(evicted);
     bad += evicted[0] != rw.evicted;
     evictions += rw.evicted;
-    bad += rm.triggered != rw.triggered;
+    if (triggers) bad += rm.triggered != rw.triggered;
     for (std::size_t l = 0; l < L; ++l)
       for (std::size_t i = 0; i < qper * t * d; ++i)
         bad += out_mine[l * qper * t * d + i] != out[((l * Hq) + static_cast<std::size_t>(r) * qper) * t * d + i];
@@ -165,17 +166,46 @@ int main(int argc, char** argv) {
       c.floor_ratio = pick(0, 2) == 0 ? 0.25 : 0.0;
       c.window = pick(0, 3) == 0 ? 1 : 0;
       c.sinks = pick(0, 3) == 0 ? 1 : 0;
-      std::vector<std::int64_t> b{pick(0, 1) ? run_trace(mpi, static_cast<std::uint64_t>(seed), dbtrimkv_evictor(c), shape, c)
-                                             : run_trace(mpi, static_cast<std::uint64_t>(seed), dbtrimkv_layerwise_evictor(c), shape, c)};
+      const int kind = pick(0, 2);  // DBTrimKV global, layer-wise, WG-KV's hard budget
+      const std::int64_t pages_full = 4 * shape.heads_total() * 16, pages_local = pages_full / mpi.size();
+      std::vector<std::int64_t> b{0};
+      if (kind < 2) {
+        const auto run = [&](const auto& inner) {
+          using Inner = std::decay_t<decltype(inner)>;
+          const dist::Sharded<Inner, dist::Mpi> e{inner, &mpi, shape};
+          Cache<score::Lookahead, admit::All, Inner, memory::Paged<16>, cpu_backend> whole(
+              shape, memory::Paged<16>(pages_full), inner, dbtrimkv_scorer(c));
+          Cache<score::Lookahead, admit::All, std::decay_t<decltype(e)>, memory::Paged<16>, cpu_backend> mine(
+              e.local_shape(), memory::Paged<16>(pages_local), e, dbtrimkv_scorer(c));
+          return run_trace(mpi, static_cast<std::uint64_t>(seed), whole, mine, false);
+        };
+        b[0] = kind == 0 ? run(dbtrimkv_evictor(c)) : run(dbtrimkv_layerwise_evictor(c));
+      } else {
+        WGKVBudgetConfig w;
+        w.local = pick(2, 6);
+        w.average_budget = pick(1, 3);
+        w.observation_window = pick(2, 8);
+        w.pool_kernel = std::array{1, 3, 5}[static_cast<std::size_t>(pick(0, 2))];
+        w.fraction = std::array{0.1, 0.25, 0.5}[static_cast<std::size_t>(pick(0, 2))];
+        w.sinks = pick(0, 2) == 0 ? 1 : 0;
+        const dist::ShardedWriteGatedBudget<dist::Mpi> e{wgkv_budget_evictor(shape, w), &mpi, shape};
+        WGKVBudgetCache<> whole(shape, memory::Paged<16>(pages_full), wgkv_budget_evictor(shape, w),
+                                wgkv_budget_scorer(shape, w));
+        Cache<score::GatedObservedAttention, admit::All, dist::ShardedWriteGatedBudget<dist::Mpi>, memory::Paged<16>,
+              cpu_backend> mine(e.local_shape(), memory::Paged<16>(pages_local), e, wgkv_budget_scorer(shape, w));
+        b[0] = run_trace(mpi, static_cast<std::uint64_t>(seed), whole, mine, true);
+        wgkv_traces += 1;
+      }
       mpi.all_reduce_sum(b);
       bad[0] += b[0];
       bad[1] += b[0] > 0;
     }
     if (mpi.rank() == 0)
-      std::printf("sharded DBTrimKV Cache on %d ranks: %ld traces of 60 steps (%lld entries evicted, %lld steps "
-                  "refused by every rank), %lld differences from the unsharded Cache (in %lld traces)\n", mpi.size(),
-                  traces, static_cast<long long>(evictions), static_cast<long long>(refusals),
-                  static_cast<long long>(bad[0]), static_cast<long long>(bad[1]));
+      std::printf("sharded Cache on %d ranks: %ld traces of 60 steps (%lld of WG-KV's hard budget, the rest "
+                  "DBTrimKV; %lld entries evicted, %lld steps refused by every rank), %lld differences from the "
+                  "unsharded Cache (in %lld traces)\n", mpi.size(), traces, static_cast<long long>(wgkv_traces),
+                  static_cast<long long>(evictions), static_cast<long long>(refusals), static_cast<long long>(bad[0]),
+                  static_cast<long long>(bad[1]));
     status = bad[0] == 0 && evictions > 0 && refusals > 0 ? 0 : 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s\n", e.what());

@@ -119,6 +119,13 @@ constexpr bool masks_attention = requires(const T& t) {
 ///   the config named, WG-KV's shared budget).
 template <class E, class S>
 constexpr bool evictor_checks_scorer = requires(const E& e, const S& s) { e.validate_scorer(s); };
+/// shared_context(ctx): an Evictor whose Cache holds one rank's share of the heads (dist/sharded.hpp)
+///   gives the whole sequence's context (its entries over every rank) before the trigger, the
+///   Scorer and the selection see it.
+template <class E>
+constexpr bool evictor_shares_context = requires(const E& e, StepContext c) {
+  { e.shared_context(c) } -> std::same_as<StepContext>;
+};
 /// validate(): an Admitter checks its own settings, at construction.
 template <class A>
 constexpr bool admitter_validates = requires(const A& a) { a.validate(); };

@@ -27,6 +27,7 @@
 #include "kvpolicy/core/shape.hpp"
 #include "kvpolicy/dist/communicator.hpp"
 #include "kvpolicy/dist/select.hpp"
+#include "kvpolicy/policy/evict.hpp"
 
 namespace kvpolicy::dist {
 
@@ -81,6 +82,57 @@ struct Sharded {
     std::vector<std::int64_t> heads(static_cast<std::size_t>(s.segments()));
     for (std::int64_t j = 0; j < s.segments(); ++j) heads[static_cast<std::size_t>(j)] = global_head(j);
     select_pools(*comm, inner.selection(), inner.group_heads(full), full.heads_total(), s, heads, keep);
+  }
+};
+
+/// WG-KV's hard budget (SPEC §3, evict::WriteGatedBudget with score::GatedObservedAttention:
+/// WGKVBudgetCache) for a Cache that holds one rank's share of the kv heads. The budget weighs the
+/// sequence's global caches, every head of every rank, against one sum: the sequence's entries
+/// (which the scorer compares with the budget) and its global total (which the selection does) are
+/// each summed over the ranks by one all-reduce; each head's drop is its own. Its trigger fires at
+/// every commit, so that every rank plans (and runs those collectives) at every step: a head that
+/// the unsharded trigger leaves alone (it holds no more than its ring) keeps everything here too,
+/// since its ring is protected. Hence its reports say `triggered` at every commit.
+template <Communicator C>
+struct ShardedWriteGatedBudget {
+  evict::WriteGatedBudget inner;  // as the unsharded Cache would take it: budget L * Hkv * M_avg
+  C* comm = nullptr;
+  CacheShape full{};
+
+  CacheShape local_shape() const {
+    require(comm != nullptr, "dist::ShardedWriteGatedBudget: no communicator");
+    return CacheShape{full.layers, full.kv_heads / comm->size(), full.q_heads / comm->size(), full.head_dim};
+  }
+  AttentionMask attention_mask() const { return inner.attention_mask(); }
+  void validate(const CacheShape& shape) const {
+    require(comm != nullptr, "dist::ShardedWriteGatedBudget: no communicator");
+    full.validate();
+    inner.validate(full);
+    require(full.kv_heads % comm->size() == 0, "dist::ShardedWriteGatedBudget: Hkv = ", full.kv_heads,
+            " kv heads do not split over ", comm->size(), " ranks");
+    require(shape == local_shape(), "dist::ShardedWriteGatedBudget: rank ", comm->rank(), "'s Cache has Hkv = ",
+            shape.kv_heads, ", Hq = ", shape.q_heads, "; its share is Hkv = ", local_shape().kv_heads, ", Hq = ",
+            local_shape().q_heads);
+  }
+  template <class S>
+  void validate_scorer(const S& s) const {
+    inner.validate_scorer(s);
+  }
+  /// The sequence's entries over every rank: what the scorer weighs against the budget.
+  StepContext shared_context(StepContext c) const {
+    std::array<std::int64_t, 1> entries{c.entries};
+    comm->all_reduce_sum(entries);
+    c.entries = entries[0];
+    return c;
+  }
+  std::int64_t group_heads(const CacheShape& shape) const { return shape.heads_total(); }
+  bool fires(std::int64_t, std::int64_t, StepContext) const { return true; }
+  void select(const CacheShape&, StepContext c, const SegmentedScores& s, std::span<std::uint8_t> keep) const {
+    inner.select_within(c, s, keep, [&](std::int64_t total) {
+      std::array<std::int64_t, 1> sum{total};
+      comm->all_reduce_sum(sum);
+      return sum[0];
+    });
   }
 };
 

@@ -63,6 +63,7 @@ class EvictionPlanner {
         if (!ring_kept[i].empty())
           lengths[i] = std::count(ring_kept[i].begin(), ring_kept[i].end(), std::uint8_t{1});
     for (const std::int64_t len : lengths) ctx.entries += len;
+    if constexpr (evictor_shares_context<E>) ctx = evictor_.shared_context(ctx);  // the sequence over every rank
     made.context = ctx;
     made.active.assign(heads, 0);
     const bool fires = evict::trigger_heads(evictor_, shape_, ctx, lengths, made.active);

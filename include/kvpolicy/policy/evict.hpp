@@ -297,7 +297,13 @@ struct WriteGatedBudget {
   // PoolSelection states: a select() of its own, run on the host only (core/concepts.hpp)
   std::int64_t group_heads(const CacheShape&) const { return 1; }
   KVPOLICY_HD bool fires(std::int64_t length, std::int64_t, StepContext) const { return length > local; }
-  void select(const CacheShape&, StepContext, const SegmentedScores& s, std::span<std::uint8_t> keep) const {
+  void select(const CacheShape&, StepContext c, const SegmentedScores& s, std::span<std::uint8_t> keep) const {
+    select_within(c, s, keep, [](std::int64_t total) { return total; });
+  }
+  /// select() with the sequence's global total taken through total_of: the identity here, the sum
+  /// over the ranks for a Cache that holds one rank's share of the heads (dist::ShardedWriteGatedBudget).
+  template <class Total>
+  void select_within(StepContext, const SegmentedScores& s, std::span<std::uint8_t> keep, Total&& total_of) const {
     std::vector<float> score(s.score.begin(), s.score.end());
     const auto heads = static_cast<std::size_t>(s.segments());
     std::vector<std::int64_t> held(heads), droppable(heads), global(heads);
@@ -316,6 +322,7 @@ struct WriteGatedBudget {
       global[i] = held[i] - std::min<std::int64_t>(local, static_cast<std::int64_t>(n));
       global_total += global[i];
     }
+    global_total = total_of(global_total);
     const bool pressure = budget_entries > 0 && global_total > budget_entries;
     for (std::int64_t h = 0; h < s.segments(); ++h) {
       const auto i = static_cast<std::size_t>(h);
