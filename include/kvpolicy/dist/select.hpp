@@ -157,17 +157,7 @@ void select_pools(C& comm, const evict::PoolSelection& sel, std::int64_t group_h
   require(static_cast<std::int64_t>(keep.size()) == s.offsets.back(), "dist::select_pools: ", keep.size(),
           " keep flags for ", s.offsets.back(), " entries");
   auto score = evict::detail::protected_scores(s, sel.window, sel.sinks);
-  if (sel.guaranteed > 0) {  // each head's best `guaranteed` rank above the pool (AdaKV's safeguard)
-    std::vector<std::uint8_t> mine;
-    for (std::int64_t h = 0; h < s.segments(); ++h) {
-      const auto b = static_cast<std::size_t>(s.offsets[h]);
-      const auto n = static_cast<std::size_t>(s.length(h));
-      mine.resize(n);
-      rank::keep_top_k(std::span<const float>(score).subspan(b, n), s.position.subspan(b, n), sel.guaranteed, mine);
-      for (std::size_t i = 0; i < n; ++i)
-        if (mine[i]) score[b + i] = std::numeric_limits<float>::infinity();
-    }
-  }
+  evict::detail::protect_guaranteed(s, sel.guaranteed, score);
   std::fill(keep.begin(), keep.end(), std::uint8_t{0});
   if (sel.threshold) {
     rank::keep_at_least(score, sel.bound, keep);

@@ -37,6 +37,21 @@ inline std::vector<float> protected_scores(const SegmentedScores& s, std::int64_
   return out;
 }
 
+/// AdaKV's safeguard (PoolSelection::guaranteed): each head's best `guaranteed` entries score +inf,
+/// so they rank above the pool.
+inline void protect_guaranteed(const SegmentedScores& s, std::int64_t guaranteed, std::span<float> score) {
+  if (guaranteed <= 0) return;
+  std::vector<std::uint8_t> mine;
+  for (std::int64_t h = 0; h < s.segments(); ++h) {
+    const auto b = static_cast<std::size_t>(s.offsets[h]);
+    const auto n = static_cast<std::size_t>(s.length(h));
+    mine.resize(n);
+    rank::keep_top_k(std::span<const float>(score).subspan(b, n), s.position.subspan(b, n), guaranteed, mine);
+    for (std::size_t i = 0; i < n; ++i)
+      if (mine[i]) score[b + i] = std::numeric_limits<float>::infinity();
+  }
+}
+
 /// One pooled ranking over the segments [first, last) — SPEC §2 global/layer-wise selection:
 /// keep the top `pool_budget` entries, or with floor_ratio f > 0: the top floor((1-f)*pool_budget)
 /// pooled, then each head keeps its top (count among those + floor(M*f)).
@@ -120,17 +135,7 @@ inline void select_heads(const HeadSelection& sel, StepContext c, const Segmente
 inline void select_pools(const PoolSelection& sel, std::int64_t group_heads, const SegmentedScores& s,
                          std::span<std::uint8_t> keep) {
   auto score = protected_scores(s, sel.window, sel.sinks);
-  if (sel.guaranteed > 0) {  // each head's best `guaranteed` rank above the pool (AdaKV's safeguard)
-    std::vector<std::uint8_t> mine;
-    for (std::int64_t h = 0; h < s.segments(); ++h) {
-      const auto b = static_cast<std::size_t>(s.offsets[h]);
-      const auto n = static_cast<std::size_t>(s.length(h));
-      mine.resize(n);
-      rank::keep_top_k(std::span<const float>(score).subspan(b, n), s.position.subspan(b, n), sel.guaranteed, mine);
-      for (std::size_t i = 0; i < n; ++i)
-        if (mine[i]) score[b + i] = std::numeric_limits<float>::infinity();
-    }
-  }
+  protect_guaranteed(s, sel.guaranteed, score);
   for (std::int64_t first = 0; first < s.segments(); first += group_heads) {
     const std::int64_t last = first + group_heads;
     const auto b = static_cast<std::size_t>(s.offsets[first]);
