@@ -111,7 +111,6 @@ class Cache(transformers.Cache):
         super().__init__(layers=[])
         self.policy, self.options, self.gate_path = policy, dict(options), None if gate is None else str(gate)
         self.inputs, self.max_tokens, self.storage = info["inputs"], int(max_tokens), storage
-        self.needs_prompt_length = info["needs_prompt_length"]
         self.cache = None  # the kvpolicy Cache, made at the first attention call (the model's shape)
         self.config = None
         self.batch = 0
@@ -164,7 +163,7 @@ class Cache(transformers.Cache):
         return self.cache is not None
 
     def reset(self):
-        self.cache, self.batch = None, 0
+        self.cache, self.batch, self._trackers = None, 0, {}
 
     def reorder_cache(self, beam_idx):
         raise _core.Error("kvpolicy: beam search reorders whole caches; each kvpolicy sequence holds its own "
