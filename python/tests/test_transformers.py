@@ -196,6 +196,13 @@ def test_smollm2_full_cache_equals_transformers_sdpa(smollm2):
     ["snapkv", "--budget", "64", "--prefill", "256"],
     ["epikv", "--budget", "64"],
     ["kv-key", "--budget", "64"],
+    ["keydiff", "--budget", "32", "--buffer", "8"],
+    ["random", "--budget", "64", "--buffer", "16", "--seed", "3"],
+    ["tova", "--budget", "64"],
+    ["adakv", "--budget", "32", "--prefill", "256"],
+    ["hs-var", "--budget", "128"],
+    ["kv-val", "--budget", "32"],
+    ["lag-kv", "--budget", "128"],
 ])
 def test_smollm2_perplexity_equals_kvpolicy_lm(smollm2, policy):
     if not LM or not LM_MODEL:
