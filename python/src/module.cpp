@@ -29,12 +29,13 @@ namespace {
 using Input = nb::ndarray<nb::ro>;  // any dtype, device and layout: checked here, with the value named
 using Output = nb::ndarray<>;
 
-std::string shape_text(const Input& a) {
+/// "(2, 2, 1, 15)": an array's shape as the messages give it.
+template <class A>
+std::string shape_text(const A& a) {
   std::ostringstream s;
   s << "(";
   for (std::size_t i = 0; i < a.ndim(); ++i) s << (i ? ", " : "") << a.shape(i);
-  s << (a.ndim() == 1 ? ",)" : ")");
-  return s.str();
+  return s.str() + ")";
 }
 
 std::string dtype_name(nb::dlpack::dtype t) {
@@ -68,12 +69,7 @@ void check_array(const A& a, const char* name, std::size_t rank, std::initialize
   }
   std::size_t i = 0;
   for (const std::int64_t w : want) {
-    require(w < 0 || static_cast<std::int64_t>(a.shape(i)) == w, name, ": shape ", [&] {
-      std::ostringstream s;
-      s << "(";
-      for (std::size_t j = 0; j < rank; ++j) s << (j ? ", " : "") << a.shape(j);
-      return s.str() + ")";
-    }(), "; expected [", dims, "] with ", [&] {
+    require(w < 0 || static_cast<std::int64_t>(a.shape(i)) == w, name, ": shape ", shape_text(a), "; expected [", dims, "] with ", [&] {
       std::ostringstream s;
       std::size_t k = 0;
       for (const std::int64_t x : want) s << (k++ ? ", " : "") << (x < 0 ? std::string("*") : std::to_string(x));
