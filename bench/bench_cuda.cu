@@ -132,28 +132,45 @@ struct DecodeSetup {
   }
 };
 
-void BM_decode_attention(benchmark::State& state) {
+/// Decode attention over batch 8 x Hkv 8 heads of n entries (G 4, d 128, fp16), on `kernel`.
+void decode_attention_on(benchmark::State& state, kc::DecodeKernel kernel) {
   const std::int64_t n = state.range(0);
   const int batch = 8;
   const double per_copy = 2.0 * batch * DecodeSetup::kKv * double(n) * DecodeSetup::kDim * sizeof(__half);
   DecodeSetup s(batch, n, rotation(static_cast<std::size_t>(per_copy)));
   std::size_t bytes = 0;
-  kc::decode_attention(nullptr, bytes, s.kv(), s.tables_view(), s.batch_of(0), n, nullptr);
+  const auto batch_of = [&](int copy) {
+    kc::DecodeBatch a = s.batch_of(copy);
+    a.kernel = kernel;
+    return a;
+  };
+  kc::decode_attention(nullptr, bytes, s.kv(), s.tables_view(), batch_of(0), n, nullptr);
   Buffer<char> ws(bytes);
   Timer timer;
   int copy = 0;
   for (auto _ : state) {
     timer.begin(nullptr);
-    kc::decode_attention(ws.p, bytes, s.kv(), s.tables_view(), s.batch_of(copy), n, nullptr);
+    kc::decode_attention(ws.p, bytes, s.kv(), s.tables_view(), batch_of(copy), n, nullptr);
     state.SetIterationTime(timer.end_seconds(nullptr));
     copy = (copy + 1) % s.copies;
   }
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * s.kv_bytes()));
   state.counters["kv_MiB"] = s.kv_bytes() / (1 << 20);
 }
+/// The kernel an engine gets (tensor cores on sm_80+).
+void BM_decode_attention(benchmark::State& state) { decode_attention_on(state, kc::DecodeKernel::automatic); }
+/// The CUDA-core kernel on the same shapes, for the ratio between the two in one run.
+void BM_decode_attention_cuda_cores(benchmark::State& state) {
+  decode_attention_on(state, kc::DecodeKernel::cuda_cores);
+}
 BENCHMARK(BM_decode_attention)
     ->RangeMultiplier(4)
     ->Range(256, 65536)  // 8 MiB .. 2 GiB of K+V
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_decode_attention_cuda_cores)
+    ->RangeMultiplier(4)
+    ->Range(256, 65536)
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# On a machine with an NVIDIA GPU and Nsight Compute: profiles one launch of the paged decode
-# attention kernel (2 GiB of fp16 K+V, the largest shape of bench/bench_cuda.cu) and one of the
-# segmented top-K, with ncu's full section set, and writes each report and its details page:
+# On a machine with an NVIDIA GPU and Nsight Compute: profiles one launch of each paged decode
+# attention kernel (2 GiB of fp16 K+V, the largest shape of bench/bench_cuda.cu: the tensor-core
+# kernel an engine gets on sm_80+, and the CUDA-core one) and one of the segmented top-K, with ncu's
+# full section set, and writes each report, its details page and its warp stall reasons:
 #   tools/gpu-profile.sh [BENCH_BINARY] [OUT_DIR]
 # (defaults build/gpu/bench/kvpolicy_bench_cuda and $OUT or build/gpu/profile). The clocks are left
 # as the driver sets them (--clock-control none), so the counters describe the kernel as the
@@ -18,7 +19,17 @@ profile() {  # name kernel-regex benchmark-filter
     "$bench" --benchmark_filter="$3" --benchmark_min_time=0.01
   ncu -i "$out/$1.ncu-rep" --page details >"$out/$1.txt"
   grep -q "Section: Memory Workload Analysis" "$out/$1.txt" || { echo "gpu-profile: $1: no kernel was profiled" >&2; exit 1; }
+  # cycles a warp spends stalled per issued instruction, by reason (the largest first)
+  ncu -i "$out/$1.ncu-rep" --page raw --csv --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active.ratio \
+    | python3 -c 'import csv, sys
+def number(v):
+    try: return float(v.replace(",", ""))
+    except ValueError: return -1.0
+rows = list(csv.reader(sys.stdin)); head, vals = rows[0], rows[-1]
+pairs = sorted(((number(v), h) for h, v in zip(head, vals) if "stalled" in h), reverse=True)
+print("\n".join(f"{v:8.3f}  {h}" for v, h in pairs if v > 0))' >"$out/$1.stalls.txt"
 }
-profile decode_2g decode_partial_kernel '^BM_decode_attention/65536/'
+profile decode_mma_2g decode_mma_kernel '^BM_decode_attention/65536/'
+profile decode_cuda_cores_2g decode_partial_kernel '^BM_decode_attention_cuda_cores/65536/'
 profile segmented_topk segmented_select_kernel '^BM_segmented_topk/'
-echo "gpu-profile: $out/decode_2g.txt, $out/segmented_topk.txt"
+echo "gpu-profile: $out/{decode_mma_2g,decode_cuda_cores_2g,segmented_topk}.{txt,stalls.txt}"

@@ -27,13 +27,16 @@ def main():
     print(f"Copy bandwidth (device to device, read + write): {copy_bw / 1e9:.0f} GB/s\n")
     if ref:
         print(f"PyTorch {ref['torch']} on {ref['device']}: copy {ref['copy_GBps']:.0f} GB/s\n")
-    print("| decode attention, KV | time (µs) | K+V read (GB/s) | / copy bandwidth | SDPA-flash dense (µs) | SDPA / ours |")
-    print("| ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| decode attention, KV | time (µs) | K+V read (GB/s) | / copy bandwidth | SDPA-flash dense (µs) | SDPA / ours "
+          "| CUDA-core kernel (µs) | its time / ours |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for name, r in m.items():
         if name.startswith("BM_decode_attention/"):
             bw = r["bytes_per_second"]
             f = sdpa.get(round(r["kv_MiB"]))
-            tail = f"| {f['us']:.1f} | {f['us'] / r['real_time']:.2f} |" if f else "| – | – |"
+            tail = f"| {f['us']:.1f} | {f['us'] / r['real_time']:.2f} " if f else "| – | – "
+            cc = m.get(name.replace("BM_decode_attention/", "BM_decode_attention_cuda_cores/"))
+            tail += f"| {cc['real_time']:.1f} | {cc['real_time'] / r['real_time']:.2f} |" if cc else "| – | – |"
             print(f"| {r['kv_MiB']:.0f} MiB | {r['real_time']:.1f} | {bw / 1e9:.0f} | {bw / copy_bw:.0%} {tail}")
     for name, r in m.items():
         if name.startswith("BM_decode_attention_h2o/"):

@@ -6,6 +6,9 @@
 // back fully written. With accumulate_mass (H2O, SPEC §5) every entry's attention mass must grow by
 // the probability the reference gives it, summed over its group's query heads (within 1e-5 of
 // 1 + mass), and every pool slot no head holds must keep its mass bit for bit.
+// Each case runs on both kernels where the tensor-core one applies (fp16/bf16, head_dim 64/128, no
+// mass, a device of compute capability 8.0 or more: docs/perf.md, "Decode kernels"), each within
+// the same tolerance.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -64,17 +67,36 @@ void reference_attention(const float* q, const std::vector<float>& k, const std:
       if (visible[i]) mass[i] += std::exp(logit[i] - m) / sum;
 }
 
+/// Whether the tensor-core decode kernel can run on this device (compute capability 8.0 or more).
+bool tensor_cores_here() {
+  int device = 0, major = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  return major >= 8;
+}
+
+/// The kernels a case of this dtype and shape runs on.
+template <class T>
+std::vector<kc::DecodeKernel> kernels_for(int head_dim, bool with_mass) {
+  std::vector<kc::DecodeKernel> k{kc::DecodeKernel::cuda_cores};
+  if (!std::is_same_v<T, float> && head_dim <= 128 && !with_mass && tensor_cores_here())
+    k.push_back(kc::DecodeKernel::tensor_cores);
+  return k;
+}
+
 struct AttnCase {
   int batch, kv_heads, group, head_dim, page_size;
   std::vector<std::int64_t> lengths;  // [batch * kv_heads]
   kp::AttentionMask mask{};           // WG-KV's vertical-slash mask when mask.local > 0
   int ungated_segment = -1;           // with the mask: this segment's keys all have g < tau
+  float query_scale = 1.0f;           // queries ~ N(0, query_scale^2)
 };
 
 /// Builds the case's pool on both sides and compares; returns the relative error of the output (the
 /// attention mass, with with_mass, is checked here).
 template <class T>
-double run_case(const AttnCase& c, std::uint64_t seed, bool with_mass = false) {
+double run_case(const AttnCase& c, std::uint64_t seed, bool with_mass = false,
+                kc::DecodeKernel kernel = kc::DecodeKernel::cuda_cores) {
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> normal;
   const int d = c.head_dim, P = c.page_size, segments = c.batch * c.kv_heads;
@@ -105,7 +127,7 @@ double run_case(const AttnCase& c, std::uint64_t seed, bool with_mass = false) {
   }
   for (int b = 0; b < c.batch; ++b) base[b] = b * c.kv_heads;
   std::vector<float> q(std::size_t(c.batch) * q_heads * d);
-  for (auto& x : q) x = normal(rng);
+  for (auto& x : q) x = normal(rng) * c.query_scale;
   std::vector<float> mass0(std::size_t(pages) * P);  // the mass before the step: accumulated onto
   for (auto& x : mass0) x = std::uniform_real_distribution<float>(0.0f, 4.0f)(rng);
   std::vector<double> mass_ref(mass0.begin(), mass0.end());
@@ -156,6 +178,7 @@ double run_case(const AttnCase& c, std::uint64_t seed, bool with_mass = false) {
   kc::BlockTableView t{dtable.get(), dlen.get(), segments, static_cast<std::int32_t>(max_pages)};
   kc::DecodeBatch a{dq.get(), dbase.get(), c.batch, q_heads, c.kv_heads, dout.get()};
   a.accumulate_mass = with_mass;
+  a.kernel = kernel;
   a.mask = c.mask;  // g is the write score (WG-KV's own cache)
   a.query_position = masked ? dq_pos.get() : nullptr;
   std::size_t bytes = 0;
@@ -209,8 +232,11 @@ void sweep(std::uint64_t seed0) {
       const bool with_mass = seed % 2 == 1;  // H2O's mass on half the cases
       INFO("dtype ", kc::dtype_name<T>, ", head_dim ", d, ", page ", page, ", group ", c.group, ", seed ", seed,
            ", mass ", with_mass);
-      const double err = run_case<T>(c, seed, with_mass);
-      CHECK(err <= tolerance<T>());
+      for (const auto kernel : kernels_for<T>(d, with_mass)) {
+        INFO("kernel ", kernel == kc::DecodeKernel::tensor_cores ? "tensor_cores" : "cuda_cores");
+        const double err = run_case<T>(c, seed, with_mass, kernel);
+        CHECK(err <= tolerance<T>());
+      }
     }
 }
 
@@ -225,16 +251,32 @@ TEST_CASE("decode attention under WG-KV's vertical-slash mask, with H2O's mass")
   // visible; segment 1's keys all have g < tau and lie beyond its row's window: it sees none
   AttnCase c{2, 2, 4, 128, 16, {700, 40, 300, 333}, kp::AttentionMask{64, 0.1f}, 1};
   CHECK(run_case<float>(c, 7, true) <= 1e-5);
-  CHECK(run_case<__half>(c, 8, false) <= 2e-3);
+  for (const auto kernel : kernels_for<__half>(c.head_dim, false)) CHECK(run_case<__half>(c, 8, false, kernel) <= 2e-3);
+  for (const auto kernel : kernels_for<__nv_bfloat16>(c.head_dim, false))
+    CHECK(run_case<__nv_bfloat16>(c, 10, false, kernel) <= 1e-2);
   AttnCase wide{3, 1, 1, 64, 32, {5000, 17, 64}, kp::AttentionMask{128, 0.3f}, -1};
   CHECK(run_case<float>(wide, 9, true) <= 1e-5);
+  for (const auto kernel : kernels_for<__half>(wide.head_dim, false)) CHECK(run_case<__half>(wide, 11, false, kernel) <= 2e-3);
+}
+
+TEST_CASE("decode attention with queries far outside fp16's range and far below it") {
+  // the tensor-core kernel scales each query row by a power of two into fp16's range and its
+  // logits back: 1e6-sized queries (a softmax on one entry) and 1e-7-sized ones (a uniform one)
+  for (const float scale : {1e6f, 3e4f, 1e-7f}) {
+    AttnCase c{2, 2, 5, 128, 32, {900, 33, 2000, 1}};
+    c.query_scale = scale;
+    INFO("query scale ", scale);
+    for (const auto kernel : kernels_for<__half>(c.head_dim, false)) CHECK(run_case<__half>(c, 12, false, kernel) <= 2e-3);
+    for (const auto kernel : kernels_for<__nv_bfloat16>(c.head_dim, false))
+      CHECK(run_case<__nv_bfloat16>(c, 13, false, kernel) <= 1e-2);
+  }
 }
 
 TEST_CASE("decode attention over more than 64K entries per head, split and merged") {
   const int big = int(cudatest::length(70001)), past_64k = int(cudatest::length(65536)) + 17;  // scaled under a simulator
   AttnCase c{2, 2, 4, 128, 16, {big, 1, past_64k, 0}};
   CHECK(run_case<float>(c, 1) <= 1e-5);
-  CHECK(run_case<__half>(c, 2) <= 2e-3);
+  for (const auto kernel : kernels_for<__half>(c.head_dim, false)) CHECK(run_case<__half>(c, 2, false, kernel) <= 2e-3);
   CHECK(run_case<float>(c, 3, true) <= 1e-5);  // with H2O's mass
 }
 
@@ -281,6 +323,13 @@ TEST_CASE("decode attention arguments are checked before any launch" * doctest::
                     doctest::Contains("accumulate_mass with a group of 64 query heads at head_dim = 256 needs"));
   kv.head_dim = 128;
   kv.fields[kp::Field::attention_mass] = nullptr;
+  // the tensor-core kernel, named where it does not apply, is refused with the reason
+  kc::DecodeBatch tc = a;
+  tc.kernel = kc::DecodeKernel::tensor_cores;
+  alignas(16) float rows[4] = {};
+  kv.keys = kv.values = rows;
+  CHECK_THROWS_WITH(kc::decode_attention(reinterpret_cast<void*>(256), bytes, kv, t, tc, 100, nullptr, 132),
+                    doctest::Contains("kernel = tensor_cores does not apply: fp32 storage has no 16-bit tensor-core product"));
   // the split plan covers every entry: chunks of whole pages, at least 256 entries unless the head is shorter
   for (std::int64_t len : {0, 1, 255, 256, 257, 4096, 70001, 1 << 22}) {
     const auto p = kc::detail::plan_decode(a, len, 16, 132);

@@ -14,6 +14,9 @@
 /// carries, so the result is the same softmax.
 /// Optionally (H2O, SPEC §5) a third pass adds each entry's attention probability to the pool's
 /// attention_mass, from the final (max, sum) of every query head: no attention matrix is formed.
+/// The chunks' partials come from one of two kernels (DecodeBatch::kernel): the CUDA-core one below,
+/// for every dtype and head_dim, or the tensor-core one (decode_mma.cuh) where it applies; the merge
+/// and the mass pass are the same for both.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -23,84 +26,19 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "kvpolicy/core/mask.hpp"
 #include "kvpolicy/cuda/check.cuh"
+#include "kvpolicy/cuda/decode_mma.cuh"
+#include "kvpolicy/cuda/decode_plan.cuh"
 #include "kvpolicy/cuda/dispatch.cuh"
 #include "kvpolicy/cuda/dtype.cuh"
 #include "kvpolicy/cuda/views.cuh"
 
 namespace kvpolicy::gpu {
 
-/// One decode step of one layer: queries [batch, Hq, d] fp32; sequence b's kv head h is segment
-/// segment_base[b] + h; out [batch, Hq, d] fp32. A head with no entries gives zeros.
-/// With query_position (device, [batch]) given, query b sees only the keys at positions <=
-/// query_position[b] (causal, SPEC §6): the rows of a prefill chunk are a batch of such queries
-/// over the same segments, each at its own position. Without it, a query sees every entry.
-/// With mask.local > 0 (WG-KV, SPEC §3) a key is visible only under the vertical-slash rule
-/// (core/mask.hpp), its g read from the pool's write_score (GateField::write_score); it needs
-/// query_position.
-/// With accumulate_mass (H2O, SPEC §5, the twin of cpu::attend_paged's key_mass) every visible
-/// entry's attention_mass column (kv.fields[Field::attention_mass]) grows by the probability it received, summed over the G query
-/// heads of its group; a query head that sees no entry adds nothing, nor does a probability that is
-/// not finite (a logit past fp32).
-struct DecodeBatch {
-  const float* queries = nullptr;
-  const std::int32_t* segment_base = nullptr;
-  std::int32_t batch = 0;
-  std::int32_t q_heads = 0;
-  std::int32_t kv_heads = 0;
-  float* out = nullptr;
-  AttentionMask mask{};
-  const std::int32_t* query_position = nullptr;
-  bool accumulate_mass = false;
-};
-
 namespace detail {
-
-/// The decode attention's tuning, as data (CUB's way: one policy struct per kernel family). The
-/// kernels and the split plan read these and nothing else.
-struct DecodeTuning {
-  static constexpr int warps = 4;                // per block
-  static constexpr int group_tile = 8;           // query heads of a group one block serves
-  static constexpr int waves_of_blocks = 32;     // blocks per multiprocessor the split aims at: many
-                                                 // small waves, so the last one's idle tail stays small
-  static constexpr std::int64_t min_chunk = 128;   // entries; below, a split's partials cost more than it saves
-  static constexpr float rescale_slack = 8.0f;    // log2 units: probabilities against a stale base stay <= 2^8
-  static constexpr std::size_t mass_shared_limit = 48 * 1024;  // the mass pass's shared memory, without opting in
-  // Blocks of the partial kernel an SM must hold (launch bounds): 4 on sm_80+ (at most 128
-  // registers a thread, measured on an H100: bytes in flight need blocks); no bound below, where
-  // the cap would spill (and GPGPU-Sim, which runs sm_75 builds, cannot parse ptxas's report of a
-  // stack frame).
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  static constexpr int partial_blocks_per_sm = 4;
-#else
-  static constexpr int partial_blocks_per_sm = 1;
-#endif
-};
-inline constexpr float kLog2e = 1.4426950408889634f;
-
-struct DecodePlan {
-  int splits = 1;               // chunks a head is split into
-  std::int64_t chunk = 0;       // entries per chunk (the last chunk takes whatever is beyond)
-  int group_tiles = 1;          // blocks per kv head along its query group
-};
-
-/// Preconditions (checked by the callers): kv_heads >= 1, q_heads a multiple of it, page_size >= 1.
-inline DecodePlan plan_decode(const DecodeBatch& a, std::int64_t max_length, int page_size, int sm_count) {
-  DecodePlan p;
-  const int group = a.q_heads / a.kv_heads;
-  p.group_tiles = (group + DecodeTuning::group_tile - 1) / DecodeTuning::group_tile;
-  const std::int64_t heads = std::max<std::int64_t>(1, std::int64_t{a.batch} * a.kv_heads * p.group_tiles);
-  const std::int64_t want =
-      std::max<std::int64_t>(1, (DecodeTuning::waves_of_blocks * std::int64_t{sm_count} + heads - 1) / heads);
-  const std::int64_t most =
-      std::max<std::int64_t>(1, (max_length + DecodeTuning::min_chunk - 1) / DecodeTuning::min_chunk);
-  p.splits = static_cast<int>(std::min<std::int64_t>({want, most, 1024}));
-  const std::int64_t per = (max_length + p.splits - 1) / p.splits;
-  p.chunk = std::max<std::int64_t>(page_size, (per + page_size - 1) / page_size * page_size);
-  return p;
-}
 
 /// How the lanes of a warp share entries: each lane of a group of `lanes` reads `elems` contiguous
 /// elements (16 bytes, or 32 for fp32 at HEAD_DIM 256) of one entry's key and value, so a warp
@@ -264,26 +202,9 @@ __global__ void __launch_bounds__(DecodeTuning::warps * 32, DecodeTuning::partia
     }
   }
   __syncthreads();
-  // combine the warps: one thread per (query head of the tile, element)
-  for (int i = threadIdx.x; i < gn * HEAD_DIM; i += blockDim.x) {
-    const int g = i / HEAD_DIM, c = i % HEAD_DIM;
-    float mx = -INFINITY;
-    for (int w = 0; w < DecodeTuning::warps; ++w) mx = fmaxf(mx, m_w[w][g]);
-    float sum = 0.0f, out = 0.0f;
-    if (mx != -INFINITY)
-      for (int w = 0; w < DecodeTuning::warps; ++w) {
-        const float f = exp2f(m_w[w][g] - mx);
-        sum += l_w[w][g] * f;
-        out += acc_w[w][g][c] * f;
-      }
-    const std::int64_t qh = std::int64_t{b} * a.q_heads + h * group + g0 + g;
-    const std::int64_t at = qh * splits + split;
-    part_acc[at * HEAD_DIM + c] = out;
-    if (c == 0) {
-      part_max[at] = mx;
-      part_sum[at] = sum;
-    }
-  }
+  write_block_partial<DecodeTuning::warps, DecodeTuning::group_tile, HEAD_DIM>(
+      &m_w[0][0], &l_w[0][0], &acc_w[0][0][0], gn, std::int64_t{b} * a.q_heads + h * group + g0, split, splits,
+      part_max, part_sum, part_acc);
 }
 
 /// grid (batch * Hq): out = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s (bases in log2 units);
@@ -367,6 +288,20 @@ __global__ void __launch_bounds__(DecodeTuning::warps * 32)
   }
 }
 
+/// Why the tensor-core kernel does not apply to this call (nullptr: it does), for
+/// DecodeKernel::automatic's choice and DecodeKernel::tensor_cores's error.
+template <class T>
+const char* why_not_tensor_cores(const DecodeBatch& a, int head_dim) {
+  if constexpr (std::is_same_v<T, float>) return "fp32 storage has no 16-bit tensor-core product";
+  if (head_dim != 64 && head_dim != 128) return "it serves head_dim 64 and 128";
+  if (a.accumulate_mass) return "H2O's mass is the CUDA-core kernel's third pass";
+  int device = 0, major = 0;
+  KVPOLICY_CUDA_CHECK(cudaGetDevice(&device), "querying the current device");
+  KVPOLICY_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "device ", device);
+  if (major < 8) return "the device's compute capability is below 8.0 (no cp.async, no m16n8k16)";
+  return nullptr;
+}
+
 inline int sm_count_of_current_device() {
   int device = 0, sms = 0;
   KVPOLICY_CUDA_CHECK(cudaGetDevice(&device), "querying the current device");
@@ -445,10 +380,32 @@ void decode_attention(void* workspace, std::size_t& workspace_bytes, const Paged
                              ", page_size = " + std::to_string(kv.page_size) + ", dtype = " + dtype_name<T> +
                              ", splits = " + std::to_string(p.splits);
   require(a.batch <= 65535 && std::int64_t{a.kv_heads} * p.group_tiles <= 65535, who, ": grid too large (", shapes, ")");
+  bool tensor_cores = false;
+  if (a.kernel != DecodeKernel::cuda_cores) {
+    const char* why_not = detail::why_not_tensor_cores<T>(a, kv.head_dim);
+    require(a.kernel == DecodeKernel::automatic || why_not == nullptr, who,
+            ": kernel = tensor_cores does not apply: ", why_not == nullptr ? "" : why_not, " (", shapes, ")");
+    tensor_cores = why_not == nullptr;
+  }
+  const int mma_group_tiles = (a.q_heads / a.kv_heads + detail::DecodeMmaTuning::heads - 1) / detail::DecodeMmaTuning::heads;
   dispatch_head_dim(kv.head_dim, who, [&](auto dim) {
     constexpr int D = decltype(dim)::value;
     dispatch_page_size(kv.page_size, who, [&](auto page) {
       constexpr int P = decltype(page)::value;
+      if constexpr (!std::is_same_v<T, float> && D <= 128) {
+        if (tensor_cores) {
+          constexpr std::size_t shared = detail::DecodeMmaTuning::shared_bytes<D>();
+          auto* kernel = detail::decode_mma_kernel<T, D, P>;
+          KVPOLICY_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared)),
+                              "decode_mma_kernel: ", shared, " bytes of shared memory (", shapes, ")");
+          const dim3 grid(static_cast<unsigned>(p.splits), static_cast<unsigned>(a.kv_heads * mma_group_tiles),
+                          static_cast<unsigned>(a.batch));
+          kernel<<<grid, detail::DecodeMmaTuning::warps * 32, shared, stream>>>(kv, t, a, p.chunk, mma_group_tiles,
+                                                                               part_max, part_sum, part_acc);
+          check_launch("decode_mma_kernel", shapes);
+          return;
+        }
+      }
       const dim3 grid(static_cast<unsigned>(p.splits), static_cast<unsigned>(a.kv_heads * p.group_tiles),
                       static_cast<unsigned>(a.batch));
       detail::decode_partial_kernel<T, D, P><<<grid, detail::DecodeTuning::warps * 32, 0, stream>>>(

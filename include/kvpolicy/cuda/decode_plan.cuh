@@ -1,0 +1,125 @@
+/// \file
+/// kvpolicy/cuda/decode_plan.cuh — what one decode attention step is given (DecodeBatch), the kernels'
+/// tuning, and how a head is split along the cache into chunks (flash-decoding's split-KV), shared by
+/// the CUDA-core kernel (attention.cuh) and the tensor-core one (decode_mma.cuh) so both write the
+/// same partials into the same workspace.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+
+#include "kvpolicy/core/mask.hpp"
+
+namespace kvpolicy::gpu {
+
+/// Which kernel computes q·Kᵀ and p·V (docs/perf.md, "Decode kernels"). automatic: tensor_cores
+/// where it applies (fp16 or bf16 storage, head_dim 64 or 128, no H2O mass, a device of compute
+/// capability 8.0 or more), cuda_cores otherwise; naming one that does not apply is an error.
+enum class DecodeKernel : std::uint8_t { automatic, cuda_cores, tensor_cores };
+
+/// One decode step of one layer: queries [batch, Hq, d] fp32; sequence b's kv head h is segment
+/// segment_base[b] + h; out [batch, Hq, d] fp32. A head with no entries gives zeros.
+/// With query_position (device, [batch]) given, query b sees only the keys at positions <=
+/// query_position[b] (causal, SPEC §6): the rows of a prefill chunk are a batch of such queries
+/// over the same segments, each at its own position. Without it, a query sees every entry.
+/// With mask.local > 0 (WG-KV, SPEC §3) a key is visible only under the vertical-slash rule
+/// (core/mask.hpp), its g read from the pool's write_score (GateField::write_score); it needs
+/// query_position.
+/// With accumulate_mass (H2O, SPEC §5, the twin of cpu::attend_paged's key_mass) every visible
+/// entry's attention_mass column (kv.fields[Field::attention_mass]) grows by the probability it received, summed over the G query
+/// heads of its group; a query head that sees no entry adds nothing, nor does a probability that is
+/// not finite (a logit past fp32).
+struct DecodeBatch {
+  const float* queries = nullptr;
+  const std::int32_t* segment_base = nullptr;
+  std::int32_t batch = 0;
+  std::int32_t q_heads = 0;
+  std::int32_t kv_heads = 0;
+  float* out = nullptr;
+  AttentionMask mask{};
+  const std::int32_t* query_position = nullptr;
+  bool accumulate_mass = false;
+  DecodeKernel kernel = DecodeKernel::automatic;  ///< tests and benchmarks name one; engines leave it
+};
+
+namespace detail {
+
+/// The decode attention's tuning, as data (CUB's way: one policy struct per kernel family). The
+/// kernels and the split plan read these and nothing else.
+struct DecodeTuning {
+  static constexpr int warps = 4;                // per block
+  static constexpr int group_tile = 8;           // query heads of a group one block serves
+  static constexpr int waves_of_blocks = 32;     // blocks per multiprocessor the split aims at: many
+                                                 // small waves, so the last one's idle tail stays small
+  static constexpr std::int64_t min_chunk = 128;   // entries; below, a split's partials cost more than it saves
+  static constexpr float rescale_slack = 8.0f;    // log2 units: probabilities against a stale base stay <= 2^8
+  static constexpr std::size_t mass_shared_limit = 48 * 1024;  // the mass pass's shared memory, without opting in
+  // Blocks of the partial kernel an SM must hold (launch bounds): 4 on sm_80+ (at most 128
+  // registers a thread, measured on an H100: bytes in flight need blocks); no bound below, where
+  // the cap would spill (and GPGPU-Sim, which runs sm_75 builds, cannot parse ptxas's report of a
+  // stack frame).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  static constexpr int partial_blocks_per_sm = 4;
+#else
+  static constexpr int partial_blocks_per_sm = 1;
+#endif
+};
+inline constexpr float kLog2e = 1.4426950408889634f;
+
+struct DecodePlan {
+  int splits = 1;               // chunks a head is split into
+  std::int64_t chunk = 0;       // entries per chunk (the last chunk takes whatever is beyond)
+  int group_tiles = 1;          // blocks per kv head along its query group
+};
+
+/// Preconditions (checked by the callers): kv_heads >= 1, q_heads a multiple of it, page_size >= 1.
+inline DecodePlan plan_decode(const DecodeBatch& a, std::int64_t max_length, int page_size, int sm_count) {
+  DecodePlan p;
+  const int group = a.q_heads / a.kv_heads;
+  p.group_tiles = (group + DecodeTuning::group_tile - 1) / DecodeTuning::group_tile;
+  const std::int64_t heads = std::max<std::int64_t>(1, std::int64_t{a.batch} * a.kv_heads * p.group_tiles);
+  const std::int64_t want =
+      std::max<std::int64_t>(1, (DecodeTuning::waves_of_blocks * std::int64_t{sm_count} + heads - 1) / heads);
+  const std::int64_t most =
+      std::max<std::int64_t>(1, (max_length + DecodeTuning::min_chunk - 1) / DecodeTuning::min_chunk);
+  p.splits = static_cast<int>(std::min<std::int64_t>({want, most, 1024}));
+  const std::int64_t per = (max_length + p.splits - 1) / p.splits;
+  p.chunk = std::max<std::int64_t>(page_size, (per + page_size - 1) / page_size * page_size);
+  return p;
+}
+
+/// The block's partial of one chunk for its tile of query heads: the warps' (max, sum, acc), each from
+/// its own base, brought to the largest and summed (bases in log2 units), one thread per (query
+/// head, element), written where decode_merge_kernel reads it. m_w and l_w are [WARPS][ROWS], acc_w
+/// [WARPS][ROWS][HEAD_DIM]; rows [0, heads) are real, first_head is row 0's query head.
+template <int WARPS, int ROWS, int HEAD_DIM>
+__device__ void write_block_partial(const float* m_w, const float* l_w, const float* acc_w, int heads,
+                                    std::int64_t first_head, int split, int splits, float* part_max,
+                                    float* part_sum, float* part_acc) {
+  for (int i = static_cast<int>(threadIdx.x); i < heads * HEAD_DIM; i += static_cast<int>(blockDim.x)) {
+    const int g = i / HEAD_DIM, c = i % HEAD_DIM;
+    float mx = -INFINITY;
+    for (int w = 0; w < WARPS; ++w) mx = fmaxf(mx, m_w[w * ROWS + g]);
+    float sum = 0.0f, out = 0.0f;
+    if (mx != -INFINITY)
+      for (int w = 0; w < WARPS; ++w) {
+        const float f = exp2f(m_w[w * ROWS + g] - mx);
+        sum += l_w[w * ROWS + g] * f;
+        out += acc_w[(w * ROWS + g) * HEAD_DIM + c] * f;
+      }
+    const std::int64_t at = (first_head + g) * splits + split;
+    part_acc[at * HEAD_DIM + c] = out;
+    if (c == 0) {
+      part_max[at] = mx;
+      part_sum[at] = sum;
+    }
+  }
+}
+
+}  // namespace detail
+
+}  // namespace kvpolicy::gpu
