@@ -337,5 +337,11 @@ TEST_CASE("decode attention arguments are checked before any launch" * doctest::
     CHECK(p.chunk % 16 == 0);
     CHECK(std::int64_t{p.splits} * p.chunk >= len);
     CHECK(p.group_tiles == 1);
+    // the tensor-core kernel's plan: fewer or as many splits (the workspace is sized by the first)
+    const auto q = kc::detail::plan_decode(a, len, 16, 132, true);
+    CHECK(q.splits >= 1);
+    CHECK(q.splits <= p.splits);
+    CHECK(q.chunk % 16 == 0);
+    CHECK(std::int64_t{q.splits} * q.chunk >= len);
   }
 }

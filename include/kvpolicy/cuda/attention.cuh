@@ -299,6 +299,13 @@ const char* why_not_tensor_cores(const DecodeBatch& a, int head_dim) {
   KVPOLICY_CUDA_CHECK(cudaGetDevice(&device), "querying the current device");
   KVPOLICY_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "device ", device);
   if (major < 8) return "the device's compute capability is below 8.0 (no cp.async, no m16n8k16)";
+  if constexpr (!std::is_same_v<T, float>) {
+    // the code the device runs was built for sm_80+ (not JIT-compiled from an older target's PTX,
+    // where the kernel's body is a trap)
+    cudaFuncAttributes f{};
+    KVPOLICY_CUDA_CHECK(cudaFuncGetAttributes(&f, decode_mma_kernel<T, 64, 16>), "decode_mma_kernel's attributes");
+    if (f.ptxVersion < 80) return "this build has no sm_80+ code for it (CMAKE_CUDA_ARCHITECTURES)";
+  }
   return nullptr;
 }
 
@@ -367,9 +374,9 @@ void decode_attention(void* workspace, std::size_t& workspace_bytes, const Paged
   require(a.mask.gate_field == GateField::write_score, who,
           ": the device mask reads g from the pool's write_score (WG-KV's own cache); a mask that reads "
           "EntryMeta::gate has no device twin");
-  const detail::DecodePlan p = detail::plan_decode(a, max_length, kv.page_size, sm_count);
+  const detail::DecodePlan sizing = detail::plan_decode(a, max_length, kv.page_size, sm_count);
   WorkspaceLayout layout;
-  const std::int64_t rows = std::int64_t{a.batch} * a.q_heads * p.splits;
+  const std::int64_t rows = std::int64_t{a.batch} * a.q_heads * sizing.splits;
   float* part_max = layout.take<float>(workspace, rows);
   float* part_sum = layout.take<float>(workspace, rows);
   float* part_acc = layout.take<float>(workspace, rows * 256);
@@ -378,8 +385,8 @@ void decode_attention(void* workspace, std::size_t& workspace_bytes, const Paged
   const std::string shapes = "batch = " + std::to_string(a.batch) + ", q_heads = " + std::to_string(a.q_heads) +
                              ", kv_heads = " + std::to_string(a.kv_heads) + ", head_dim = " + std::to_string(kv.head_dim) +
                              ", page_size = " + std::to_string(kv.page_size) + ", dtype = " + dtype_name<T> +
-                             ", splits = " + std::to_string(p.splits);
-  require(a.batch <= 65535 && std::int64_t{a.kv_heads} * p.group_tiles <= 65535, who, ": grid too large (", shapes, ")");
+                             ", splits = " + std::to_string(sizing.splits);
+  require(a.batch <= 65535 && std::int64_t{a.kv_heads} * sizing.group_tiles <= 65535, who, ": grid too large (", shapes, ")");
   bool tensor_cores = false;
   if (a.kernel != DecodeKernel::cuda_cores) {
     const char* why_not = detail::why_not_tensor_cores<T>(a, kv.head_dim);
@@ -387,7 +394,7 @@ void decode_attention(void* workspace, std::size_t& workspace_bytes, const Paged
             ": kernel = tensor_cores does not apply: ", why_not == nullptr ? "" : why_not, " (", shapes, ")");
     tensor_cores = why_not == nullptr;
   }
-  const int mma_group_tiles = (a.q_heads / a.kv_heads + detail::DecodeMmaTuning::heads - 1) / detail::DecodeMmaTuning::heads;
+  const detail::DecodePlan p = detail::plan_decode(a, max_length, kv.page_size, sm_count, tensor_cores);
   dispatch_head_dim(kv.head_dim, who, [&](auto dim) {
     constexpr int D = decltype(dim)::value;
     dispatch_page_size(kv.page_size, who, [&](auto page) {
@@ -398,9 +405,9 @@ void decode_attention(void* workspace, std::size_t& workspace_bytes, const Paged
           auto* kernel = detail::decode_mma_kernel<T, D, P>;
           KVPOLICY_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared)),
                               "decode_mma_kernel: ", shared, " bytes of shared memory (", shapes, ")");
-          const dim3 grid(static_cast<unsigned>(p.splits), static_cast<unsigned>(a.kv_heads * mma_group_tiles),
+          const dim3 grid(static_cast<unsigned>(p.splits), static_cast<unsigned>(a.kv_heads * p.group_tiles),
                           static_cast<unsigned>(a.batch));
-          kernel<<<grid, detail::DecodeMmaTuning::warps * 32, shared, stream>>>(kv, t, a, p.chunk, mma_group_tiles,
+          kernel<<<grid, detail::DecodeMmaTuning::warps * 32, shared, stream>>>(kv, t, a, p.chunk, p.group_tiles,
                                                                                part_max, part_sum, part_acc);
           check_launch("decode_mma_kernel", shapes);
           return;

@@ -35,11 +35,13 @@ namespace kvpolicy::gpu::detail {
 
 struct DecodeMmaTuning {
   static constexpr int warps = 4;          // per block, each with its own tiles and ring
-  static constexpr int heads = 16;         // query heads of a group one block serves: the product's M
+  static constexpr int heads = DecodeTuning::mma_heads;  // query heads of a group one block serves: the product's M
   static constexpr int tile = 16;          // entries of a tile: S's N, and P·V's K
   static constexpr int stages = 3;         // a warp's ring: tiles in flight and the one in hand
   static constexpr int blocks_per_sm = 2;  // 104 KB of shared memory each at head_dim 128
-  static constexpr int header_bytes = 256; // the ring's visibility words and the query rows' scales
+  static constexpr int header_bytes = 256; // the rings' visibility words, the query rows' scales and maxima
+  static constexpr int waves = 2;          // blocks per block slot the split aims at (plan_decode)
+  static_assert(heads == 16 && DecodeTuning::mma_slots_per_sm == blocks_per_sm * waves);
 
   /// Shared memory of one block: the query's high and low parts [heads][D], the header, and each
   /// warp's ring of (keys, values) [tile][D], all 16-bit. After the loop the rings hold the warps'
@@ -75,7 +77,7 @@ __global__ void __launch_bounds__(DecodeMmaTuning::warps * 32, DecodeMmaTuning::
   unsigned char* q_hi = smem;
   unsigned char* q_lo = smem + M * D * 2;
   auto* visible_s = reinterpret_cast<std::uint32_t*>(smem + 2 * M * D * 2);  // [W][S]
-  auto* row_scale_s = reinterpret_cast<float*>(visible_s + W * S);           // [M]
+  auto* row_scale_s = reinterpret_cast<float*>(visible_s + W * S);           // [M], then [M] maxima
   unsigned char* rings = smem + 2 * M * D * 2 + Tu::header_bytes;
 
   const int split = static_cast<int>(blockIdx.x), splits = static_cast<int>(gridDim.x);
@@ -93,26 +95,42 @@ __global__ void __launch_bounds__(DecodeMmaTuning::warps * 32, DecodeMmaTuning::
   const int tid = static_cast<int>(threadIdx.x), lane = tid % 32, warp = tid / 32;
 
   // The query rows, scaled by a power of two 2^-k into [2^13, 2^14) (fp16 holds them whatever the
-  // query's magnitude; exact, undone on the logits), split into high and low 16-bit parts.
+  // query's magnitude; exact, undone on the logits), split into high and low 16-bit parts. Each
+  // thread holds PAIRS pairs of elements; a warp's 32 pairs of a round lie in one row, so a row's
+  // largest magnitude is a warp reduction and an atomic max on its bits (non-negative floats order
+  // as their bits).
+  constexpr int PAIRS = M * D / 2 / (W * 32);
+  static_assert((D / 2) % 32 == 0, "a warp's pairs of one round share a row");
+  auto* row_most_s = reinterpret_cast<unsigned int*>(row_scale_s + M);  // [M]
+  if (tid < M) row_most_s[tid] = 0u;
+  __syncthreads();
+  float qx[PAIRS], qy[PAIRS];
+#pragma unroll
+  for (int j = 0; j < PAIRS; ++j) {
+    const int i = j * W * 32 + tid, r = i / (D / 2), c = (i % (D / 2)) * 2;
+    qx[j] = r < gn ? a.queries[(first_head + r) * D + c] * scale : 0.0f;
+    qy[j] = r < gn ? a.queries[(first_head + r) * D + c + 1] * scale : 0.0f;
+  }
+#pragma unroll
+  for (int j = 0; j < PAIRS; ++j) {
+    float most = fmaxf(fabsf(qx[j]), fabsf(qy[j]));
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) most = fmaxf(most, __shfl_xor_sync(0xffffffffu, most, o));
+    if (lane == 0) atomicMax(&row_most_s[(j * W * 32 + tid) / (D / 2)], __float_as_uint(most));
+  }
+  __syncthreads();
   if (tid < M) {
-    float most = 0.0f;
-    if (tid < gn)
-      for (int c = 0; c < D; ++c) most = fmaxf(most, fabsf(a.queries[(first_head + tid) * D + c] * scale));
-    int k = 0;
-    if (most > 0.0f && isfinite(most)) k = max(-100, min(100, ilogbf(most) - 13));
+    const float most = __uint_as_float(row_most_s[tid]);
+    const int k = most > 0.0f && isfinite(most) ? max(-100, min(100, ilogbf(most) - 13)) : 0;
     row_scale_s[tid] = ldexpf(1.0f, k);
   }
   __syncthreads();
-  for (int i = tid; i < M * D / 2; i += W * 32) {
-    const int r = i / (D / 2), c = (i % (D / 2)) * 2;
-    float x = 0.0f, y = 0.0f;
-    if (r < gn) {
-      const float unscale = 1.0f / row_scale_s[r];
-      x = a.queries[(first_head + r) * D + c] * scale * unscale;
-      y = a.queries[(first_head + r) * D + c + 1] * scale * unscale;
-    }
+#pragma unroll
+  for (int j = 0; j < PAIRS; ++j) {
+    const int i = j * W * 32 + tid, r = i / (D / 2), c = (i % (D / 2)) * 2;
+    const float unscale = 1.0f / row_scale_s[r];
     std::uint32_t hi, lo;
-    split_pack<T>(x, y, hi, lo);
+    split_pack<T>(qx[j] * unscale, qy[j] * unscale, hi, lo);
     const std::uint32_t at = swizzled<D>(r, c / 8) + (c % 8) * 2;
     *reinterpret_cast<std::uint32_t*>(q_hi + at) = hi;
     *reinterpret_cast<std::uint32_t*>(q_lo + at) = lo;

@@ -53,6 +53,8 @@ namespace detail {
 struct DecodeTuning {
   static constexpr int warps = 4;                // per block
   static constexpr int group_tile = 8;           // query heads of a group one block serves
+  static constexpr int mma_heads = 16;           // ... in the tensor-core kernel (DecodeMmaTuning::heads)
+  static constexpr int mma_slots_per_sm = 2 * 2; // its blocks an SM holds (2) x the waves it aims at (2)
   static constexpr int waves_of_blocks = 32;     // blocks per multiprocessor the split aims at: many
                                                  // small waves, so the last one's idle tail stays small
   static constexpr std::int64_t min_chunk = 128;   // entries; below, a split's partials cost more than it saves
@@ -76,14 +78,25 @@ struct DecodePlan {
   int group_tiles = 1;          // blocks per kv head along its query group
 };
 
-/// Preconditions (checked by the callers): kv_heads >= 1, q_heads a multiple of it, page_size >= 1.
-inline DecodePlan plan_decode(const DecodeBatch& a, std::int64_t max_length, int page_size, int sm_count) {
+/// The CUDA-core kernel's split: many small waves of blocks (DecodeTuning::waves_of_blocks per SM).
+/// The tensor-core kernel's (tensor_cores = true): about `waves` blocks per block slot of the device
+/// (its blocks stream a whole chunk through a pipeline whose start is a fixed cost, so fewer and
+/// longer chunks; decode_mma.cuh). Neither has more splits than the CUDA-core plan, which sizes the
+/// workspace. Preconditions (checked by the callers): kv_heads >= 1, q_heads a multiple of it,
+/// page_size >= 1.
+inline DecodePlan plan_decode(const DecodeBatch& a, std::int64_t max_length, int page_size, int sm_count,
+                              bool tensor_cores = false) {
   DecodePlan p;
   const int group = a.q_heads / a.kv_heads;
   p.group_tiles = (group + DecodeTuning::group_tile - 1) / DecodeTuning::group_tile;
   const std::int64_t heads = std::max<std::int64_t>(1, std::int64_t{a.batch} * a.kv_heads * p.group_tiles);
-  const std::int64_t want =
+  std::int64_t want =
       std::max<std::int64_t>(1, (DecodeTuning::waves_of_blocks * std::int64_t{sm_count} + heads - 1) / heads);
+  if (tensor_cores) {
+    p.group_tiles = (group + DecodeTuning::mma_heads - 1) / DecodeTuning::mma_heads;
+    const std::int64_t mma_heads = std::max<std::int64_t>(1, std::int64_t{a.batch} * a.kv_heads * p.group_tiles);
+    want = std::min(want, std::max<std::int64_t>(1, DecodeTuning::mma_slots_per_sm * std::int64_t{sm_count} / mma_heads));
+  }
   const std::int64_t most =
       std::max<std::int64_t>(1, (max_length + DecodeTuning::min_chunk - 1) / DecodeTuning::min_chunk);
   p.splits = static_cast<int>(std::min<std::int64_t>({want, most, 1024}));
