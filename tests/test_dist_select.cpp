@@ -25,25 +25,28 @@ class ThreadGroup {
     int id;
     int rank() const { return id; }
     int size() const { return group->size_; }
-    void all_reduce_sum(std::span<std::int64_t> values) { group->reduce(id, values); }
+    void all_reduce_sum(std::span<std::int64_t> values) { group->reduce(id, values, group->counts_); }
+    void all_reduce_sum(std::span<float> values) { group->reduce(id, values, group->floats_); }
   };
 
  private:
-  void reduce(int id, std::span<std::int64_t> values) {
-    if (id == 0) sum_.assign(values.size(), 0);
+  template <class T>
+  void reduce(int id, std::span<T> values, std::vector<T>& sum) {
+    if (id == 0) sum.assign(values.size(), T{});
     sync_.arrive_and_wait();
     {
       std::lock_guard lock(mutex_);
-      for (std::size_t i = 0; i < values.size(); ++i) sum_[i] += values[i];
+      for (std::size_t i = 0; i < values.size(); ++i) sum[i] += values[i];
     }
     sync_.arrive_and_wait();
-    std::copy(sum_.begin(), sum_.end(), values.begin());
+    std::copy(sum.begin(), sum.end(), values.begin());
     sync_.arrive_and_wait();
   }
   int size_;
   std::barrier<> sync_;
   std::mutex mutex_;
-  std::vector<std::int64_t> sum_;
+  std::vector<std::int64_t> counts_;
+  std::vector<float> floats_;
 };
 
 static_assert(dist::Communicator<ThreadGroup::Rank>);

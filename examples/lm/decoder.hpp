@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <span>
+#include <utility>
 #include <vector>
 
 #ifdef _OPENMP
@@ -48,9 +49,15 @@ struct EntryMetadata {
   HiddenStateScore hidden;
 };
 
+/// Sums a partial product over the ranks of a split model, in place (tensor_parallel.hpp); empty
+/// for a model on one rank.
+using PartialSum = std::function<void(Matrix&)>;
+
 class Decoder {
  public:
-  explicit Decoder(const Model& m) : m_(m), c_(m.config) {
+  /// reduce: the all-reduce of a rank's share of the model (o's and down's partial products);
+  /// empty for the whole model.
+  explicit Decoder(const Model& m, PartialSum reduce = {}) : m_(m), c_(m.config), reduce_(std::move(reduce)) {
     // RoPE's inverse frequencies base^(-2i / rope_dim), i < rope_dim / 2, in double then rounded once
     for (int i = 0; i < c_.rope_dim / 2; ++i)
       inv_freq_.push_back(std::pow(c_.rope_base, -2.0 * i / static_cast<double>(c_.rope_dim)));
@@ -74,7 +81,7 @@ class Decoder {
       require(id >= 0 && id < c_.vocab, "kvpolicy-lm: token id ", id, " is not in [0, ", c_.vocab, ")");
       x.row(t) = m_.embed.dense.row(id);
     }
-    Matrix h, q, k, v, o, gate, up;
+    Matrix h, q, k, v, o, gate, up, part;
     std::vector<float> qh(static_cast<std::size_t>(Hq * T * d)), kh_pre(static_cast<std::size_t>(Hkv * T * d)),
         kh(kh_pre.size()), vh(kh_pre.size()), oh(qh.size()), meta(static_cast<std::size_t>(Hkv * T));
     const HiddenStateScore& hidden = metadata.hidden;
@@ -99,12 +106,12 @@ class Decoder {
                    View<const float, 2>(meta.data(), {Hkv, T}));
       cache.attend(seq, l, View<const float, 3>(qh.data(), {Hq, T, d}), View<float, 3>(oh.data(), {Hq, T, d}));
       from_heads(oh, Hq, T, o);
-      project(o, w.wo, x, /*accumulate=*/true);
+      add_product(o, w.wo, x, part);
       rms_norm(x, w.ffn_norm, h);
       project(h, w.w_gate, gate);
       project(h, w.w_up, up);
       gate = gate.unaryExpr([](float g) { return g / (1.0f + std::exp(-g)); }).cwiseProduct(up);
-      project(gate, w.w_down, x, /*accumulate=*/true);
+      add_product(gate, w.w_down, x, part);
     }
     if (hidden) set_hidden_scores(cache, seq, x, T, band_a, band_b, hidden);
     auto report = cache.commit(seq);
@@ -171,6 +178,15 @@ class Decoder {
   }
   static constexpr Eigen::Index kFewRows = 8;  // below this, a product is a few matrix-vector ones
 
+  // x += a W^T; on a rank of a split model, a W^T is a partial sum over the ranks (W's columns are
+  // split), summed by reduce_ before it is added, so every rank's x stays the same.
+  void add_product(const Matrix& a, const Weight& W, Matrix& x, Matrix& part) const {
+    if (!reduce_) return project(a, W, x, /*accumulate=*/true);
+    project(a, W, part);
+    reduce_(part);
+    x += part;
+  }
+
   // y = x / sqrt(mean(x^2) + eps) * w per row (the sum of squares in double, as ggml's rms_norm)
   void rms_norm(const Matrix& x, const Vector& w, Matrix& y) const {
     y.resize(x.rows(), x.cols());
@@ -218,6 +234,7 @@ class Decoder {
 
   const Model& m_;
   const Config& c_;
+  PartialSum reduce_;
   std::vector<double> inv_freq_;
 };
 

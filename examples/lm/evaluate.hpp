@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -36,9 +37,11 @@ inline double nll_of(const Eigen::Ref<const Eigen::RowVectorXf>& row, int id) {
 
 /// Runs `tokens` as sequence 0 of `cache`: a first step of `prefill` tokens (declared as the
 /// prompt), then steps of `chunk`; every step commits (trigger and eviction) before the next.
+/// at_end, when given, sees the cache after the last step, before the sequence is removed.
 template <class CacheT>
 Run score_text(Decoder& dec, CacheT& cache, const EntryMetadata& metadata, std::span<const int> tokens,
-               std::int64_t prefill, std::int64_t chunk, bool keep_logits) {
+               std::int64_t prefill, std::int64_t chunk, bool keep_logits,
+               const std::function<void(const CacheT&)>& at_end = {}) {
   const auto N = static_cast<std::int64_t>(tokens.size());
   require(prefill >= 1 && chunk >= 1, "kvpolicy-lm: --prefill ", prefill, " and --chunk ", chunk, " must be >= 1");
   Run r;
@@ -63,6 +66,7 @@ Run score_text(Decoder& dec, CacheT& cache, const EntryMetadata& metadata, std::
   }
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   r.final_entries = cache.total_length(0);
+  if (at_end) at_end(cache);
   cache.remove_sequence(0);
   return r;
 }

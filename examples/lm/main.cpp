@@ -1,6 +1,7 @@
 // kvpolicy-lm: a real language model (LLaMA family, e.g. SmolLM2-135M from tools/fetch-model.sh)
 // decoding on the CPU with its K/V in a kvpolicy Cache of any policy: perplexity of a text, or
 // generation from prompts (several sequences in one pool).
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -13,9 +14,16 @@
 #include <omp.h>
 #endif
 
+#ifdef KVPOLICY_LM_MPI
+#include <mpi.h>
+
+#include "kvpolicy/dist/mpi.hpp"
+#endif
+
 #include "../cli.hpp"
 #include "evaluate.hpp"
 #include "policies.hpp"
+#include "tensor_parallel.hpp"
 #include "tokenizer.hpp"
 
 using namespace kvpolicy;
@@ -36,6 +44,11 @@ const char* kUsage = R"(kvpolicy-lm: a LLaMA-family model on the CPU, its K/V in
   kvpolicy-lm --model DIR --text FILE --tokens N --generate D [--policy P ...]
       the same from the first N tokens of FILE (a context of exactly N tokens: tools/bench_lm.sh)
   Generation ends with a line `timing: prefill ... tokens/s; decode ... tokens/s`.
+  mpirun -np N kvpolicy-lm --tp N --model DIR --text FILE ... [--policy P ...]
+      the perplexity run with the model split over N ranks (Megatron: attention heads and the
+      MLP's width; F32 weights) and the cache sharded by kv head, the policy's budgets summed over
+      the ranks (docs/distributed.md). Both runs print `survivors <digest>` of what the cache holds
+      at the end: the same digest is the same survivors. Needs a build with MPI.
 
 model:   --model DIR       config.json, model.safetensors, tokenizer.json (tools/fetch-model.sh)
          --threads N       threads for the matrix products (OpenMP builds; default: all)
@@ -54,7 +67,7 @@ struct Args {
   bool golden_strict = false;
   std::vector<std::string> prompts;
   std::int64_t tokens = 1024, score_from = 1, prefill = 0, chunk = 16, generate = 0;
-  int threads = 0;
+  int threads = 0, tp = 0;
   DecodeWeights decode_weights = DecodeWeights::gguf;
   PolicyOptions selection;
 };
@@ -88,6 +101,7 @@ Args parse(int argc, char** argv) {
     else if (f == "--chunk") a.chunk = cli::integer(f, v);
     else if (f == "--generate") a.generate = cli::integer(f, v);
     else if (f == "--threads") a.threads = static_cast<int>(cli::integer(f, v));
+    else if (f == "--tp") a.tp = static_cast<int>(cli::integer(f, v));
     else if (f == "--decode-weights") {
       require(v == "gguf" || v == "f32", "--decode-weights '", v, "' must be gguf or f32");
       a.decode_weights = v == "gguf" ? DecodeWeights::gguf : DecodeWeights::f32;
@@ -104,6 +118,8 @@ Args parse(int argc, char** argv) {
   require(a.prefill >= 0, "--prefill ", a.prefill, " must be >= 0");
   require(a.generate >= 0, "--generate ", a.generate, " must be >= 0");
   require(a.threads >= 0, "--threads ", a.threads, " must be >= 0");
+  require(a.tp >= 0, "--tp ", a.tp, " must be >= 1");
+  require(a.tp == 0 || (a.generate == 0 && a.golden.empty()), "--tp runs the perplexity mode (no --generate, no --golden)");
   require(a.prompts.empty() || a.generate >= 1, "--prompt needs --generate N >= 1");
   require(!a.golden_strict || !a.golden.empty(), "--golden-strict needs --golden FILE");
   require(a.golden.empty() || a.generate == 0, "--golden compares a perplexity run: not with --generate");
@@ -111,6 +127,14 @@ Args parse(int argc, char** argv) {
   return a;
 }
 
+// One hash (FNV-1a) of every (layer, kv head)'s digest (survivor_digest), in hex.
+std::string digest_text(const std::vector<std::int64_t>& digest) {
+  std::uint64_t x = 1469598103934665603ull;
+  for (const std::int64_t d : digest) x = (x ^ static_cast<std::uint64_t>(d)) * 1099511628211ull;
+  char text[17];
+  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(x));
+  return text;
+}
 std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   require(in.good(), "--text: cannot open '", path, "'");
@@ -124,8 +148,11 @@ int perplexity_mode(const Args& a, const Model& model, const Tokenizer& tok) {
   ids.resize(static_cast<std::size_t>(a.tokens));
   Decoder dec(model);
   const bool golden = !a.golden.empty();
+  std::vector<std::int64_t> survivors;
   const Run r = with_policy(a.selection, model.config, 1, a.tokens, [&](auto& cache, const EntryMetadata& meta) {
-    return score_text(dec, cache, meta, ids, a.prefill, a.chunk, golden);
+    using CacheT = std::decay_t<decltype(cache)>;
+    return score_text<CacheT>(dec, cache, meta, ids, a.prefill, a.chunk, golden,
+                              [&](const CacheT& c) { survivors = survivor_digest(c, 0, model.config, 0); });
   });
   std::string given;  // the policy's options as given (the registry's defaults for the rest)
   for (const auto& [option, value] : a.selection.given) given += (given.empty() ? " (" : ", ") + option + " " + value;
@@ -167,9 +194,44 @@ int perplexity_mode(const Args& a, const Model& model, const Tokenizer& tok) {
       }
     }
   }
+  std::printf("survivors %s\n", digest_text(survivors).c_str());
   std::printf("ppl %.6f\n", perplexity(r.nll, a.score_from));
   return status;
 }
+
+#ifdef KVPOLICY_LM_MPI
+// perplexity_mode on this rank's share of the model and the cache (tensor_parallel.hpp); rank 0 prints.
+int perplexity_tp(const Args& a, const Model& full, const Tokenizer& tok) {
+  dist::Mpi comm(MPI_COMM_WORLD);
+  require(comm.size() == a.tp, "--tp ", a.tp, ": mpirun started ", comm.size(), " ranks (mpirun -np ", a.tp, ")");
+  auto ids = tok.encode(read_file(a.text));
+  require(static_cast<std::int64_t>(ids.size()) >= a.tokens, "--tokens ", a.tokens, ": '", a.text, "' has only ",
+          ids.size(), " tokens");
+  ids.resize(static_cast<std::size_t>(a.tokens));
+  const Model mine = shard_model(full, comm.rank(), comm.size());
+  Decoder dec(mine, [&](Matrix& part) { comm.all_reduce_sum(std::span<float>(part.data(), static_cast<std::size_t>(part.size()))); });
+  std::vector<std::int64_t> survivors;
+  const Run r = with_sharded_policy(a.selection, full.config, comm, 1, a.tokens, [&](auto& cache, const EntryMetadata& meta) {
+    using CacheT = std::decay_t<decltype(cache)>;
+    return score_text<CacheT>(dec, cache, meta, ids, a.prefill, a.chunk, false,
+                              [&](const CacheT& c) { survivors = survivor_digest(c, 0, full.config, comm.rank()); });
+  });
+  comm.all_reduce_sum(survivors);
+  std::array<std::int64_t, 1> held{r.final_entries};
+  comm.all_reduce_sum(held);
+  if (comm.rank() == 0) {
+    std::printf("model %s, text %s: %lld tokens, policy %s, prefill %lld, chunk %lld, %d ranks (tensor parallel)\n",
+                full.config.name.c_str(), a.text.c_str(), static_cast<long long>(a.tokens), a.selection.policy.c_str(),
+                static_cast<long long>(a.prefill), static_cast<long long>(a.chunk), comm.size());
+    std::printf("entries held: final %lld of %lld; %.2f s, %.1f tokens/s\n", static_cast<long long>(held[0]),
+                static_cast<long long>(a.tokens * full.config.cache_shape().heads_total()), r.seconds,
+                static_cast<double>(a.tokens) / r.seconds);
+    std::printf("survivors %s\n", digest_text(survivors).c_str());
+    std::printf("ppl %.6f\n", perplexity(r.nll, a.score_from));
+  }
+  return 0;
+}
+#endif
 
 // Greedy generation from token prompts (one sequence each, one pool); prefill and decode are timed
 // apart.
@@ -248,6 +310,24 @@ int main(int argc, char** argv) {
 #ifdef _OPENMP
     if (a.threads > 0) omp_set_num_threads(a.threads);
 #endif
+    if (a.tp > 0) {
+#ifdef KVPOLICY_LM_MPI
+      MPI_Init(&argc, &argv);
+      int status = 2;
+      try {
+        const Model model = Model::load(a.model, DecodeWeights::f32);
+        status = perplexity_tp(a, model, Tokenizer::load(a.model + "/tokenizer.json"));
+      } catch (const std::exception& e) {
+        // the other ranks wait in a collective this rank will not reach: end them all
+        std::fprintf(stderr, "kvpolicy-lm: %s\n", e.what());
+        MPI_Abort(MPI_COMM_WORLD, 2);
+      }
+      MPI_Finalize();
+      return status;
+#else
+      fail("--tp needs kvpolicy-lm built with MPI (tools/install-deps.sh installs OpenMPI; then reconfigure)");
+#endif
+    }
     const Model model = Model::load(a.model, a.decode_weights);
     const Tokenizer tok = Tokenizer::load(a.model + "/tokenizer.json");
     require(tok.vocab_size() == model.config.vocab, "kvpolicy-lm: the tokenizer has ", tok.vocab_size(),

@@ -102,6 +102,7 @@ class Cache {
   const CacheShape& shape() const { return shape_; }
   const E& evictor() const { return executor_.evictor(); }
   const S& scorer() const { return executor_.scorer(); }
+  const A& admitter() const { return executor_.admitter(); }
   /// The Allocator, where the Backend keeps it (cpu_backend).
   const Alloc& allocator() const
     requires requires(const Executor& x) { x.allocator(); }

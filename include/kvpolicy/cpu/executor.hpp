@@ -55,6 +55,7 @@ class Executor {
 
   const E& evictor() const { return evictor_; }
   const S& scorer() const { return scorer_; }
+  const A& admitter() const { return admitter_; }
   const Alloc& allocator() const { return alloc_; }
 
   // ---- sequences and what they hold --------------------------------------------------------------

@@ -134,6 +134,7 @@ class Executor<S, A, E, memory::Paged<P, Storage>> {
 
   const E& evictor() const { return evictor_; }
   const S& scorer() const { return scorer_; }
+  const A& admitter() const { return admitter_; }
 
   // ---- the device views, for an engine that drives the kernels itself ----------------------------
   PagedKV<device_type> kv() const { return mem_.kv(); }

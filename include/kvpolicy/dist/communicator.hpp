@@ -1,6 +1,7 @@
 /// \file
 /// kvpolicy/dist/communicator.hpp — what a sharded cache needs from the engine's tensor-parallel
-/// group: its rank, its size, and an all-reduce (sum) of small int64 arrays. The engine hands in
+/// group: its rank, its size, and an all-reduce (sum) of small int64 arrays (the selection's counts)
+/// and of float arrays (a Megatron-split model's partial products, examples/lm). The engine hands in
 /// the communicator of the group it already has (dist/mpi.hpp wraps an MPI communicator); kvpolicy
 /// never creates processes or transports. A failed collective throws kvpolicy::Error naming the rank.
 #pragma once
@@ -14,10 +15,11 @@
 namespace kvpolicy::dist {
 
 template <class C>
-concept Communicator = requires(C& c, const C& cc, std::span<std::int64_t> values) {
+concept Communicator = requires(C& c, const C& cc, std::span<std::int64_t> counts, std::span<float> values) {
   { cc.rank() } -> std::convertible_to<int>;
   { cc.size() } -> std::convertible_to<int>;
-  c.all_reduce_sum(values);  ///< every rank's values summed, in place, on every rank
+  c.all_reduce_sum(counts);  ///< every rank's values summed, in place, on every rank
+  c.all_reduce_sum(values);  ///< the same in fp32 (the sum's order is the runtime's)
 };
 
 /// One rank: the unsharded cache's group, where every collective is the identity.
@@ -25,6 +27,7 @@ struct Local {
   int rank() const { return 0; }
   int size() const { return 1; }
   void all_reduce_sum(std::span<std::int64_t>) {}
+  void all_reduce_sum(std::span<float>) {}
 };
 
 /// A communicator that counts what passes through another: the round trips (collectives) and the
@@ -37,10 +40,13 @@ struct Counted {
 
   int rank() const { return inner.rank(); }
   int size() const { return inner.size(); }
-  void all_reduce_sum(std::span<std::int64_t> values) {
+  void all_reduce_sum(std::span<std::int64_t> values) { count(values.size_bytes()), inner.all_reduce_sum(values); }
+  void all_reduce_sum(std::span<float> values) { count(values.size_bytes()), inner.all_reduce_sum(values); }
+
+ private:
+  void count(std::size_t b) {
     ++round_trips;
-    bytes += static_cast<std::int64_t>(values.size_bytes());
-    inner.all_reduce_sum(values);
+    bytes += static_cast<std::int64_t>(b);
   }
 };
 

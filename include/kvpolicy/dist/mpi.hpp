@@ -40,6 +40,13 @@ class Mpi {
     check(MPI_Allreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()), MPI_LONG_LONG, MPI_SUM, comm_),
           "MPI_Allreduce");
   }
+  void all_reduce_sum(std::span<float> values) {
+    require(values.size() <= static_cast<std::size_t>(INT32_MAX), "dist::Mpi: ", values.size(),
+            " values in one all-reduce");
+    if (values.empty()) return;
+    check(MPI_Allreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()), MPI_FLOAT, MPI_SUM, comm_),
+          "MPI_Allreduce");
+  }
 
  private:
   void check(int code, const char* call) const {

@@ -1,9 +1,9 @@
 /// \file
 /// kvpolicy/dist/nccl.hpp — dist::Communicator over NCCL, for an engine whose tensor-parallel group
-/// is an ncclComm_t it already holds (one rank per GPU; NCCL also runs several ranks on one GPU).
-/// The collectives the sharded selection needs are a few KB of int64 counts (dist/select.hpp): they
-/// are staged through a device buffer this object owns and run on `stream`, which each call
-/// synchronizes. Needs <nccl.h> (the `nvidia-nccl-cu13` wheel ships it, or the engine's own NCCL);
+/// is an ncclComm_t it already holds (one rank per GPU: NCCL refuses two ranks of one communicator
+/// on the same GPU). The collectives the sharded selection needs are a few KB of int64 counts
+/// (dist/select.hpp); float sums serve a split model. Both are staged through a device buffer this
+/// object owns and run on `stream`, which each call synchronizes. Needs <nccl.h> (the `nvidia-nccl-cu13` wheel ships it, or the engine's own NCCL);
 /// an NCCL or CUDA error throws kvpolicy::Error naming the rank.
 #pragma once
 
@@ -34,22 +34,25 @@ class Nccl {
   int rank() const { return rank_; }
   int size() const { return size_; }
 
-  void all_reduce_sum(std::span<std::int64_t> values) {
-    if (values.empty()) return;
-    if (values.size() > capacity_) {
+  void all_reduce_sum(std::span<std::int64_t> values) { reduce(values.data(), values.size_bytes(), values.size(), ncclInt64); }
+  void all_reduce_sum(std::span<float> values) { reduce(values.data(), values.size_bytes(), values.size(), ncclFloat32); }
+
+ private:
+  // host values through the device buffer (grown to the largest call), summed over the ranks
+  void reduce(void* values, std::size_t bytes, std::size_t count, ncclDataType_t type) {
+    if (count == 0) return;
+    if (bytes > capacity_) {
       if (buffer_ != nullptr) cuda(cudaFree(buffer_), "cudaFree");
       buffer_ = nullptr;
       capacity_ = 0;
-      cuda(cudaMalloc(reinterpret_cast<void**>(&buffer_), values.size_bytes()), "cudaMalloc");
-      capacity_ = values.size();
+      cuda(cudaMalloc(&buffer_, bytes), "cudaMalloc");
+      capacity_ = bytes;
     }
-    cuda(cudaMemcpyAsync(buffer_, values.data(), values.size_bytes(), cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync");
-    check(ncclAllReduce(buffer_, buffer_, values.size(), ncclInt64, ncclSum, comm_, stream_), "ncclAllReduce");
-    cuda(cudaMemcpyAsync(values.data(), buffer_, values.size_bytes(), cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync");
+    cuda(cudaMemcpyAsync(buffer_, values, bytes, cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync");
+    check(ncclAllReduce(buffer_, buffer_, count, type, ncclSum, comm_, stream_), "ncclAllReduce");
+    cuda(cudaMemcpyAsync(values, buffer_, bytes, cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync");
     cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
   }
-
- private:
   void check(ncclResult_t r, const char* call) const {
     if (r != ncclSuccess) fail("dist::Nccl: rank ", rank_, ": ", call, " failed: ", ncclGetErrorString(r));
   }
@@ -61,8 +64,8 @@ class Nccl {
   cudaStream_t stream_;
   int rank_ = -1;
   int size_ = 0;
-  std::int64_t* buffer_ = nullptr;
-  std::size_t capacity_ = 0;
+  void* buffer_ = nullptr;
+  std::size_t capacity_ = 0;  // bytes
 };
 
 static_assert(Communicator<Nccl>, "dist::Nccl must model dist::Communicator");

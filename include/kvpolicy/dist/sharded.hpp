@@ -18,6 +18,7 @@
 #pragma once
 
 #include <array>
+#include <type_traits>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -135,5 +136,23 @@ struct ShardedWriteGatedBudget {
     });
   }
 };
+
+/// The Evictor a rank's Cache takes where the unsharded Cache takes `e`, handed to f: a per-head
+/// Evictor as it is (its heads need nothing from other ranks), a pooled one as Sharded, WG-KV's hard
+/// budget as ShardedWriteGatedBudget. So a registered policy's Cache shards without a word of its
+/// own (examples/lm's --tp builds each rank's Cache from the unsharded one's parts).
+template <Evictor E, Communicator C, class F>
+decltype(auto) with_sharded_evictor(const E& e, C* comm, const CacheShape& full, F&& f) {
+  if constexpr (std::is_same_v<E, evict::WriteGatedBudget>) {
+    return f(ShardedWriteGatedBudget<C>{e, comm, full});
+  } else if constexpr (selects_per_head<E>) {
+    require(e.group_heads(full) == 1, "dist::with_sharded_evictor: a per-head selection whose trigger pools ",
+            e.group_heads(full), " heads has no sharded form");
+    return f(e);
+  } else {
+    static_assert(evictor_states_selection<E>, "dist::with_sharded_evictor: an Evictor that selects itself has no sharded form");
+    return f(Sharded<E, C>{e, comm, full});
+  }
+}
 
 }  // namespace kvpolicy::dist
