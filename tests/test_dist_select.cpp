@@ -6,11 +6,17 @@
 
 #include <barrier>
 #include <mutex>
+#include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "dist/sharded_selection.hpp"
+#include "kvpolicy/dbtrimkv.hpp"
 #include "kvpolicy/dist/communicator.hpp"
+#include "kvpolicy/dist/sharded.hpp"
+#include "kvpolicy/trimkv.hpp"
+#include "snapshot.hpp"
 
 namespace {
 
@@ -89,4 +95,104 @@ TEST_CASE("dist::pooled_top_k refuses what does not describe pools") {
                        Error);
   std::vector<std::int64_t> short_head{0};
   CHECK_THROWS_AS(dist::pooled_top_k(local, key, short_head, 2, 1, k, keep), Error);
+}
+
+TEST_CASE("dist::Sharded's trigger sums every pool in one round trip, and decides as the unsharded one") {
+  // L = 6 layers, so the layer-wise evictor has 6 pools; 2 ranks as threads, each with 1 of 2 kv heads
+  const CacheShape full{6, 2, 2, 8};
+  DBTrimKVConfig c;
+  c.budget = 4;
+  c.buffer = 2;
+  const evict::LayerWise inner = dbtrimkv_layerwise_evictor(c);
+  std::mt19937_64 rng(5);
+  for (int trial = 0; trial < 50; ++trial) {
+    std::vector<std::int64_t> lengths(static_cast<std::size_t>(full.heads_total()));
+    for (auto& n : lengths) n = std::uniform_int_distribution<std::int64_t>(0, 8)(rng);
+    std::vector<std::uint8_t> want(lengths.size());
+    const bool want_any = evict::trigger_heads(inner, full, StepContext{}, lengths, want);
+    ThreadGroup group(2);
+    std::vector<std::int64_t> trips(2), mismatches(2);
+    std::vector<std::thread> ranks;
+    for (int r = 0; r < 2; ++r)
+      ranks.emplace_back([&, r] {
+        ThreadGroup::Rank rank{&group, r};
+        dist::Counted<ThreadGroup::Rank> counted{rank};
+        const dist::Sharded<evict::LayerWise, dist::Counted<ThreadGroup::Rank>> e{inner, &counted, full};
+        const CacheShape local = e.local_shape();
+        std::vector<std::int64_t> mine(static_cast<std::size_t>(local.heads_total()));
+        for (std::size_t j = 0; j < mine.size(); ++j)
+          mine[j] = lengths[static_cast<std::size_t>(e.global_head(static_cast<std::int64_t>(j)))];
+        std::vector<std::uint8_t> active(mine.size());
+        const bool any = evict::trigger_heads(e, local, StepContext{}, mine, active);
+        for (std::size_t j = 0; j < mine.size(); ++j)
+          mismatches[static_cast<std::size_t>(r)] +=
+              active[j] != want[static_cast<std::size_t>(e.global_head(static_cast<std::int64_t>(j)))];
+        mismatches[static_cast<std::size_t>(r)] += any != want_any;
+        trips[static_cast<std::size_t>(r)] = counted.round_trips;
+      });
+    for (auto& t : ranks) t.join();
+    CHECK(trips == std::vector<std::int64_t>{1, 1});
+    CHECK(mismatches == std::vector<std::int64_t>{0, 0});
+  }
+}
+
+namespace {
+// A user-defined scorer that returns NaN for write_score == -0.125 (the built-in ones never do).
+struct NaNAtScorer {
+  static constexpr bool needs_key_norm = false;
+  void validate() const {}
+  float operator()(EntryMeta m, StepContext c) const {
+    return m.write_score == -0.125f ? std::nanf("") : score::RetentionDecay{}(m, c);
+  }
+};
+}  // namespace
+
+TEST_CASE("a user-defined Scorer's NaN on one rank refuses the commit on every rank, and changes nothing") {
+  // L = 1, Hkv = 2 over 2 ranks (threads), one global pool of M = 2, B = 1: it fires when the two
+  // heads hold 6 entries, at the third step; rank 1's second entry scores NaN
+  const CacheShape full{1, 2, 2, 2};
+  evict::Global inner;
+  inner.budget = 2;
+  inner.buffer = 1;
+  ThreadGroup group(2);
+  std::vector<std::string> errors(2);
+  std::vector<int> unchanged(2, 0), later(2, 0);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r)
+    ranks.emplace_back([&, r] {
+      ThreadGroup::Rank rank{&group, r};
+      const dist::Sharded<evict::Global, ThreadGroup::Rank> e{inner, &rank, full};
+      Cache<NaNAtScorer, admit::All, std::decay_t<decltype(e)>, memory::Paged<2>, cpu_backend> cache(e.local_shape(),
+                                                                                       memory::Paged<2>(16), e);
+      cache.add_sequence(0);
+      std::vector<float> k(2, 1.0f);
+      const auto step = [&](float lb) {
+        std::vector<float> b{lb};
+        return cache.step(0, View<const float, 4>(k.data(), {1, 1, 1, 2}), View<const float, 4>(k.data(), {1, 1, 1, 2}),
+                          View<const float, 3>(b.data(), {1, 1, 1}));
+      };
+      step(-0.5f);
+      step(r == 1 ? -0.125f : -0.25f);
+      const auto before = testing::snapshot(cache, {0}, /*whole_pool=*/false);
+      try {
+        step(-0.75f);
+      } catch (const Error& err) {
+        errors[static_cast<std::size_t>(r)] = err.what();
+      }
+      unchanged[static_cast<std::size_t>(r)] = testing::snapshot(cache, {0}, false) == before && cache.tokens(0) == 2;
+      // the ranks go on together: a step without NaN scores (rank 1's NaN entry is still held, so
+      // every rank refuses again until it leaves; here the pool stays below its trigger)
+      cache.remove_sequence(0);
+      cache.add_sequence(1);
+      std::vector<float> b{-0.5f};
+      cache.step(1, View<const float, 4>(k.data(), {1, 1, 1, 2}), View<const float, 4>(k.data(), {1, 1, 1, 2}),
+                 View<const float, 3>(b.data(), {1, 1, 1}));
+      later[static_cast<std::size_t>(r)] = static_cast<int>(cache.length(1, 0, 0));
+    });
+  for (auto& t : ranks) t.join();
+  CHECK(errors[0] == errors[1]);
+  CHECK(errors[0].find("rank 1 refused") != std::string::npos);
+  CHECK(errors[0].find("scorer returned NaN") != std::string::npos);
+  CHECK(unchanged == std::vector<int>{1, 1});
+  CHECK(later == std::vector<int>{1, 1});
 }

@@ -126,6 +126,20 @@ template <class E>
 constexpr bool evictor_shares_context = requires(const E& e, StepContext c) {
   { e.shared_context(c) } -> std::same_as<StepContext>;
 };
+/// trigger(shape, ctx, lengths, active): an Evictor runs its trigger over every group of the
+///   sequence at once (a sharded pool sums all its pools' lengths over the ranks in one collective,
+///   dist/sharded.hpp); absent: fires() per group (evict::trigger_heads).
+template <class E>
+constexpr bool evictor_triggers_itself = requires(const E& e, const CacheShape& shape, StepContext c,
+                                                  std::span<const std::int64_t> lengths, std::span<std::uint8_t> active) {
+  { e.trigger(shape, c, lengths, active) } -> std::same_as<bool>;
+};
+/// agree_on(f): an Evictor whose Cache holds one rank's share of the heads runs f, the commit's
+///   scoring, so that every rank throws the same error when any rank's throws (dist::agree): a NaN
+///   from a user-defined Scorer on one rank refuses the commit on every rank, before the selection's
+///   collectives.
+template <class E>
+constexpr bool evictor_agrees_on_refusal = requires(const E& e, void (*f)()) { e.agree_on(f); };
 /// validate(): an Admitter checks its own settings, at construction.
 template <class A>
 constexpr bool admitter_validates = requires(const A& a) { a.validate(); };

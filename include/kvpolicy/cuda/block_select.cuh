@@ -49,11 +49,15 @@ struct SelectShared {
   typename BlockScanI64::TempStorage scan;
   int digit;
   long long k;
+  unsigned long long found;  // the one key under a prefix (block_radix_select's early exit)
 };
 
 /// The k-th largest (1 <= k <= n) of n keys get(0..n-1) — ties counted: the result T has fewer
 /// than k keys above it and at least k at or above it. On return sh.k is k minus the keys above T:
 /// how many of the keys equal to T the top k takes. All threads of the block call it.
+/// A pass whose chosen digit holds one key ends the passes: that key is T (sh.k = 1), read in one
+/// more pass over the keys. Keys that carry a unique position never tie, so on scores that differ
+/// in their high bits two or three passes decide instead of sizeof(Key) of them.
 template <class Key, class Get>
 __device__ Key block_radix_select(Get get, long long n, long long k, SelectShared& sh) {
   Key prefix = 0, mask = 0;
@@ -66,10 +70,21 @@ __device__ Key block_radix_select(Get get, long long n, long long k, SelectShare
     }
     __syncthreads();
     pick_digit(sh.hist, k, sh.scan, &sh.digit, &sh.k);
+    const unsigned int alone = sh.hist[sh.digit];  // keys under the longer prefix
     prefix |= static_cast<Key>(sh.digit) << shift;
     mask |= static_cast<Key>(0xff) << shift;
     k = sh.k;
     __syncthreads();
+    if (alone == 1 && shift > 0) {  // T is the one key under the prefix (and sh.k = 1)
+      for (long long i = threadIdx.x; i < n; i += blockDim.x) {
+        const Key key = get(i);
+        if ((key & mask) == prefix) sh.found = static_cast<unsigned long long>(key);
+      }
+      __syncthreads();
+      const Key found = static_cast<Key>(sh.found);
+      __syncthreads();
+      return found;
+    }
   }
   return prefix;
 }

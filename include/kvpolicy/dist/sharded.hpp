@@ -12,9 +12,10 @@
 ///                                                                                   scorer);
 ///
 /// Every rank must commit the same sequences' steps in the same order (each commit of a firing pool
-/// runs collectives); the engine's TP group does, running one forward pass. A step refused on one
-/// rank only (a NaN score from a user-defined Scorer, a full pool) is not yet agreed across ranks
-/// (docs/distributed.md). Host only (the CPU backend).
+/// runs collectives); the engine's TP group does, running one forward pass. A refusal of the step's
+/// input is agreed before it goes in (dist::step); a user-defined Scorer's NaN in the commit's
+/// scoring is agreed there (agree_on), so every rank refuses the commit with the same error. Host
+/// only (the CPU backend).
 #pragma once
 
 #include <array>
@@ -26,6 +27,7 @@
 #include "kvpolicy/core/concepts.hpp"
 #include "kvpolicy/core/error.hpp"
 #include "kvpolicy/core/shape.hpp"
+#include "kvpolicy/dist/agree.hpp"
 #include "kvpolicy/dist/communicator.hpp"
 #include "kvpolicy/dist/select.hpp"
 #include "kvpolicy/policy/evict.hpp"
@@ -72,11 +74,24 @@ struct Sharded {
   /// Each pool's local share: its heads on this rank (the pools are whole layers).
   std::int64_t group_heads(const CacheShape&) const { return inner.group_heads(full) / comm->size(); }
   /// The pool fires on its length over every rank (one all-reduce of one count): every rank decides
-  /// as the unsharded trigger does.
+  /// as the unsharded trigger does. The Cache calls trigger() instead, which sums every pool at once.
   bool fires(std::int64_t length, std::int64_t heads, StepContext c) const {
     std::array<std::int64_t, 1> total{length};
     comm->all_reduce_sum(total);
     return inner.fires(total[0], heads * comm->size(), c);
+  }
+  /// The trigger of every pool of the sequence in one all-reduce of one count per pool
+  /// (dist::trigger_pools): one round trip a step, whatever the number of pools.
+  bool trigger(const CacheShape&, StepContext c, std::span<const std::int64_t> lengths,
+               std::span<std::uint8_t> active) const {
+    std::vector<std::int64_t> heads(lengths.size());
+    for (std::size_t j = 0; j < lengths.size(); ++j) heads[j] = global_head(static_cast<std::int64_t>(j));
+    return trigger_pools(*comm, inner, full, c, lengths, heads, active);
+  }
+  /// The commit's scoring, refused on every rank when it is on any (a user-defined Scorer's NaN).
+  template <class F>
+  void agree_on(F&& score) const {
+    agree(*comm, score);
   }
   /// The pooled selection over the ranks (dist::select_pools): the survivors the unsharded Cache keeps.
   void select(const CacheShape&, StepContext, const SegmentedScores& s, std::span<std::uint8_t> keep) const {
@@ -118,6 +133,10 @@ struct ShardedWriteGatedBudget {
   template <class S>
   void validate_scorer(const S& s) const {
     inner.validate_scorer(s);
+  }
+  template <class F>
+  void agree_on(F&& score) const {
+    agree(*comm, score);
   }
   /// The sequence's entries over every rank: what the scorer weighs against the budget.
   StepContext shared_context(StepContext c) const {

@@ -78,30 +78,36 @@ class EvictionPlanner {
     std::vector<std::int32_t> position(score.size());
     ScorerInputs<S> inputs;  // its scratch serves every head
     std::vector<std::int64_t> stored;  // the head's entries the Evictor sees, as stored indices
-    for (int l = 0; l < shape_.layers; ++l)
-      for (int h = 0; h < shape_.kv_heads; ++h) {
-        const auto i = static_cast<std::size_t>(head_index(shape_, l, h));
-        if (!made.active[i]) continue;
-        StepContext head_ctx = ctx;  // the context this head is scored in (StepContext::head)
-        head_ctx.head = static_cast<std::int64_t>(i);
-        const auto head_layout = alloc_.layout(seq, l, h);
-        stored.clear();
-        for (std::int64_t j = 0; j < head_layout.length; ++j)
-          if (ring_kept.empty() || ring_kept[i].empty() || ring_kept[i][static_cast<std::size_t>(j)]) stored.push_back(j);
-        const auto b = static_cast<std::size_t>(offsets[i]);
-        const std::size_t len = stored.size();
-        const auto meta_of = [&](std::size_t j) -> const EntryMeta& { return alloc_.pool().meta(head_layout.slot(stored[j])); };
-        for (std::size_t j = 0; j < len; ++j) position[b + j] = meta_of(j).position;
-        inputs.score_head(scorer_, recorded, alloc_.pool(), head_layout, stored, l, h, shape_.group(), head_ctx,
-                          std::span<float>(score).subspan(b, len));
-        for (std::size_t j = 0; j < len; ++j) {
-          if (!std::isnan(score[b + j])) continue;
-          const EntryMeta& m = meta_of(j);
-          fail("Cache::commit: the scorer returned NaN for sequence ", seq, " layer ", l, " head ", h, " position ",
-               m.position, " (write score ", m.write_score, ", key norm ", m.key_norm, ", attention mass ",
-               m.attention_mass, ", n = ", ctx.n, "); a NaN score never enters a ranking");
+    const auto score_heads = [&] {
+      for (int l = 0; l < shape_.layers; ++l)
+        for (int h = 0; h < shape_.kv_heads; ++h) {
+          const auto i = static_cast<std::size_t>(head_index(shape_, l, h));
+          if (!made.active[i]) continue;
+          StepContext head_ctx = ctx;  // the context this head is scored in (StepContext::head)
+          head_ctx.head = static_cast<std::int64_t>(i);
+          const auto head_layout = alloc_.layout(seq, l, h);
+          stored.clear();
+          for (std::int64_t j = 0; j < head_layout.length; ++j)
+            if (ring_kept.empty() || ring_kept[i].empty() || ring_kept[i][static_cast<std::size_t>(j)]) stored.push_back(j);
+          const auto b = static_cast<std::size_t>(offsets[i]);
+          const std::size_t len = stored.size();
+          const auto meta_of = [&](std::size_t j) -> const EntryMeta& { return alloc_.pool().meta(head_layout.slot(stored[j])); };
+          for (std::size_t j = 0; j < len; ++j) position[b + j] = meta_of(j).position;
+          inputs.score_head(scorer_, recorded, alloc_.pool(), head_layout, stored, l, h, shape_.group(), head_ctx,
+                            std::span<float>(score).subspan(b, len));
+          for (std::size_t j = 0; j < len; ++j) {
+            if (!std::isnan(score[b + j])) continue;
+            const EntryMeta& m = meta_of(j);
+            fail("Cache::commit: the scorer returned NaN for sequence ", seq, " layer ", l, " head ", h, " position ",
+                 m.position, " (write score ", m.write_score, ", key norm ", m.key_norm, ", attention mass ",
+                 m.attention_mass, ", n = ", ctx.n, "); a NaN score never enters a ranking");
+          }
         }
-      }
+    };
+    if constexpr (evictor_agrees_on_refusal<E>)
+      evictor_.agree_on(score_heads);  // a refusal on any rank is every rank's (dist/sharded.hpp)
+    else
+      score_heads();
     std::vector<std::uint8_t> keep(score.size(), 1);
     if (fires) evict::select_survivors(evictor_, shape_, ctx, SegmentedScores{score, position, offsets}, keep);
     if (!ring_drops) {

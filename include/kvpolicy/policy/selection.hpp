@@ -155,7 +155,10 @@ inline void select_pools(const PoolSelection& sel, std::int64_t group_heads, con
 template <Evictor E>
 bool trigger_heads(const E& e, const CacheShape& shape, StepContext c, std::span<const std::int64_t> lengths,
              std::span<std::uint8_t> active) {
-  return detail::trigger_groups(e, shape, c, lengths, active);
+  if constexpr (evictor_triggers_itself<E>)
+    return e.trigger(shape, c, lengths, active);
+  else
+    return detail::trigger_groups(e, shape, c, lengths, active);
 }
 
 /// The Evictor's selection over the active heads' segments: keep[i] = 1 for every survivor.
