@@ -164,12 +164,12 @@ void BM_decode_attention_cuda_cores(benchmark::State& state) {
   decode_attention_on(state, kc::DecodeKernel::cuda_cores);
 }
 BENCHMARK(BM_decode_attention)
-    ->RangeMultiplier(4)
+    ->RangeMultiplier(2)
     ->Range(256, 65536)  // 8 MiB .. 2 GiB of K+V
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_decode_attention_cuda_cores)
-    ->RangeMultiplier(4)
+    ->RangeMultiplier(2)
     ->Range(256, 65536)
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);

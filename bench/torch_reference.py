@@ -5,7 +5,8 @@ L2 so no timing reads a warm L2). Prints one JSON object; tools/gpu_table.py put
 kvpolicy_bench_cuda's figures of the same run.
 
   copy            device-to-device copy, 1 GiB: read + write bytes / time
-  sdpa/<N>        decode attention, batch 8, Hkv 8, G 4, d 128, fp16, N tokens per head, K/V dense
+  sdpa/<N>        decode attention, batch 8, Hkv 8, G 4, d 128, fp16, N tokens per head (256 to 65536,
+                  powers of two: 8 MiB to 2 GiB of K+V), K/V dense
                   and contiguous, SDPA's flash backend (the group folded into the query length, so
                   K/V are read once per kv head, as the paged kernel reads them)
   topk_segmented  torch.topk(k=1024) over [36*8*8, 1152] scores
@@ -56,7 +57,7 @@ def main():
 
     batch, hkv, group, dim = 8, 8, 4, 128
     out["sdpa"] = []
-    for tokens in (256, 1024, 4096, 16384, 65536):
+    for tokens in (256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536):  # bench_cuda.cu's decode sizes
         per_copy = 2 * batch * hkv * tokens * dim * 2
         copies = rotation(per_copy)
         ks = [torch.randn(batch, hkv, tokens, dim, device=dev, dtype=torch.float16, generator=g) for _ in range(copies)]
