@@ -16,6 +16,7 @@
 #include "kvpolicy/dist/communicator.hpp"
 #include "kvpolicy/dist/sharded.hpp"
 #include "kvpolicy/trimkv.hpp"
+#include "nan_scorer.hpp"
 #include "snapshot.hpp"
 
 namespace {
@@ -136,17 +137,6 @@ TEST_CASE("dist::Sharded's trigger sums every pool in one round trip, and decide
   }
 }
 
-namespace {
-// A user-defined scorer that returns NaN for write_score == -0.125 (the built-in ones never do).
-struct NaNAtScorer {
-  static constexpr bool needs_key_norm = false;
-  void validate() const {}
-  float operator()(EntryMeta m, StepContext c) const {
-    return m.write_score == -0.125f ? std::nanf("") : score::RetentionDecay{}(m, c);
-  }
-};
-}  // namespace
-
 TEST_CASE("a user-defined Scorer's NaN on one rank refuses the commit on every rank, and changes nothing") {
   // L = 1, Hkv = 2 over 2 ranks (threads), one global pool of M = 2, B = 1: it fires when the two
   // heads hold 6 entries, at the third step; rank 1's second entry scores NaN
@@ -162,7 +152,7 @@ TEST_CASE("a user-defined Scorer's NaN on one rank refuses the commit on every r
     ranks.emplace_back([&, r] {
       ThreadGroup::Rank rank{&group, r};
       const dist::Sharded<evict::Global, ThreadGroup::Rank> e{inner, &rank, full};
-      Cache<NaNAtScorer, admit::All, std::decay_t<decltype(e)>, memory::Paged<2>, cpu_backend> cache(e.local_shape(),
+      Cache<testing::NaNScorer, admit::All, std::decay_t<decltype(e)>, memory::Paged<2>, cpu_backend> cache(e.local_shape(),
                                                                                        memory::Paged<2>(16), e);
       cache.add_sequence(0);
       std::vector<float> k(2, 1.0f);

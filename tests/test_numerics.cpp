@@ -13,6 +13,7 @@
 #include "kvpolicy/policy/rank.hpp"
 #include "kvpolicy/policy/score.hpp"
 #include "kvpolicy/trimkv.hpp"
+#include "nan_scorer.hpp"
 #include "snapshot.hpp"
 
 using namespace kvpolicy;
@@ -25,14 +26,7 @@ constexpr std::int32_t kMaxPos = std::numeric_limits<std::int32_t>::max();
 
 EntryMeta entry(std::int32_t pos, float lb, float knorm = 1.0f) { return EntryMeta{pos, lb, knorm}; }
 
-// A user-defined scorer that returns NaN for log_beta == -0.125 (the built-in ones never do).
-struct NaNScorer {
-  static constexpr bool needs_key_norm = false;
-  void validate() const {}
-  float operator()(EntryMeta m, StepContext c) const {
-    return m.write_score == -0.125f ? std::nanf("") : score::RetentionDecay{}(m, c);
-  }
-};
+using testing::NaNScorer;
 
 }  // namespace
 
