@@ -34,6 +34,8 @@ class ThreadGroup {
     int size() const { return group->size_; }
     void all_reduce_sum(std::span<std::int64_t> values) { group->reduce(id, values, group->counts_); }
     void all_reduce_sum(std::span<float> values) { group->reduce(id, values, group->floats_); }
+    void broadcast(std::span<std::int64_t> values, int root) { group->share(id, root, values, group->counts_); }
+    void broadcast(std::span<float> values, int root) { group->share(id, root, values, group->floats_); }
   };
 
  private:
@@ -47,6 +49,13 @@ class ThreadGroup {
     }
     sync_.arrive_and_wait();
     std::copy(sum.begin(), sum.end(), values.begin());
+    sync_.arrive_and_wait();
+  }
+  template <class T>
+  void share(int id, int root, std::span<T> values, std::vector<T>& from) {
+    if (id == root) from.assign(values.begin(), values.end());
+    sync_.arrive_and_wait();
+    if (id != root) std::copy(from.begin(), from.end(), values.begin());
     sync_.arrive_and_wait();
   }
   int size_;

@@ -17,8 +17,8 @@
 namespace kvpolicy::dist {
 
 /// Runs `check` on this rank; if it throws kvpolicy::Error on any rank, every rank throws
-/// "rank R refused: <R's message>" (R the lowest refusing rank). Collective: two all-reduces when
-/// every rank accepts, three when one refuses; the message travels up to 1,024 bytes.
+/// "rank R refused: <R's message>" (R the lowest refusing rank). Collective: one all-reduce of a
+/// flag per rank; when a rank refused, a broadcast of its message (up to 1,024 bytes) too.
 template <Communicator C, class Check>
 void agree(C& comm, Check&& check) {
   std::string mine;
@@ -36,7 +36,7 @@ void agree(C& comm, Check&& check) {
   const auto first = std::find(who.begin(), who.end(), std::int64_t{1});
   if (first == who.end()) return;
   const int r = static_cast<int>(first - who.begin());
-  // its message, 8 bytes to an int64, the others adding zeros
+  // its message, 8 bytes to an int64, broadcast from it
   constexpr std::size_t limit = 1024;
   std::vector<std::int64_t> text(limit / 8, 0);
   if (comm.rank() == r) {
@@ -45,7 +45,7 @@ void agree(C& comm, Check&& check) {
     for (std::size_t i = 0; i < std::min(body.size(), limit - 1); ++i)
       text[i / 8] |= static_cast<std::int64_t>(static_cast<unsigned char>(body[i])) << (8 * (i % 8));
   }
-  comm.all_reduce_sum(text);
+  comm.broadcast(text, r);
   std::string message;
   for (std::size_t i = 0; i < limit; ++i) {
     const char c = static_cast<char>((text[i / 8] >> (8 * (i % 8))) & 0xff);

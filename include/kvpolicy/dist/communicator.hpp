@@ -1,7 +1,8 @@
 /// \file
 /// kvpolicy/dist/communicator.hpp — what a sharded cache needs from the engine's tensor-parallel
-/// group: its rank, its size, and an all-reduce (sum) of small int64 arrays (the selection's counts)
-/// and of float arrays (a Megatron-split model's partial products, examples/lm). The engine hands in
+/// group: its rank, its size, an all-reduce (sum) of small int64 arrays (the selection's counts)
+/// and of float arrays (a Megatron-split model's partial products, examples/lm), and a broadcast of
+/// either from one rank (a refusing rank's message, dist/agree.hpp). The engine hands in
 /// the communicator of the group it already has (dist/mpi.hpp wraps an MPI communicator); kvpolicy
 /// never creates processes or transports. A failed collective throws kvpolicy::Error naming the rank.
 #pragma once
@@ -20,6 +21,8 @@ concept Communicator = requires(C& c, const C& cc, std::span<std::int64_t> count
   { cc.size() } -> std::convertible_to<int>;
   c.all_reduce_sum(counts);  ///< every rank's values summed, in place, on every rank
   c.all_reduce_sum(values);  ///< the same in fp32 (the sum's order is the runtime's)
+  c.broadcast(counts, 0);    ///< rank root's values, in place, on every rank
+  c.broadcast(values, 0);
 };
 
 /// One rank: the unsharded cache's group, where every collective is the identity.
@@ -28,6 +31,8 @@ struct Local {
   int size() const { return 1; }
   void all_reduce_sum(std::span<std::int64_t>) {}
   void all_reduce_sum(std::span<float>) {}
+  void broadcast(std::span<std::int64_t>, int) {}
+  void broadcast(std::span<float>, int) {}
 };
 
 /// A communicator that counts what passes through another: the round trips (collectives) and the
@@ -42,6 +47,8 @@ struct Counted {
   int size() const { return inner.size(); }
   void all_reduce_sum(std::span<std::int64_t> values) { count(values.size_bytes()), inner.all_reduce_sum(values); }
   void all_reduce_sum(std::span<float> values) { count(values.size_bytes()), inner.all_reduce_sum(values); }
+  void broadcast(std::span<std::int64_t> values, int root) { count(values.size_bytes()), inner.broadcast(values, root); }
+  void broadcast(std::span<float> values, int root) { count(values.size_bytes()), inner.broadcast(values, root); }
 
  private:
   void count(std::size_t b) {

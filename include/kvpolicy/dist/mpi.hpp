@@ -47,8 +47,16 @@ class Mpi {
     check(MPI_Allreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()), MPI_FLOAT, MPI_SUM, comm_),
           "MPI_Allreduce");
   }
+  void broadcast(std::span<std::int64_t> values, int root) { bcast(values.data(), values.size(), MPI_LONG_LONG, root); }
+  void broadcast(std::span<float> values, int root) { bcast(values.data(), values.size(), MPI_FLOAT, root); }
 
  private:
+  void bcast(void* values, std::size_t count, MPI_Datatype type, int root) {
+    require(count <= static_cast<std::size_t>(INT32_MAX), "dist::Mpi: ", count, " values in one broadcast");
+    require(root >= 0 && root < size_, "dist::Mpi: broadcast from rank ", root, " of ", size_);
+    if (count == 0) return;
+    check(MPI_Bcast(values, static_cast<int>(count), type, root, comm_), "MPI_Bcast");
+  }
   void check(int code, const char* call) const {
     if (code == MPI_SUCCESS) return;
     char text[MPI_MAX_ERROR_STRING];

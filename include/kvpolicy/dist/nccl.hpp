@@ -36,10 +36,20 @@ class Nccl {
 
   void all_reduce_sum(std::span<std::int64_t> values) { reduce(values.data(), values.size_bytes(), values.size(), ncclInt64); }
   void all_reduce_sum(std::span<float> values) { reduce(values.data(), values.size_bytes(), values.size(), ncclFloat32); }
+  void broadcast(std::span<std::int64_t> values, int root) {
+    collective(values.data(), values.size_bytes(), values.size(), ncclInt64, root);
+  }
+  void broadcast(std::span<float> values, int root) {
+    collective(values.data(), values.size_bytes(), values.size(), ncclFloat32, root);
+  }
 
  private:
-  // host values through the device buffer (grown to the largest call), summed over the ranks
   void reduce(void* values, std::size_t bytes, std::size_t count, ncclDataType_t type) {
+    collective(values, bytes, count, type, -1);
+  }
+  // host values through the device buffer (grown to the largest call): summed over the ranks
+  // (root < 0), or rank root's
+  void collective(void* values, std::size_t bytes, std::size_t count, ncclDataType_t type, int root) {
     if (count == 0) return;
     if (bytes > capacity_) {
       if (buffer_ != nullptr) cuda(cudaFree(buffer_), "cudaFree");
@@ -49,7 +59,10 @@ class Nccl {
       capacity_ = bytes;
     }
     cuda(cudaMemcpyAsync(buffer_, values, bytes, cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync");
-    check(ncclAllReduce(buffer_, buffer_, count, type, ncclSum, comm_, stream_), "ncclAllReduce");
+    if (root < 0)
+      check(ncclAllReduce(buffer_, buffer_, count, type, ncclSum, comm_, stream_), "ncclAllReduce");
+    else
+      check(ncclBroadcast(buffer_, buffer_, count, type, root, comm_, stream_), "ncclBroadcast");
     cuda(cudaMemcpyAsync(values, buffer_, bytes, cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync");
     cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
   }
