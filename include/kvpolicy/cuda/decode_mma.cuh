@@ -12,9 +12,10 @@
 ///   cp.async, so two tiles are in flight while it computes on a third; no block barrier in the
 ///   loop. A tile is 16 entries of one page (page sizes are multiples of 16), so its keys and
 ///   values are two contiguous runs, and one block-table read places it.
-/// - Accuracy as the fp32 kernel's: the query and the probabilities are each split into a 16-bit
-///   high part and the rounding left over (mma.cuh, split_pack), two products each, accumulated in
-///   fp32. The query rows are scaled by a power of two into fp16's range first, and the logits back.
+/// - Near fp32 precision: the query and the probabilities are each split into a 16-bit high part
+///   and the rounding left over (mma.cuh, split_pack), two products each, accumulated in fp32, so
+///   each operand carries about twice its type's bits. The query rows are scaled by a power of two
+///   into fp16's range first, and the logits back.
 /// - The rest is the CUDA-core kernel's semantics: logits in base 2, lazy rescaling by
 ///   DecodeTuning::rescale_slack, SPEC §3's vertical-slash mask and the causal position from
 ///   query_position, entries past the chunk or masked out weigh nothing (zero-filled, logit -inf).
