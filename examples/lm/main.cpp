@@ -141,11 +141,16 @@ std::string read_file(const std::string& path) {
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
-int perplexity_mode(const Args& a, const Model& model, const Tokenizer& tok) {
+// The first --tokens tokens of --text.
+std::vector<int> text_tokens(const Args& a, const Tokenizer& tok) {
   auto ids = tok.encode(read_file(a.text));
   require(static_cast<std::int64_t>(ids.size()) >= a.tokens, "--tokens ", a.tokens, ": '", a.text, "' has only ",
           ids.size(), " tokens");
   ids.resize(static_cast<std::size_t>(a.tokens));
+  return ids;
+}
+int perplexity_mode(const Args& a, const Model& model, const Tokenizer& tok) {
+  const std::vector<int> ids = text_tokens(a, tok);
   Decoder dec(model);
   const bool golden = !a.golden.empty();
   std::vector<std::int64_t> survivors;
@@ -204,10 +209,7 @@ int perplexity_mode(const Args& a, const Model& model, const Tokenizer& tok) {
 int perplexity_tp(const Args& a, const Model& full, const Tokenizer& tok) {
   dist::Mpi comm(MPI_COMM_WORLD);
   require(comm.size() == a.tp, "--tp ", a.tp, ": mpirun started ", comm.size(), " ranks (mpirun -np ", a.tp, ")");
-  auto ids = tok.encode(read_file(a.text));
-  require(static_cast<std::int64_t>(ids.size()) >= a.tokens, "--tokens ", a.tokens, ": '", a.text, "' has only ",
-          ids.size(), " tokens");
-  ids.resize(static_cast<std::size_t>(a.tokens));
+  const std::vector<int> ids = text_tokens(a, tok);
   const Model mine = shard_model(full, comm.rank(), comm.size());
   Decoder dec(mine, [&](Matrix& part) { comm.all_reduce_sum(std::span<float>(part.data(), static_cast<std::size_t>(part.size()))); });
   std::vector<std::int64_t> survivors;
@@ -289,11 +291,7 @@ int generate_mode(const Args& a, const Model& model, const Tokenizer& tok, const
 std::vector<std::vector<int>> prompts_of(const Args& a, const Tokenizer& tok) {
   std::vector<std::vector<int>> prompts;
   if (a.prompts.empty()) {  // the first --tokens tokens of --text
-    auto ids = tok.encode(read_file(a.text));
-    require(static_cast<std::int64_t>(ids.size()) >= a.tokens, "--tokens ", a.tokens, ": '", a.text, "' has only ",
-            ids.size(), " tokens");
-    ids.resize(static_cast<std::size_t>(a.tokens));
-    prompts.push_back(std::move(ids));
+    prompts.push_back(text_tokens(a, tok));
   }
   for (const auto& p : a.prompts) {
     prompts.push_back(tok.encode(p));

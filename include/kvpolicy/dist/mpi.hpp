@@ -32,25 +32,18 @@ class Mpi {
   int size() const { return size_; }
   MPI_Comm comm() const { return comm_; }
 
-  void all_reduce_sum(std::span<std::int64_t> values) {
-    require(values.size() <= static_cast<std::size_t>(INT32_MAX), "dist::Mpi: ", values.size(),
-            " values in one all-reduce");
-    if (values.empty()) return;
-    static_assert(sizeof(std::int64_t) == sizeof(long long));
-    check(MPI_Allreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()), MPI_LONG_LONG, MPI_SUM, comm_),
-          "MPI_Allreduce");
-  }
-  void all_reduce_sum(std::span<float> values) {
-    require(values.size() <= static_cast<std::size_t>(INT32_MAX), "dist::Mpi: ", values.size(),
-            " values in one all-reduce");
-    if (values.empty()) return;
-    check(MPI_Allreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()), MPI_FLOAT, MPI_SUM, comm_),
-          "MPI_Allreduce");
-  }
+  void all_reduce_sum(std::span<std::int64_t> values) { sum(values.data(), values.size(), MPI_LONG_LONG); }
+  void all_reduce_sum(std::span<float> values) { sum(values.data(), values.size(), MPI_FLOAT); }
   void broadcast(std::span<std::int64_t> values, int root) { bcast(values.data(), values.size(), MPI_LONG_LONG, root); }
   void broadcast(std::span<float> values, int root) { bcast(values.data(), values.size(), MPI_FLOAT, root); }
 
  private:
+  static_assert(sizeof(std::int64_t) == sizeof(long long), "MPI_LONG_LONG carries int64");
+  void sum(void* values, std::size_t count, MPI_Datatype type) {
+    require(count <= static_cast<std::size_t>(INT32_MAX), "dist::Mpi: ", count, " values in one all-reduce");
+    if (count == 0) return;
+    check(MPI_Allreduce(MPI_IN_PLACE, values, static_cast<int>(count), type, MPI_SUM, comm_), "MPI_Allreduce");
+  }
   void bcast(void* values, std::size_t count, MPI_Datatype type, int root) {
     require(count <= static_cast<std::size_t>(INT32_MAX), "dist::Mpi: ", count, " values in one broadcast");
     require(root >= 0 && root < size_, "dist::Mpi: broadcast from rank ", root, " of ", size_);

@@ -34,8 +34,12 @@ class Nccl {
   int rank() const { return rank_; }
   int size() const { return size_; }
 
-  void all_reduce_sum(std::span<std::int64_t> values) { reduce(values.data(), values.size_bytes(), values.size(), ncclInt64); }
-  void all_reduce_sum(std::span<float> values) { reduce(values.data(), values.size_bytes(), values.size(), ncclFloat32); }
+  void all_reduce_sum(std::span<std::int64_t> values) {
+    collective(values.data(), values.size_bytes(), values.size(), ncclInt64, -1);
+  }
+  void all_reduce_sum(std::span<float> values) {
+    collective(values.data(), values.size_bytes(), values.size(), ncclFloat32, -1);
+  }
   void broadcast(std::span<std::int64_t> values, int root) {
     collective(values.data(), values.size_bytes(), values.size(), ncclInt64, root);
   }
@@ -44,9 +48,6 @@ class Nccl {
   }
 
  private:
-  void reduce(void* values, std::size_t bytes, std::size_t count, ncclDataType_t type) {
-    collective(values, bytes, count, type, -1);
-  }
   // host values through the device buffer (grown to the largest call): summed over the ranks
   // (root < 0), or rank root's
   void collective(void* values, std::size_t bytes, std::size_t count, ncclDataType_t type, int root) {
