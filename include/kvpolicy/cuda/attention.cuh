@@ -213,16 +213,12 @@ template <int HEAD_DIM>
 __global__ void decode_merge_kernel(DecodeBatch a, int splits, const float* part_max, const float* part_sum,
                                     const float* part_acc, float* final_max, float* final_sum) {
   const std::int64_t qh = blockIdx.x;
-  float mx = -INFINITY;
-  for (int s = 0; s < splits; ++s) mx = fmaxf(mx, part_max[qh * splits + s]);
+  const auto m = [&](int s) { return part_max[qh * splits + s]; };
+  const float mx = largest_base(splits, m);
   for (int c = threadIdx.x; c < HEAD_DIM; c += blockDim.x) {
-    float sum = 0.0f, out = 0.0f;
-    if (mx != -INFINITY)
-      for (int s = 0; s < splits; ++s) {
-        const float f = exp2f(part_max[qh * splits + s] - mx);
-        sum += part_sum[qh * splits + s] * f;
-        out += part_acc[(qh * splits + s) * HEAD_DIM + c] * f;
-      }
+    float sum, out;
+    merge_partials(mx, splits, m, [&](int s) { return part_sum[qh * splits + s]; },
+                   [&](int s) { return part_acc[(qh * splits + s) * HEAD_DIM + c]; }, sum, out);
     a.out[qh * HEAD_DIM + c] = sum > 0.0f ? out / sum : 0.0f;
     if (c == 0) {
       final_max[qh] = mx;

@@ -105,25 +105,42 @@ inline DecodePlan plan_decode(const DecodeBatch& a, std::int64_t max_length, int
   return p;
 }
 
-/// The block's partial of one chunk for its tile of query heads: the warps' (max, sum, acc), each from
-/// its own base, brought to the largest and summed (bases in log2 units), one thread per (query
-/// head, element), written where decode_merge_kernel reads it. m_w and l_w are [WARPS][ROWS], acc_w
-/// [WARPS][ROWS][HEAD_DIM]; rows [0, heads) are real, first_head is row 0's query head.
+/// n partial softmax states (base m(i), sum l(i), accumulator element acc(i)), each from its own base
+/// in log2 units, brought to the largest base mx (from largest_base) and summed into sum and out;
+/// both 0 when mx = -inf (no partial saw an entry). The warps' merge and the splits' merge.
+template <class Base>
+__device__ float largest_base(int n, Base m) {
+  float mx = -INFINITY;
+  for (int i = 0; i < n; ++i) mx = fmaxf(mx, m(i));
+  return mx;
+}
+template <class Base, class Sum, class Acc>
+__device__ void merge_partials(float mx, int n, Base m, Sum l, Acc acc, float& sum, float& out) {
+  sum = 0.0f;
+  out = 0.0f;
+  if (mx == -INFINITY) return;
+  for (int i = 0; i < n; ++i) {
+    const float f = exp2f(m(i) - mx);
+    sum += l(i) * f;
+    out += acc(i) * f;
+  }
+}
+
+/// The block's partial of one chunk for its tile of query heads: the warps' (max, sum, acc) merged
+/// (merge_partials), one thread per (query head, element), written where decode_merge_kernel reads
+/// it. m_w and l_w are [WARPS][ROWS], acc_w [WARPS][ROWS][HEAD_DIM]; rows [0, heads) are real,
+/// first_head is row 0's query head.
 template <int WARPS, int ROWS, int HEAD_DIM>
 __device__ void write_block_partial(const float* m_w, const float* l_w, const float* acc_w, int heads,
                                     std::int64_t first_head, int split, int splits, float* part_max,
                                     float* part_sum, float* part_acc) {
   for (int i = static_cast<int>(threadIdx.x); i < heads * HEAD_DIM; i += static_cast<int>(blockDim.x)) {
     const int g = i / HEAD_DIM, c = i % HEAD_DIM;
-    float mx = -INFINITY;
-    for (int w = 0; w < WARPS; ++w) mx = fmaxf(mx, m_w[w * ROWS + g]);
-    float sum = 0.0f, out = 0.0f;
-    if (mx != -INFINITY)
-      for (int w = 0; w < WARPS; ++w) {
-        const float f = exp2f(m_w[w * ROWS + g] - mx);
-        sum += l_w[w * ROWS + g] * f;
-        out += acc_w[(w * ROWS + g) * HEAD_DIM + c] * f;
-      }
+    const auto m = [&](int w) { return m_w[w * ROWS + g]; };
+    const float mx = largest_base(WARPS, m);
+    float sum, out;
+    merge_partials(mx, WARPS, m, [&](int w) { return l_w[w * ROWS + g]; },
+                   [&](int w) { return acc_w[(w * ROWS + g) * HEAD_DIM + c]; }, sum, out);
     const std::int64_t at = (first_head + g) * splits + split;
     part_acc[at * HEAD_DIM + c] = out;
     if (c == 0) {
