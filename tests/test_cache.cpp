@@ -4,9 +4,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <vector>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #include "kvpolicy/dbtrimkv.hpp"
 #include "kvpolicy/trimkv.hpp"
@@ -134,6 +139,69 @@ TEST_CASE("attention through the cache equals dense attention over the survivors
       if (step < 12) CHECK(rel_error(d.out.data(), e.out.data(), want.size()) <= 1e-5);  // nothing evicted yet
     }
   }
+}
+
+TEST_CASE("flash-decoding through the cache: heads of several ranges equal dense attention, the same bits on any thread count") {
+  // 3 kv heads of up to 1,700 entries (over 3 ranges of cpu_backend::decode_range), G = 2, fp16:
+  // decode steps of T = 1 and 4 (G·T <= 8: split into ranges) and T = 5 (10 rows: one task a head)
+  static_assert(cpu_backend::decode_range < 1500);
+  const CacheShape shape{2, 3, 6, 32};
+  const std::int64_t L = shape.layers, H = shape.kv_heads, Hq = shape.q_heads, D = shape.head_dim;
+  std::vector<std::vector<float>> outs;
+  for (const int threads : {1, 2}) {
+#ifdef _OPENMP
+    const int before = omp_get_max_threads();
+    omp_set_num_threads(threads);
+#endif
+    std::mt19937_64 rng(31);
+    TrimKVCache<cpu_backend, half> cache(shape, memory::Paged<16, half>(800), trimkv_evictor({.budget = 100000, .buffer = 1}));
+    cache.add_sequence(0);
+    std::vector<float> all;
+    for (const std::int64_t T : {std::int64_t{600}, std::int64_t{900}, std::int64_t{1}, std::int64_t{4}, std::int64_t{5},
+                                 std::int64_t{1}, std::int64_t{200}, std::int64_t{1}}) {
+      auto d = random_step(rng, shape, T);
+      std::vector<float> want(d.q.size());
+      for (int l = 0; l < L; ++l) {
+        cache.append(0, l, View<const float, 3>(d.k.data() + l * H * T * D, {H, T, D}),
+                     View<const float, 3>(d.v.data() + l * H * T * D, {H, T, D}),
+                     View<const float, 2>(d.lb.data() + l * H * T, {H, T}));
+        cache.attend(0, l, View<const float, 3>(d.q.data() + l * Hq * T * D, {Hq, T, D}),
+                     View<float, 3>(d.out.data() + l * Hq * T * D, {Hq, T, D}));
+        for (int h = 0; h < H; ++h) {  // the dense reference over the entries as stored, widened
+          const auto head = cache.allocator().layout(0, l, h);
+          std::vector<float> ks, vs;
+          std::vector<std::int32_t> kp, qp;
+          for (std::int64_t i = 0; i < head.length; ++i) {
+            const auto slot = head.slot(i);
+            for (std::int64_t c = 0; c < D; ++c) {
+              ks.push_back(to_float(cache.allocator().pool().key(slot)[c]));
+              vs.push_back(to_float(cache.allocator().pool().value(slot)[c]));
+            }
+            kp.push_back(cache.allocator().pool().meta(slot).position);
+          }
+          for (std::int64_t t = 0; t < T; ++t) qp.push_back(static_cast<std::int32_t>(cache.tokens(0) + t));
+          for (int g = 0; g < shape.group(); ++g) {
+            const std::int64_t qh = h * shape.group() + g;
+            cpu::attend_dense(View<const float, 2>(d.q.data() + (l * Hq + qh) * T * D, {T, D}),
+                              View<const float, 2>(ks.data(), {head.length, D}), View<const float, 2>(vs.data(), {head.length, D}),
+                              kp, qp, View<float, 2>(want.data() + (l * Hq + qh) * T * D, {T, D}));
+          }
+        }
+      }
+      cache.commit(0);
+      CAPTURE(threads);
+      CAPTURE(T);
+      for (float x : d.out) REQUIRE(std::isfinite(x));
+      CHECK(rel_error(d.out.data(), want.data(), want.size()) <= 1e-5);
+      all.insert(all.end(), d.out.begin(), d.out.end());
+    }
+    outs.push_back(all);
+#ifdef _OPENMP
+    omp_set_num_threads(before);
+#endif
+  }
+  REQUIRE(outs[0].size() == outs[1].size());
+  CHECK(std::memcmp(outs[0].data(), outs[1].data(), outs[0].size() * sizeof(float)) == 0);
 }
 
 TEST_CASE("several sequences share one pool, and removing one returns its pages") {

@@ -3,7 +3,7 @@
 // across the few-rows path (<= 8), one row block and several (> 64), tiles cut mid-page, entries out
 // of position order (as compaction leaves them), duplicated keys (tied logits), WG-KV's
 // vertical-slash mask with gates on tau, sinks, queries that see nothing. The portable attend_paged
-// is held to the same oracle.
+// is held to the same oracle, and so is flash-decoding: the head cut into ranges whose states merge.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -151,11 +151,46 @@ void check_random_head(std::mt19937_64& rng, int trial) {
     CHECK(worst_out <= 4e-6 * vmax);
     CHECK(worst_mass <= 4e-6 * static_cast<double>(h.G * h.T));
   }
+
+  // Flash-decoding: the head cut at random points into ranges (empty ones too), each range's state,
+  // merged in order, against the same oracle; one range is attend_tiled's answer bit for bit.
+  const std::int64_t rows = std::int64_t{h.G} * h.T;
+  if (rows > cpu::kPartialMaxRows) return;
+  std::vector<std::int64_t> cuts{0, h.n};
+  for (int c = pick(rng) % 5; c > 0; --c) cuts.push_back(h.n == 0 ? 0 : pick(rng) % (h.n + 1));
+  std::sort(cuts.begin(), cuts.end());
+  const auto ranges = cuts.size() - 1;
+  std::vector<float> m(ranges * static_cast<std::size_t>(rows), std::nanf("")), l(m.size(), std::nanf("")),
+      acc(m.size() * static_cast<std::size_t>(h.d), std::nanf(""));
+  std::vector<cpu::SoftmaxPartial> parts;
+  const View<const float, 3> q(h.q.data(), {h.G, h.T, h.d});
+  for (std::size_t i = 0; i < ranges; ++i) {
+    const std::size_t at = i * static_cast<std::size_t>(rows);
+    parts.push_back({m.data() + at, l.data() + at, acc.data() + at * static_cast<std::size_t>(h.d)});
+    cpu::attend_tiled_partial(a.pool(), a.layout(0, 0, 0), 0, h.G, q, h.q_pos, cuts[i], cuts[i + 1], parts.back(), h.mask);
+  }
+  std::vector<float> split(h.q.size(), std::nanf("")), whole(h.q.size(), std::nanf("")), one(h.q.size(), std::nanf(""));
+  cpu::merge_softmax_partials(parts, rows, h.d, split.data());
+  cpu::attend_tiled(a.pool(), a.layout(0, 0, 0), 0, h.G, q, h.q_pos, View<float, 3>(whole.data(), {h.G, h.T, h.d}), {},
+                    h.mask);
+  cpu::attend_tiled_partial(a.pool(), a.layout(0, 0, 0), 0, h.G, q, h.q_pos, 0, h.n, parts[0], h.mask);
+  cpu::merge_softmax_partials(std::span(parts.data(), 1), rows, h.d, one.data());
+  double worst = 0;
+  int bad = 0;
+  for (std::size_t i = 0; i < split.size(); ++i) {
+    bad += !std::isfinite(split[i]);
+    worst = std::max(worst, std::abs(split[i] - want_out[i]));
+  }
+  CAPTURE(trial);
+  CAPTURE(ranges);
+  CHECK(bad == 0);
+  CHECK(worst <= 4e-6 * vmax);
+  CHECK(std::memcmp(one.data(), whole.data(), one.size() * sizeof(float)) == 0);
 }
 
 }  // namespace
 
-TEST_CASE("tiled attention matches the brute-force oracle: 3000 random heads, fp32, fp16, bf16, masks, ties") {
+TEST_CASE("tiled attention and its ranges merged match the brute-force oracle: 3000 random heads, fp32, fp16, bf16, masks, ties") {
   std::mt19937_64 rng(20261123);
   for (int trial = 0; trial < 1000; ++trial) {
     check_random_head<float, 16>(rng, trial);

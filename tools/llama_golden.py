@@ -3,7 +3,7 @@
 checked against: the token ids, each position's NLL and each position's top-k logits.
 
     python tools/llama_golden.py MODEL.gguf TEXT_FILE OUT.safetensors [--tokens N] [--top-k K]
-                                 [--threads T] [--kv f32|f16]
+                                 [--threads T] [--kv f32|f16] [--batch B]
 
 - tokens [N] I64      llama.cpp's tokenization of the text's start (no BOS, no special tokens)
 - nll [N] F32         nll[t] = -log softmax(logits[t-1])[tokens[t]] in float64; nll[0] = NaN
@@ -11,7 +11,8 @@ checked against: the token ids, each position's NLL and each position's top-k lo
 - top_logits [N, K] F32
 Metadata: the llama.cpp / llama-cpp-python version, the KV cache type, the text's name and size.
 
-The whole text runs as one batch with every position's logits kept (logits_all). The K/V cache is
+The whole text runs as one batch with every position's logits kept (logits_all); --batch 1 runs it
+one token a step instead, as decode steps run (llama.cpp picks its kernels by the batch's size). The K/V cache is
 F32 by default, as kvpolicy-lm's. llama-cpp-python builds llama.cpp from source (about 30 minutes
 on 2 cores), so this runs once and its output is committed (tests/lm/).
 """
@@ -45,9 +46,11 @@ def main():
     ap.add_argument("--top-k", type=int, default=8)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--kv", choices=["f32", "f16"], default="f32")
+    ap.add_argument("--batch", type=int, default=0, help="tokens per step (default: the whole text at once)")
     a = ap.parse_args()
+    batch = a.batch if a.batch > 0 else a.tokens
     kv_type = {"f32": 0, "f16": 1}[a.kv]  # GGML_TYPE_F32, GGML_TYPE_F16
-    llm = llama_cpp.Llama(model_path=a.model, n_ctx=a.tokens, n_batch=a.tokens, n_ubatch=a.tokens, n_threads=a.threads,
+    llm = llama_cpp.Llama(model_path=a.model, n_ctx=a.tokens, n_batch=batch, n_ubatch=batch, n_threads=a.threads,
                           logits_all=True, type_k=kv_type, type_v=kv_type, verbose=False)
     with open(a.text, "rb") as f:
         text = f.read()
@@ -67,7 +70,7 @@ def main():
     top_logits = np.take_along_axis(logits, top, axis=1)
     tensors = {"tokens": Raw(np.array(ids, dtype="<i8")), "nll": Raw(nll.astype("<f4")),
                "top_ids": Raw(top.astype("<i8")), "top_logits": Raw(top_logits.astype("<f4"))}
-    meta = {"engine": f"llama.cpp via llama-cpp-python {llama_cpp.__version__}", "kv_cache": a.kv,
+    meta = {"engine": f"llama.cpp via llama-cpp-python {llama_cpp.__version__}", "kv_cache": a.kv, "batch": batch,
             "text": os.path.basename(a.text), "text_bytes": len(text), "model": os.path.basename(a.model),
             "threads": a.threads}
     write_safetensors(a.out, tensors, meta)

@@ -56,8 +56,10 @@ using PartialSum = std::function<void(Matrix&)>;
 class Decoder {
  public:
   /// reduce: the all-reduce of a rank's share of the model (o's and down's partial products);
-  /// empty for the whole model.
-  explicit Decoder(const Model& m, PartialSum reduce = {}) : m_(m), c_(m.config), reduce_(std::move(reduce)) {
+  /// empty for the whole model. activations: how a decode step's rows meet the GGUF's blocks
+  /// (quant.hpp: rounded to Q8 and dotted in integers, as llama.cpp, or in fp32).
+  explicit Decoder(const Model& m, PartialSum reduce = {}, DecodeActivations activations = DecodeActivations::q8)
+      : m_(m), c_(m.config), reduce_(std::move(reduce)), activations_(activations) {
     // RoPE's inverse frequencies base^(-2i / rope_dim), i < rope_dim / 2, in double then rounded once
     for (int i = 0; i < c_.rope_dim / 2; ++i)
       inv_freq_.push_back(std::pow(c_.rope_base, -2.0 * i / static_cast<double>(c_.rope_dim)));
@@ -146,13 +148,17 @@ class Decoder {
   // out = a W^T (or out += a W^T), W [out, in] row-major. Eigen spreads matrix-matrix products over
   // OpenMP's threads but runs a matrix-vector product on one, so a decode step (a few rows) splits
   // W's rows over the threads here: each thread streams its own slice of the weights. A few rows
-  // read the GGUF's blocks where the model has them (quant.hpp: a fifth of F32's bytes); otherwise
-  // every output is the same dot product either way, and with one thread this is Eigen's product.
-  static void project(const Matrix& a, const Weight& W, Matrix& out, bool accumulate = false) {
+  // read the GGUF's blocks where the model has them (quant.hpp: a fifth of F32's bytes), with the
+  // activations rounded to Q8 or not (activations_); otherwise every output is the same dot product
+  // either way, and with one thread this is Eigen's product.
+  void project(const Matrix& a, const Weight& W, Matrix& out, bool accumulate = false) const {
     const Eigen::Index n = W.dense.rows();
     const bool few = a.rows() < kFewRows, blocks = few && !W.blocks.empty();
     const auto rows = [&](Eigen::Index r0, Eigen::Index r1) {
-      if (blocks) {
+      if (blocks && activations_ == DecodeActivations::q8) {
+        thread_local Q8Row x;  // each thread rounds the row itself: a few hundred values, not worth a barrier
+        quant_product_q8(a, W.blocks, out, r0, r1, accumulate, x);
+      } else if (blocks) {
         thread_local Eigen::VectorXf row;  // quant_product's scratch: a widened row, or the blocks' sums of x
         quant_product(a, W.blocks, out, r0, r1, accumulate, row);
       } else if (accumulate) {
@@ -235,6 +241,7 @@ class Decoder {
   const Model& m_;
   const Config& c_;
   PartialSum reduce_;
+  DecodeActivations activations_;
   std::vector<double> inv_freq_;
 };
 

@@ -52,10 +52,15 @@ const char* kUsage = R"(kvpolicy-lm: a LLaMA-family model on the CPU, its K/V in
 
 model:   --model DIR       config.json, model.safetensors, tokenizer.json (tools/fetch-model.sh)
          --threads N       threads for the matrix products (OpenMP builds; default: all)
+         --kv K            f16 (default, as llama.cpp's cache) or f32: the dtype the cache keeps K
+                           and V in; attention reads it widened to fp32
          --decode-weights W  gguf (default): decode steps read the GGUF's Q4_1/Q8_0 blocks
                            (model.quant.safetensors; 96 MB a token instead of 540 MB), widened
                            to the F32 file's exact values; f32: F32 everywhere. Prefill always
                            reads F32.
+         --decode-activations A  q8 (default): with gguf weights, each activation row is rounded
+                           to Q8 blocks of 32 and dotted with the blocks in integers, as llama.cpp
+                           does; f32: the blocks' exact weights times fp32 activations
 steps:   --prefill P       the first step's tokens, declared as the prompt (default: --chunk)
          --chunk C         tokens per later step of a text (default 16); generation decodes 1
 policy:  --policy P        one of the policies below (default full); its options as --NAME VALUE
@@ -69,6 +74,8 @@ struct Args {
   std::int64_t tokens = 1024, score_from = 1, prefill = 0, chunk = 16, generate = 0;
   int threads = 0, tp = 0;
   DecodeWeights decode_weights = DecodeWeights::gguf;
+  DecodeActivations activations = DecodeActivations::q8;
+  KvDtype kv = KvDtype::f16;
   PolicyOptions selection;
 };
 
@@ -105,6 +112,14 @@ Args parse(int argc, char** argv) {
     else if (f == "--decode-weights") {
       require(v == "gguf" || v == "f32", "--decode-weights '", v, "' must be gguf or f32");
       a.decode_weights = v == "gguf" ? DecodeWeights::gguf : DecodeWeights::f32;
+    }
+    else if (f == "--decode-activations") {
+      require(v == "q8" || v == "f32", "--decode-activations '", v, "' must be q8 or f32");
+      a.activations = v == "q8" ? DecodeActivations::q8 : DecodeActivations::f32;
+    }
+    else if (f == "--kv") {
+      require(v == "f16" || v == "f32", "--kv '", v, "' must be f16 or f32");
+      a.kv = v == "f16" ? KvDtype::f16 : KvDtype::f32;
     }
     else if (f == "--policy") a.selection.policy = v;
     else if (f.starts_with("--") && registry::is_option(f.substr(2))) a.selection.set(f.substr(2), v);
@@ -151,20 +166,20 @@ std::vector<int> text_tokens(const Args& a, const Tokenizer& tok) {
 }
 int perplexity_mode(const Args& a, const Model& model, const Tokenizer& tok) {
   const std::vector<int> ids = text_tokens(a, tok);
-  Decoder dec(model);
+  Decoder dec(model, {}, a.activations);
   const bool golden = !a.golden.empty();
   std::vector<std::int64_t> survivors;
-  const Run r = with_policy(a.selection, model.config, 1, a.tokens, [&](auto& cache, const EntryMetadata& meta) {
+  const Run r = with_policy(a.selection, a.kv, model.config, 1, a.tokens, [&](auto& cache, const EntryMetadata& meta) {
     using CacheT = std::decay_t<decltype(cache)>;
     return score_text<CacheT>(dec, cache, meta, ids, a.prefill, a.chunk, golden,
                               [&](const CacheT& c) { survivors = survivor_digest(c, 0, model.config, 0); });
   });
   std::string given;  // the policy's options as given (the registry's defaults for the rest)
   for (const auto& [option, value] : a.selection.given) given += (given.empty() ? " (" : ", ") + option + " " + value;
-  std::printf("model %s, text %s: %lld tokens, policy %s%s, prefill %lld, chunk %lld\n", model.config.name.c_str(),
-              a.text.c_str(), static_cast<long long>(a.tokens), a.selection.policy.c_str(),
+  std::printf("model %s, text %s: %lld tokens, policy %s%s, prefill %lld, chunk %lld, K/V %s\n",
+              model.config.name.c_str(), a.text.c_str(), static_cast<long long>(a.tokens), a.selection.policy.c_str(),
               (given.empty() ? given : given + ")").c_str(), static_cast<long long>(a.prefill),
-              static_cast<long long>(a.chunk));
+              static_cast<long long>(a.chunk), a.kv == KvDtype::f16 ? "f16" : "f32");
   std::printf("entries held: peak %lld, final %lld of %lld (%lld evictions); %.2f s, %.1f tokens/s\n",
               static_cast<long long>(r.peak_entries), static_cast<long long>(r.final_entries),
               static_cast<long long>(a.tokens * model.config.cache_shape().heads_total()), static_cast<long long>(r.evictions),
@@ -213,7 +228,7 @@ int perplexity_tp(const Args& a, const Model& full, const Tokenizer& tok) {
   const Model mine = shard_model(full, comm.rank(), comm.size());
   Decoder dec(mine, [&](Matrix& part) { comm.all_reduce_sum(std::span<float>(part.data(), static_cast<std::size_t>(part.size()))); });
   std::vector<std::int64_t> survivors;
-  const Run r = with_sharded_policy(a.selection, full.config, comm, 1, a.tokens, [&](auto& cache, const EntryMetadata& meta) {
+  const Run r = with_sharded_policy(a.selection, a.kv, full.config, comm, 1, a.tokens, [&](auto& cache, const EntryMetadata& meta) {
     using CacheT = std::decay_t<decltype(cache)>;
     return score_text<CacheT>(dec, cache, meta, ids, a.prefill, a.chunk, false,
                               [&](const CacheT& c) { survivors = survivor_digest(c, 0, full.config, comm.rank()); });
@@ -240,11 +255,11 @@ int perplexity_tp(const Args& a, const Model& full, const Tokenizer& tok) {
 int generate_mode(const Args& a, const Model& model, const Tokenizer& tok, const std::vector<std::vector<int>>& prompts) {
   std::int64_t longest = 0;
   for (const auto& p : prompts) longest = std::max<std::int64_t>(longest, static_cast<std::int64_t>(p.size()));
-  Decoder dec(model);
+  Decoder dec(model, {}, a.activations);
   using Clock = std::chrono::steady_clock;
   const auto seconds_since = [](Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); };
   const auto S = static_cast<std::int64_t>(prompts.size());
-  return with_policy(a.selection, model.config, S, longest + a.generate, [&](auto& cache, const EntryMetadata& meta) {
+  return with_policy(a.selection, a.kv, model.config, S, longest + a.generate, [&](auto& cache, const EntryMetadata& meta) {
     std::vector<std::vector<int>> out(prompts.size());
     std::vector<int> next(prompts.size());
     Matrix logits;

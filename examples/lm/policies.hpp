@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "decoder.hpp"
@@ -87,18 +88,33 @@ EntryMetadata entry_metadata(const registry::Values& v, const Config& c) {
   }
 }
 
-/// Makes the Cache `o` names for `sequences` sequences of up to `max_tokens` tokens each (steps of
-/// up to `chunk` tokens), and calls f(cache, metadata). The pool holds every token in every head:
-/// the policy, not the pool, bounds what stays (docs/quality.md reports the entries held).
+/// The dtype the cache stores K and V in: fp16 (llama.cpp's default cache type; half the bytes a
+/// decode step reads) or fp32. Attention widens each entry to fp32 as it reads it.
+enum class KvDtype { f16, f32 };
+
+/// f(std::type_identity<Storage>{}) with the Storage type `kv` names.
 template <class F>
-decltype(auto) with_policy(const PolicyOptions& o, const Config& c, std::int64_t sequences, std::int64_t max_tokens, F&& f) {
+decltype(auto) with_kv_storage(KvDtype kv, F&& f) {
+  if (kv == KvDtype::f16) return f(std::type_identity<half>{});
+  return f(std::type_identity<float>{});
+}
+
+/// Makes the Cache `o` names for `sequences` sequences of up to `max_tokens` tokens each (steps of
+/// up to `chunk` tokens), its K/V stored as `kv`, and calls f(cache, metadata). The pool holds every
+/// token in every head: the policy, not the pool, bounds what stays (docs/quality.md reports the
+/// entries held).
+template <class F>
+decltype(auto) with_policy(const PolicyOptions& o, KvDtype kv, const Config& c, std::int64_t sequences,
+                           std::int64_t max_tokens, F&& f) {
   const CacheShape shape = c.cache_shape();
   const std::int64_t pages = pages_for(shape, max_tokens + 16, sequences, 16);
-  return registry::visit(o.policy, [&]<registry::Policy P>() -> decltype(auto) {
-    const registry::Values v = registry::values<P>(o.given);
-    const EntryMetadata meta = entry_metadata<P>(v, c);
-    return P::template make<cpu_backend>(v, shape, memory::Paged<16>(pages),
-                                         [&](auto& cache) -> decltype(auto) { return f(cache, meta); });
+  return with_kv_storage(kv, [&]<class Storage>(std::type_identity<Storage>) -> decltype(auto) {
+    return registry::visit(o.policy, [&]<registry::Policy P>() -> decltype(auto) {
+      const registry::Values v = registry::values<P>(o.given);
+      const EntryMetadata meta = entry_metadata<P>(v, c);
+      return P::template make<cpu_backend>(v, shape, memory::Paged<16, Storage>(pages),
+                                           [&](auto& cache) -> decltype(auto) { return f(cache, meta); });
+    });
   });
 }
 

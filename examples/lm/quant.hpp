@@ -11,8 +11,19 @@
 // sum is fused (the AVX2 path's FMA) or not (the portable one). The products differ from Eigen's
 // over the F32 matrix only by fp32 rounding (the order of the additions, and d * sum(q x) + m * sum(x)
 // in place of sum((d q + m) x) on the direct path).
+//
+// llama.cpp's arithmetic (quant_product_q8, the decode default): each activation row is first
+// rounded to Q8 blocks of 32 (Q8Row: dx = max|x| / 127, qx = round(x / dx)), and a block's dot is an
+// integer one, exact in int32:
+//   Q4_1 · Q8:  d dx Σ q qx + m dx Σ qx      Q8_0 · Q8:  d dx Σ q qx
+// which is Σ w x̂ with x̂ = dx qx, the rounded row, in both (llama.cpp's Q8_1 stores dx Σ qx for the m
+// term). Σ x unrounded in the m term would not be closer: the error would become Σ (w - m)(x̂ - x),
+// whose weights d q in [0, 15 d] do not center on 0 as w does (twice the error on SmolLM2's rows).
+// A product differs from the exact one by the activations' rounding, at most dx / 2 per element.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -30,6 +41,12 @@
 #define KVPOLICY_LM_QUANT_AVX2 1
 #else
 #define KVPOLICY_LM_QUANT_AVX2 0
+#endif
+// AVX-512 VNNI's u8 x s8 dot product on 256-bit registers (one instruction for maddubs + madd)
+#if KVPOLICY_LM_QUANT_AVX2 && defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define KVPOLICY_LM_QUANT_VNNI 1
+#else
+#define KVPOLICY_LM_QUANT_VNNI 0
 #endif
 
 namespace kvpolicy::lm {
@@ -173,6 +190,147 @@ inline float dot_q8_0(const std::uint8_t* p, const float* x, std::int64_t blocks
 #endif
 
 }  // namespace detail
+
+/// How a decode step's activation rows meet the blocks: rounded to Q8 blocks and dotted in integers
+/// (llama.cpp's arithmetic), or kept in fp32 (the blocks' exact weights; differs from F32 weights by
+/// fp32 rounding only).
+enum class DecodeActivations { q8, f32 };
+
+/// One activation row rounded to Q8 blocks of 32, as ggml's quantize_row_q8_1: per block b,
+/// dx = max|x| / 127 and qx = round(x / dx) in [-127, 127] (0 for a block of zeros); scale[b] = dx
+/// and sum[b] = dx Σ qx (Q4_1's m term), each rounded to fp16 as ggml stores them.
+struct Q8Row {
+  std::vector<std::int8_t> q;
+  std::vector<float> scale, sum;
+
+  void quantize(const float* x, std::int64_t cols) {
+    const std::int64_t blocks = cols / QuantMatrix::kBlock;
+    q.resize(static_cast<std::size_t>(cols));
+    scale.resize(static_cast<std::size_t>(blocks));
+    sum.resize(static_cast<std::size_t>(blocks));
+    for (std::int64_t b = 0; b < blocks; ++b) {
+      const float* xb = x + b * QuantMatrix::kBlock;
+      float amax = 0.0f;
+      for (std::int64_t j = 0; j < QuantMatrix::kBlock; ++j) amax = std::max(amax, std::abs(xb[j]));
+      const float dx = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+      std::int32_t total = 0;
+      for (std::int64_t j = 0; j < QuantMatrix::kBlock; ++j) {
+        const auto qj = static_cast<std::int8_t>(std::nearbyint(xb[j] * inv));
+        q[static_cast<std::size_t>(b * QuantMatrix::kBlock + j)] = qj;
+        total += qj;
+      }
+      // kept as fp16, as ggml's block_q8_1 keeps them: the same x̂ as llama.cpp's, not only alike
+      scale[static_cast<std::size_t>(b)] = dtype::half_to_float(dtype::float_to_half(dx));
+      sum[static_cast<std::size_t>(b)] = dtype::half_to_float(dtype::float_to_half(dx * static_cast<float>(total)));
+    }
+  }
+};
+
+namespace detail {
+
+#if KVPOLICY_LM_QUANT_AVX2
+// Σ over 32 lanes of u8 w times s8 x, as 8 int32 partial sums (|w| <= 128, |x| <= 127: no int16
+// pair overflows in maddubs).
+inline __m256i dot_u8_s8(__m256i w, __m256i x) {
+#if KVPOLICY_LM_QUANT_VNNI
+  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, x);
+#else
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1));
+#endif
+}
+
+inline float dot_q4_1_q8(const std::uint8_t* p, const Q8Row& x, std::int64_t blocks) {
+  const __m256i mask = _mm256_set1_epi8(0x0F);
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  float m_acc = 0.0f;
+  const std::int8_t* xq = x.q.data();
+  const auto block = [&](std::int64_t b, __m256& acc) {
+    const std::uint8_t* pb = p + b * 20;
+    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(pb + 4));
+    // low lane: the low nibbles (elements 0..15), high lane: the high ones (16..31)
+    const __m256i w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), mask);
+    const __m256i s = dot_u8_s8(w, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + b * 32)));
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(half_bits_to_float(pb) * x.scale[static_cast<std::size_t>(b)]), acc);
+    m_acc += half_bits_to_float(pb + 2) * x.sum[static_cast<std::size_t>(b)];
+  };
+  std::int64_t b = 0;
+  for (; b + 2 <= blocks; b += 2) {
+    block(b, acc0);
+    block(b + 1, acc1);
+  }
+  if (b < blocks) block(b, acc0);
+  return hsum(_mm256_add_ps(acc0, acc1)) + m_acc;
+}
+
+inline float dot_q8_0_q8(const std::uint8_t* p, const Q8Row& x, std::int64_t blocks) {
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  const std::int8_t* xq = x.q.data();
+  const auto block = [&](std::int64_t b, __m256& acc) {
+    const std::uint8_t* pb = p + b * 34;
+    const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pb + 2));
+    const __m256i xb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + b * 32));
+    // s8 x s8 as u8 x s8: |w| times x with w's sign
+    const __m256i s = dot_u8_s8(_mm256_sign_epi8(w, w), _mm256_sign_epi8(xb, w));
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(half_bits_to_float(pb) * x.scale[static_cast<std::size_t>(b)]), acc);
+  };
+  std::int64_t b = 0;
+  for (; b + 2 <= blocks; b += 2) {
+    block(b, acc0);
+    block(b + 1, acc1);
+  }
+  if (b < blocks) block(b, acc0);
+  return hsum(_mm256_add_ps(acc0, acc1));
+}
+#endif
+
+// The same sums in portable code: each block's integer dot exact, then the same fp32 terms.
+inline float dot_q8_portable(const std::uint8_t* p, BlockFormat f, const Q8Row& x, std::int64_t blocks) {
+  float acc = 0.0f;
+  for (std::int64_t b = 0; b < blocks; ++b) {
+    const std::int8_t* xq = x.q.data() + b * 32;
+    std::int32_t s = 0;
+    if (f == BlockFormat::q4_1) {
+      const std::uint8_t* pb = p + b * 20;
+      for (int j = 0; j < 16; ++j) s += (pb[4 + j] & 0x0F) * xq[j] + (pb[4 + j] >> 4) * xq[j + 16];
+      acc += half_bits_to_float(pb) * x.scale[static_cast<std::size_t>(b)] * static_cast<float>(s) +
+             half_bits_to_float(pb + 2) * x.sum[static_cast<std::size_t>(b)];
+    } else {
+      const std::uint8_t* pb = p + b * 34;
+      for (int j = 0; j < 32; ++j) {
+        std::int8_t w;
+        std::memcpy(&w, pb + 2 + j, 1);
+        s += w * xq[j];
+      }
+      acc += half_bits_to_float(pb) * x.scale[static_cast<std::size_t>(b)] * static_cast<float>(s);
+    }
+  }
+  return acc;
+}
+
+}  // namespace detail
+
+/// quant_product in llama.cpp's arithmetic: each row of `a` rounded to Q8 blocks (into `x`), then
+/// out[t, r] = (or +=) the integer-dot sum above with W row r, for rows [r0, r1) of W.
+template <class RowMatrix>
+void quant_product_q8(const RowMatrix& a, const QuantMatrix& W, RowMatrix& out, std::int64_t r0, std::int64_t r1,
+                      bool accumulate, Q8Row& x) {
+  const std::int64_t blocks = W.cols / QuantMatrix::kBlock;
+  for (Eigen::Index t = 0; t < a.rows(); ++t) {
+    x.quantize(a.row(t).data(), W.cols);
+    for (std::int64_t r = r0; r < r1; ++r) {
+      const std::uint8_t* p = W.blocks.data() + r * W.row_bytes();
+#if KVPOLICY_LM_QUANT_AVX2
+      const float v = W.format == BlockFormat::q4_1 ? detail::dot_q4_1_q8(p, x, blocks) : detail::dot_q8_0_q8(p, x, blocks);
+#else
+      const float v = detail::dot_q8_portable(p, W.format, x, blocks);
+#endif
+      if (accumulate)
+        out(t, r) += v;
+      else
+        out(t, r) = v;
+    }
+  }
+}
 
 /// out[t, r] = (or +=) dot(W row r, a row t) for rows [r0, r1) of W. One activation row (a decode
 /// step) on AVX2: straight from the blocks (detail::dot_q4_1, dot_q8_0). Otherwise each row of

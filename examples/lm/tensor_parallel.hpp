@@ -72,24 +72,27 @@ inline EntryMetadata shard_metadata(EntryMetadata meta, const Config& full, int 
 }
 
 /// with_policy for one rank of `comm`: calls f(cache, metadata) with this rank's Cache of the policy
-/// `o` names (its share of the kv heads of every layer) and the metadata for its heads.
+/// `o` names (its share of the kv heads of every layer, K/V stored as `kv`) and the metadata for its
+/// heads.
 template <dist::Communicator C, class F>
-decltype(auto) with_sharded_policy(const PolicyOptions& o, const Config& full, C& comm, std::int64_t sequences,
+decltype(auto) with_sharded_policy(const PolicyOptions& o, KvDtype kv, const Config& full, C& comm, std::int64_t sequences,
                                    std::int64_t max_tokens, F&& f) {
   const CacheShape shape = full.cache_shape();
   const CacheShape local{shape.layers, shape.kv_heads / comm.size(), shape.q_heads / comm.size(), shape.head_dim};
   const std::int64_t pages = pages_for(local, max_tokens + 16, sequences, 16);
-  return registry::visit(o.policy, [&]<registry::Policy P>() -> decltype(auto) {
-    const registry::Values v = registry::values<P>(o.given);
-    const EntryMetadata meta = shard_metadata(entry_metadata<P>(v, full), full, comm.rank(), comm.size());
-    // the unsharded Cache (one page: its parts are what is wanted), then this rank's from its parts
-    return P::template make<cpu_backend>(v, shape, memory::Paged<16>(1), [&](auto& whole) -> decltype(auto) {
-      using Whole = std::decay_t<decltype(whole)>;
-      return dist::with_sharded_evictor(whole.evictor(), &comm, shape, [&](auto evictor) -> decltype(auto) {
-        Cache<typename Whole::scorer_type, typename Whole::admitter_type, decltype(evictor), memory::Paged<16>,
-              cpu_backend>
-            mine(local, memory::Paged<16>(pages), evictor, whole.scorer(), whole.admitter());
-        return f(mine, meta);
+  return with_kv_storage(kv, [&]<class Storage>(std::type_identity<Storage>) -> decltype(auto) {
+    using Pool = memory::Paged<16, Storage>;
+    return registry::visit(o.policy, [&]<registry::Policy P>() -> decltype(auto) {
+      const registry::Values v = registry::values<P>(o.given);
+      const EntryMetadata meta = shard_metadata(entry_metadata<P>(v, full), full, comm.rank(), comm.size());
+      // the unsharded Cache (one page: its parts are what is wanted), then this rank's from its parts
+      return P::template make<cpu_backend>(v, shape, Pool(1), [&](auto& whole) -> decltype(auto) {
+        using Whole = std::decay_t<decltype(whole)>;
+        return dist::with_sharded_evictor(whole.evictor(), &comm, shape, [&](auto evictor) -> decltype(auto) {
+          Cache<typename Whole::scorer_type, typename Whole::admitter_type, decltype(evictor), Pool, cpu_backend> mine(
+              local, Pool(pages), evictor, whole.scorer(), whole.admitter());
+          return f(mine, meta);
+        });
       });
     });
   });

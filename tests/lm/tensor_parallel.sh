@@ -3,13 +3,15 @@
 # 3 kv heads on 3 ranks (3 query heads and a third of the MLP each, F32 weights), 256 tokens of
 # GPL-3, one thread a rank. For every policy below the survivors' digest must be the same (the same
 # entries in every (layer, kv head) at the end) and the perplexity the same within 1e-5 relative
-# (the ranks' partial sums add in another order than one product).
+# (the ranks' partial sums add in another order than one product). Both keep F32 K/V (--kv f32): in
+# fp16 those last-bit differences of a key would sometimes round to another fp16 value, and a
+# policy's choice between two near-equal scores could then differ.
 #   tests/lm/tensor_parallel.sh KVPOLICY_LM MODEL_DIR MPIEXEC
 set -euo pipefail
 lm=$1 model=$2 mpiexec=$3
 gates=$(cd "$(dirname "$0")/../../gates/smollm2-135m" && pwd)
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
-args=(--model "$model" --text /usr/share/common-licenses/GPL-3 --tokens 256 --chunk 16 --threads 1)
+args=(--model "$model" --text /usr/share/common-licenses/GPL-3 --tokens 256 --chunk 16 --threads 1 --kv f32)
 status=0
 check() {  # name, policy options...
   local name=$1; shift

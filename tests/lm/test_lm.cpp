@@ -120,7 +120,7 @@ std::string write_gate(registry::Inputs kind, float bias) {
 
 Run run_policy(const PolicyOptions& o, const std::vector<int>& ids, std::int64_t chunk, std::int64_t prefill = 0) {
   Decoder dec(model());
-  return with_policy(o, model().config, 1, static_cast<std::int64_t>(ids.size()), [&](auto& cache, const EntryMetadata& meta) {
+  return with_policy(o, KvDtype::f32, model().config, 1, static_cast<std::int64_t>(ids.size()), [&](auto& cache, const EntryMetadata& meta) {
     return score_text(dec, cache, meta, ids, prefill > 0 ? prefill : chunk, chunk, true);
   });
 }
@@ -222,7 +222,7 @@ TEST_CASE("epikv and hs-var score each token once from the two bands: every head
     o.set("band-a", a);
     o.set("band-b", b);
     Decoder dec(model());
-    with_policy(o, model().config, 1, 160, [&](auto& cache, const EntryMetadata& meta) {
+    with_policy(o, KvDtype::f32, model().config, 1, 160, [&](auto& cache, const EntryMetadata& meta) {
       cache.add_sequence(0, chunk);
       for (std::size_t n = 0; n < ids.size(); n += chunk)
         dec.step(cache, 0, std::span<const int>(ids).subspan(n, chunk), meta, nullptr);
@@ -284,6 +284,100 @@ TEST_CASE("the GGUF's blocks dequantize to the F32 file's weights, bit for bit")
   CHECK(q8_0 == 28311552);   // the tied embedding / output head
 }
 
+TEST_CASE("Q8 activations: each block's integer dot is exact, so a product is Σ w x̂ up to fp32 rounding") {
+  // The oracle of quant_product_q8, in double from the same Q8Row: Σ_b d_b dx_b Σ q qx (+ m_b s_b
+  // for Q4_1, s_b = dx Σ qx as stored), that is Σ w x̂ with x̂ = dx qx; over every row of a Q4_1 and a Q8_0 matrix of the
+  // real model; random activations with a block of zeros and a block of one large value (the
+  // rounding's edge cases). The error is fp32's on the terms summed (they cancel: m is near -7.5 d).
+  const Model& m = model();
+  std::mt19937_64 rng(5);
+  std::normal_distribution<float> normal;
+  for (const Weight* w : {&m.layers[3].w_down, &m.layers[0].wq, &m.embed}) {
+    const QuantMatrix& W = w->blocks;
+    CAPTURE(block_format_name(W.format));
+    Matrix a(1, W.cols), out(1, W.rows);
+    for (Eigen::Index c = 0; c < W.cols; ++c) a(0, c) = normal(rng) * (c % 7 == 0 ? 4.0f : 1.0f);
+    a.block(0, 32, 1, 32).setZero();
+    a(0, 70) = 1e4f;
+    Q8Row x;
+    quant_product_q8(a, W, out, 0, W.rows, false, x);
+    const std::int64_t blocks = W.cols / 32;
+    const auto half_at = [](const std::uint8_t* p) { return double(dtype::half_to_float(static_cast<std::uint16_t>(p[0] | (p[1] << 8)))); };
+    double worst = 0;
+    std::vector<float> row(static_cast<std::size_t>(W.cols));
+    for (std::int64_t r = 0; r < W.rows; ++r) {
+      W.dequantize_row(r, row.data());
+      double want = 0, magnitude = 0;
+      for (std::int64_t b = 0; b < blocks; ++b) {
+        const std::uint8_t* p = W.blocks.data() + r * W.row_bytes() + b * QuantMatrix::block_bytes(W.format);
+        const double d = half_at(p), mm = W.format == BlockFormat::q4_1 ? half_at(p + 2) : 0.0;
+        const double dx = x.scale[static_cast<std::size_t>(b)];
+        const double sb = x.sum[static_cast<std::size_t>(b)];
+        double iq = 0;
+        for (int j = 0; j < 32; ++j) {  // the block's q from its weights w = d q + m (exact: q <= 15 or |q| <= 128)
+          const double q = d != 0.0 ? std::round((row[static_cast<std::size_t>(b * 32 + j)] - mm) / d) : 0.0;
+          iq += q * x.q[static_cast<std::size_t>(b * 32 + j)];
+        }
+        want += d * dx * iq + mm * sb;
+        magnitude += std::abs(d * dx * iq) + std::abs(mm * sb);
+      }
+      worst = std::max(worst, std::abs(out(0, r) - want) / std::max(magnitude, 1e-30));
+    }
+    CAPTURE(worst);
+    CHECK(worst < 1e-6);
+  }
+  // and the rounding itself: qx = round(x / dx) with dx = max|x| / 127, dx and dx Σ qx kept as fp16
+  // (as ggml's block_q8_1), zeros for a block of zeros
+  Q8Row x;
+  std::vector<float> v(64, 0.0f);
+  for (int j = 0; j < 32; ++j) v[static_cast<std::size_t>(j)] = static_cast<float>(j - 16) * 0.5f;
+  x.quantize(v.data(), 64);
+  CHECK(x.scale[0] == dtype::half_to_float(dtype::float_to_half(8.0f / 127.0f)));
+  CHECK(x.q[0] == -127);
+  CHECK(x.q[16] == 0);
+  CHECK(x.q[31] == static_cast<std::int8_t>(std::nearbyint(7.5f * (127.0f / 8.0f))));
+  std::int32_t sum_q = 0;
+  for (int j = 0; j < 32; ++j) sum_q += x.q[static_cast<std::size_t>(j)];
+  CHECK(x.sum[0] == dtype::half_to_float(dtype::float_to_half(8.0f / 127.0f * static_cast<float>(sum_q))));
+  CHECK(x.scale[1] == 0.0f);
+  for (int j = 32; j < 64; ++j) CHECK(x.q[static_cast<std::size_t>(j)] == 0);
+}
+
+TEST_CASE("decode steps with Q8 activations stay close to decode steps from F32") {
+  // llama.cpp's arithmetic rounds the activations: the logits move by that rounding, not by fp32's,
+  // and the greedy choice stays the same (the same 40 tokens as below, teacher-forced).
+  const Model f32 = Model::load(model_dir(), DecodeWeights::f32);
+  const auto ids = text_tokens(40);
+  std::vector<Matrix> logits[2];
+  for (int which = 0; which < 2; ++which) {
+    Decoder dec(which == 0 ? model() : f32, {}, DecodeActivations::q8);
+    PolicyOptions full;
+    with_policy(full, KvDtype::f32, model().config, 1, 40, [&](auto& cache, const EntryMetadata& meta) {
+      cache.add_sequence(0, 16);
+      Matrix out;
+      for (std::size_t n = 0; n < ids.size(); n += n == 0 ? 16 : 1) {
+        dec.step(cache, 0, std::span<const int>(ids).subspan(n, n == 0 ? 16 : 1), meta, &out, 1);
+        logits[which].push_back(out);
+      }
+      return 0;
+    });
+  }
+  float worst = 0.0f;
+  int same_top1 = 0;
+  for (std::size_t i = 0; i < logits[0].size(); ++i) {
+    worst = std::max(worst, (logits[0][i] - logits[1][i]).cwiseAbs().maxCoeff());
+    Eigen::Index ia = 0, ib = 0;
+    logits[0][i].row(0).maxCoeff(&ia);
+    logits[1][i].row(0).maxCoeff(&ib);
+    same_top1 += ia == ib;
+  }
+  CAPTURE(worst);
+  CAPTURE(same_top1);
+  CHECK(worst > 1e-3f);  // the rounding was applied
+  CHECK(worst < 4.0f);   // over all 49,152 logits of 25 steps: 1.9 on 2026-11-26
+  CHECK(same_top1 >= 23);  // 24 of 25 on 2026-11-26
+}
+
 TEST_CASE("decode steps from the blocks agree with decode steps from F32") {
   // The same tokens, teacher-forced: a 16-token prompt, then 24 one-token steps; the full cache.
   // The weights are the same values (above); only the order of each dot product's additions differs.
@@ -292,9 +386,9 @@ TEST_CASE("decode steps from the blocks agree with decode steps from F32") {
   const auto ids = text_tokens(40);
   std::vector<Matrix> logits[2];
   for (int which = 0; which < 2; ++which) {
-    Decoder dec(which == 0 ? model() : f32);
+    Decoder dec(which == 0 ? model() : f32, {}, DecodeActivations::f32);
     PolicyOptions full;
-    with_policy(full, model().config, 1, 40, [&](auto& cache, const EntryMetadata& meta) {
+    with_policy(full, KvDtype::f32, model().config, 1, 40, [&](auto& cache, const EntryMetadata& meta) {
       cache.add_sequence(0, 16);
       Matrix out;
       for (std::size_t n = 0; n < ids.size(); n += n == 0 ? 16 : 1) {

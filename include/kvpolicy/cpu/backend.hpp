@@ -55,6 +55,23 @@ struct cpu_backend {
     cpu::attend_paged(pool, head, kv_head, group, queries, q_pos, out, key_mass, mask);
 #endif
   }
+
+#if KVPOLICY_TILED_ATTENTION
+  /// Flash-decoding (cpu/tiled_attention.hpp): a step of at most decode_rows query rows per kv head
+  /// splits each head into ranges of decode_range entries, each range's state from
+  /// attend_partial() on any thread, merged per head by merge_partials() in range order.
+  static constexpr std::int64_t decode_rows = cpu::kPartialMaxRows;
+  static constexpr std::int64_t decode_range = cpu::TiledAttentionTuning::kDecodeRange;
+  template <class Storage>
+  static void attend_partial(const memory::EntryPool<Storage>& pool, const memory::HeadLayout& head, int kv_head,
+                             int group, View<const float, 3> queries, std::span<const std::int32_t> q_pos,
+                             std::int64_t first, std::int64_t last, cpu::SoftmaxPartial partial, AttentionMask mask) {
+    cpu::attend_tiled_partial(pool, head, kv_head, group, queries, q_pos, first, last, partial, mask);
+  }
+  static void merge_partials(std::span<const cpu::SoftmaxPartial> parts, std::int64_t rows, std::int64_t d, float* out) {
+    cpu::merge_softmax_partials(parts, rows, d, out);
+  }
+#endif
 };
 
 }  // namespace tiled_attention / portable_attention

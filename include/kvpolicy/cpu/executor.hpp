@@ -18,6 +18,7 @@
 #include "kvpolicy/core/parallel.hpp"
 #include "kvpolicy/core/shape.hpp"
 #include "kvpolicy/core/view.hpp"
+#include "kvpolicy/cpu/softmax_partial.hpp"
 #include "kvpolicy/engine/planner.hpp"
 #include "kvpolicy/engine/scorer_inputs.hpp"
 #include "kvpolicy/engine/step_state.hpp"
@@ -148,6 +149,8 @@ class Executor {
     std::vector<std::int32_t> q_pos(static_cast<std::size_t>(T));
     for (std::int64_t t = 0; t < T; ++t) q_pos[static_cast<std::size_t>(t)] = static_cast<std::int32_t>(n + t);
     const AttentionMask mask = composed_attention_mask(evictor_, admitter_);
+    if constexpr (!Inputs::needs_mass && requires { B::decode_range; })
+      if (std::int64_t{shape_.group()} * T <= B::decode_rows) return attend_split(seq, layer, q_pos, queries, out, mask);
     // One task per kv head: each writes its own query heads of `out` and its own mass vector.
     std::vector<std::vector<float>> mass(Inputs::needs_mass ? static_cast<std::size_t>(shape_.kv_heads) : 0);
     const auto attend_head = [&](int h) {
@@ -264,6 +267,48 @@ class Executor {
   }
 
   /// (query rows) x (entries) over the layer's kv heads: what decides whether threads pay off.
+  /// Flash-decoding (B::attend_partial, B::merge_partials): each head's entries in ranges of
+  /// B::decode_range, one task a range on any thread, then each head's states merged in range order
+  /// into its query heads of `out`. The ranges do not depend on the thread count, so neither does
+  /// the answer; a head of one range gets attend()'s answer bit for bit.
+  void attend_split(std::int64_t seq, int layer, std::span<const std::int32_t> q_pos, View<const float, 3> queries,
+                    View<float, 3> out, AttentionMask mask) {
+    const std::int64_t T = queries.dim(1), d = queries.dim(2), rows = std::int64_t{shape_.group()} * T;
+    struct Range {
+      int head;
+      std::int64_t first, last;
+    };
+    std::vector<Range> ranges;
+    std::vector<std::int64_t> head_begin;  // head h's ranges are [head_begin[h], head_begin[h + 1])
+    std::vector<memory::HeadLayout> layouts;
+    for (int h = 0; h < shape_.kv_heads; ++h) {
+      head_begin.push_back(static_cast<std::int64_t>(ranges.size()));
+      layouts.push_back(alloc_.layout(seq, layer, h));
+      const std::int64_t n = layouts.back().length;
+      for (std::int64_t first = 0; first < n || first == 0; first += B::decode_range)
+        ranges.push_back({h, first, std::min(n, first + B::decode_range)});
+    }
+    head_begin.push_back(static_cast<std::int64_t>(ranges.size()));
+    const auto count = static_cast<std::size_t>(ranges.size() * static_cast<std::size_t>(rows));
+    std::vector<float> m(count), l(count), acc(count * static_cast<std::size_t>(d));
+    std::vector<cpu::SoftmaxPartial> parts;
+    for (std::size_t i = 0; i < ranges.size(); ++i) {
+      const std::size_t at = i * static_cast<std::size_t>(rows);
+      parts.push_back({m.data() + at, l.data() + at, acc.data() + at * static_cast<std::size_t>(d)});
+    }
+    detail::for_each_task<B>(static_cast<std::int64_t>(ranges.size()), attention_work(seq, layer, T), [&](std::int64_t i) {
+      const Range& r = ranges[static_cast<std::size_t>(i)];
+      B::attend_partial(std::as_const(alloc_).pool(), layouts[static_cast<std::size_t>(r.head)], r.head, shape_.group(),
+                        queries, q_pos, r.first, r.last, parts[static_cast<std::size_t>(i)], mask);
+    });
+    for (int h = 0; h < shape_.kv_heads; ++h) {
+      const auto b = static_cast<std::size_t>(head_begin[static_cast<std::size_t>(h)]);
+      const auto e = static_cast<std::size_t>(head_begin[static_cast<std::size_t>(h) + 1]);
+      B::merge_partials(std::span<const cpu::SoftmaxPartial>(parts.data() + b, e - b), rows, d,
+                        &out(std::int64_t{h} * shape_.group(), 0, 0));
+    }
+  }
+
   std::int64_t attention_work(std::int64_t seq, int layer, std::int64_t T) const {
     std::int64_t entries = 0;
     for (int h = 0; h < shape_.kv_heads; ++h) entries += alloc_.length(seq, layer, h);

@@ -13,6 +13,13 @@
 /// With key_mass, a second pass adds each entry's probability from every row, P_rj = exp(S_rj - m_r)
 /// / l_r (H2O's accumulation, SPEC §5), from the rows' final (m, l): no attention matrix is kept.
 /// Same answers as attend_paged and attend_dense up to fp32 rounding (tests/test_attention.cpp).
+///
+/// Flash-decoding (attend_tiled_partial, merge_softmax_partials): a decode step's few rows over one
+/// range of a head's entries leave their unnormalized state (m, l, acc) instead of o; the states of
+/// the ranges that cover the head merge exactly as the tiles do,
+///   M = max_c m_c;  o = Σ_c acc_c·e^(m_c - M) / Σ_c l_c·e^(m_c - M),
+/// so the ranges of every head can run on different threads (cpu/executor.hpp). One range is the
+/// whole head's answer bit for bit: e^0 = 1 leaves acc and l as they are.
 #pragma once
 
 #include <algorithm>
@@ -25,9 +32,11 @@
 
 #include "kvpolicy/core/eigen.hpp"
 
+#include "kvpolicy/core/error.hpp"
 #include "kvpolicy/core/mask.hpp"
 #include "kvpolicy/core/view.hpp"
 #include "kvpolicy/cpu/decode_kernels.hpp"
+#include "kvpolicy/cpu/softmax_partial.hpp"
 #include "kvpolicy/cpu/widen.hpp"
 #include "kvpolicy/memory/pool.hpp"
 
@@ -42,7 +51,14 @@ struct TiledAttentionTuning {
   /// kernels (cpu/decode_kernels.hpp), on each entry where it lies and in its storage dtype: no tile
   /// copy and no GEMM packing, whose cost a few rows would not amortize.
   static constexpr std::int64_t kFewRows = kDecodeMaxRows;
+  /// Flash-decoding's range of entries per task: a decode step splits each head into ranges of this
+  /// many entries (the last shorter), whatever the thread count, so the answer does not depend on it;
+  /// 512 fp16 entries of d = 64 are 128 KiB of K and V, long enough that a range's merge (rows·d
+  /// floats) costs little beside it.
+  static constexpr std::int64_t kDecodeRange = 512;
 };
+
+
 
 namespace detail {
 
@@ -76,18 +92,22 @@ TileEntries<Storage>& tile_entries() {
 
 }  // namespace detail
 
+namespace detail {
+
+/// attend_tiled over the head's entries [first, last): writes o to `out`, or with `partial` (one row
+/// block, no key_mass) leaves each row's unnormalized state there.
 template <class Storage>
-void attend_tiled(const memory::EntryPool<Storage>& pool, const memory::HeadLayout& head, int kv_head, int group,
-                  View<const float, 3> queries, std::span<const std::int32_t> q_pos, View<float, 3> out,
-                  std::span<float> key_mass = {}, AttentionMask mask = {}) {
+void attend_tiled_range(const memory::EntryPool<Storage>& pool, const memory::HeadLayout& head, int kv_head, int group,
+                        View<const float, 3> queries, std::span<const std::int32_t> q_pos, View<float, 3> out,
+                        std::span<float> key_mass, AttentionMask mask, std::int64_t first, std::int64_t last,
+                        const SoftmaxPartial* partial) {
   using Tuning = TiledAttentionTuning;
   constexpr float kMasked = -std::numeric_limits<float>::infinity();
-  const std::int64_t T = queries.dim(1), d = queries.dim(2), N = head.length;
+  const std::int64_t T = queries.dim(1), d = queries.dim(2), N = last;
   const std::int64_t rows = std::int64_t{group} * T;  // row r = (query head r / T of the group, token r % T)
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   // The group's query heads are adjacent in [Hq, T, d]: its rows are one [G·T, d] block.
   const Eigen::Map<const detail::RowMatrixF> q_all(&queries(std::int64_t{kv_head} * group, 0, 0), rows, d);
-  Eigen::Map<detail::RowMatrixF> out_all(&out(std::int64_t{kv_head} * group, 0, 0), rows, d);
   auto& w = detail::tiled_scratch();
   const std::int64_t row_block = std::min(rows, Tuning::kRowBlock);
   w.q.resize(row_block, d);
@@ -176,7 +196,7 @@ void attend_tiled(const memory::EntryPool<Storage>& pool, const memory::HeadLayo
     w.acc.topRows(rb).setZero();
     w.m.head(rb).setConstant(kMasked);
     w.l.head(rb).setZero();
-    for (std::int64_t b0 = 0; b0 < N; b0 += Tuning::kTile) {
+    for (std::int64_t b0 = first; b0 < N; b0 += Tuning::kTile) {
       const std::int64_t nb = std::min(Tuning::kTile, N - b0);
       const TileKind kind = logits(r0, rb, b0, nb, load_tile(b0, nb, true), first_q, last_q, true);
       if (kind == kSkip) continue;
@@ -204,12 +224,19 @@ void attend_tiled(const memory::EntryPool<Storage>& pool, const memory::HeadLayo
       else
         w.acc.topRows(rb).noalias() += s * w.v.topRows(nb);
     }
+    if (partial != nullptr) {  // one row block (the caller's check): its state, not yet divided
+      std::copy_n(w.m.data(), rb, partial->m);
+      std::copy_n(w.l.data(), rb, partial->l);
+      Eigen::Map<RowMatrixF>(partial->acc, rb, d) = w.acc.topRows(rb);
+      continue;
+    }
+    Eigen::Map<RowMatrixF> out_all(&out(std::int64_t{kv_head} * group, 0, 0), rows, d);
     for (std::int64_t r = 0; r < rb; ++r) {
       const float inv = w.l(r) > 0.0f ? 1.0f / w.l(r) : 0.0f;
       out_all.row(r0 + r) = w.acc.row(r) * inv;
     }
     if (key_mass.empty()) continue;
-    for (std::int64_t b0 = 0; b0 < N; b0 += Tuning::kTile) {  // P_rj = exp(S_rj - m_r) / l_r
+    for (std::int64_t b0 = first; b0 < N; b0 += Tuning::kTile) {  // P_rj = exp(S_rj - m_r) / l_r
       const std::int64_t nb = std::min(Tuning::kTile, N - b0);
       if (logits(r0, rb, b0, nb, load_tile(b0, nb, false), first_q, last_q, false) == kSkip) continue;
       for (std::int64_t r = 0; r < rb; ++r) {
@@ -226,14 +253,67 @@ void attend_tiled(const memory::EntryPool<Storage>& pool, const memory::HeadLayo
   }
 }
 
+}  // namespace detail
+
+template <class Storage>
+void attend_tiled(const memory::EntryPool<Storage>& pool, const memory::HeadLayout& head, int kv_head, int group,
+                  View<const float, 3> queries, std::span<const std::int32_t> q_pos, View<float, 3> out,
+                  std::span<float> key_mass = {}, AttentionMask mask = {}) {
+  detail::attend_tiled_range(pool, head, kv_head, group, queries, q_pos, out, key_mass, mask, 0, head.length, nullptr);
+}
+
+/// The most query rows (group·T) attend_tiled_partial takes: one row block of the decode kernels.
+inline constexpr std::int64_t kPartialMaxRows = TiledAttentionTuning::kFewRows;
+
+/// attend_tiled's state over the head's entries [first, last) only (0 <= first <= last <= length),
+/// for group·T <= kPartialMaxRows rows: m, l and acc of row r (query head r / T of the group, token
+/// r % T) into `partial`. merge_softmax_partials of the states of ranges that cover the head gives
+/// attend_tiled's o.
+template <class Storage>
+void attend_tiled_partial(const memory::EntryPool<Storage>& pool, const memory::HeadLayout& head, int kv_head, int group,
+                          View<const float, 3> queries, std::span<const std::int32_t> q_pos, std::int64_t first,
+                          std::int64_t last, SoftmaxPartial partial, AttentionMask mask = {}) {
+  require(std::int64_t{group} * queries.dim(1) <= kPartialMaxRows, "attend_tiled_partial: ", group * queries.dim(1),
+          " query rows, more than ", kPartialMaxRows);
+  require(0 <= first && first <= last && last <= head.length, "attend_tiled_partial: entries [", first, ", ", last,
+          ") are not within the head's ", head.length);
+  detail::attend_tiled_range(pool, head, kv_head, group, queries, q_pos, View<float, 3>{}, {}, mask, first, last, &partial);
+}
+
+/// out[rows, d] = the attention of `rows` query rows from the states of ranges that together cover
+/// a head's entries once (in any grouping; the order of `parts` is the order of the sums). A row
+/// that saw no key in any range gets 0, as attend_tiled gives it.
+inline void merge_softmax_partials(std::span<const SoftmaxPartial> parts, std::int64_t rows, std::int64_t d, float* out) {
+  using RowMatrixF = detail::RowMatrixF;
+  Eigen::Map<RowMatrixF> o(out, rows, d);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    float m = -std::numeric_limits<float>::infinity();
+    for (const SoftmaxPartial& p : parts) m = std::max(m, p.m[r]);
+    if (m == -std::numeric_limits<float>::infinity()) {
+      o.row(r).setZero();
+      continue;
+    }
+    float l = 0.0f;
+    o.row(r).setZero();
+    for (const SoftmaxPartial& p : parts) {
+      if (p.l[r] == 0.0f) continue;  // saw nothing: m = -inf, whose e^(m - M) is 0 anyway
+      const float c = std::exp(p.m[r] - m);  // 1 for the range that holds the max
+      l += p.l[r] * c;
+      o.row(r) += Eigen::Map<const Eigen::RowVectorXf>(p.acc + r * d, d) * c;
+    }
+    o.row(r) *= 1.0f / l;
+  }
+}
+
 // Compiling the kernel once instead of in every translation unit (it is most of a TU's compile time
 // under the sanitizers): define KVPOLICY_EXTERN_TILED_ATTENTION in every TU of the program, and
 // include kvpolicy/cpu/tiled_attention_instances.hpp in exactly one, built with the same flags.
 #if defined(KVPOLICY_EXTERN_TILED_ATTENTION)
 #define KVPOLICY_TILED_ATTENTION_INSTANCE(Storage)                                                                    \
-  extern template void attend_tiled<Storage>(const memory::EntryPool<Storage>&, const memory::HeadLayout&, int, int, \
-                                             View<const float, 3>, std::span<const std::int32_t>, View<float, 3>,   \
-                                             std::span<float>, AttentionMask);
+  extern template void detail::attend_tiled_range<Storage>(                                                          \
+      const memory::EntryPool<Storage>&, const memory::HeadLayout&, int, int, View<const float, 3>,                   \
+      std::span<const std::int32_t>, View<float, 3>, std::span<float>, AttentionMask, std::int64_t, std::int64_t,     \
+      const SoftmaxPartial*);
 KVPOLICY_TILED_ATTENTION_INSTANCE(float)
 KVPOLICY_TILED_ATTENTION_INSTANCE(half)
 KVPOLICY_TILED_ATTENTION_INSTANCE(bfloat16)

@@ -11,14 +11,14 @@
 
 namespace kvpolicy::cpu {
 
-template void attend_tiled<float>(const memory::EntryPool<float>&, const memory::HeadLayout&, int, int,
-                                  View<const float, 3>, std::span<const std::int32_t>, View<float, 3>, std::span<float>,
-                                  AttentionMask);
-template void attend_tiled<half>(const memory::EntryPool<half>&, const memory::HeadLayout&, int, int,
-                                 View<const float, 3>, std::span<const std::int32_t>, View<float, 3>, std::span<float>,
-                                 AttentionMask);
-template void attend_tiled<bfloat16>(const memory::EntryPool<bfloat16>&, const memory::HeadLayout&, int, int,
-                                     View<const float, 3>, std::span<const std::int32_t>, View<float, 3>,
-                                     std::span<float>, AttentionMask);
+#define KVPOLICY_TILED_ATTENTION_DEFINE(Storage)                                                                      \
+  template void detail::attend_tiled_range<Storage>(                                                                  \
+      const memory::EntryPool<Storage>&, const memory::HeadLayout&, int, int, View<const float, 3>,                   \
+      std::span<const std::int32_t>, View<float, 3>, std::span<float>, AttentionMask, std::int64_t, std::int64_t,     \
+      const SoftmaxPartial*);
+KVPOLICY_TILED_ATTENTION_DEFINE(float)
+KVPOLICY_TILED_ATTENTION_DEFINE(half)
+KVPOLICY_TILED_ATTENTION_DEFINE(bfloat16)
+#undef KVPOLICY_TILED_ATTENTION_DEFINE
 
 }  // namespace kvpolicy::cpu
