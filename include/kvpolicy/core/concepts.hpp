@@ -140,6 +140,15 @@ constexpr bool evictor_triggers_itself = requires(const E& e, const CacheShape& 
 ///   collectives.
 template <class E>
 constexpr bool evictor_agrees_on_refusal = requires(const E& e, void (*f)()) { e.agree_on(f); };
+/// budget_binds(ctx, meta, offsets): an Evictor whose budget weighs only what the gates admitted
+///   (WG-KV's hard budget) tells from the entries' metadata alone — meta[offsets[i], offsets[i+1])
+///   for each head the trigger fired for, in stored order — whether the budget binds this step; the
+///   planner sets StepContext::budget_binds from it before the scoring.
+template <class E>
+constexpr bool evictor_tells_binding = requires(const E& e, StepContext c, std::span<const EntryMeta> meta,
+                                                std::span<const std::int64_t> offsets) {
+  { e.budget_binds(c, meta, offsets) } -> std::same_as<bool>;
+};
 /// validate(): an Admitter checks its own settings, at construction.
 template <class A>
 constexpr bool admitter_validates = requires(const A& a) { a.validate(); };

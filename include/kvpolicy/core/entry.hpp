@@ -83,12 +83,17 @@ KVPOLICY_HD float field_of(const EntryMeta& m, Field f) {
 /// (WG-KV's hard budget, SPEC §3 appendix K) — after an Admitter's ring has dropped its departures.
 /// head: the (layer, kv head) whose entries are being scored, as head_index(shape, layer, head); every
 /// backend sets it per head before it scores (Random draws per (layer, head, position), SPEC §5).
+/// budget_binds: false when the Evictor has told, before the scoring, that its budget keeps every
+/// entry the scores could choose between this step (WG-KV's hard budget within L·Hkv·M_avg:
+/// evictor_tells_binding); a Scorer may then skip what only a binding budget reads (appendix K's
+/// attention), since no survivor depends on it. True otherwise.
 struct StepContext {
   std::int64_t n = 0;
   std::int64_t prompt = 0;
   bool prompt_ends = false;
   std::int64_t entries = 0;
   std::int64_t head = 0;
+  bool budget_binds = true;
 };
 
 /// The last queries a sequence attended with at one layer (oldest first), for scorers that rank

@@ -145,6 +145,12 @@ struct ShardedWriteGatedBudget {
     c.entries = entries[0];
     return c;
   }
+  /// The budget binds when the global caches of every rank together pass it: one all-reduce.
+  bool budget_binds(StepContext, std::span<const EntryMeta> meta, std::span<const std::int64_t> offsets) const {
+    std::array<std::int64_t, 1> total{inner.global_total(meta, offsets)};
+    comm->all_reduce_sum(total);
+    return inner.budget_entries > 0 && total[0] > inner.budget_entries;
+  }
   std::int64_t group_heads(const CacheShape& shape) const { return shape.heads_total(); }
   bool fires(std::int64_t, std::int64_t, StepContext) const { return true; }
   void select(const CacheShape&, StepContext c, const SegmentedScores& s, std::span<std::uint8_t> keep) const {

@@ -74,6 +74,22 @@ class EvictionPlanner {
 
     std::vector<std::int64_t> offsets(heads + 1, 0);
     for (std::size_t i = 0; i < heads; ++i) offsets[i + 1] = offsets[i] + (made.active[i] ? lengths[i] : 0);
+    if constexpr (evictor_tells_binding<E>)
+      if (fires) {  // the active heads' entries as the Evictor sees them; a binding budget needs the scores
+        std::vector<EntryMeta> meta;
+        meta.reserve(static_cast<std::size_t>(offsets.back()));
+        for (int l = 0; l < shape_.layers; ++l)
+          for (int h = 0; h < shape_.kv_heads; ++h) {
+            const auto i = static_cast<std::size_t>(head_index(shape_, l, h));
+            if (!made.active[i]) continue;
+            const auto head_layout = alloc_.layout(seq, l, h);
+            for (std::int64_t j = 0; j < head_layout.length; ++j)
+              if (ring_kept.empty() || ring_kept[i].empty() || ring_kept[i][static_cast<std::size_t>(j)])
+                meta.push_back(alloc_.pool().meta(head_layout.slot(j)));
+          }
+        ctx.budget_binds = evictor_.budget_binds(ctx, meta, offsets);
+        made.context = ctx;
+      }
     std::vector<float> score(static_cast<std::size_t>(offsets.back()));
     std::vector<std::int32_t> position(score.size());
     ScorerInputs<S> inputs;  // its scratch serves every head

@@ -86,6 +86,14 @@ class ScorerInputs {
                   std::span<const std::int64_t> stored, int layer, int kv_head, int group, StepContext ctx,
                   std::span<float> out) {
     const std::size_t len = stored.size();
+    if constexpr (WindowScorer<S> && requires { { scorer.reads_window(ctx) } -> std::same_as<bool>; }) {
+      if (!scorer.reads_window(ctx)) {  // this step's scores need only the metadata: no keys, no queries
+        meta_.resize(len);
+        for (std::size_t j = 0; j < len; ++j) meta_[j] = pool.meta(head.slot(stored[j]));
+        scorer.score_window(View<const float, 2>{}, std::span<const EntryMeta>(meta_), ctx, ObservedQueries{}, out);
+        return;
+      }
+    }
     if constexpr (scorer_needs_head_keys<S> || WindowScorer<S>) {
       const auto d = static_cast<std::size_t>(pool.head_dim());
       meta_.resize(len);

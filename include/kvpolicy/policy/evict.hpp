@@ -300,6 +300,38 @@ struct WriteGatedBudget {
   void select(const CacheShape&, StepContext c, const SegmentedScores& s, std::span<std::uint8_t> keep) const {
     select_within(c, s, keep, [](std::int64_t total) { return total; });
   }
+  /// Whether the budget binds this step, from the entries' metadata alone (core/concepts.hpp,
+  /// evictor_tells_binding): the global caches' total (global_length per head) above the budget.
+  /// When it does not, select() drops no global entry, so their scores decide nothing.
+  bool budget_binds(StepContext, std::span<const EntryMeta> meta, std::span<const std::int64_t> offsets) const {
+    return budget_entries > 0 && global_total(meta, offsets) > budget_entries;
+  }
+  /// The global caches' total over the heads meta[offsets[i], offsets[i+1]): per head, its entries
+  /// outside the ring (all but the W_local newest by position) that the gate admitted (g >= tau) or
+  /// that are among its S oldest (sinks) — what select() counts from the scorer's scores.
+  std::int64_t global_total(std::span<const EntryMeta> meta, std::span<const std::int64_t> offsets) const {
+    std::int64_t total = 0;
+    std::vector<std::int32_t> position;
+    for (std::size_t i = 0; i + 1 < offsets.size(); ++i) {
+      const auto head = meta.subspan(static_cast<std::size_t>(offsets[i]), static_cast<std::size_t>(offsets[i + 1] - offsets[i]));
+      const auto n = static_cast<std::int64_t>(head.size());
+      if (n <= local) continue;  // all ring
+      position.clear();
+      for (const EntryMeta& m : head) position.push_back(m.position);
+      // positions are unique in a head: the ring is every position >= the (n - W_local)-th smallest
+      std::nth_element(position.begin(), position.begin() + (n - local), position.end());
+      const std::int32_t ring_from = position[static_cast<std::size_t>(n - local)];
+      std::int32_t sinks_below = std::numeric_limits<std::int32_t>::min();  // the S oldest: below this position
+      if (sinks > 0) {
+        const std::int64_t s = std::min(sinks, n);
+        std::nth_element(position.begin(), position.begin() + (s - 1), position.end());
+        sinks_below = position[static_cast<std::size_t>(s - 1)] + 1;
+      }
+      for (const EntryMeta& m : head)
+        total += m.position < ring_from && (m.write_score >= static_cast<float>(tau) || m.position < sinks_below);
+    }
+    return total;
+  }
   /// select() with the sequence's global total taken through total_of: the identity here, the sum
   /// over the ranks for a Cache that holds one rank's share of the heads (dist::ShardedWriteGatedBudget).
   template <class Total>

@@ -166,6 +166,11 @@ struct GatedObservedAttention {
     ObservedAttention{observation_window, pool_kernel, Pooling::max}.validate();
   }
 
+  /// Whether this step's scores read the keys and the window's queries: only where the budget may
+  /// bind (below); otherwise the metadata alone decides them, and the caller need not gather the rest
+  /// (score_window then takes empty keys and queries).
+  bool reads_window(StepContext c) const { return budget_entries > 0 && c.entries > budget_entries && c.budget_binds; }
+
   void score_window(View<const float, 2> keys, std::span<const EntryMeta> meta, StepContext c, ObservedQueries q,
                     std::span<float> out) const {
     const auto order = detail::by_position(meta);
@@ -181,7 +186,9 @@ struct GatedObservedAttention {
         out[static_cast<std::size_t>(j)] = -std::numeric_limits<float>::infinity();
     }
     std::vector<double> raw(global.size(), 0.0), best(global.size()), p;
-    if (budget_entries > 0 && c.entries > budget_entries)  // c.entries >= the global total the evictor compares
+    // c.entries >= the global total the evictor compares; and where the evictor has told that its
+    // budget does not bind (StepContext::budget_binds), no global entry is dropped: 0 decides the same
+    if (reads_window(c))
       for (std::int64_t w = 0; w < q.window; ++w) {
         std::fill(best.begin(), best.end(), 0.0);
         for (std::int64_t g = 0; g < q.group; ++g)
