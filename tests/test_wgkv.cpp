@@ -6,7 +6,9 @@
 #include <algorithm>
 #include <cmath>
 #include <deque>
+#include <cstring>
 #include <map>
+#include <numeric>
 #include <random>
 #include <set>
 #include <vector>
@@ -426,4 +428,66 @@ TEST_CASE("WG-KV budget: the scorer and the evictor must draw the same ring, gat
   CHECK_THROWS_WITH_AS(WGKVBudgetCache<>(shape, memory::Paged<16>(4), wgkv_budget_evictor(shape, cfg), scorer),
                        doctest::Contains("differ from the evictor"), Error);
   CHECK_NOTHROW(WGKVBudgetCache<>(shape, memory::Paged<16>(4), wgkv_budget_evictor(shape, cfg), wgkv_budget_scorer(shape, cfg)));
+}
+
+TEST_CASE("WG-KV budget: the evictor's count from the metadata is the global total its selection counts from the scores, and a step it does not bind needs no keys") {
+  // Random heads (shuffled storage order, gates on and around tau, sinks, heads inside their ring):
+  // global_total(meta) against the held-minus-ring count select_within makes from the scorer's
+  // scores; budget_binds against that total; and the scorer, told the budget does not bind, gives
+  // the same scores from the metadata alone (no keys, no queries) as with them.
+  std::mt19937_64 rng(41);
+  for (int trial = 0; trial < 2000; ++trial) {
+    const std::int64_t local = std::uniform_int_distribution<int>(1, 12)(rng), sinks = trial % 3 == 0 ? trial % 4 : 0;
+    const double tau = 0.5;
+    const int heads = std::uniform_int_distribution<int>(1, 4)(rng), d = 3, G = 2;
+    std::vector<EntryMeta> meta;
+    std::vector<std::int64_t> offsets{0};
+    std::vector<std::int32_t> position;
+    for (int h = 0; h < heads; ++h) {
+      const int n = std::uniform_int_distribution<int>(0, 30)(rng);
+      std::vector<std::int32_t> pos(static_cast<std::size_t>(n));
+      std::iota(pos.begin(), pos.end(), std::uniform_int_distribution<int>(0, 5)(rng));
+      std::shuffle(pos.begin(), pos.end(), rng);
+      for (const std::int32_t p : pos) {
+        EntryMeta m{};
+        m.position = p;
+        m.write_score = static_cast<float>(std::uniform_int_distribution<int>(0, 4)(rng)) * 0.25f;  // 0.5 = tau: admitted
+        meta.push_back(m);
+        position.push_back(p);
+      }
+      offsets.push_back(static_cast<std::int64_t>(meta.size()));
+    }
+    const std::int64_t budget = std::uniform_int_distribution<int>(1, 40)(rng);
+    const evict::WriteGatedBudget e{local, tau, budget, 0.1, sinks};
+    score::GatedObservedAttention s;
+    s.tau = tau, s.local = local, s.budget_entries = budget, s.sinks = sinks;
+    StepContext c;
+    c.entries = static_cast<std::int64_t>(meta.size());
+    c.budget_binds = false;
+    std::vector<float> score(meta.size()), with_keys(meta.size());
+    std::int64_t counted = 0;
+    for (int h = 0; h < heads; ++h) {
+      const auto b = static_cast<std::size_t>(offsets[static_cast<std::size_t>(h)]);
+      const auto n = static_cast<std::size_t>(offsets[static_cast<std::size_t>(h) + 1]) - b;
+      const auto head_meta = std::span<const EntryMeta>(meta).subspan(b, n);
+      REQUIRE(!s.reads_window(c));
+      s.score_window(View<const float, 2>{}, head_meta, c, ObservedQueries{}, std::span<float>(score).subspan(b, n));
+      std::vector<float> keys(n * d, 1.0f), q(static_cast<std::size_t>(G * 2 * d), 1.0f);
+      const std::int32_t qpos[2] = {40, 41};
+      s.score_window(View<const float, 2>(keys.data(), {static_cast<std::int64_t>(n), d}), head_meta, c,
+                     ObservedQueries{q.data(), G, 2, d, std::span<const std::int32_t>(qpos, 2)},
+                     std::span<float>(with_keys).subspan(b, n));
+      // select_within's count: the ring and sinks protected, then held (not -inf) minus the ring
+      std::vector<float> seg(score.begin() + static_cast<std::ptrdiff_t>(b), score.begin() + static_cast<std::ptrdiff_t>(b + n));
+      rank::protect_window(std::span<const std::int32_t>(position).subspan(b, n), local, seg);
+      rank::protect_sinks(std::span<const std::int32_t>(position).subspan(b, n), sinks, seg);
+      std::int64_t held = 0;
+      for (const float v : seg) held += v != -std::numeric_limits<float>::infinity();
+      counted += held - std::min<std::int64_t>(local, static_cast<std::int64_t>(n));
+    }
+    CAPTURE(trial);
+    CHECK(e.global_total(meta, offsets) == counted);
+    CHECK(e.budget_binds(c, meta, offsets) == (counted > budget));
+    CHECK(std::memcmp(score.data(), with_keys.data(), score.size() * sizeof(float)) == 0);
+  }
 }

@@ -33,33 +33,53 @@ inline std::vector<std::int64_t> by_position(std::span<const EntryMeta> meta) {
   return order;
 }
 
-/// p[i] = softmax(q k_{rows[i]} / sqrt(d)) over the listed keys query q (at position q_pos) may see
-/// (causal), 0 for the others. False, with p all 0, when it sees none.
-inline bool observed_softmax(const float* q, std::int32_t q_pos, View<const float, 2> keys, std::span<const EntryMeta> meta,
-                             std::span<const std::int64_t> rows, std::vector<double>& p) {
-  const std::int64_t d = keys.dim(1);
+/// The window's attention over the listed keys, as matrix products on tiles: for each window slot w,
+/// f(w, p) with p [G, N] (row g = query head g of the group) = softmax over the keys row g's query
+/// may see (causal) of q k^T / sqrt(d), 0 for the others and for a query that sees none. In double:
+/// the keys are widened once into a dense [d, N] block (N contiguous), then each slot's G rows take
+/// S = Q K^T as rank-1 updates along d, so every logit sums its d products in the same order (the
+/// bits do not depend on where a key lies: equal keys give equal logits), and the key block is read
+/// from cache by every slot instead of gathered per query.
+template <class F>
+void observed_attention_tiles(View<const float, 2> keys, std::span<const EntryMeta> meta, std::span<const std::int64_t> rows,
+                              ObservedQueries q, F&& f) {
+  const auto N = static_cast<std::int64_t>(rows.size());
+  const std::int64_t d = keys.dim(1), G = q.group;
   const double scale = 1.0 / std::sqrt(static_cast<double>(d));
-  p.assign(rows.size(), 0.0);
-  double mx = -std::numeric_limits<double>::infinity();
-  for (std::size_t i = 0; i < rows.size(); ++i) {
-    const std::int64_t j = rows[i];
-    if (meta[j].position > q_pos) {
-      p[i] = -std::numeric_limits<double>::infinity();
-      continue;
+  std::vector<double> kt(static_cast<std::size_t>(d * N)), s(static_cast<std::size_t>(G * N));
+  std::vector<std::int32_t> pos(static_cast<std::size_t>(N));
+  for (std::int64_t i = 0; i < N; ++i) {
+    const std::int64_t j = rows[static_cast<std::size_t>(i)];
+    pos[static_cast<std::size_t>(i)] = meta[static_cast<std::size_t>(j)].position;
+    for (std::int64_t c = 0; c < d; ++c) kt[static_cast<std::size_t>(c * N + i)] = keys(j, c);
+  }
+  for (std::int64_t w = 0; w < q.window; ++w) {
+    const std::int32_t q_pos = q.position[static_cast<std::size_t>(w)];
+    std::fill(s.begin(), s.end(), 0.0);
+    for (std::int64_t c = 0; c < d; ++c) {  // S[g, :] += q_g[c] K^T[c, :]
+      const double* k = kt.data() + c * N;
+      for (std::int64_t g = 0; g < G; ++g) {
+        const double qc = q.query(g, w)[c];
+        double* sg = s.data() + g * N;
+        for (std::int64_t i = 0; i < N; ++i) sg[i] += qc * k[i];
+      }
     }
-    double s = 0.0;
-    for (std::int64_t c = 0; c < d; ++c) s += static_cast<double>(q[c]) * keys(j, c);
-    p[i] = s * scale;
-    mx = std::max(mx, p[i]);
+    for (std::int64_t g = 0; g < G; ++g) {
+      double* sg = s.data() + g * N;
+      double mx = -std::numeric_limits<double>::infinity();
+      for (std::int64_t i = 0; i < N; ++i)
+        if (pos[static_cast<std::size_t>(i)] <= q_pos) mx = std::max(mx, sg[i] * scale);
+      if (mx == -std::numeric_limits<double>::infinity()) {  // sees none of them
+        std::fill(sg, sg + N, 0.0);
+        continue;
+      }
+      double total = 0.0;
+      for (std::int64_t i = 0; i < N; ++i)
+        total += sg[i] = pos[static_cast<std::size_t>(i)] <= q_pos ? std::exp(sg[i] * scale - mx) : 0.0;
+      for (std::int64_t i = 0; i < N; ++i) sg[i] /= total;
+    }
+    f(w, std::span<const double>(s));
   }
-  if (mx == -std::numeric_limits<double>::infinity()) {
-    std::fill(p.begin(), p.end(), 0.0);
-    return false;
-  }
-  double total = 0.0;
-  for (double& x : p) total += x = std::exp(x - mx);  // exp(-inf) = 0 for the keys it may not see
-  for (double& x : p) x /= total;
-  return true;
 }
 
 /// Avg-pool with stride 1 and zero padding counted (the length is kept): out[i] = sum v[i - k/2 ..
@@ -116,13 +136,14 @@ struct ObservedAttention {
     const auto N = static_cast<std::int64_t>(order.size());
     const std::int64_t prefix = std::max<std::int64_t>(0, N - observation_window);
     const bool mean = group_reduce == GroupReduce::mean;
-    std::vector<double> reduced(order.size(), mean ? 0.0 : -std::numeric_limits<double>::infinity()), sum(order.size()), p;
-    for (std::int64_t g = 0; g < q.group; ++g) {  // in position order: sum over the window, pool the prefix
-      std::fill(sum.begin(), sum.end(), 0.0);
-      for (std::int64_t w = 0; w < q.window; ++w)
-        if (detail::observed_softmax(q.query(g, w), q.position[static_cast<std::size_t>(w)], keys, meta, order, p))
-          for (std::size_t i = 0; i < sum.size(); ++i) sum[i] += p[i];
-      const auto head_prefix = std::span<const double>(sum).first(static_cast<std::size_t>(prefix));
+    std::vector<double> reduced(order.size(), mean ? 0.0 : -std::numeric_limits<double>::infinity());
+    std::vector<double> sums(static_cast<std::size_t>(q.group) * order.size(), 0.0);  // [G, N], in position order
+    detail::observed_attention_tiles(keys, meta, order, q, [&](std::int64_t, std::span<const double> p) {
+      for (std::size_t i = 0; i < sums.size(); ++i) sums[i] += p[i];  // summed over the window, oldest first
+    });
+    for (std::int64_t g = 0; g < q.group; ++g) {  // pool the prefix of each query head's sums
+      const auto sum = std::span<const double>(sums).subspan(static_cast<std::size_t>(g) * order.size(), order.size());
+      const auto head_prefix = sum.first(static_cast<std::size_t>(prefix));
       const auto pooled = pooling == Pooling::avg ? detail::avg_pool(head_prefix, pool_kernel)
                                                   : detail::max_pool(head_prefix, pool_kernel);
       for (std::int64_t i = 0; i < N; ++i) {
@@ -185,17 +206,19 @@ struct GatedObservedAttention {
       else
         out[static_cast<std::size_t>(j)] = -std::numeric_limits<float>::infinity();
     }
-    std::vector<double> raw(global.size(), 0.0), best(global.size()), p;
+    std::vector<double> raw(global.size(), 0.0);
     // c.entries >= the global total the evictor compares; and where the evictor has told that its
     // budget does not bind (StepContext::budget_binds), no global entry is dropped: 0 decides the same
-    if (reads_window(c))
-      for (std::int64_t w = 0; w < q.window; ++w) {
-        std::fill(best.begin(), best.end(), 0.0);
-        for (std::int64_t g = 0; g < q.group; ++g)
-          if (detail::observed_softmax(q.query(g, w), q.position[static_cast<std::size_t>(w)], keys, meta, global, p))
-            for (std::size_t i = 0; i < best.size(); ++i) best[i] = std::max(best[i], p[i]);  // max over the group
-        for (std::size_t i = 0; i < raw.size(); ++i) raw[i] += best[i];                     // summed over the window
-      }
+    if (reads_window(c)) {
+      const std::size_t n = global.size();
+      detail::observed_attention_tiles(keys, meta, global, q, [&](std::int64_t, std::span<const double> p) {
+        for (std::size_t i = 0; i < n; ++i) {
+          double best = 0.0;  // the max over the group (a query that sees nothing gives 0)
+          for (std::int64_t g = 0; g < q.group; ++g) best = std::max(best, p[static_cast<std::size_t>(g) * n + i]);
+          raw[i] += best;  // summed over the window, oldest first
+        }
+      });
+    }
     const auto pooled = detail::max_pool(raw, pool_kernel);  // along the global positions
     for (std::size_t i = 0; i < global.size(); ++i) out[static_cast<std::size_t>(global[i])] = static_cast<float>(pooled[i]);
   }
