@@ -67,8 +67,10 @@ def policy_options(lm):
 
 
 def run_batch(lm, model, prompts, policy, budget, sinks, gate, threads, options):
+    # F32 K/V and fp32 activations, as docs/quality.md's table was made (before kvpolicy-lm's F16 and
+    # Q8 defaults of 0.21.0): the same command gives the same numbers
     args = [lm, "--model", model, "--generate", "8", "--prefill", "64", "--chunk", "64", "--threads", str(threads),
-            "--policy", policy]
+            "--kv", "f32", "--decode-activations", "f32", "--policy", policy]
     takes = options[policy]
     if policy != "full":  # M as the budget, or as the ring of a policy without one (WG-KV); B = 16 where taken
         args += ["--budget" if "budget" in takes else "--local", str(budget)]

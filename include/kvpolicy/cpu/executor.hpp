@@ -266,7 +266,6 @@ class Executor {
     }
   }
 
-  /// (query rows) x (entries) over the layer's kv heads: what decides whether threads pay off.
   /// Flash-decoding (B::attend_partial, B::merge_partials): each head's entries in ranges of
   /// B::decode_range, one task a range on any thread, then each head's states merged in range order
   /// into its query heads of `out`. The ranges do not depend on the thread count, so neither does
@@ -309,6 +308,7 @@ class Executor {
     }
   }
 
+  /// (query rows) x (entries) over the layer's kv heads: what decides whether threads pay off.
   std::int64_t attention_work(std::int64_t seq, int layer, std::int64_t T) const {
     std::int64_t entries = 0;
     for (int h = 0; h < shape_.kv_heads; ++h) entries += alloc_.length(seq, layer, h);

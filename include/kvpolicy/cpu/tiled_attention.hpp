@@ -58,8 +58,6 @@ struct TiledAttentionTuning {
   static constexpr std::int64_t kDecodeRange = 512;
 };
 
-
-
 namespace detail {
 
 using RowMatrixF = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
@@ -89,10 +87,6 @@ TileEntries<Storage>& tile_entries() {
   thread_local TileEntries<Storage> entries;
   return entries;
 }
-
-}  // namespace detail
-
-namespace detail {
 
 /// attend_tiled over the head's entries [first, last): writes o to `out`, or with `partial` (one row
 /// block, no key_mass) leaves each row's unnormalized state there.
