@@ -6,7 +6,8 @@
   another model, a policy whose scores it does not compute.
 - SmolLM2-135M from the GGUF tools/fetch-model.sh fetches (KVPOLICY_GGUF), when present: per-token
   NLL through kvpolicy equals transformers' SDPA (full cache), and the perplexity of each policy
-  equals kvpolicy-lm's (KVPOLICY_LM) on the same 512 tokens in the same 16-token steps.
+  equals kvpolicy-lm's (KVPOLICY_LM) on the same 512 tokens in the same 16-token steps, both
+  with F32 K/V (kvpolicy-lm --kv f32; its default is F16).
 """
 import copy
 import os
@@ -213,7 +214,7 @@ def test_smollm2_perplexity_equals_kvpolicy_lm(smollm2, policy):
     prefill = int(options.pop("prefill", 16))  # the first step, the prompt (kvpolicy-lm --prefill)
     ppl = chunked_nll(model, ids, kt.Cache(name, max_tokens=1024, **options), first=prefill).mean().exp().item()
     run = subprocess.run([LM, "--model", LM_MODEL, "--text", "/usr/share/common-licenses/GPL-3", "--tokens", "512",
-                          "--chunk", "16", "--threads", "2", "--policy", name, *args],
+                          "--chunk", "16", "--threads", "2", "--kv", "f32", "--policy", name, *args],
                          capture_output=True, text=True, check=True)
     lm = float(re.findall(r"^ppl ([0-9.]+)$", run.stdout, re.M)[-1])
     print(f"{' '.join(policy[:1] + [a for a in args if not a.endswith('.safetensors')])}: transformers + kvpolicy "
