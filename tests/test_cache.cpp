@@ -54,6 +54,33 @@ EvictionReport run(C& cache, std::int64_t seq, StepData& d, bool attend = true) 
 
 using testing::snapshot;
 
+// Dense attention over what `layer` of `seq` holds now (the entries as stored, widened to fp32):
+// the layer's queries q [Hq, T, d] at positions tokens(seq).. -> out [Hq, T, d].
+template <class C>
+void dense_layer(const C& cache, std::int64_t seq, int layer, std::int64_t T, const float* q, float* out) {
+  const auto& shape = cache.shape();
+  const std::int64_t D = shape.head_dim;
+  for (int h = 0; h < shape.kv_heads; ++h) {
+    const auto head = cache.allocator().layout(seq, layer, h);
+    std::vector<float> ks, vs;
+    std::vector<std::int32_t> kp, qp;
+    for (std::int64_t i = 0; i < head.length; ++i) {
+      const auto slot = head.slot(i);
+      for (std::int64_t c = 0; c < D; ++c) {
+        ks.push_back(to_float(cache.allocator().pool().key(slot)[c]));
+        vs.push_back(to_float(cache.allocator().pool().value(slot)[c]));
+      }
+      kp.push_back(cache.allocator().pool().meta(slot).position);
+    }
+    for (std::int64_t t = 0; t < T; ++t) qp.push_back(static_cast<std::int32_t>(cache.tokens(seq) + t));
+    for (int g = 0; g < shape.group(); ++g) {
+      const std::int64_t qh = h * shape.group() + g;
+      cpu::attend_dense(View<const float, 2>(q + qh * T * D, {T, D}), View<const float, 2>(ks.data(), {head.length, D}),
+                        View<const float, 2>(vs.data(), {head.length, D}), kp, qp, View<float, 2>(out + qh * T * D, {T, D}));
+    }
+  }
+}
+
 double rel_error(const float* a, const float* ref, std::size_t n) {
   double num = 0, den = 0;
   for (std::size_t i = 0; i < n; ++i) {
@@ -114,24 +141,7 @@ TEST_CASE("attention through the cache equals dense attention over the survivors
                      View<const float, 2>(d.lb.data() + l * H * T, {H, T}));
         cache.attend(3, l, View<const float, 3>(d.q.data() + l * Hq * T * D, {Hq, T, D}),
                      View<float, 3>(d.out.data() + l * Hq * T * D, {Hq, T, D}));
-        for (int h = 0; h < H; ++h) {
-          const auto head = cache.allocator().layout(3, l, h);
-          std::vector<float> ks, vs;
-          std::vector<std::int32_t> kp, qp;
-          for (std::int64_t i = 0; i < head.length; ++i) {
-            const auto slot = head.slot(i);
-            ks.insert(ks.end(), cache.allocator().pool().key(slot), cache.allocator().pool().key(slot) + D);
-            vs.insert(vs.end(), cache.allocator().pool().value(slot), cache.allocator().pool().value(slot) + D);
-            kp.push_back(cache.allocator().pool().meta(slot).position);
-          }
-          for (std::int64_t t = 0; t < T; ++t) qp.push_back(static_cast<std::int32_t>(cache.tokens(3) + t));
-          for (int g = 0; g < shape.group(); ++g) {
-            const std::int64_t qh = h * shape.group() + g;
-            cpu::attend_dense(View<const float, 2>(d.q.data() + (l * Hq + qh) * T * D, {T, D}),
-                              View<const float, 2>(ks.data(), {head.length, D}), View<const float, 2>(vs.data(), {head.length, D}),
-                              kp, qp, View<float, 2>(want.data() + (l * Hq + qh) * T * D, {T, D}));
-          }
-        }
+        dense_layer(cache, 3, l, T, d.q.data() + l * Hq * T * D, want.data() + l * Hq * T * D);
       }
       cache.commit(3);
       for (float x : d.out) REQUIRE(std::isfinite(x));
@@ -167,26 +177,7 @@ TEST_CASE("flash-decoding through the cache: heads of several ranges equal dense
                      View<const float, 2>(d.lb.data() + l * H * T, {H, T}));
         cache.attend(0, l, View<const float, 3>(d.q.data() + l * Hq * T * D, {Hq, T, D}),
                      View<float, 3>(d.out.data() + l * Hq * T * D, {Hq, T, D}));
-        for (int h = 0; h < H; ++h) {  // the dense reference over the entries as stored, widened
-          const auto head = cache.allocator().layout(0, l, h);
-          std::vector<float> ks, vs;
-          std::vector<std::int32_t> kp, qp;
-          for (std::int64_t i = 0; i < head.length; ++i) {
-            const auto slot = head.slot(i);
-            for (std::int64_t c = 0; c < D; ++c) {
-              ks.push_back(to_float(cache.allocator().pool().key(slot)[c]));
-              vs.push_back(to_float(cache.allocator().pool().value(slot)[c]));
-            }
-            kp.push_back(cache.allocator().pool().meta(slot).position);
-          }
-          for (std::int64_t t = 0; t < T; ++t) qp.push_back(static_cast<std::int32_t>(cache.tokens(0) + t));
-          for (int g = 0; g < shape.group(); ++g) {
-            const std::int64_t qh = h * shape.group() + g;
-            cpu::attend_dense(View<const float, 2>(d.q.data() + (l * Hq + qh) * T * D, {T, D}),
-                              View<const float, 2>(ks.data(), {head.length, D}), View<const float, 2>(vs.data(), {head.length, D}),
-                              kp, qp, View<float, 2>(want.data() + (l * Hq + qh) * T * D, {T, D}));
-          }
-        }
+        dense_layer(cache, 0, l, T, d.q.data() + l * Hq * T * D, want.data() + l * Hq * T * D);
       }
       cache.commit(0);
       CAPTURE(threads);

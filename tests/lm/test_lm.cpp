@@ -16,6 +16,7 @@
 #include <random>
 #include <set>
 #include <tuple>
+#include <utility>
 
 #include "evaluate.hpp"
 #include "policies.hpp"
@@ -343,50 +344,17 @@ TEST_CASE("Q8 activations: each block's integer dot is exact, so a product is Σ
   for (int j = 32; j < 64; ++j) CHECK(x.q[static_cast<std::size_t>(j)] == 0);
 }
 
-TEST_CASE("decode steps with Q8 activations stay close to decode steps from F32") {
-  // llama.cpp's arithmetic rounds the activations: the logits move by that rounding, not by fp32's,
-  // and the greedy choice stays the same (the same 40 tokens as below, teacher-forced).
-  const Model f32 = Model::load(model_dir(), DecodeWeights::f32);
-  const auto ids = text_tokens(40);
-  std::vector<Matrix> logits[2];
-  for (int which = 0; which < 2; ++which) {
-    Decoder dec(which == 0 ? model() : f32, {}, DecodeActivations::q8);
-    PolicyOptions full;
-    with_policy(full, KvDtype::f32, model().config, 1, 40, [&](auto& cache, const EntryMetadata& meta) {
-      cache.add_sequence(0, 16);
-      Matrix out;
-      for (std::size_t n = 0; n < ids.size(); n += n == 0 ? 16 : 1) {
-        dec.step(cache, 0, std::span<const int>(ids).subspan(n, n == 0 ? 16 : 1), meta, &out, 1);
-        logits[which].push_back(out);
-      }
-      return 0;
-    });
-  }
-  float worst = 0.0f;
-  int same_top1 = 0;
-  for (std::size_t i = 0; i < logits[0].size(); ++i) {
-    worst = std::max(worst, (logits[0][i] - logits[1][i]).cwiseAbs().maxCoeff());
-    Eigen::Index ia = 0, ib = 0;
-    logits[0][i].row(0).maxCoeff(&ia);
-    logits[1][i].row(0).maxCoeff(&ib);
-    same_top1 += ia == ib;
-  }
-  CAPTURE(worst);
-  CAPTURE(same_top1);
-  CHECK(worst > 1e-3f);  // the rounding was applied
-  CHECK(worst < 4.0f);   // over all 49,152 logits of 25 steps: 1.9 on 2026-11-26
-  CHECK(same_top1 >= 23);  // 24 of 25 on 2026-11-26
-}
-
-TEST_CASE("decode steps from the blocks agree with decode steps from F32") {
-  // The same tokens, teacher-forced: a 16-token prompt, then 24 one-token steps; the full cache.
-  // The weights are the same values (above); only the order of each dot product's additions differs.
+namespace {
+// The same 40 tokens teacher-forced (a 16-token prompt, then 24 one-token steps, the full cache),
+// decoded from the blocks with `activations` and from the F32 weights: the largest |Δlogit| over
+// every step and the steps whose top-1 token is the same.
+std::pair<float, int> blocks_against_f32(DecodeActivations activations) {
   const Model f32 = Model::load(model_dir(), DecodeWeights::f32);
   REQUIRE(f32.layers[0].wq.blocks.empty());
   const auto ids = text_tokens(40);
   std::vector<Matrix> logits[2];
   for (int which = 0; which < 2; ++which) {
-    Decoder dec(which == 0 ? model() : f32, {}, DecodeActivations::f32);
+    Decoder dec(which == 0 ? model() : f32, {}, activations);
     PolicyOptions full;
     with_policy(full, KvDtype::f32, model().config, 1, 40, [&](auto& cache, const EntryMetadata& meta) {
       cache.add_sequence(0, 16);
@@ -411,6 +379,25 @@ TEST_CASE("decode steps from the blocks agree with decode steps from F32") {
     b.row(0).maxCoeff(&ib);
     same_top1 += ia == ib;
   }
+  return {worst, same_top1};
+}
+}  // namespace
+
+TEST_CASE("decode steps with Q8 activations stay close to decode steps from F32") {
+  // llama.cpp's arithmetic rounds the activations: the logits move by that rounding, not by fp32's,
+  // and the greedy choice stays the same.
+  const auto [worst, same_top1] = blocks_against_f32(DecodeActivations::q8);
+  CAPTURE(worst);
+  CAPTURE(same_top1);
+  CHECK(worst > 1e-3f);    // the rounding was applied
+  CHECK(worst < 4.0f);     // over all 49,152 logits of 25 steps: 1.9 on 2026-11-26
+  CHECK(same_top1 >= 23);  // 24 of 25 on 2026-11-26
+}
+
+TEST_CASE("decode steps from the blocks agree with decode steps from F32") {
+  // fp32 activations: the weights are the same values (above); only the order of each dot
+  // product's additions differs.
+  const auto [worst, same_top1] = blocks_against_f32(DecodeActivations::f32);
   CAPTURE(worst);
   CHECK(worst > 0.0f);    // the blocks were read: the sums' order differs
   CHECK(worst < 1e-3f);   // and only that: fp32 rounding (7.1e-5 on 2026-11-23)
