@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cmath>
 #include <deque>
-#include <cstring>
 #include <map>
 #include <numeric>
 #include <random>
@@ -488,6 +487,6 @@ TEST_CASE("WG-KV budget: the evictor's count from the metadata is the global tot
     CAPTURE(trial);
     CHECK(e.global_total(meta, offsets) == counted);
     CHECK(e.budget_binds(c, meta, offsets) == (counted > budget));
-    CHECK(std::memcmp(score.data(), with_keys.data(), score.size() * sizeof(float)) == 0);
+    CHECK(score == with_keys);
   }
 }
