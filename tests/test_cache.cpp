@@ -54,6 +54,18 @@ EvictionReport run(C& cache, std::int64_t seq, StepData& d, bool attend = true) 
 
 using testing::snapshot;
 
+// The layer API: append `layer`'s share of step d to `seq`, then attend its queries into d.out.
+template <class C>
+void append_attend(C& cache, std::int64_t seq, int layer, StepData& d) {
+  const auto& s = cache.shape();
+  const std::int64_t H = s.kv_heads, Hq = s.q_heads, T = d.T, D = s.head_dim, l = layer;
+  cache.append(seq, layer, View<const float, 3>(d.k.data() + l * H * T * D, {H, T, D}),
+               View<const float, 3>(d.v.data() + l * H * T * D, {H, T, D}),
+               View<const float, 2>(d.lb.data() + l * H * T, {H, T}));
+  cache.attend(seq, layer, View<const float, 3>(d.q.data() + l * Hq * T * D, {Hq, T, D}),
+               View<float, 3>(d.out.data() + l * Hq * T * D, {Hq, T, D}));
+}
+
 // Dense attention over what `layer` of `seq` holds now (the entries as stored, widened to fp32):
 // the layer's queries q [Hq, T, d] at positions tokens(seq).. -> out [Hq, T, d].
 template <class C>
@@ -134,13 +146,9 @@ TEST_CASE("attention through the cache equals dense attention over the survivors
         run(full, 3, e);  // full cache: nothing ever evicted
       }
       // cache under test: attend via the layer API so the survivors can be read between append and commit
-      const std::int64_t L = shape.layers, H = shape.kv_heads, Hq = shape.q_heads, D = shape.head_dim;
+      const std::int64_t L = shape.layers, Hq = shape.q_heads, D = shape.head_dim;
       for (int l = 0; l < L; ++l) {
-        cache.append(3, l, View<const float, 3>(d.k.data() + l * H * T * D, {H, T, D}),
-                     View<const float, 3>(d.v.data() + l * H * T * D, {H, T, D}),
-                     View<const float, 2>(d.lb.data() + l * H * T, {H, T}));
-        cache.attend(3, l, View<const float, 3>(d.q.data() + l * Hq * T * D, {Hq, T, D}),
-                     View<float, 3>(d.out.data() + l * Hq * T * D, {Hq, T, D}));
+        append_attend(cache, 3, l, d);
         dense_layer(cache, 3, l, T, d.q.data() + l * Hq * T * D, want.data() + l * Hq * T * D);
       }
       cache.commit(3);
@@ -156,7 +164,7 @@ TEST_CASE("flash-decoding through the cache: heads of several ranges equal dense
   // decode steps of T = 1 and 4 (G·T <= 8: split into ranges) and T = 5 (10 rows: one task a head)
   static_assert(cpu_backend::decode_range < 1500);
   const CacheShape shape{2, 3, 6, 32};
-  const std::int64_t L = shape.layers, H = shape.kv_heads, Hq = shape.q_heads, D = shape.head_dim;
+  const std::int64_t L = shape.layers, Hq = shape.q_heads, D = shape.head_dim;
   std::vector<std::vector<float>> outs;
   for (const int threads : {1, 2}) {
 #ifdef _OPENMP
@@ -172,11 +180,7 @@ TEST_CASE("flash-decoding through the cache: heads of several ranges equal dense
       auto d = random_step(rng, shape, T);
       std::vector<float> want(d.q.size());
       for (int l = 0; l < L; ++l) {
-        cache.append(0, l, View<const float, 3>(d.k.data() + l * H * T * D, {H, T, D}),
-                     View<const float, 3>(d.v.data() + l * H * T * D, {H, T, D}),
-                     View<const float, 2>(d.lb.data() + l * H * T, {H, T}));
-        cache.attend(0, l, View<const float, 3>(d.q.data() + l * Hq * T * D, {Hq, T, D}),
-                     View<float, 3>(d.out.data() + l * Hq * T * D, {Hq, T, D}));
+        append_attend(cache, 0, l, d);
         dense_layer(cache, 0, l, T, d.q.data() + l * Hq * T * D, want.data() + l * Hq * T * D);
       }
       cache.commit(0);
