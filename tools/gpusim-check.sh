@@ -23,27 +23,34 @@ mkdir -p "$out"
 export KVPOLICY_CUDA_TEST_SCALE=${KVPOLICY_CUDA_TEST_SCALE:-8}
 cmake --preset gpusim >"$out/configure.log"
 cmake --build --preset gpusim >"$out/build.log"
+# the sharded device Cache's test exists where OpenMPI was found (tools/install-deps.sh installs it)
+sharded=build/gpusim/tests/kvpolicy_dist_sharded_cache_cuda
+if cmake --build build/gpusim --target help | grep -q kvpolicy_dist_sharded_cache_cuda; then
+  cmake --build build/gpusim --target kvpolicy_dist_sharded_cache_cuda >>"$out/build.log"
+fi
 tests=build/gpusim/tests/cuda/kvpolicy_cuda_tests
 
 # One simulator process per test case: a case's log stays its own, and a crash names its case.
-# The scratch directory of each run holds the simulator's config and the PTX it extracts.
+# Each run has a scratch directory of its own (tools/gpusim-run.sh).
+# run_sim_with: any command that starts tools/gpusim-run.sh (an mpirun of simulated ranks).
 run_sim() {  # log, program, args...
   local log=$1; shift
-  local scratch; scratch=$(mktemp -d /tmp/kvpolicy-gpusim.XXXXXX)
-  cp "$prefix"/config/* "$scratch/"
+  run_sim_with "$log" "$root/tools/gpusim-run.sh" "$prefix" "$@"
+}
+run_sim_with() {  # log, command...
+  local log=$1; shift
   local rc=0
-  ( set +u; source "$prefix/env.sh"; set -u
-    # the project's PTX rewrite rules (tools/gpusim-ptx-filter.sh), then the simulator kit's own
-    export KVPOLICY_GPUSIM_NEXT_FILTER=$GPGPUSIM_PTX_FILTER GPGPUSIM_PTX_FILTER=$root/tools/gpusim-ptx-filter.sh
-    cd "$scratch" && exec "$@" ) >"$log" 2>&1 || rc=$?
-  rm -rf "$scratch"
+  "$@" >"$log" 2>&1 || rc=$?
   if grep -q "Syntax error" "$log"; then
     echo "gpusim: PTX syntax error in the simulator's log ($log):" >&2
     grep -m3 -A3 "Syntax error" "$log" >&2
     return 3
   fi
-  # a passing run's log (about 10 MB of the simulator's launch notes) keeps only its last lines
-  if [ $rc -eq 0 ]; then tail -n 40 "$log" >"$log.tail" && mv "$log.tail" "$log"; fi
+  # a passing run's log (about 10 MB of the simulator's launch notes) keeps only its last lines,
+  # and the tests' own summary lines
+  if [ $rc -eq 0 ]; then
+    { grep -a -E '^(\[doctest\]|sharded device Cache)' "$log" || true; tail -n 40 "$log"; } >"$log.tail" && mv "$log.tail" "$log"
+  fi
   return $rc
 }
 
@@ -115,6 +122,19 @@ else
 fi
 printf 'gpusim: %-95s %s, %ss  %s\n' "examples/engine_cuda" "$status" "$(( $(date +%s) - start ))" \
   "$(grep -m1 'keep the same' "$out/engine_cuda.log" || true)"
+
+# The device Cache sharded over 2 MPI ranks against the unsharded CPU Cache
+# (tests/dist/sharded_cache_cuda.cu): each rank a simulator process of its own.
+if [ -x "$sharded" ] && command -v mpirun >/dev/null 2>&1; then
+  start=$(date +%s)
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1  # CI runs as root
+  if run_sim_with "$out/sharded_cache.log" mpirun --oversubscribe -np 2 "$root/tools/gpusim-run.sh" "$prefix" \
+       "$root/$sharded" "${KVPOLICY_GPUSIM_SHARDED_TRACES:-4}"; then status=passed; else status="FAILED (rc $?)"; failed=1; fi
+  printf 'gpusim: %-95s %s, %ss  %s\n' "dist: the sharded device Cache on 2 MPI ranks" "$status" \
+    "$(( $(date +%s) - start ))" "$(grep -a -m1 'sharded device Cache' "$out/sharded_cache.log" || true)"
+else
+  echo "gpusim: dist: the sharded device Cache SKIPPED (no OpenMPI: tools/install-deps.sh installs it)"
+fi
 
 if [ $failed -ne 0 ]; then
   echo "gpusim: FAILED (logs in $out)" >&2

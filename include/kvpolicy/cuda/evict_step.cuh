@@ -88,11 +88,14 @@ EvictWork carve_evict(WorkspaceLayout& layout, void* base, std::int32_t per_grou
 }  // namespace detail
 
 /// About how long a head is when its eviction runs (a budget plus a default buffer of 128): the
-/// grid hint of the scoring and pooled selection kernels, which stride over longer heads.
+/// grid hint of the scoring and pooled selection kernels, which stride over longer heads. An
+/// Evictor that selects itself (on the host, dist::Sharded) states no budget: 1024 then.
 template <class E>
 std::int64_t eviction_length_hint(const E& evictor) {
   constexpr std::int64_t buffer = 128;
-  if constexpr (selects_per_head<E>) {
+  if constexpr (!evictor_states_selection<E>) {
+    return 1024 + buffer;
+  } else if constexpr (selects_per_head<E>) {
     const evict::HeadSelection sel = evictor.selection();
     return std::max(sel.keep, sel.window) + buffer;
   } else {
@@ -163,6 +166,20 @@ void select_kept(const EvictWork& w, const Evictor& evictor, const CacheShape& s
   }
 }
 
+/// The scores of an eviction step, once w.active holds the trigger: the active heads' offsets, and
+/// their entries' scores and positions at their sequence's context. It writes only the workspace w
+/// (and the NaN flag, with Status::nan_score in *status when a score is NaN).
+template <class Scorer, class Evictor, class T>
+void score_active(const EvictWork& w, const Scorer& scorer, const Evictor& evictor, const CacheShape& shape,
+                  const PagedKV<T>& kv, const BlockTableView& t, const StepContext* context, Status* status,
+                  cudaStream_t stream) {
+  const auto per_sequence = static_cast<std::int32_t>(shape.heads_total());
+  KVPOLICY_CUDA_CHECK(cudaMemsetAsync(w.failed, 0, sizeof(int), stream), "gpu::evict_step: clearing its NaN flag");
+  segment_offsets(t, w.active, w.offsets, stream);
+  score_segments(scorer, kv.metadata(), t, kv.page_size, context, per_sequence, w.active, w.offsets, w.score,
+                 w.position, eviction_length_hint(evictor), stream, w.failed, status);
+}
+
 /// The plan of an eviction step (llama.cpp's prepare, before its apply), once w.active and
 /// w.group_active hold the trigger: the active heads' scores at their sequence's context, and their
 /// survivors as the Evictor's selection() states. It writes only the workspace w (offsets, scores,
@@ -172,12 +189,7 @@ template <class Scorer, class Evictor, class T>
 void select_survivors(const EvictWork& w, const Scorer& scorer, const Evictor& evictor, const CacheShape& shape,
                       const PagedKV<T>& kv, const BlockTableView& t, const StepContext* context,
                       std::int32_t per_group, Status* status, cudaStream_t stream) {
-  const auto per_sequence = static_cast<std::int32_t>(shape.heads_total());
-  const std::int64_t max_length = eviction_length_hint(evictor);
-  KVPOLICY_CUDA_CHECK(cudaMemsetAsync(w.failed, 0, sizeof(int), stream), "gpu::evict_step: clearing its NaN flag");
-  segment_offsets(t, w.active, w.offsets, stream);
-  score_segments(scorer, kv.metadata(), t, kv.page_size, context, per_sequence, w.active, w.offsets, w.score,
-                 w.position, max_length, stream, w.failed, status);
+  score_active(w, scorer, evictor, shape, kv, t, context, status, stream);
   select_kept(w, evictor, shape, t, context, per_group, stream);
 }
 

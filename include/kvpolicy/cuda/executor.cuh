@@ -14,7 +14,11 @@
 ///
 /// What it runs: EntryScorers (RetentionDecay, Lookahead, KNormRetention, Frozen, the training-free
 /// EntryScorers) and score::ObservedAttention (SnapKV, TOVA, AdaKV: the queries the Cache records,
-/// scored on the device); admit::All; every Evictor that states its selection as data (core/rule.hpp).
+/// scored on the device); admit::All; every Evictor that states its selection as data (core/rule.hpp),
+/// selected on the device; and an Evictor that selects itself (dist::Sharded: a pooled selection over
+/// the ranks of a tensor-parallel group, dist/sharded.hpp), selected on the host over the scores the
+/// device computed (read back: 8 bytes an entry of the heads that fire) with the keep flags sent back,
+/// so that the scoring, the attention and the compaction stay on the device.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -61,9 +65,9 @@ class Executor<S, A, E, memory::Paged<P, Storage>> {
                 "kvpolicy::Cache<cuda_backend>: the device scores entry by entry (an EntryScorer) or by "
                 "score::ObservedAttention");
   static_assert(std::is_same_v<A, admit::All>, "kvpolicy::Cache<cuda_backend>: the device cache admits every token");
-  static_assert(evictor_states_selection<E>,
-                "kvpolicy::Cache<cuda_backend>: the device runs an Evictor that states its selection as data "
-                "(core/rule.hpp: selection() returns a HeadSelection or a PoolSelection)");
+  static_assert(!evictor_tells_binding<E>,
+                "kvpolicy::Cache<cuda_backend>: the device runs no Evictor whose budget weighs what the gates "
+                "admitted (WG-KV's hard budget runs on the CPU)");
   static_assert(P == 16 || P == 32 || P == 64, "kvpolicy::Cache<cuda_backend>: page size must be 16, 32 or 64");
   using Memory = PagedMemory<P, Storage>;
   using device_type = typename Memory::device_type;
@@ -304,6 +308,7 @@ class Executor<S, A, E, memory::Paged<P, Storage>> {
       const std::vector<std::int64_t> lens = lengths(requests[i].seq, *requests[i].memory);
       StepContext ctx = requests[i].context;
       for (const auto len : lens) ctx.entries += len;
+      if constexpr (evictor_shares_context<E>) ctx = evictor_.shared_context(ctx);  // the sequence over every rank
       std::vector<std::uint8_t> active(lens.size());
       const bool fires = evict::trigger_heads(evictor_, shape_, ctx, lens, active);
       p.contexts.push_back(ctx);
@@ -340,20 +345,29 @@ class Executor<S, A, E, memory::Paged<P, Storage>> {
     for (std::size_t g = 0; g < group_active.size(); ++g) group_active[g] = active_all[g * static_cast<std::size_t>(per_group)];
     mem_.upload(p.work.active, active_all.data(), active_all.size());
     mem_.upload(p.work.group_active, group_active.data(), group_active.size());
-    if constexpr (observes) {
-      score_observed(p, requests, active_all, lengths_all);
-    } else {
-      detail::select_survivors(p.work, scorer_, evictor_, shape_, kv(), p.tables, context_.get(), per_group,
-                               mem_.status_word(), mem_.stream());
-    }
-    const Status s = mem_.status();
-    if (s.code == Status::nan_score) {
-      mem_.reset_status();
-      const std::size_t i = p.fired[static_cast<std::size_t>(s.segment) / per_seq];
-      const auto head = static_cast<std::int32_t>(static_cast<std::size_t>(s.segment) % per_seq);
-      fail("Cache::commit: the scorer returned NaN for sequence ", requests[i].seq, " (layer ", head / shape_.kv_heads,
-           " head ", head % shape_.kv_heads, ", n = ", p.contexts[i].n, "); a NaN score never enters a ranking");
-    }
+    const auto score = [&] {
+      if constexpr (observes)
+        score_observed(p, requests, active_all, lengths_all);
+      else
+        detail::score_active(p.work, scorer_, evictor_, shape_, kv(), p.tables, context_.get(), mem_.status_word(),
+                             mem_.stream());
+      const Status s = mem_.status();
+      if (s.code == Status::nan_score) {
+        mem_.reset_status();
+        const std::size_t i = p.fired[static_cast<std::size_t>(s.segment) / per_seq];
+        const auto head = static_cast<std::int32_t>(static_cast<std::size_t>(s.segment) % per_seq);
+        fail("Cache::commit: the scorer returned NaN for sequence ", requests[i].seq, " (layer ", head / shape_.kv_heads,
+             " head ", head % shape_.kv_heads, ", n = ", p.contexts[i].n, "); a NaN score never enters a ranking");
+      }
+    };
+    if constexpr (evictor_agrees_on_refusal<E>)
+      evictor_.agree_on(score);  // a refusal on any rank is every rank's (dist/sharded.hpp)
+    else
+      score();
+    if constexpr (evictor_states_selection<E>)
+      detail::select_kept(p.work, evictor_, shape_, p.tables, context_.get(), per_group, mem_.stream());
+    else
+      select_on_host(p);
     return p;
   }
 
@@ -412,9 +426,9 @@ class Executor<S, A, E, memory::Paged<P, Storage>> {
     }
   }
 
-  /// The plan's scores and survivors by the observed attention: each active head's window of
-  /// queries (recorded by the Cache as its attention ran) staged on the device, then scored there
-  /// (cuda/observed_attention.cuh) and selected as for any Scorer.
+  /// The plan's scores by the observed attention: each active head's window of queries (recorded
+  /// by the Cache as its attention ran) staged on the device, then scored there
+  /// (cuda/observed_attention.cuh); plan() selects as for any Scorer.
   void score_observed(Plan& p, std::span<const Request> requests, const std::vector<std::uint8_t>& active,
                       const std::vector<std::int64_t>& length)
     requires observes
@@ -462,13 +476,40 @@ class Executor<S, A, E, memory::Paged<P, Storage>> {
     x.order = x.rank + n;
     const ObservedWindows windows{observed_queries_.get(), observed_position_.get(), observed_count_.get(),
                                   static_cast<std::int32_t>(group), static_cast<std::int32_t>(capacity)};
-    const auto per_group = static_cast<std::int32_t>(evictor_.group_heads(shape_));
     KVPOLICY_CUDA_CHECK(cudaMemsetAsync(p.work.failed, 0, sizeof(int), mem_.stream()),
                         "Cache<cuda_backend>: clearing the plan's NaN flag");
     segment_offsets(p.tables, p.work.active, p.work.offsets, mem_.stream());
     observed_attention_scores(scorer_, kv(), p.tables, p.work.active, p.work.offsets, windows, x, p.work.score,
                               p.work.position, mem_.stream());
-    detail::select_kept(p.work, evictor_, shape_, p.tables, context_.get(), per_group, mem_.stream());
+  }
+
+  /// The survivors by an Evictor that selects itself, on the host: the plan's offsets, scores and
+  /// positions read back, each fired sequence's segments handed to its select() as the CPU planner
+  /// hands them (evict::select_survivors at the sequence's context), the keep flags sent back. A
+  /// sharded Evictor's collectives run here, one fired sequence after another in the requests'
+  /// order, as on every rank.
+  void select_on_host(const Plan& p)
+    requires(!evictor_states_selection<E>)
+  {
+    const auto per_seq = static_cast<std::size_t>(shape_.heads_total());
+    std::vector<std::int64_t> offsets(static_cast<std::size_t>(p.tables.segments) + 1);
+    mem_.download(offsets.data(), p.work.offsets, offsets.size());
+    const auto total = static_cast<std::size_t>(offsets.back());
+    std::vector<float> score(total);
+    std::vector<std::int32_t> position(total);
+    std::vector<std::uint8_t> keep(total, 1);
+    mem_.download(score.data(), p.work.score, total);
+    mem_.download(position.data(), p.work.position, total);
+    std::vector<std::int64_t> local(per_seq + 1);  // one sequence's offsets, from 0
+    for (std::size_t j = 0; j < p.fired.size(); ++j) {
+      const std::int64_t first = offsets[j * per_seq];
+      for (std::size_t h = 0; h <= per_seq; ++h) local[h] = offsets[j * per_seq + h] - first;
+      const auto b = static_cast<std::size_t>(first), n = static_cast<std::size_t>(local[per_seq]);
+      const SegmentedScores s{std::span<const float>(score).subspan(b, n),
+                              std::span<const std::int32_t>(position).subspan(b, n), local};
+      evict::select_survivors(evictor_, shape_, p.contexts[p.fired[j]], s, std::span<std::uint8_t>(keep).subspan(b, n));
+    }
+    mem_.upload(p.work.keep, keep.data(), total);
   }
 
   /// Shrinks each head of a sequence to keep_first[i] entries (its first ones).
@@ -508,7 +549,9 @@ class Executor<S, A, E, memory::Paged<P, Storage>> {
   /// prefill chunk of a few pages: the initial width of a block-table row (rows widen on demand).
   std::int64_t typical_head_length() const {
     constexpr std::int64_t buffer = 128, chunk = 256;
-    if constexpr (selects_per_head<E>) {
+    if constexpr (!evictor_states_selection<E>) {
+      return 1024 + chunk;  // a rule the Evictor does not state (it selects itself)
+    } else if constexpr (selects_per_head<E>) {
       const evict::HeadSelection sel = evictor_.selection();
       if (sel.threshold) return 4 * sel.window + chunk;  // entries past the window stay by the bound (WG-KV)
       if (sel.keeps_prompt) return sel.keep + 1024;      // the prompt stays on top of the budget (EpiKV)
