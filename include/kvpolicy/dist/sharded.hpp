@@ -14,8 +14,9 @@
 /// Every rank must commit the same sequences' steps in the same order (each commit of a firing pool
 /// runs collectives); the engine's TP group does, running one forward pass. A refusal of the step's
 /// input is agreed before it goes in (dist::step); a user-defined Scorer's NaN in the commit's
-/// scoring is agreed there (agree_on), so every rank refuses the commit with the same error. Host
-/// only (the CPU backend).
+/// scoring is agreed there (agree_on), so every rank refuses the commit with the same error. Either
+/// backend: the device Cache (cuda_backend) scores and compacts on the GPU and runs this selection
+/// on the host over the scores it reads back (cuda/executor.cuh).
 #pragma once
 
 #include <array>
