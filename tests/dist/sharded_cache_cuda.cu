@@ -105,21 +105,12 @@ template <dist::Communicator C>
 std::int64_t run_traces(C& comm, long traces, Tally& tally) {
   std::int64_t bad = 0;
   for (long seed = 1; seed <= traces; ++seed) {
-    std::mt19937_64 rng(static_cast<std::uint64_t>(seed) * 7919);
-    const auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
-    const int G = pick(1, 2);
-    const CacheShape shape{pick(1, 3), comm.size() * pick(1, 2), 0, 64};
-    const CacheShape full{shape.layers, shape.kv_heads, shape.kv_heads * G, shape.head_dim};
+    const disttest::TraceCaches t(static_cast<std::uint64_t>(seed), comm.size(), 64);
+    const CacheShape& full = t.shape;
+    const DBTrimKVConfig& c = t.c;
     const CacheShape local{full.layers, full.kv_heads / comm.size(), full.q_heads / comm.size(), full.head_dim};
-    DBTrimKVConfig c;
-    c.budget = pick(2, 8);
-    c.buffer = pick(1, 4);
-    c.horizon = pick(1, 3);
-    c.floor_ratio = pick(0, 2) == 0 ? 0.25 : 0.0;
-    c.window = pick(0, 3) == 0 ? 1 : 0;
-    c.sinks = pick(0, 3) == 0 ? 1 : 0;
-    const int kind = pick(0, 2);  // DBTrimKV global, layer-wise, TRIM-KV per head
-    const std::int64_t pages_full = 4 * full.heads_total() * 16, pages_local = pages_full / comm.size();
+    const int kind = t.kind;  // DBTrimKV global, layer-wise, TRIM-KV per head
+    const std::int64_t pages_full = t.pages, pages_local = pages_full / comm.size();
     // the unsharded CPU Cache and this rank's device Cache, whose Evictor with_sharded_evictor makes
     const auto run = [&](const auto& inner, const auto& scorer) {
       using Inner = std::decay_t<decltype(inner)>;

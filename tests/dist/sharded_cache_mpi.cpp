@@ -38,20 +38,12 @@ int main(int argc, char** argv) {
     const long traces = argc > 1 ? std::atol(argv[1]) : 40;
     std::vector<std::int64_t> bad{0, 0};
     for (long seed = 1; seed <= traces; ++seed) {
-      std::mt19937_64 rng(static_cast<std::uint64_t>(seed) * 7919);
-      const auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
-      const int G = pick(1, 2);
-      const CacheShape full{pick(1, 3), mpi.size() * pick(1, 2), 0, 8};
-      const CacheShape shape{full.layers, full.kv_heads, full.kv_heads * G, full.head_dim};
-      DBTrimKVConfig c;
-      c.budget = pick(2, 8);
-      c.buffer = pick(1, 4);
-      c.horizon = pick(1, 3);
-      c.floor_ratio = pick(0, 2) == 0 ? 0.25 : 0.0;
-      c.window = pick(0, 3) == 0 ? 1 : 0;
-      c.sinks = pick(0, 3) == 0 ? 1 : 0;
-      const int kind = pick(0, 2);  // DBTrimKV global, layer-wise, WG-KV's hard budget
-      const std::int64_t pages_full = 4 * shape.heads_total() * 16, pages_local = pages_full / mpi.size();
+      disttest::TraceCaches t(static_cast<std::uint64_t>(seed), mpi.size(), 8);
+      const CacheShape& shape = t.shape;
+      const DBTrimKVConfig& c = t.c;
+      const auto pick = [&](int lo, int hi) { return t.pick(lo, hi); };
+      const int kind = t.kind;  // DBTrimKV global, layer-wise, WG-KV's hard budget
+      const std::int64_t pages_full = t.pages, pages_local = pages_full / mpi.size();
       std::vector<std::int64_t> b{0};
       if (kind < 2) {
         const auto run = [&](const auto& inner) {

@@ -18,12 +18,39 @@
 #include <vector>
 
 #include "kvpolicy/cache.hpp"
+#include "kvpolicy/dbtrimkv.hpp"
 #include "kvpolicy/dist/agree.hpp"
 #include "kvpolicy/dist/communicator.hpp"
 
 namespace disttest {
 
 using namespace kvpolicy;
+
+/// A trace's caches, drawn from its seed: the unsharded shape (L 1–3, Hkv one or two per rank, GQA
+/// 1–2, head width d), DBTrimKV's settings (budget, buffer, horizon, floor, window, sinks), which of
+/// three policies the trace runs (`kind`, 0–2, the test's to name), and the unsharded pool's pages.
+struct TraceCaches {
+  std::mt19937_64 rng;  // what the test draws next (its policy's own settings)
+  CacheShape shape;
+  DBTrimKVConfig c;
+  int kind = 0;
+  std::int64_t pages = 0;
+
+  TraceCaches(std::uint64_t seed, int ranks, int head_dim) : rng(seed * 7919) {
+    const int G = pick(1, 2);
+    const CacheShape s{pick(1, 3), ranks * pick(1, 2), 0, head_dim};
+    shape = CacheShape{s.layers, s.kv_heads, s.kv_heads * G, head_dim};
+    c.budget = pick(2, 8);
+    c.buffer = pick(1, 4);
+    c.horizon = pick(1, 3);
+    c.floor_ratio = pick(0, 2) == 0 ? 0.25 : 0.0;
+    c.window = pick(0, 3) == 0 ? 1 : 0;
+    c.sinks = pick(0, 3) == 0 ? 1 : 0;
+    kind = pick(0, 2);
+    pages = 4 * shape.heads_total() * 16;
+  }
+  int pick(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); }
+};
 
 /// What the traces of one process met: they must evict, and must refuse some steps.
 struct TraceTally {
