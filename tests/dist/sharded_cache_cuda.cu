@@ -129,11 +129,11 @@ std::int64_t run_traces(C& comm, long traces, Tally& tally) {
     } else if (kind == 1) {
       b[0] = run(dbtrimkv_layerwise_evictor(c), dbtrimkv_scorer(c));
     } else {
-      TrimKVConfig t;
-      t.budget = c.budget;
-      t.buffer = c.buffer;
-      t.window = c.window;
-      b[0] = run(trimkv_evictor(t), score::RetentionDecay{});
+      TrimKVConfig per_head;
+      per_head.budget = c.budget;
+      per_head.buffer = c.buffer;
+      per_head.window = c.window;
+      b[0] = run(trimkv_evictor(per_head), score::RetentionDecay{});
     }
     (kind < 2 ? tally.pooled : tally.per_head) += 1;
     comm.all_reduce_sum(b);
