@@ -96,7 +96,7 @@ struct AttnCase {
 /// attention mass, with with_mass, is checked here).
 template <class T>
 double run_case(const AttnCase& c, std::uint64_t seed, bool with_mass = false,
-                kc::DecodeKernel kernel = kc::DecodeKernel::cuda_cores) {
+                kc::DecodeKernel kernel = kc::DecodeKernel::cuda_cores, std::int32_t splits = 0) {
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> normal;
   const int d = c.head_dim, P = c.page_size, segments = c.batch * c.kv_heads;
@@ -179,6 +179,7 @@ double run_case(const AttnCase& c, std::uint64_t seed, bool with_mass = false,
   kc::DecodeBatch a{dq.get(), dbase.get(), c.batch, q_heads, c.kv_heads, dout.get()};
   a.accumulate_mass = with_mass;
   a.kernel = kernel;
+  a.splits = splits;
   a.mask = c.mask;  // g is the write score (WG-KV's own cache)
   a.query_position = masked ? dq_pos.get() : nullptr;
   std::size_t bytes = 0;
@@ -280,6 +281,18 @@ TEST_CASE("decode attention over more than 64K entries per head, split and merge
   CHECK(run_case<float>(c, 3, true) <= 1e-5);  // with H2O's mass
 }
 
+TEST_CASE("decode attention with the split named by the caller: one chunk writes the answer, more are merged") {
+  // one chunk (the block's partial is the answer), a few, and one a page (the most a head of 1,200
+  // entries takes); heads of 0, 1 and 1,200 entries, with and without H2O's mass, on both kernels
+  AttnCase c{3, 2, 4, 128, 16, {1200, 0, 1, int(cudatest::length(1200, 33)), 500, 17}};
+  for (const std::int32_t splits : {1, 3, 75, 1024}) {
+    INFO("splits ", splits);
+    CHECK(run_case<float>(c, 20 + splits, true, kc::DecodeKernel::cuda_cores, splits) <= 1e-5);
+    for (const auto kernel : kernels_for<__half>(c.head_dim, false))
+      CHECK(run_case<__half>(c, 40 + splits, false, kernel, splits) <= 2e-3);
+  }
+}
+
 TEST_CASE("decode attention arguments are checked before any launch" * doctest::test_suite("host")) {
   float dummy = 0.0f;
   std::int32_t idummy = 0;
@@ -330,6 +343,24 @@ TEST_CASE("decode attention arguments are checked before any launch" * doctest::
   kv.keys = kv.values = rows;
   CHECK_THROWS_WITH(kc::decode_attention(reinterpret_cast<void*>(256), bytes, kv, t, tc, 100, nullptr, 132),
                     doctest::Contains("kernel = tensor_cores does not apply: fp32 storage has no 16-bit tensor-core product"));
+  // a named split: within [0, 1024], at most one chunk a page, the same for both kernels
+  kc::DecodeBatch named = a;
+  named.splits = 1025;
+  CHECK_THROWS_WITH(kc::decode_attention(nullptr, bytes, kv, t, named, 100, nullptr, 132),
+                    doctest::Contains("splits = 1025 must be in [0, 1024] (0: the plan's)"));
+  named.splits = -1;
+  CHECK_THROWS_WITH(kc::decode_attention(nullptr, bytes, kv, t, named, 100, nullptr, 132),
+                    doctest::Contains("splits = -1 must be in [0, 1024] (0: the plan's)"));
+  for (const std::int32_t splits : {1, 7, 1024})
+    for (std::int64_t len : {0, 1, 100, 4096}) {
+      named.splits = splits;
+      const auto p = kc::detail::plan_decode(named, len, 16, 132);
+      const auto q = kc::detail::plan_decode(named, len, 16, 132, true);
+      CHECK(p.splits == std::min<std::int64_t>(splits, std::max<std::int64_t>(1, (len + 15) / 16)));
+      CHECK(q.splits == p.splits);
+      CHECK(std::int64_t{p.splits} * p.chunk >= len);
+      CHECK(std::int64_t{q.splits} * q.chunk >= len);
+    }
   // the split plan covers every entry: chunks of whole pages, at least 256 entries unless the head is shorter
   for (std::int64_t len : {0, 1, 255, 256, 257, 4096, 70001, 1 << 22}) {
     const auto p = kc::detail::plan_decode(a, len, 16, 132);
@@ -343,5 +374,9 @@ TEST_CASE("decode attention arguments are checked before any launch" * doctest::
     CHECK(q.splits <= p.splits);
     CHECK(q.chunk % 16 == 0);
     CHECK(std::int64_t{q.splits} * q.chunk >= len);
+    // ... chunks of 512 entries or more, in one wave of its blocks (2 a multiprocessor) unless
+    // chunks of 8,192 entries need more
+    CHECK(q.splits <= std::max<std::int64_t>(2 * 132, (len + 8191) / 8192));
+    CHECK((q.splits == 1 || q.chunk >= 512));
   }
 }

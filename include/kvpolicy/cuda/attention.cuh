@@ -16,7 +16,7 @@
 /// attention_mass, from the final (max, sum) of every query head: no attention matrix is formed.
 /// The chunks' partials come from one of two kernels (DecodeBatch::kernel): the CUDA-core one below,
 /// for every dtype and head_dim, or the tensor-core one (decode_mma.cuh) where it applies; the merge
-/// and the mass pass are the same for both.
+/// pass and the mass pass are the same for both.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -99,11 +99,12 @@ __device__ __forceinline__ std::int64_t fetch_entry(const PagedKV<T>& kv, const 
   return slot;
 }
 
-/// grid (splits, kv_heads * group_tiles, batch). Writes the chunk's (max, sum, acc) per query head.
+/// grid (splits, kv_heads * group_tiles, batch). Writes the chunk's (max, sum, acc) per query head
+/// (with one chunk, the answer: write_block_partial).
 template <class T, int HEAD_DIM, int PAGE_SIZE>
 __global__ void __launch_bounds__(DecodeTuning::warps * 32, DecodeTuning::partial_blocks_per_sm)
     decode_partial_kernel(PagedKV<T> kv, BlockTableView t, DecodeBatch a, std::int64_t chunk, int group_tiles,
-                          float* part_max, float* part_sum, float* part_acc) {
+                          DecodePartials parts) {
   using Lanes = EntryLanes<T, HEAD_DIM>;
   constexpr int LANES = Lanes::lanes, ELEMS = Lanes::elems, PER_WARP = Lanes::per_warp;
   __shared__ float q_s[DecodeTuning::group_tile][HEAD_DIM];
@@ -203,27 +204,22 @@ __global__ void __launch_bounds__(DecodeTuning::warps * 32, DecodeTuning::partia
   }
   __syncthreads();
   write_block_partial<DecodeTuning::warps, DecodeTuning::group_tile, HEAD_DIM>(
-      &m_w[0][0], &l_w[0][0], &acc_w[0][0][0], gn, std::int64_t{b} * a.q_heads + h * group + g0, split, splits,
-      part_max, part_sum, part_acc);
+      &m_w[0][0], &l_w[0][0], &acc_w[0][0][0], gn, std::int64_t{b} * a.q_heads + h * group + g0, split, splits, parts);
 }
 
 /// grid (batch * Hq): out = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s (bases in log2 units);
-/// the query head's final (base M, sum) go to final_max/final_sum for the mass pass.
+/// the query head's final (base M, sum) go to final_max/final_sum for the mass pass. Launched when
+/// a head has more than one chunk.
 template <int HEAD_DIM>
-__global__ void decode_merge_kernel(DecodeBatch a, int splits, const float* part_max, const float* part_sum,
-                                    const float* part_acc, float* final_max, float* final_sum) {
+__global__ void decode_merge_kernel(int splits, DecodePartials p) {
   const std::int64_t qh = blockIdx.x;
-  const auto m = [&](int s) { return part_max[qh * splits + s]; };
+  const auto m = [&](int s) { return p.part_max[qh * splits + s]; };
   const float mx = largest_base(splits, m);
   for (int c = threadIdx.x; c < HEAD_DIM; c += blockDim.x) {
     float sum, out;
-    merge_partials(mx, splits, m, [&](int s) { return part_sum[qh * splits + s]; },
-                   [&](int s) { return part_acc[(qh * splits + s) * HEAD_DIM + c]; }, sum, out);
-    a.out[qh * HEAD_DIM + c] = sum > 0.0f ? out / sum : 0.0f;
-    if (c == 0) {
-      final_max[qh] = mx;
-      final_sum[qh] = sum;
-    }
+    merge_partials(mx, splits, m, [&](int s) { return p.part_sum[qh * splits + s]; },
+                   [&](int s) { return p.part_acc[(qh * splits + s) * HEAD_DIM + c]; }, sum, out);
+    write_answer<HEAD_DIM>(p, qh, c, mx, sum, out);
   }
 }
 
@@ -319,6 +315,7 @@ inline void validate_decode(const DecodeBatch& a, std::int64_t max_length, int p
   require(a.kv_heads >= 1 && a.q_heads >= a.kv_heads && a.q_heads % a.kv_heads == 0, who, ": q_heads = ", a.q_heads,
           " must be a positive multiple of kv_heads = ", a.kv_heads);
   require(max_length >= 0, who, ": max_length = ", max_length, " must be >= 0");
+  require(a.splits >= 0 && a.splits <= 1024, who, ": splits = ", a.splits, " must be in [0, 1024] (0: the plan's)");
   dispatch_page_size(page_size, who, [](auto) {});
 }
 
@@ -373,11 +370,13 @@ void decode_attention(void* workspace, std::size_t& workspace_bytes, const Paged
   const detail::DecodePlan sizing = detail::plan_decode(a, max_length, kv.page_size, sm_count);
   WorkspaceLayout layout;
   const std::int64_t rows = std::int64_t{a.batch} * a.q_heads * sizing.splits;
-  float* part_max = layout.take<float>(workspace, rows);
-  float* part_sum = layout.take<float>(workspace, rows);
-  float* part_acc = layout.take<float>(workspace, rows * 256);
-  float* final_max = layout.take<float>(workspace, std::int64_t{a.batch} * a.q_heads);
-  float* final_sum = layout.take<float>(workspace, std::int64_t{a.batch} * a.q_heads);
+  detail::DecodePartials parts;
+  parts.part_max = layout.take<float>(workspace, rows);
+  parts.part_sum = layout.take<float>(workspace, rows);
+  parts.part_acc = layout.take<float>(workspace, rows * 256);
+  parts.final_max = layout.take<float>(workspace, std::int64_t{a.batch} * a.q_heads);
+  parts.final_sum = layout.take<float>(workspace, std::int64_t{a.batch} * a.q_heads);
+  parts.out = a.out;
   const std::string shapes = "batch = " + std::to_string(a.batch) + ", q_heads = " + std::to_string(a.q_heads) +
                              ", kv_heads = " + std::to_string(a.kv_heads) + ", head_dim = " + std::to_string(kv.head_dim) +
                              ", page_size = " + std::to_string(kv.page_size) + ", dtype = " + dtype_name<T> +
@@ -403,8 +402,7 @@ void decode_attention(void* workspace, std::size_t& workspace_bytes, const Paged
                               "decode_mma_kernel: ", shared, " bytes of shared memory (", shapes, ")");
           const dim3 grid(static_cast<unsigned>(p.splits), static_cast<unsigned>(a.kv_heads * p.group_tiles),
                           static_cast<unsigned>(a.batch));
-          kernel<<<grid, detail::DecodeMmaTuning::warps * 32, shared, stream>>>(kv, t, a, p.chunk, p.group_tiles,
-                                                                               part_max, part_sum, part_acc);
+          kernel<<<grid, detail::DecodeMmaTuning::warps * 32, shared, stream>>>(kv, t, a, p.chunk, p.group_tiles, parts);
           check_launch("decode_mma_kernel", shapes);
           return;
         }
@@ -412,19 +410,21 @@ void decode_attention(void* workspace, std::size_t& workspace_bytes, const Paged
       const dim3 grid(static_cast<unsigned>(p.splits), static_cast<unsigned>(a.kv_heads * p.group_tiles),
                       static_cast<unsigned>(a.batch));
       detail::decode_partial_kernel<T, D, P><<<grid, detail::DecodeTuning::warps * 32, 0, stream>>>(
-          kv, t, a, p.chunk, p.group_tiles, part_max, part_sum, part_acc);
+          kv, t, a, p.chunk, p.group_tiles, parts);
       check_launch("decode_partial_kernel", shapes);
     });
-    detail::decode_merge_kernel<D><<<static_cast<unsigned>(std::int64_t{a.batch} * a.q_heads), 128, 0, stream>>>(
-        a, p.splits, part_max, part_sum, part_acc, final_max, final_sum);
-    check_launch("decode_merge_kernel", shapes);
+    if (p.splits > 1) {
+      detail::decode_merge_kernel<D><<<static_cast<unsigned>(std::int64_t{a.batch} * a.q_heads), 128, 0, stream>>>(
+          p.splits, parts);
+      check_launch("decode_merge_kernel", shapes);
+    }
     if (!a.accumulate_mass) return;
     dispatch_page_size(kv.page_size, who, [&](auto page) {
       constexpr int P = decltype(page)::value;
       const dim3 grid(static_cast<unsigned>(p.splits), static_cast<unsigned>(a.kv_heads), static_cast<unsigned>(a.batch));
       detail::decode_mass_kernel<T, D, P>
           <<<grid, detail::DecodeTuning::warps * 32, detail::decode_mass_shared_bytes(a.q_heads / a.kv_heads, D), stream>>>(
-              kv, t, a, p.chunk, final_max, final_sum);
+              kv, t, a, p.chunk, parts.final_max, parts.final_sum);
       check_launch("decode_mass_kernel", shapes);
     });
   });

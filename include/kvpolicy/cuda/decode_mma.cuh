@@ -41,8 +41,7 @@ struct DecodeMmaTuning {
   static constexpr int stages = 3;         // a warp's ring: tiles in flight and the one in hand
   static constexpr int blocks_per_sm = 2;  // 104 KB of shared memory each at head_dim 128
   static constexpr int header_bytes = 256; // the rings' visibility words, the query rows' scales and maxima
-  static constexpr int waves = 2;          // blocks per block slot the split aims at (plan_decode)
-  static_assert(heads == 16 && DecodeTuning::mma_slots_per_sm == blocks_per_sm * waves);
+  static_assert(heads == 16 && DecodeTuning::mma_blocks_per_sm == blocks_per_sm);
 
   /// Shared memory of one block: the query's high and low parts [heads][D], the header, and each
   /// warp's ring of (keys, values) [tile][D], all 16-bit. After the loop the rings hold the warps'
@@ -62,11 +61,11 @@ __device__ __forceinline__ std::uint32_t swizzled(int r, int c) {
 
 /// grid (splits, kv_heads * ceil(group / 16), batch), DecodeMmaTuning::warps * 32 threads,
 /// DecodeMmaTuning::shared_bytes<HEAD_DIM>() of dynamic shared memory. Writes the chunk's
-/// (max, sum, acc) per query head, as decode_partial_kernel does.
+/// (max, sum, acc) per query head (with one chunk, the answer), as decode_partial_kernel does.
 template <class T, int HEAD_DIM, int PAGE_SIZE>
 __global__ void __launch_bounds__(DecodeMmaTuning::warps * 32, DecodeMmaTuning::blocks_per_sm)
     decode_mma_kernel(PagedKV<T> kv, BlockTableView t, DecodeBatch a, std::int64_t chunk, int group_tiles,
-                      float* part_max, float* part_sum, float* part_acc) {
+                      DecodePartials parts) {
 #if KVPOLICY_HAS_MMA
   using Tu = DecodeMmaTuning;
   constexpr int D = HEAD_DIM, W = Tu::warps, M = Tu::heads, TILE = Tu::tile, S = Tu::stages;
@@ -300,7 +299,7 @@ __global__ void __launch_bounds__(DecodeMmaTuning::warps * 32, DecodeMmaTuning::
     acc_w[(warp * M + r0 + 8) * D + c + 1] = o[nt][3];
   }
   __syncthreads();
-  write_block_partial<W, M, D>(m_w, l_w, acc_w, gn, first_head, split, splits, part_max, part_sum, part_acc);
+  write_block_partial<W, M, D>(m_w, l_w, acc_w, gn, first_head, split, splits, parts);
 #else
   __trap();
 #endif

@@ -44,6 +44,10 @@ struct DecodeBatch {
   const std::int32_t* query_position = nullptr;
   bool accumulate_mass = false;
   DecodeKernel kernel = DecodeKernel::automatic;  ///< tests and benchmarks name one; engines leave it
+  /// Chunks each head is split into (flash-decoding's split-KV), 1..1024; 0: the plan's
+  /// (plan_decode). Benchmarks sweep it; an engine leaves it. More chunks than the longest head has
+  /// pages are not made.
+  std::int32_t splits = 0;
 };
 
 namespace detail {
@@ -54,7 +58,11 @@ struct DecodeTuning {
   static constexpr int warps = 4;                // per block
   static constexpr int group_tile = 8;           // query heads of a group one block serves
   static constexpr int mma_heads = 16;           // ... in the tensor-core kernel (DecodeMmaTuning::heads)
-  static constexpr int mma_slots_per_sm = 2 * 2; // its blocks an SM holds (2) x the waves it aims at (2)
+  static constexpr int mma_blocks_per_sm = 2;    // its blocks an SM holds: its split aims at one wave of them
+  static constexpr std::int64_t mma_min_chunk = 512;   // entries: below, a block's start and its partial's
+                                                       // merge cost more than the stream it adds
+  static constexpr std::int64_t mma_max_chunk = 8192;  // entries: above, more (shorter) chunks than one wave
+                                                       // holds balance the multiprocessors better
   static constexpr int waves_of_blocks = 32;     // blocks per multiprocessor the split aims at: many
                                                  // small waves, so the last one's idle tail stays small
   static constexpr std::int64_t min_chunk = 128;   // entries; below, a split's partials cost more than it saves
@@ -79,10 +87,12 @@ struct DecodePlan {
 };
 
 /// The CUDA-core kernel's split: many small waves of blocks (DecodeTuning::waves_of_blocks per SM).
-/// The tensor-core kernel's (tensor_cores = true): about `waves` blocks per block slot of the device
-/// (its blocks stream a whole chunk through a pipeline whose start is a fixed cost, so fewer and
-/// longer chunks; decode_mma.cuh). Neither has more splits than the CUDA-core plan, which sizes the
-/// workspace. Preconditions (checked by the callers): kv_heads >= 1, q_heads a multiple of it,
+/// The tensor-core kernel's (tensor_cores = true): chunks of at least mma_min_chunk entries, in one
+/// wave of blocks (mma_blocks_per_sm a multiprocessor) unless that makes chunks longer than
+/// mma_max_chunk: its blocks stream a whole chunk through a pipeline whose start is a fixed cost,
+/// and a head of one chunk needs no merge pass (docs/perf.md, "Decode against FlashInfer": the
+/// split sweep this rule is read from). Neither has more splits than the CUDA-core plan, which sizes
+/// the workspace. Preconditions (checked by the callers): kv_heads >= 1, q_heads a multiple of it,
 /// page_size >= 1.
 inline DecodePlan plan_decode(const DecodeBatch& a, std::int64_t max_length, int page_size, int sm_count,
                               bool tensor_cores = false) {
@@ -95,11 +105,15 @@ inline DecodePlan plan_decode(const DecodeBatch& a, std::int64_t max_length, int
   if (tensor_cores) {
     p.group_tiles = (group + DecodeTuning::mma_heads - 1) / DecodeTuning::mma_heads;
     const std::int64_t mma_heads = std::max<std::int64_t>(1, std::int64_t{a.batch} * a.kv_heads * p.group_tiles);
-    want = std::min(want, std::max<std::int64_t>(1, DecodeTuning::mma_slots_per_sm * std::int64_t{sm_count} / mma_heads));
+    const std::int64_t one_wave = std::max<std::int64_t>(1, DecodeTuning::mma_blocks_per_sm * std::int64_t{sm_count} / mma_heads);
+    const std::int64_t long_chunks = (max_length + DecodeTuning::mma_max_chunk - 1) / DecodeTuning::mma_max_chunk;
+    want = std::min(want, std::max(one_wave, long_chunks));
   }
-  const std::int64_t most =
-      std::max<std::int64_t>(1, (max_length + DecodeTuning::min_chunk - 1) / DecodeTuning::min_chunk);
+  const std::int64_t least = tensor_cores ? DecodeTuning::mma_min_chunk : DecodeTuning::min_chunk;
+  const std::int64_t most = std::max<std::int64_t>(1, (max_length + least - 1) / least);
   p.splits = static_cast<int>(std::min<std::int64_t>({want, most, 1024}));
+  if (a.splits > 0)  // named by the caller: whole pages a chunk, so at most one chunk a page
+    p.splits = static_cast<int>(std::clamp<std::int64_t>(a.splits, 1, std::max<std::int64_t>(1, (max_length + page_size - 1) / page_size)));
   const std::int64_t per = (max_length + p.splits - 1) / p.splits;
   p.chunk = std::max<std::int64_t>(page_size, (per + page_size - 1) / page_size * page_size);
   return p;
@@ -126,14 +140,38 @@ __device__ void merge_partials(float mx, int n, Base m, Sum l, Acc acc, float& s
   }
 }
 
+/// Where the blocks of one decode step leave their chunks' partial states, and the step's answer.
+/// part_* are [batch * Hq][splits] (x head_dim for the accumulator), merged by decode_merge_kernel;
+/// final_max/final_sum are each query head's base and sum over every chunk (H2O's mass pass reads
+/// them); out is DecodeBatch::out.
+struct DecodePartials {
+  float* part_max = nullptr;
+  float* part_sum = nullptr;
+  float* part_acc = nullptr;
+  float* final_max = nullptr;
+  float* final_sum = nullptr;
+  float* out = nullptr;
+};
+
+/// A query head's answer from its merged state: out = acc / sum (0 where no entry was seen), and its
+/// final (base, sum) for the mass pass.
+template <int HEAD_DIM>
+__device__ void write_answer(const DecodePartials& p, std::int64_t qh, int c, float mx, float sum, float acc) {
+  p.out[qh * HEAD_DIM + c] = sum > 0.0f ? acc / sum : 0.0f;
+  if (c == 0) {
+    p.final_max[qh] = mx;
+    p.final_sum[qh] = sum;
+  }
+}
+
 /// The block's partial of one chunk for its tile of query heads: the warps' (max, sum, acc) merged
 /// (merge_partials), one thread per (query head, element), written where decode_merge_kernel reads
-/// it. m_w and l_w are [WARPS][ROWS], acc_w [WARPS][ROWS][HEAD_DIM]; rows [0, heads) are real,
+/// it; with one chunk a head it is the answer, written as decode_merge_kernel would (no merge pass
+/// then). m_w and l_w are [WARPS][ROWS], acc_w [WARPS][ROWS][HEAD_DIM]; rows [0, heads) are real,
 /// first_head is row 0's query head.
 template <int WARPS, int ROWS, int HEAD_DIM>
 __device__ void write_block_partial(const float* m_w, const float* l_w, const float* acc_w, int heads,
-                                    std::int64_t first_head, int split, int splits, float* part_max,
-                                    float* part_sum, float* part_acc) {
+                                    std::int64_t first_head, int split, int splits, const DecodePartials& p) {
   for (int i = static_cast<int>(threadIdx.x); i < heads * HEAD_DIM; i += static_cast<int>(blockDim.x)) {
     const int g = i / HEAD_DIM, c = i % HEAD_DIM;
     const auto m = [&](int w) { return m_w[w * ROWS + g]; };
@@ -141,11 +179,15 @@ __device__ void write_block_partial(const float* m_w, const float* l_w, const fl
     float sum, out;
     merge_partials(mx, WARPS, m, [&](int w) { return l_w[w * ROWS + g]; },
                    [&](int w) { return acc_w[(w * ROWS + g) * HEAD_DIM + c]; }, sum, out);
+    if (splits == 1) {  // merging one state is the identity: 2^0 = 1, the same bits
+      write_answer<HEAD_DIM>(p, first_head + g, c, mx, sum, out);
+      continue;
+    }
     const std::int64_t at = (first_head + g) * splits + split;
-    part_acc[at * HEAD_DIM + c] = out;
+    p.part_acc[at * HEAD_DIM + c] = out;
     if (c == 0) {
-      part_max[at] = mx;
-      part_sum[at] = sum;
+      p.part_max[at] = mx;
+      p.part_sum[at] = sum;
     }
   }
 }
