@@ -29,8 +29,8 @@ struct CompactWork {
   std::int32_t* new_length;  // [segments]
 };
 
-/// One block per segment: pairs holes with movers in index order, then moves the pairs (a warp per
-/// entry, lanes along head_dim).
+/// One block per segment: pairs holes with movers in index order, then moves the pairs (the block's
+/// threads along the pairs' rows, 16 bytes each).
 template <class T>
 __global__ void __launch_bounds__(SelectTuning::threads)
     compact_kernel(PagedKV<T> kv, BlockTableView t, const std::int64_t* offsets, const std::uint8_t* keep,
@@ -53,9 +53,15 @@ __global__ void __launch_bounds__(SelectTuning::threads)
   block_enumerate(m, [&](long long i) { return k[i] == 0; },
                   [&](long long i, long long r) { hole[r] = static_cast<std::int32_t>(i); }, scan);
   // movers: survivors at index >= m, paired with the hole of the same rank
-  const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
-  const int warps = static_cast<int>(blockDim.x / 32);
   __shared__ std::int32_t mover_of[SelectTuning::threads];
+  // K/V rows move in 16-byte units (a row is head_dim x sizeof(T), a multiple of 16 bytes), a thread
+  // per unit, UNROLL units loaded before any is stored so that loads overlap; sources (survivors at
+  // index >= m) and destinations (holes below m) are distinct slots, so no copy reads another's
+  // destination. A pool or row not 16-byte aligned moves element by element.
+  constexpr int UNROLL = 4;
+  const bool wide = ((reinterpret_cast<std::uintptr_t>(kv.keys) | reinterpret_cast<std::uintptr_t>(kv.values) |
+                      static_cast<std::uintptr_t>(kv.head_dim * sizeof(T))) % 16) == 0;
+  const int row_units = wide ? kv.head_dim * static_cast<int>(sizeof(T)) / 16 : kv.head_dim;
   long long base_rank = 0;
   for (long long base = m; base < n; base += blockDim.x) {
     const long long i = base + threadIdx.x;
@@ -66,17 +72,43 @@ __global__ void __launch_bounds__(SelectTuning::threads)
     __syncthreads();
     if (f) mover_of[r] = static_cast<std::int32_t>(i);
     __syncthreads();
-    for (long long j = warp; j < total; j += warps) {
-      const std::int64_t src = t.slot(seg, mover_of[j], kv.page_size);
-      const std::int64_t dst = t.slot(seg, hole[base_rank + j], kv.page_size);
-      for (int c = lane; c < kv.head_dim; c += 32) {
-        kv.keys[dst * kv.head_dim + c] = kv.keys[src * kv.head_dim + c];
-        kv.values[dst * kv.head_dim + c] = kv.values[src * kv.head_dim + c];
+    // unit u: pair u / (2 row_units), keys or values, unit u % row_units of the row
+    const long long units = total * 2 * row_units;
+    for (long long u0 = threadIdx.x; u0 < units; u0 += std::int64_t{blockDim.x} * UNROLL) {
+      std::int64_t dst[UNROLL];
+      int4 v4[UNROLL];
+      T v1[UNROLL];
+#pragma unroll
+      for (int x = 0; x < UNROLL; ++x) {
+        const long long u = u0 + std::int64_t{x} * blockDim.x;
+        dst[x] = -1;
+        if (u >= units) continue;
+        const long long j = u / (2 * row_units);
+        const int half = static_cast<int>(u / row_units % 2), c = static_cast<int>(u % row_units);
+        const std::int64_t src = t.slot(seg, mover_of[j], kv.page_size);
+        const std::int64_t to = t.slot(seg, hole[base_rank + j], kv.page_size);
+        T* rows = half ? kv.values : kv.keys;
+        if (wide) {
+          v4[x] = reinterpret_cast<const int4*>(rows + src * kv.head_dim)[c];
+          dst[x] = to * kv.head_dim * static_cast<std::int64_t>(sizeof(T)) + std::int64_t{c} * 16 + half;  // bit 0: values
+        } else {
+          v1[x] = rows[src * kv.head_dim + c];
+          dst[x] = (to * kv.head_dim + c) * 2 + half;
+        }
+        if (u % (2 * row_units) == 0) {  // one thread a pair moves the entry's metadata
+          kv.position[to] = kv.position[src];
+          kv.write_score[to] = kv.write_score[src];
+          kv.fields.move(to, src);
+        }
       }
-      if (lane == 0) {
-        kv.position[dst] = kv.position[src];
-        kv.write_score[dst] = kv.write_score[src];
-        kv.fields.move(dst, src);
+#pragma unroll
+      for (int x = 0; x < UNROLL; ++x) {
+        if (dst[x] < 0) continue;
+        T* rows = (dst[x] & 1) ? kv.values : kv.keys;
+        if (wide)
+          *reinterpret_cast<int4*>(reinterpret_cast<char*>(rows) + (dst[x] & ~std::int64_t{1})) = v4[x];
+        else
+          rows[dst[x] >> 1] = v1[x];
       }
     }
     base_rank += total;
