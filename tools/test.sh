@@ -1,27 +1,73 @@
 #!/usr/bin/env bash
-# Builds kvpolicy and passes every test: the Release suite (with the installed-package consumer
-# build, the vcpkg port's install tree, the replay CLI, a benchmark smoke run, the state-machine
-# test, a 10^5-step soak and 30 s of libFuzzer per parser), then `conan create` offline with its
-# test_package, the concurrency test under ThreadSanitizer, then the unit and replay tests again
-# under AddressSanitizer + UBSan. Where GPGPU-Sim
-# is installed (/opt/kvpolicy-gpusim), the CUDA tests and engine_cuda also run under it.
+# Builds kvpolicy and passes every test. Each phase prints its time, and the run ends with a table of
+# them (docs/developing.md says what each phase checks):
+#   deps        the Debian packages (tools/install-deps.sh)
+#   build       the Release build: library, tests, examples, benchmarks (and the CUDA path when nvcc
+#               is found, compiled for sm_90)
+#   ctest       the Release suite: unit, oracle and state-machine tests, the installed-package
+#               consumer build, the vcpkg port's install tree, the replay CLI, a benchmark smoke run,
+#               a 10^5-step soak, 30 s of libFuzzer per parser, the real model, Python, training
+#   gpusim      the CUDA tests and engine_cuda under GPGPU-Sim, where it is installed
+#               (/opt/kvpolicy-gpusim; docs/gpusim.md)
+#   conan       `conan create` offline with its test_package
+#   tsan        the concurrency test under ThreadSanitizer
+#   asan        the unit and replay tests again under AddressSanitizer + UBSan (build, then ctest)
+#
+#   tools/test.sh           everything (what CI runs: .ci/run)
+#   tools/test.sh --quick   in about ten minutes: the library, the unit, oracle and state-machine
+#                           tests (one process) and one real-model test (kvpolicy-lm against
+#                           llama.cpp's logits), CPU only, in build/quick
 set -euo pipefail
 cd "$(dirname "$0")/.."
-tools/install-deps.sh
-cmake --preset default
-cmake --build --preset default
-ctest --preset default
+quick=0
+case "${1:-}" in
+  --quick) quick=1 ;;
+  "") ;;
+  *) echo "usage: tools/test.sh [--quick]" >&2; exit 2 ;;
+esac
+
+start=$(date +%s)
+phases=()
+phase() {  # name, command...: runs the command, prints and records its time
+  local name=$1 t0 seconds
+  shift
+  t0=$(date +%s)
+  echo "== test.sh: $name"
+  "$@"
+  seconds=$(( $(date +%s) - t0 ))
+  phases+=("$name $seconds")
+  echo "== test.sh: $name took ${seconds} s"
+}
+summary() {
+  echo "== test.sh: phase times"
+  local p
+  for p in "${phases[@]}"; do printf '   %-8s %6s s\n' ${p}; done
+  printf '   %-8s %6s s\n' total $(( $(date +%s) - start ))
+}
+configure_build() {  # preset
+  cmake --preset "$1"
+  cmake --build --preset "$1"
+}
+
+phase deps tools/install-deps.sh
+if [ $quick = 1 ]; then
+  phase build configure_build quick
+  phase unit build/quick/tests/kvpolicy_tests
+  phase model ctest --test-dir build/quick -R '^lm_golden_llama_cpp$' --output-on-failure --no-tests=error
+  summary
+  exit 0
+fi
+phase build configure_build default
+phase ctest ctest --preset default
 # The CUDA path under GPGPU-Sim's functional mode, where the simulator is installed (docs/gpusim.md).
 if [ -f /opt/kvpolicy-gpusim/env.sh ] && command -v nvcc >/dev/null 2>&1; then
-  tools/gpusim-check.sh /opt/kvpolicy-gpusim
+  phase gpusim tools/gpusim-check.sh /opt/kvpolicy-gpusim
 else
   echo "gpusim: SKIPPED (no simulator installed at /opt/kvpolicy-gpusim, or no nvcc; docs/gpusim.md)"
 fi
-tools/conan-test.sh
+phase conan tools/conan-test.sh
 # The concurrency contract under ThreadSanitizer: threads stepping different sequences of one cache.
-cmake --preset tsan
-cmake --build --preset tsan
-ctest --preset tsan
-cmake --preset asan
-cmake --build --preset asan
-ctest --preset asan
+phase tsan sh -c 'cmake --preset tsan && cmake --build --preset tsan && ctest --preset tsan'
+phase asan-build configure_build asan
+phase asan-ctest ctest --preset asan
+summary
