@@ -2,14 +2,15 @@
 # Runs the CUDA path without a GPU: builds the CUDA tests, engine_cuda, the fault probes and
 # sim_ratios for GPGPU-Sim (the `gpusim` preset: sm_75, shared CUDA runtime, the gates' products
 # without cuBLAS) and runs the probes, the tests and engine_cuda under the simulator's functional
-# mode, one test case per simulator process (as many at once as there are cores), with
+# mode, a few test cases per simulator process (as many at once as there are cores), with
 # the tests scaled down (KVPOLICY_CUDA_TEST_SCALE, default 8 here: fewer random seeds, shorter
 # heads; every kernel, dtype and HEAD_DIM instantiation still runs). Fails on any failing case and
 # on any PTX syntax error in the simulator's log (after one, the simulator carries on and crashes
 # later). The simulator is found, never built, here: docs/gpusim.md says how to install it.
 #   tools/gpusim-check.sh [PREFIX]     (default /opt/kvpolicy-gpusim; OUT=dir keeps the logs there;
 #                                        KVPOLICY_GPUSIM_CASES=regex runs only the matching cases;
-#                                        KVPOLICY_GPUSIM_JOBS=n simulators at once, default every core)
+#                                        KVPOLICY_GPUSIM_JOBS=n simulators at once, default every core;
+#                                        KVPOLICY_GPUSIM_BATCH=n cases a simulator process, default 4)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 prefix=${1:-/opt/kvpolicy-gpusim}
@@ -46,8 +47,9 @@ run_sim_with() {  # log, command...
     grep -m3 -A3 "Syntax error" "$log" >&2
     return 3
   fi
-  # a passing run's log (about 10 MB of the simulator's launch notes) keeps only its last lines
-  if [ $rc -eq 0 ]; then tail -n 40 "$log" >"$log.tail" && mv "$log.tail" "$log"; fi
+  # a passing run's log (about 10 MB of the simulator's launch notes) keeps only the cases' times
+  # (doctest's --duration lines) and its last lines
+  if [ $rc -eq 0 ]; then { grep -aE '^[0-9.]+ s: ' "$log" || true; tail -n 40 "$log"; } >"$log.tail" && mv "$log.tail" "$log"; fi
   return $rc
 }
 
@@ -68,41 +70,69 @@ printf 'gpusim: probe %-89s %s  %s\n' "async_pageable" "$([ $async_fault = 1 ] &
 mapfile -t cases < <(grep -ho 'TEST_CASE("[^"]*")' tests/cuda/*.cu | grep -v 'test_suite("host")' |
                      sed 's/^TEST_CASE("//; s/")$//' | grep -E -- "${KVPOLICY_GPUSIM_CASES:-.}")
 # Each simulator process runs on one core: KVPOLICY_GPUSIM_JOBS of them at once (default: every core).
-# A case writes its line to case<n>.result; the lines are printed in the sources' order at the end.
+# A process runs a batch of cases (KVPOLICY_GPUSIM_BATCH, default 4): the simulator takes about 20 s
+# to start (it extracts and parses the binary's PTX), which one process per case paid 38 times.
+# Batches take every n-th case (n = the number of batches), so long and short cases mix. Each case
+# still gets its own line (its time from doctest's --duration), printed in the sources' order at the
+# end; a case that fails names itself in its batch's log (batch<b>.log).
 jobs_max=${KVPOLICY_GPUSIM_JOBS:-$(nproc)}
-if ! [[ $jobs_max =~ ^[1-9][0-9]*$ ]]; then
-  echo "gpusim: KVPOLICY_GPUSIM_JOBS = '$jobs_max' must be an integer >= 1" >&2
-  exit 2
-fi
+per_batch=${KVPOLICY_GPUSIM_BATCH:-4}
+for setting in "JOBS=$jobs_max" "BATCH=$per_batch"; do
+  if ! [[ ${setting#*=} =~ ^[1-9][0-9]*$ ]]; then
+    echo "gpusim: KVPOLICY_GPUSIM_${setting%%=*} = '${setting#*=}' must be an integer >= 1" >&2
+    exit 2
+  fi
+done
 if [ ${#cases[@]} -eq 0 ]; then
   echo "gpusim: no test case matches KVPOLICY_GPUSIM_CASES = '${KVPOLICY_GPUSIM_CASES:-}'" >&2
   exit 2
 fi
-run_case() {  # n, name
-  local n=$1 name=$2 start status summary
+run_batch() {  # b, case indices...
+  local b=$1 start status filter="" i name seconds rc=0 ran
+  shift
   start=$(date +%s)
-  if run_sim "$out/case$n.log" "$root/$tests" --test-case="${name//,/?}"; then  # doctest splits filters on commas
-    status=passed
-    # a filter that ran nothing is not a pass
-    if ! grep -Eq '^\[doctest\] test cases: +[1-9]' "$out/case$n.log"; then status="FAILED (rc 0: the filter ran no test case)"; fi
-  else
-    status="FAILED (rc $?)"
-  fi
-  summary=$(grep -E '^\[doctest\] (test cases|assertions)' "$out/case$n.log" | tr -s ' ' | tr '\n' ' ' || true)
-  printf 'gpusim: %-95s %s, %ss  %s\n' "$name" "$status" "$(( $(date +%s) - start ))" "$summary" >"$out/case$n.result"
+  for i in "$@"; do filter+="${filter:+,}${cases[$i]//,/?}"; done  # doctest splits filters on commas
+  run_sim "$out/batch$b.log" "$root/$tests" --duration=true --test-case="$filter" || rc=$?
+  ran=$(grep -aEo '^\[doctest\] test cases: +[0-9]+' "$out/batch$b.log" | grep -Eo '[0-9]+$' || echo 0)
+  for i in "$@"; do
+    name=${cases[$i]}
+    # the case's own line: "<seconds> s: <name>" once doctest finished it
+    seconds=$(awk -v name="$name" '/^[0-9.]+ s: / && substr($0, index($0, " s: ") + 4) == name { print $1; exit }' \
+                "$out/batch$b.log")
+    if [ $rc -eq 0 ] && [ "$ran" -ge $# ] && [ -n "$seconds" ]; then
+      status="passed, ${seconds%.*}s"
+    elif [ $rc -eq 0 ]; then
+      status="FAILED (rc 0: the filter ran $ran of the batch's $# cases)"
+    elif [ -z "$seconds" ]; then
+      status="FAILED (rc $rc: batch $b ended before this case did; batch$b.log)"
+    else
+      status="in a FAILED batch (rc $rc, batch$b.log names the failing case), ${seconds%.*}s"
+    fi
+    printf 'gpusim: %-95s %s\n' "$name" "$status" >"$out/case$((i + 1)).result"
+  done
+  printf 'gpusim: batch %s (%s cases) took %ss, rc %s  %s\n' "$b" $# "$(( $(date +%s) - start ))" "$rc" \
+    "$(grep -aE '^\[doctest\] assertions' "$out/batch$b.log" | tr -s ' ' || true)" >"$out/batch$b.result"
 }
-rm -f "$out"/case*.result
+rm -f "$out"/case*.result "$out"/batch*.result
 trap 'kill $(jobs -p) 2>/dev/null || true' EXIT  # an interrupted check leaves no simulator behind
-# The longest case (about 10 minutes, bound by kernel launches) starts first, so that the others
-# fill the other cores meanwhile; each case keeps its number, so the lines stay in the sources' order.
+# The longest case (about 8 minutes, bound by kernel launches) runs alone and first, so that the
+# batches fill the other cores meanwhile.
 longest=() rest=()
 for i in "${!cases[@]}"; do
   if [[ ${cases[$i]} == "evict_step keeps"* ]]; then longest+=("$i"); else rest+=("$i"); fi
 done
-order=("${longest[@]}" "${rest[@]}")
-for i in "${order[@]}"; do
+batches=$(( (${#rest[@]} + per_batch - 1) / per_batch ))
+b=0
+if [ ${#longest[@]} -gt 0 ]; then
+  b=$((b + 1))  # counted here, not in the background job's own shell
+  run_batch "$b" "${longest[@]}" &
+fi
+for ((j = 0; j < batches; ++j)); do
+  members=()
+  for ((k = j; k < ${#rest[@]}; k += batches)); do members+=("${rest[$k]}"); done
   while [ "$(jobs -rp | wc -l)" -ge "$jobs_max" ]; do wait -n || true; done
-  run_case "$((i + 1))" "${cases[$i]}" &
+  b=$((b + 1))
+  run_batch "$b" "${members[@]}" &
 done
 n=${#cases[@]}
 wait
@@ -111,8 +141,9 @@ for i in $(seq 1 "$n"); do
     echo "gpusim: case $i (${cases[$((i - 1))]}) left no result" >&2; failed=1; continue
   fi
   cat "$out/case$i.result"
-  if grep -q " FAILED (rc" "$out/case$i.result"; then failed=1; fi
+  if ! grep -q " passed, [0-9]*s$" "$out/case$i.result"; then failed=1; fi
 done
+cat "$out"/batch*.result
 trap - EXIT
 
 start=$(date +%s)
