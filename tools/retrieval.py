@@ -1,19 +1,27 @@
 #!/usr/bin/env python3
-"""A task where recency is not enough: pass-key retrieval in a long context, through kvpolicy-lm.
+"""Tasks where recency is not enough: retrieval in a long context (RULER-style), through kvpolicy-lm.
 
-Each instance hides a 5-digit pass key early in ~CONTEXT tokens of real text (the Python 3.11
-tutorial from Debian's python3.11-doc, which no gate trained on), then asks for it at the end; the
-model answers greedily (8 tokens) and is right when the key's digits come out first. The prompt is
-prefilled in chunks of 64 tokens with the policy evicting as it goes, so a policy keeps the key
-only if it judges it worth keeping. One kvpolicy-lm process runs a batch of instances as sequences
-of one cache.
+Each instance hides facts early in ~CONTEXT tokens of real text (held-out prose no gate trained on:
+the Python 3.11 tutorial and HOWTOs from Debian's python3.11-doc) and asks about them at the end;
+the model answers greedily and is right when its answer holds what the question needs. The tasks:
+  single      a 5-digit pass key (its digits must come first);
+  multikey    four "special magic numbers" of the same form, one asked (distractors);
+  multivalue  three numbers for one key, a fourth for another; all three must come out;
+  variable    a variable assigned and reassigned twice, a second one beside it; its last value;
+  multihop    a person holds a folder, the folder holds a file number; another pair as a distractor.
+All but `single` come from tools/train/longrange.py's held-out phrasings and entities, which the
+trainer refuses. The prompt is prefilled in chunks of 64 tokens with the policy evicting as it goes,
+so a policy keeps a fact only if it judges it worth keeping. One kvpolicy-lm process runs a batch
+of instances as sequences of one cache.
 
-  tools/retrieval.py --model DIR [--instances 100] [--context 1024] [--budgets "64 256"]
-                     [--policies "full streamingllm ..."] [--gates DIR] [--out build/lm/retrieval]
+  tools/retrieval.py --model DIR [--tasks "single multikey"] [--contexts "1024 2048"] [--instances 100]
+                     [--budgets "64 256"] [--policies "full streamingllm ..."] [--gates DIR]
+                     [--out build/lm/retrieval] [--append]
 
-Writes OUT/results.csv (policy, budget, sinks, correct, instances, accuracy, seconds, and the
-entries a sequence held after its answer, averaged over the instances) and, with
---plot, OUT/retrieval.png. Instances are fixed by --seed.
+Writes OUT/results.csv (task, context, policy, budget, sinks, correct, instances, accuracy,
+seconds, and the entries a sequence held after its answer, averaged over the instances); with
+--append, rows are added and cells already there are skipped, so a long run goes in parts. --plot
+draws OUT/retrieval.png. Instances are fixed by --seed.
 """
 import argparse
 import csv
@@ -27,6 +35,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "train"))
 import corpus  # noqa: E402
+import longrange  # noqa: E402
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 TUTORIAL = "/usr/share/doc/python3.11/html/tutorial"
@@ -39,6 +48,19 @@ def filler_text():
         raise SystemExit(f"retrieval: {TUTORIAL} is missing: install the Debian package python3.11-doc")
     text = "\n".join(corpus.html_text(p) for p in pages)
     return re.sub(r"\n{2,}", "\n", text)
+
+
+TASKS = ("single",) + longrange.TASKS
+
+
+def task_instances(task, n, context, seed):
+    """(prompts, the strings each answer must hold, tokens to generate) of one cell."""
+    if task == "single":
+        data = instances(n, context, seed)
+        return [p for p, _ in data], [[k] for _, k in data], 8
+    rng = random.Random(f"{task}/{context}/{seed}")
+    cells = [longrange.heldout_task(task, rng, context) for _ in range(n)]
+    return [p for p, _, _ in cells], [need for _, need, _ in cells], cells[0][2]
 
 
 def instances(n, context, seed):
@@ -66,10 +88,10 @@ def policy_options(lm):
     return {line.split("\t")[0]: set(line.split("\t")[1].split(",")) for line in out.splitlines() if line}
 
 
-def run_batch(lm, model, prompts, policy, budget, sinks, gate, threads, options):
+def run_batch(lm, model, prompts, policy, budget, sinks, gate, threads, options, generate=8):
     # F32 K/V and fp32 activations, as docs/quality.md's table was made (before kvpolicy-lm's F16 and
     # Q8 defaults of 0.21.0): the same command gives the same numbers
-    args = [lm, "--model", model, "--generate", "8", "--prefill", "64", "--chunk", "64", "--threads", str(threads),
+    args = [lm, "--model", model, "--generate", str(generate), "--prefill", "64", "--chunk", "64", "--threads", str(threads),
             "--kv", "f32", "--decode-activations", "f32", "--policy", policy]
     takes = options[policy]
     if policy != "full":  # M as the budget, or as the ring of a policy without one (WG-KV); B = 16 where taken
@@ -101,12 +123,17 @@ def correct(answer, key):
     return digits.startswith(key)
 
 
+def right(task, answer, needed):
+    return correct(answer, needed[0]) if task == "single" else longrange.answered(answer, needed)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True)
     ap.add_argument("--lm", default=os.path.join(ROOT, "build/default/examples/kvpolicy-lm"))
+    ap.add_argument("--tasks", default="single", help=f"any of: {' '.join(TASKS)}")
     ap.add_argument("--instances", type=int, default=100)
-    ap.add_argument("--context", type=int, default=1024, help="approximate tokens of text per instance")
+    ap.add_argument("--contexts", "--context", default="1024", help="approximate tokens of text per instance")
     ap.add_argument("--budgets", default="64 256")
     ap.add_argument("--policies", default="full streamingllm h2o snapkv knorm keydiff trimkv dbtrimkv wgkv")
     ap.add_argument("--sinks", type=int, default=4, help="protected oldest entries per head (not wgkv)")
@@ -118,37 +145,57 @@ def main():
     ap.add_argument("--append", action="store_true", help="add rows to an existing results.csv")
     ap.add_argument("--plot", action="store_true")
     a = ap.parse_args()
+    for t in a.tasks.split():
+        if t not in TASKS:
+            ap.error(f"--tasks: '{t}' is not one of {' '.join(TASKS)}")
     os.makedirs(a.out, exist_ok=True)
-    data = instances(a.instances, a.context, a.seed)
     options = policy_options(a.lm)
+    for policy in a.policies.split():
+        if policy not in options:
+            ap.error(f"--policies: '{policy}' is not registered in kvpolicy-lm (--list-policies)")
     path = os.path.join(a.out, "results.csv")
-    fields = ["policy", "budget", "sinks", "correct", "instances", "accuracy", "seconds", "entries"]
-    if not a.append or not os.path.exists(path):
+    fields = ["task", "context", "policy", "budget", "sinks", "correct", "instances", "accuracy", "seconds", "entries"]
+    done = set()
+    if a.append and os.path.exists(path):
+        with open(path) as f:
+            rows = list(csv.DictReader(f))
+        if rows and "task" not in rows[0]:
+            raise SystemExit(f"retrieval: {path} is from before the task column: give another --out")
+        done = {(r["task"], r["context"], r["policy"], r["budget"], r["instances"]) for r in rows}
+    else:
         with open(path, "w", newline="") as f:
             csv.DictWriter(f, fieldnames=fields).writeheader()
-    for policy in a.policies.split():
-        for budget in ([0] if policy == "full" else [int(b) for b in a.budgets.split()]):
-            gate = os.path.join(a.gates, policy + ".safetensors") if "gate" in options[policy] else None
-            sinks = 0 if policy in ("full", "wgkv") else a.sinks
-            t0, right, wrong_examples, entries = time.time(), 0, [], 0
-            for b in range(0, len(data), a.batch):
-                chunk = data[b:b + a.batch]
-                answers, held = run_batch(a.lm, a.model, [p for p, _ in chunk], policy, budget, sinks, gate, a.threads,
-                                          options)
-                entries += sum(held)
-                for (_, key), ans in zip(chunk, answers):
-                    if correct(ans, key):
-                        right += 1
-                    elif len(wrong_examples) < 2:
-                        wrong_examples.append((key, ans.strip()[:40]))
-            row = {"policy": policy, "budget": budget, "sinks": sinks, "correct": right, "instances": len(data),
-                   "accuracy": f"{right / len(data):.3f}", "seconds": f"{time.time() - t0:.0f}",
-                   "entries": f"{entries / len(data):.0f}"}
-            with open(path, "a", newline="") as f:
-                csv.DictWriter(f, fieldnames=fields).writerow(row)
-            print(row, "e.g. wrong:", wrong_examples, flush=True)
+    for task in a.tasks.split():
+        for context in [int(c) for c in a.contexts.split()]:
+            prompts, needed, generate = task_instances(task, a.instances, context, a.seed)
+            for policy in a.policies.split():
+                for budget in ([0] if policy == "full" else [int(b) for b in a.budgets.split()]):
+                    if (task, str(context), policy, str(budget), str(len(prompts))) in done:
+                        continue
+                    run_cell(a, options, path, fields, task, context, prompts, needed, generate, policy, budget)
     if a.plot:
         plot(path, os.path.join(a.out, "retrieval.png"))
+
+
+def run_cell(a, options, path, fields, task, context, prompts, needed, generate, policy, budget):
+    gate = os.path.join(a.gates, policy + ".safetensors") if "gate" in options[policy] else None
+    sinks = 0 if policy in ("full", "wgkv") else a.sinks
+    t0, hits, wrong_examples, entries = time.time(), 0, [], 0
+    for b in range(0, len(prompts), a.batch):
+        answers, held = run_batch(a.lm, a.model, prompts[b:b + a.batch], policy, budget, sinks, gate, a.threads,
+                                  options, generate)
+        entries += sum(held)
+        for need, ans in zip(needed[b:b + a.batch], answers):
+            if right(task, ans, need):
+                hits += 1
+            elif len(wrong_examples) < 2:
+                wrong_examples.append((need, ans.strip()[:60]))
+    row = {"task": task, "context": context, "policy": policy, "budget": budget, "sinks": sinks, "correct": hits,
+           "instances": len(prompts), "accuracy": f"{hits / len(prompts):.3f}", "seconds": f"{time.time() - t0:.0f}",
+           "entries": f"{entries / len(prompts):.0f}"}
+    with open(path, "a", newline="") as f:
+        csv.DictWriter(f, fieldnames=fields).writerow(row)
+    print(row, "e.g. wrong:", wrong_examples, flush=True)
 
 
 def plot(path, png):

@@ -6,7 +6,8 @@
     metadata) as one uninterrupted run; the log, the curves and the summary are written;
   - --time-budget's timed passes leave the gate untouched (the budgeted run is a --steps N run);
   - the written gate, loaded by the C++ gate (gate_forward), computes what torch computes on the
-    same weights and inputs: |log_beta_cpp - log_beta_torch| <= 1e-5 + 1e-4 |log_beta| (g alike).
+    same weights and inputs: |log_beta_cpp - log_beta_torch| <= 1e-5 + 1e-4 |log_beta| (g alike);
+  - long-range documents (--data longrange) with M drawn per step resume exactly, and log both.
 usage: test_train_gates.py GATE_FORWARD WORK_DIR   (run with the venv of tools/train-venv.sh)
 """
 import csv
@@ -135,6 +136,27 @@ for kind in ("rg", "rg10", "wg"):
     if not bool((err <= bound).all()) or not math.isfinite(err.max().item()):
         failures.append(f"{kind}: C++ and torch differ beyond 1e-5 + 1e-4 |{name}|: max {err.max().item():.3g}")
 
+# --data longrange (documents with facts and questions, docs/architecture.md as the prose) with M drawn
+# per step: a run stopped and resumed writes the same gate; the log holds the answer term on the steps
+# with questions (empty on plain prose) and each step's M, inside --memory-range.
+whole, halves = os.path.join(work, "longrange-whole"), os.path.join(work, "longrange-resumed")
+lr_args = ("--data", "longrange", "--memory-range", "8", "32", "--seq-len", "256")
+train("rg", whole, *lr_args)
+train("rg", halves, *lr_args, "--stop-after", str(STEPS // 2))
+out = train("rg", halves, *lr_args)
+a, b = (safe_open(os.path.join(d, "gate.safetensors"), "pt") for d in (whole, halves))
+if a.metadata() != b.metadata() or any(not torch.equal(a.get_tensor(k), b.get_tensor(k)) for k in a.keys()):
+    failures.append("longrange: the resumed run wrote a different gate than the uninterrupted one")
+if a.metadata().get("data") != "longrange" or a.metadata().get("memory") != "8-32 drawn":
+    failures.append(f"longrange: the gate's metadata does not say how it trained: {a.metadata()}")
+rows = list(csv.DictReader(open(os.path.join(halves, "log.csv"))))
+memories = [int(r["memory"]) for r in rows]
+with_answers = [r for r in rows if r["answer"] != ""]
+print(f"longrange: M per step {memories}, {len(with_answers)} of {len(rows)} steps with questions")
+if [int(r["step"]) for r in rows] != list(range(1, STEPS + 1)) or not all(8 <= m <= 32 for m in memories) \
+        or len(set(memories)) < 4 or not 0 < len(with_answers) < len(rows):
+    failures.append(f"longrange: log.csv steps, M or answer terms wrong: {rows[:3]}")
+
 # --time-budget: the timed passes that choose the step count leave the gate as it was (no update, no
 # gradient kept), so the budgeted run is the run `--steps N` gives; N stays within [1, --steps].
 model, _ = train_gates.tiny_model(0)
@@ -142,7 +164,8 @@ model.requires_grad_(False)
 torch.manual_seed(0)
 gate = make_gate("rg", model.config, WIDTH, bias_init=3.0)
 initial = {k: v.clone() for k, v in gate.state_dict().items()}
-budget_args = type("Args", (), {"steps": 10**6, "time_budget": 0.5, "memory": MEMORY})()
+budget_args = type("Args", (), {"steps": 10**6, "time_budget": 0.5, "memory": MEMORY, "memory_range": None,
+                                "seed": 0, "answer_weight": 0.0})()
 ids = torch.tensor(list(open(text, "rb").read()))[:SEQ].unsqueeze(0)
 n = train_gates.budgeted_steps(budget_args, GatedModel(model, gate, LOCAL), gate, ids, 1.0)
 if any(not torch.equal(v, gate.state_dict()[k]) for k, v in initial.items()) or \

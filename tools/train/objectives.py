@@ -8,18 +8,33 @@
   means the same for both (the paper leaves the normalisation open).
 - WG-KV (§3.3): L2 distillation of the final hidden states to the full model's, plus
   lambda * L_sparsity with L_sparsity = mean over (l, h, t) of g + g (1 - g).
+- Answers (long-range documents, tools/train/longrange.py): the quality term averaged over the
+  positions that predict an answer token is added, weighted, to the one averaged over every position.
+  An answer is a few tokens of hundreds, so the mean over all positions alone barely pays for
+  keeping the fact it needs; the authors' code computes its KL on the label tokens only (TRAINING.md).
 """
 import torch
 import torch.nn.functional as F
 
 
+def quality_terms(student_logits, teacher_logits, ids):
+    """Per position t < T - 1 (the ones with a next token): forward KL and next-token cross-entropy, [B, T - 1] each."""
+    log_q = F.log_softmax(student_logits[:, :-1].float(), dim=-1)
+    log_p = F.log_softmax(teacher_logits[:, :-1].float(), dim=-1)
+    kl = (log_p.exp() * (log_p - log_q)).sum(-1)
+    ce = -log_q.gather(-1, ids[:, 1:, None]).squeeze(-1)
+    return kl, ce
+
+
 def quality_loss(student_logits, teacher_logits, ids):
     """(forward KL per token, next-token cross-entropy) of the gated model."""
-    log_q = F.log_softmax(student_logits.float(), dim=-1)
-    log_p = F.log_softmax(teacher_logits.float(), dim=-1)
-    kl = (log_p.exp() * (log_p - log_q)).sum(-1).mean()
-    ce = F.nll_loss(log_q[:, :-1].flatten(0, 1), ids[:, 1:].flatten())
-    return kl, ce
+    kl, ce = quality_terms(student_logits, teacher_logits, ids)
+    return kl.mean(), ce.mean()
+
+
+def predicts_answer(answer_mask):
+    """[B, T] answer tokens -> [B, T - 1] positions whose next token is one."""
+    return answer_mask[:, 1:]
 
 
 def retained_mass(bias):
@@ -50,16 +65,31 @@ def distill_loss(student_hidden, teacher_hidden):
     return (student_hidden.float() - teacher_hidden.float()).pow(2).mean()
 
 
-def objective(gm, ids, memory, lam):
-    """The gate's paper objective on one batch of token ids [B, T]: (loss, its parts)."""
+def objective(gm, ids, memory, lam, answer_mask=None, answer_weight=0.0):
+    """The gate's paper objective on one batch of token ids [B, T]: (loss, its parts). With an
+    answer mask [B, T] (bool) holding answer tokens and answer_weight > 0, the quality term over the
+    positions that predict them is added with that weight (part "answer")."""
+    on_answers = answer_mask is not None and answer_weight > 0 and bool(predicts_answer(answer_mask).any())
     if gm.gate.kind == "wg":
         teacher = gm.teacher(ids, output_hidden_states=True).hidden_states[-1]
         student = gm.student(ids, output_hidden_states=True).hidden_states[-1]
         distill, sparsity = distill_loss(student, teacher), sparsity_loss(gm.outputs)
         admitted = torch.stack([(g >= 0.1).float().mean() for g in gm.outputs.values()]).mean()  # tau = 0.1
-        return distill + lam * sparsity, {"distill": distill, "sparsity": sparsity, "admitted": admitted}
+        parts = {"distill": distill, "sparsity": sparsity, "admitted": admitted}
+        loss = distill + lam * sparsity
+        if on_answers:
+            m = predicts_answer(answer_mask)
+            parts["answer"] = distill_loss(student[:, :-1][m], teacher[:, :-1][m])
+            loss = loss + answer_weight * parts["answer"]
+        return loss, parts
     teacher = gm.teacher(ids).logits
     student = gm.student(ids).logits
-    kl, ce = quality_loss(student, teacher, ids)
+    kl_t, ce_t = quality_terms(student, teacher, ids)
+    kl, ce = kl_t.mean(), ce_t.mean()
     cap = capacity_loss(gm.biases, memory, global_budget=gm.gate.kind == "rg10")
-    return kl + ce + lam * cap, {"kl": kl, "ce": ce, "cap": cap}
+    loss, parts = kl + ce + lam * cap, {"kl": kl, "ce": ce, "cap": cap}
+    if on_answers:
+        m = predicts_answer(answer_mask)
+        parts["answer"] = kl_t[m].mean() + ce_t[m].mean()
+        loss = loss + answer_weight * parts["answer"]
+    return loss, parts

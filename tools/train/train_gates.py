@@ -6,6 +6,9 @@ kvpolicy-lm --gate and kvpolicy-replay --gate.
       --out build/train/rg --steps 200 --seq-len 512 --memory 128
   python tools/train/train_gates.py --gate rg --tiny --out /tmp/rg --steps 8      (a random tiny model)
 
+  python tools/train/train_gates.py --gate rg --gguf ... --data longrange --memory-range 16 256 ...
+      (documents with facts at random depths and questions at the end, longrange.py; M drawn per step)
+
 Resumes from OUT/checkpoint.pt when it exists; logs every step to OUT/log.csv and plots the curves
 to OUT/curves.png at each checkpoint; the gate is OUT/gate.safetensors (docs/training.md).
 """
@@ -26,6 +29,7 @@ from tqdm import tqdm
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import corpus  # noqa: E402
+import longrange  # noqa: E402
 import objectives  # noqa: E402
 from gated_attention import GatedModel  # noqa: E402
 from gates import make_gate  # noqa: E402
@@ -41,7 +45,17 @@ def parse():
     src.add_argument("--hf", help="a transformers model directory (a LLaMA-family checkpoint)")
     src.add_argument("--tiny", action="store_true", help="a tiny random LLaMA built in code, byte tokens (tests)")
     ap.add_argument("--out", required=True)
-    ap.add_argument("--text", help="train on this file instead of the Debian handbook (corpus.py)")
+    ap.add_argument("--data", choices=["text", "longrange"], default="text",
+                    help="text: windows of the Debian handbook (or --text); longrange: documents with facts at random "
+                         "depths and questions at the end (longrange.py), mixed with plain prose")
+    ap.add_argument("--text", help="text: train on this file instead of the Debian handbook (corpus.py); "
+                                   "longrange: the prose to insert facts into, instead of longrange.py's train haystack")
+    ap.add_argument("--prose-fraction", type=float, default=0.25, help="longrange: the share of steps on plain prose")
+    ap.add_argument("--answer-weight", type=float, default=1.0,
+                    help="longrange: weight of the quality term over the answer tokens (objectives.py)")
+    ap.add_argument("--memory-range", type=int, nargs=2, metavar=("LO", "HI"),
+                    help="draw the training M per step, log-uniform in [LO, HI] (one gate for every budget); "
+                         "--memory is then unused")
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--seq-len", type=int, default=512, help="tokens per training sequence (batch 1)")
     ap.add_argument("--memory", type=int, default=128, help="training M per (layer, kv head) of the capacity loss")
@@ -71,6 +85,10 @@ def parse():
                       ("checkpoint_every", 1), ("stop_after", 0), ("threads", 0), ("time_budget", 0)):
         if getattr(a, name) < low:
             ap.error(f"--{name.replace('_', '-')} {getattr(a, name)} must be >= {low}")
+    if a.memory_range and not 1 <= a.memory_range[0] <= a.memory_range[1]:
+        ap.error(f"--memory-range {a.memory_range[0]} {a.memory_range[1]}: need 1 <= LO <= HI")
+    if not 0 <= a.prose_fraction <= 1 or a.answer_weight < 0:
+        ap.error(f"--prose-fraction {a.prose_fraction} must be in [0, 1], --answer-weight {a.answer_weight} >= 0")
     if not a.lr > 0 or a.weight_decay < 0 or not 0 <= a.warmup < 1:
         ap.error(f"--lr {a.lr} must be > 0, --weight-decay {a.weight_decay} >= 0, --warmup {a.warmup} in [0, 1)")
     return a
@@ -120,6 +138,61 @@ def token_stream(a, tok, out):
     return ids
 
 
+def encode(tok, text, spans):
+    """Token ids of a document and the mask of the tokens inside its answer spans (characters)."""
+    if tok is None:  # byte tokens (the tiny model)
+        data = text.encode("utf-8")
+        mask = torch.zeros(len(data), dtype=torch.bool)
+        for s, e in spans:
+            mask[len(text[:s].encode("utf-8")):len(text[:e].encode("utf-8"))] = True
+        return torch.tensor(list(data)), mask
+    enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
+    mask = torch.tensor([any(a < e and b > s for s, e in spans) for a, b in enc["offset_mapping"]], dtype=torch.bool)
+    return torch.tensor(enc["input_ids"]), mask
+
+
+class LongRangeData:
+    """Step -> (ids [1, <= T], answer mask): a fresh document per step from longrange.py's train
+    part, seeded by (seed, step) so a resumed run sees what an uninterrupted one saw. Refuses held-out
+    material (longrange.check_train_document) and a haystack that shares a 12-word span with an
+    evaluation text (corpus.check_disjoint)."""
+
+    def __init__(self, a, tok):
+        self.a, self.tok = a, tok
+        self.haystack = None
+        if a.text:
+            with open(a.text, encoding="utf-8", errors="replace") as f:
+                self.haystack = f.read()
+        text = self.haystack or longrange.haystack("train")
+        held_out = longrange.haystack("heldout") if longrange.has_haystack("heldout") else None
+        corpus.check_disjoint(text, extra=[("the held-out haystack", held_out)] if held_out else [])
+
+    def __call__(self, step):
+        a = self.a
+        rng = random.Random(a.seed * 1_000_003 + step)
+        prose = rng.random() < a.prose_fraction
+        target = int(1.1 * a.seq_len)  # a little over: the loop below shrinks it to fit
+        if self.tok is None:
+            target = int(a.seq_len / longrange.CHARS_PER_TOKEN)  # byte tokens: one a character
+        for _ in range(4):  # shrink the document until it fits T tokens
+            text, spans, inserted = longrange.train_document(rng, target, prose_only=prose, haystack_text=self.haystack)
+            longrange.check_train_document(inserted)
+            ids, mask = encode(self.tok, text, spans)
+            if ids.numel() <= a.seq_len:
+                break
+            target = int(target * a.seq_len / ids.numel() * 0.97)
+        return ids[-a.seq_len:].unsqueeze(0), mask[-a.seq_len:].unsqueeze(0)
+
+
+def training_memory(a, step):
+    """The capacity loss's M at this step: fixed, or drawn log-uniform from --memory-range (seeded by step)."""
+    if not a.memory_range:
+        return a.memory
+    lo, hi = a.memory_range
+    u = random.Random(a.seed * 7_919 + step).random()
+    return int(round(math.exp(math.log(lo) + u * (math.log(hi) - math.log(lo)))))
+
+
 def schedule(step, steps, warmup):
     """Linear warm-up, then cosine decay to 10% (the learning-rate factor)."""
     w = max(1, int(warmup * steps))
@@ -160,9 +233,12 @@ def plot(log_path, png):
         return
     keys = [k for k in rows[0] if k not in ("step", "lr", "seconds", "tokens")]
     fig, axes = plt.subplots(1, len(keys), figsize=(4 * len(keys), 3.2))
-    steps = [int(r["step"]) for r in rows]
     for ax, k in zip(axes if len(keys) > 1 else [axes], keys):
-        values = [float(r[k]) for r in rows]
+        present = [r for r in rows if r[k] != ""]  # the answer term is empty on plain-prose steps
+        if not present:
+            continue
+        steps = [int(r["step"]) for r in present]
+        values = [float(r[k]) for r in present]
         smooth, s = [], values[0]
         for v in values:  # an exponential moving average over ~20 steps: one window is noisy
             s = 0.95 * s + 0.05 * v
@@ -177,14 +253,14 @@ def plot(log_path, png):
     plt.close(fig)
 
 
-def budgeted_steps(a, gm, gate, x, lam):
+def budgeted_steps(a, gm, gate, x, lam, answers=None):
     """The steps that fit a.time_budget: three forward-backward passes on the first window, timed
     after the first (allocation, kernel selection), then the gradients dropped; the optimizer never
     steps, so the run that follows is the run `--steps N` gives."""
     seconds = []
     for _ in range(3):
         t0 = time.time()
-        loss, _ = objectives.objective(gm, x, a.memory, lam)
+        loss, _ = objectives.objective(gm, x, training_memory(a, 0), lam, answers, a.answer_weight)
         loss.backward()
         loss.item()
         seconds.append(time.time() - t0)
@@ -213,12 +289,23 @@ def main():
     gm = GatedModel(model, gate, a.local_window)
     opt = torch.optim.AdamW(gate.parameters(), lr=a.lr, weight_decay=a.weight_decay)
 
-    ids = token_stream(a, tok, a.out)
     T = a.seq_len
-    windows = ids.numel() // T
-    if windows < 1:
-        raise SystemExit(f"train_gates: the text has {ids.numel()} tokens, fewer than --seq-len {T}")
-    order = torch.randperm(windows, generator=torch.Generator().manual_seed(a.seed))
+    if a.data == "longrange":
+        documents = LongRangeData(a, tok)
+
+        def batch(step):
+            x, answers = documents(step)
+            return x.to(device), answers.to(device)
+    else:
+        ids = token_stream(a, tok, a.out)
+        windows = ids.numel() // T
+        if windows < 1:
+            raise SystemExit(f"train_gates: the text has {ids.numel()} tokens, fewer than --seq-len {T}")
+        order = torch.randperm(windows, generator=torch.Generator().manual_seed(a.seed))
+
+        def batch(step):
+            w = int(order[step % windows])
+            return ids[w * T:(w + 1) * T].unsqueeze(0).to(device), None
 
     ckpt_path, log_path = os.path.join(a.out, "checkpoint.pt"), os.path.join(a.out, "log.csv")
     start, elapsed = 0, 0.0
@@ -226,8 +313,8 @@ def main():
         ck = torch.load(ckpt_path, map_location=device)
         if a.time_budget:  # the step count the budgeted run chose
             a.steps = ck["args"]["steps"]
-        for key in ("gate", "width", "seq_len", "steps", "seed"):  # a checkpoint of another run is refused
-            if ck["args"][key] != getattr(a, key):
+        for key in ("gate", "width", "seq_len", "steps", "seed", "data", "memory_range"):  # another run's is refused
+            if ck["args"].get(key, "text" if key == "data" else None) != getattr(a, key):
                 raise SystemExit(f"train_gates: {ckpt_path} is a run with --{key.replace('_', '-')} {ck['args'][key]}, "
                                  f"not {getattr(a, key)}: give another --out, or delete it to start again")
         gate.load_state_dict(ck["gate"])
@@ -244,9 +331,11 @@ def main():
     elif os.path.exists(log_path):
         os.remove(log_path)
     elif a.time_budget:
-        a.steps = budgeted_steps(a, gm, gate, ids[:T].unsqueeze(0).to(device), lam)
+        a.steps = budgeted_steps(a, gm, gate, *batch(0), lam)
         print(f"train_gates: {a.steps} steps fit --time-budget {a.time_budget:g} s")
     fields = ["step", "lr", "loss", "kl", "ce", "cap"] if a.gate != "wg" else ["step", "lr", "loss", "distill", "sparsity", "admitted"]
+    fields += ["answer"] if a.data == "longrange" else []
+    fields += ["memory"] if a.memory_range else []
     fields += ["seconds", "tokens"]
     new_log = not os.path.exists(log_path)
     log_file = open(log_path, "a", newline="")
@@ -262,23 +351,30 @@ def main():
         plot(log_path, os.path.join(a.out, "curves.png"))
 
     bar = tqdm(range(start, a.steps), initial=start, total=a.steps, disable=a.no_progress, dynamic_ncols=True)
-    row, truncated = {}, 0
+    row, truncated, tokens_seen = {}, 0, 0
+    if start and os.path.exists(log_path):
+        with open(log_path) as f:
+            tokens_seen = max([int(r["tokens"]) for r in csv.DictReader(f)] or [0])
     for step in bar:
         t0 = time.time()
         for group in opt.param_groups:
             group["lr"] = a.lr * schedule(step, a.steps, a.warmup)
-        w = int(order[step % windows])
-        x = ids[w * T:(w + 1) * T].unsqueeze(0).to(device)
-        loss, parts = objectives.objective(gm, x, a.memory, lam)
+        x, answers = batch(step)
+        memory = training_memory(a, step)
+        loss, parts = objectives.objective(gm, x, memory, lam, answers, a.answer_weight)
+        if a.data == "longrange" and "answer" not in parts:  # a prose step: no answer term (an empty cell)
+            parts["answer"] = None
+        tokens_seen += x.shape[1]
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(gate.parameters(), a.grad_clip)
         opt.step()
         elapsed += time.time() - t0
         row = {"step": step + 1, "lr": f"{opt.param_groups[0]['lr']:.3g}", "loss": f"{loss.item():.5f}",
-               **{k: f"{v.item():.5f}" for k, v in parts.items()}, "seconds": f"{elapsed:.1f}", "tokens": (step + 1) * T}
+               **{k: "" if v is None else f"{v.item():.5f}" for k, v in parts.items()},
+               **({"memory": memory} if a.memory_range else {}), "seconds": f"{elapsed:.1f}", "tokens": tokens_seen}
         writer.writerow(row)
-        bar.set_postfix({k: row[k] for k in fields if k not in ("step", "lr", "seconds", "tokens")})
+        bar.set_postfix({k: row[k] for k in fields if k not in ("step", "lr", "seconds", "tokens", "memory")})
         if (step + 1) % a.checkpoint_every == 0 or step + 1 == a.steps or step + 1 - start == a.stop_after:
             save_checkpoint(step + 1)
         if step + 1 - start == a.stop_after and step + 1 < a.steps:
@@ -296,15 +392,18 @@ def main():
 
     adjacent = (a.rope_layout or ("half" if a.hf else "adjacent")) == "adjacent"
     meta = {"kvpolicy_gate": a.gate, "policy": POLICY[a.gate], "steps": a.steps, "seq_len": T,
-            "memory": a.memory, "lambda": lam, "lr": a.lr, "seed": a.seed, "width": a.width,
+            "memory": "%d-%d drawn" % tuple(a.memory_range) if a.memory_range else a.memory, "lambda": lam,
+            "data": a.data, **({"prose_fraction": a.prose_fraction, "answer_weight": a.answer_weight}
+                               if a.data == "longrange" else {}), "lr": a.lr, "seed": a.seed, "width": a.width,
             "local_window": a.local_window, "rope_layout": "adjacent" if adjacent else "half",
             "model": os.path.basename(a.gguf or a.hf or "tiny")}
     export(gate, os.path.join(a.out, "gate.safetensors"), head_dim, adjacent, meta)
     done = truncated or a.steps
     if truncated:
         meta["truncated_at"] = truncated
-    summary = {**meta, "tokens_seen": done * T, "seconds": round(elapsed, 1),
-               "tokens_per_second": round(done * T / max(elapsed, 1e-9), 1), "device": str(device),
+    seen = int(row.get("tokens") or done * T)
+    summary = {**meta, "tokens_seen": seen, "seconds": round(elapsed, 1),
+               "tokens_per_second": round(seen / max(elapsed, 1e-9), 1), "device": str(device),
                "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor(),
                "final": row}
     with open(os.path.join(a.out, "summary.json"), "w") as f:

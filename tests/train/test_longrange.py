@@ -1,0 +1,95 @@
+#!/usr/bin/env python3
+"""The long-range training documents and the held-out retrieval instances (tools/train/longrange.py),
+without torch:
+  - the train and held-out parts share no entity and no phrasing;
+  - the check the trainer runs on every document refuses held-out entities and phrasings;
+  - 500 training documents pass it; each answer span holds the answer of a fact stated earlier in
+    the document, and the facts sit inside the prose, not after the questions;
+  - every held-out retrieval instance states what its answer needs before the question, which ends it;
+  - answers are graded by whole numbers (4821 is not in 48213) and every needed string.
+usage: test_longrange.py   (any python3; the prose comes from docs/, so no Debian text package is needed)
+"""
+import os
+import random
+import re
+import sys
+
+root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.join(root, "tools", "train"))
+import longrange  # noqa: E402
+
+failures = []
+with open(os.path.join(root, "docs", "architecture.md"), encoding="utf-8") as f:
+    prose_a = f.read()
+with open(os.path.join(root, "docs", "api.md"), encoding="utf-8") as f:
+    prose_b = f.read()
+
+train, held = longrange.entities("train"), longrange.entities("heldout")
+for kind in train:
+    shared = set(train[kind]) & set(held[kind])
+    if shared or not held[kind] or not train[kind]:
+        failures.append(f"entities '{kind}': shared {sorted(shared)}, {len(train[kind])} train, {len(held[kind])} held out")
+for kind in longrange.FORMS:
+    if set(longrange.forms(kind, "train")) & set(longrange.forms(kind, "heldout")) or not longrange.forms(kind, "heldout"):
+        failures.append(f"forms '{kind}': the parts overlap or none is held out")
+
+for line in ("The pass key is 31337. Remember it: 31337 is the pass key.", f"{held['name'][0]} lives in {train['city'][0]}.",
+             f"The code for {held['key'][0]} is 4821."):
+    try:
+        longrange.check_train_document([line])
+        failures.append(f"check_train_document accepted held-out material: '{line}'")
+    except SystemExit as e:
+        if "held-out" not in str(e):
+            failures.append(f"check_train_document's refusal does not say why: {e}")
+
+rng = random.Random(0)
+kinds_asked = 0
+for n in range(500):
+    text, spans, inserted = longrange.train_document(rng, 400, prose_only=n % 5 == 0, haystack_text=prose_a)
+    longrange.check_train_document(inserted)
+    if n % 5 == 0:
+        if spans or inserted:
+            failures.append(f"document {n}: plain prose with spans or facts")
+        continue
+    if not spans:
+        failures.append(f"document {n}: no question")
+    first_question = text.find("\nQuestion: ")
+    for s, e in spans:
+        answer = text[s:e].strip().rstrip(".")
+        numbers = re.findall(r"\d+", answer)
+        words = [w for w in re.findall(r"[A-Za-z]+", answer) if w not in ("and",)]
+        stated = text[:first_question]
+        if not all(x in stated for x in numbers + words):
+            failures.append(f"document {n}: the answer '{answer}' is not stated before the questions")
+        kinds_asked += 1
+    for line in inserted:
+        if not line.startswith(("What", "Who", "Where", "When", "Which", "On ", "In ", "List", "Tell", "Whom")) \
+                and text.find(line) > first_question and not text[text.find(line) - 8:].startswith("Answer: "):
+            if "\nAnswer: " + line not in text:
+                failures.append(f"document {n}: the fact '{line}' sits after the questions")
+if kinds_asked < 500:
+    failures.append(f"only {kinds_asked} answers in 400 documents with facts")
+
+for task in longrange.TASKS:
+    rng = random.Random(task)
+    for _ in range(50):
+        prompt, needed, generate = longrange.heldout_task(task, rng, 1024, haystack_text=prose_b)
+        head, _, ask = prompt.rpartition("\n\n")
+        if not needed or any(x not in head for x in needed) or not ask.endswith(tuple("abcdefghijklmnopqrstuvwxyz=")) \
+                or generate < 8:
+            failures.append(f"{task}: an instance whose answer {needed} is not stated before '{ask}'")
+            break
+        if any(name in prompt for name in train["name"] + train["key"] if re.search(rf"\b{name}\b", ask)):
+            failures.append(f"{task}: the question uses a training entity: '{ask}'")
+            break
+
+for answer, needed, want in (("48213.", ["4821"], False), ("4821.", ["4821"], True), ("12, 4821 and 7", ["4821", "7"], True),
+                             ("12 and 4821", ["4821", "7"], False), ("in Lisbon today", ["Lisbon"], True)):
+    if longrange.answered(answer, needed) != want:
+        failures.append(f"answered('{answer}', {needed}) is not {want}")
+
+if failures:
+    print("\n".join("FAIL: " + f for f in failures))
+    sys.exit(1)
+print(f"longrange: all checks passed ({kinds_asked} answers in 400 training documents, "
+      f"{50 * len(longrange.TASKS)} held-out instances)")
