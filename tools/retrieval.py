@@ -142,9 +142,17 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=os.path.join(ROOT, "build/lm/retrieval"))
-    ap.add_argument("--append", action="store_true", help="add rows to an existing results.csv")
+    ap.add_argument("--gates-label", default="",
+                    help="names the gates in the results (a column), so gates of several trainings share one file")
+    ap.add_argument("--append", action="store_true", help="add rows to an existing results.csv; skip cells already there")
     ap.add_argument("--plot", action="store_true")
+    ap.add_argument("--table", metavar="CONTEXT:BUDGET",
+                    help="print OUT/results.csv's markdown table for one context and budget (e.g. 1024:64) and exit")
     a = ap.parse_args()
+    if a.table:
+        context, budget = (int(x) for x in a.table.split(":"))
+        print(table(os.path.join(a.out, "results.csv"), context, budget))
+        return
     for t in a.tasks.split():
         if t not in TASKS:
             ap.error(f"--tasks: '{t}' is not one of {' '.join(TASKS)}")
@@ -154,14 +162,21 @@ def main():
         if policy not in options:
             ap.error(f"--policies: '{policy}' is not registered in kvpolicy-lm (--list-policies)")
     path = os.path.join(a.out, "results.csv")
-    fields = ["task", "context", "policy", "budget", "sinks", "correct", "instances", "accuracy", "seconds", "entries"]
+    fields = ["task", "context", "policy", "gates", "budget", "sinks", "correct", "instances", "accuracy", "seconds",
+              "entries"]
     done = set()
     if a.append and os.path.exists(path):
         with open(path) as f:
             rows = list(csv.DictReader(f))
         if rows and "task" not in rows[0]:
             raise SystemExit(f"retrieval: {path} is from before the task column: give another --out")
-        done = {(r["task"], r["context"], r["policy"], r["budget"], r["instances"]) for r in rows}
+        if rows and "gates" not in rows[0]:  # a file from before the gates column: rewritten with it empty
+            with open(path, "w", newline="") as f:
+                w = csv.DictWriter(f, fieldnames=fields)
+                w.writeheader()
+                w.writerows({**r, "gates": ""} for r in rows)
+        done = {(r["task"], r["context"], label({**r, "gates": r.get("gates", "")}), r["budget"], r["instances"])
+                for r in rows}
     else:
         with open(path, "w", newline="") as f:
             csv.DictWriter(f, fieldnames=fields).writeheader()
@@ -170,7 +185,8 @@ def main():
             prompts, needed, generate = task_instances(task, a.instances, context, a.seed)
             for policy in a.policies.split():
                 for budget in ([0] if policy == "full" else [int(b) for b in a.budgets.split()]):
-                    if (task, str(context), policy, str(budget), str(len(prompts))) in done:
+                    name = label({"policy": policy, "gates": a.gates_label if "gate" in options[policy] else ""})
+                    if (task, str(context), name, str(budget), str(len(prompts))) in done:
                         continue
                     run_cell(a, options, path, fields, task, context, prompts, needed, generate, policy, budget)
     if a.plot:
@@ -190,7 +206,8 @@ def run_cell(a, options, path, fields, task, context, prompts, needed, generate,
                 hits += 1
             elif len(wrong_examples) < 2:
                 wrong_examples.append((need, ans.strip()[:60]))
-    row = {"task": task, "context": context, "policy": policy, "budget": budget, "sinks": sinks, "correct": hits,
+    row = {"task": task, "context": context, "policy": policy,
+           "gates": a.gates_label if gate else "", "budget": budget, "sinks": sinks, "correct": hits,
            "instances": len(prompts), "accuracy": f"{hits / len(prompts):.3f}", "seconds": f"{time.time() - t0:.0f}",
            "entries": f"{entries / len(prompts):.0f}"}
     with open(path, "a", newline="") as f:
@@ -198,27 +215,53 @@ def run_cell(a, options, path, fields, task, context, prompts, needed, generate,
     print(row, "e.g. wrong:", wrong_examples, flush=True)
 
 
-def plot(path, png):
+def label(r):
+    return r["policy"] if r["policy"] == "full" or r.get("gates", "") == "" else f"{r['policy']} ({r['gates']})"
+
+
+def table(path, context, budget):
+    """A markdown table of one context and budget: a row per policy, a column per task (accuracy,
+    correct of instances), and the entries held on average."""
+    rows = [r for r in csv.DictReader(open(path)) if int(r["context"]) == context and int(r["budget"]) in (0, budget)]
+    tasks = list(dict.fromkeys(r["task"] for r in rows))
+    out = ["| policy | sinks | " + " | ".join(tasks) + " | entries held |", "| --- | ---: |" + " ---: |" * (len(tasks) + 1)]
+    for name in dict.fromkeys(label(r) for r in rows):
+        cells = {r["task"]: r for r in rows if label(r) == name}
+        any_row = next(iter(cells.values()))
+        acc = [f"{100 * float(cells[t]['accuracy']):.0f}% ({cells[t]['correct']}/{cells[t]['instances']})"
+               if t in cells else "—" for t in tasks]
+        held = max(int(r["entries"]) for r in cells.values())
+        out.append(f"| {name} | {any_row['sinks']} | " + " | ".join(acc) + f" | {held:,} |")
+    return "\n".join(out)
+
+
+def plot(path, png, context=1024):
+    """Accuracy against M at one context, a panel per task."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = list(csv.DictReader(open(path)))
-    full = [float(r["accuracy"]) for r in rows if r["policy"] == "full"]
-    fig, ax = plt.subplots(figsize=(6.4, 4))
-    for policy in dict.fromkeys(r["policy"] for r in rows if r["policy"] != "full"):
-        pts = sorted((int(r["budget"]), float(r["accuracy"])) for r in rows if r["policy"] == policy)
-        style = "-o" if policy in LEARNED else "--."
-        ax.plot([b for b, _ in pts], [100 * v for _, v in pts], style, label=policy)
-    if full:
-        ax.axhline(100 * full[0], color="k", lw=0.8, label="full cache")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("M (entries per layer and kv head; wgkv: W_local)")
-    ax.set_ylabel("pass-key accuracy (%)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    rows = [r for r in csv.DictReader(open(path)) if int(r.get("context", context)) == context]
+    tasks = list(dict.fromkeys(r.get("task", "single") for r in rows))
+    fig, axes = plt.subplots(1, len(tasks), figsize=(4 * len(tasks), 3.6), squeeze=False)
+    for ax, task in zip(axes[0], tasks):
+        cell = [r for r in rows if r.get("task", "single") == task]
+        full = [float(r["accuracy"]) for r in cell if r["policy"] == "full"]
+        for name in dict.fromkeys(label(r) for r in cell if r["policy"] != "full"):
+            pts = sorted((int(r["budget"]), float(r["accuracy"])) for r in cell if label(r) == name)
+            style = "-o" if name.split()[0] in LEARNED else "--."
+            ax.plot([b for b, _ in pts], [100 * v for _, v in pts], style, label=name)
+        if full:
+            ax.axhline(100 * full[0], color="k", lw=0.8, label="full cache")
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"{task}, {context} tokens")
+        ax.set_xlabel("M (entries per layer and kv head)")
+        ax.set_ylabel("accuracy (%)")
+        ax.set_ylim(-3, 103)
+        ax.grid(alpha=0.3)
+    axes[0][-1].legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(png, dpi=120)
+    fig.savefig(png, dpi=110)
 
 
 if __name__ == "__main__":

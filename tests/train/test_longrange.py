@@ -4,7 +4,8 @@ without torch:
   - the train and held-out parts share no entity and no phrasing;
   - the check the trainer runs on every document refuses held-out entities and phrasings;
   - 500 training documents pass it; each answer span holds the answer of a fact stated earlier in
-    the document, and the facts sit inside the prose, not after the questions;
+    the document, the fact spans are the inserted statements, and the facts sit inside the prose,
+    not after the questions;
   - every held-out retrieval instance states what its answer needs before the question, which ends it;
   - answers are graded by whole numbers (4821 is not in 48213) and every needed string.
 usage: test_longrange.py   (any python3; the prose comes from docs/, so no Debian text package is needed)
@@ -45,7 +46,7 @@ for line in ("The pass key is 31337. Remember it: 31337 is the pass key.", f"{he
 rng = random.Random(0)
 kinds_asked = 0
 for n in range(500):
-    text, spans, inserted = longrange.train_document(rng, 400, prose_only=n % 5 == 0, haystack_text=prose_a)
+    text, spans, facts, inserted = longrange.train_document(rng, 400, prose_only=n % 5 == 0, haystack_text=prose_a)
     longrange.check_train_document(inserted)
     if n % 5 == 0:
         if spans or inserted:
@@ -54,6 +55,9 @@ for n in range(500):
     if not spans:
         failures.append(f"document {n}: no question")
     first_question = text.find("\nQuestion: ")
+    stated = [text[s:e] for s, e in facts]
+    if not facts or any(e > first_question for _, e in facts) or any(x not in inserted for x in stated):
+        failures.append(f"document {n}: fact spans {facts} are not the inserted statements before the questions")
     for s, e in spans:
         answer = text[s:e].strip().rstrip(".")
         numbers = re.findall(r"\d+", answer)

@@ -137,10 +137,10 @@ for kind in ("rg", "rg10", "wg"):
         failures.append(f"{kind}: C++ and torch differ beyond 1e-5 + 1e-4 |{name}|: max {err.max().item():.3g}")
 
 # --data longrange (documents with facts and questions, docs/architecture.md as the prose) with M drawn
-# per step: a run stopped and resumed writes the same gate; the log holds the answer term on the steps
-# with questions (empty on plain prose) and each step's M, inside --memory-range.
+# per step and the keep term: a run stopped and resumed writes the same gate; the log holds the answer
+# and keep terms on the steps with facts (empty on plain prose) and each step's M, inside --memory-range.
 whole, halves = os.path.join(work, "longrange-whole"), os.path.join(work, "longrange-resumed")
-lr_args = ("--data", "longrange", "--memory-range", "8", "32", "--seq-len", "256")
+lr_args = ("--data", "longrange", "--memory-range", "8", "32", "--seq-len", "1024", "--keep-weight", "1")
 train("rg", whole, *lr_args)
 train("rg", halves, *lr_args, "--stop-after", str(STEPS // 2))
 out = train("rg", halves, *lr_args)
@@ -152,9 +152,11 @@ if a.metadata().get("data") != "longrange" or a.metadata().get("memory") != "8-3
 rows = list(csv.DictReader(open(os.path.join(halves, "log.csv"))))
 memories = [int(r["memory"]) for r in rows]
 with_answers = [r for r in rows if r["answer"] != ""]
-print(f"longrange: M per step {memories}, {len(with_answers)} of {len(rows)} steps with questions")
+with_facts = [r for r in rows if r["keep"] != ""]
+print(f"longrange: M per step {memories}, {len(with_answers)} of {len(rows)} steps with questions, "
+      f"{len(with_facts)} with facts to keep")
 if [int(r["step"]) for r in rows] != list(range(1, STEPS + 1)) or not all(8 <= m <= 32 for m in memories) \
-        or len(set(memories)) < 4 or not 0 < len(with_answers) < len(rows):
+        or len(set(memories)) < 4 or not 0 < len(with_answers) < len(rows) or not 0 < len(with_facts) < len(rows):
     failures.append(f"longrange: log.csv steps, M or answer terms wrong: {rows[:3]}")
 
 # --time-budget: the timed passes that choose the step count leave the gate as it was (no update, no

@@ -265,12 +265,14 @@ KINDS = ("number", "keyvalue", "multivalue", "name", "date", "place", "list", "c
 
 
 def train_document(rng, tokens, prose_only=False, haystack_text=None):
-    """(text, answer spans as character ranges, the inserted lines) of about `tokens` tokens: prose
-    from the train haystack, 1-4 facts (and same-form distractors) at random depths, then 1-3
-    questions with their answers. prose_only: plain prose, no spans."""
+    """(text, answer spans, fact spans, the inserted lines) of about `tokens` tokens: prose from the
+    train haystack, 1-4 facts (and same-form distractors) at random depths, then 1-3 questions with
+    their answers. Spans are character ranges: the answers after the questions, and every fact
+    statement in the prose (asked or not: a gate cannot know which will be). prose_only: plain
+    prose, no spans. haystack_text: another training haystack (tests)."""
     split = "train"
     if prose_only:
-        return _prose(rng, split, int(tokens * CHARS_PER_TOKEN), haystack_text), [], []
+        return _prose(rng, split, int(tokens * CHARS_PER_TOKEN), haystack_text), [], [], []
     facts, asked = [], []
     for _ in range(rng.randrange(1, 5)):
         kind = rng.choice(KINDS)
@@ -284,13 +286,18 @@ def train_document(rng, tokens, prose_only=False, haystack_text=None):
     body = _prose(rng, split, max(200, int(tokens * CHARS_PER_TOKEN) - fact_chars), haystack_text)
     statements = _merge(rng, [f.statements for f in facts])
     text = _insert(rng, body, statements) + "\n"
+    fact_spans, at = [], 0
+    for st in statements:  # each on its own line, in this order
+        at = text.index(st + "\n", at)
+        fact_spans.append((at, at + len(st)))
+        at += len(st)
     spans, inserted = [], list(statements)
     for f in asked:
         text += f"\nQuestion: {f.question}\nAnswer: {f.prefix}"
         spans.append((len(text), len(text) + len(f.answer) + 2))  # " answer."
         text += f" {f.answer}."
         inserted += [f.question, f"{f.prefix} {f.answer}."]
-    return text, spans, inserted
+    return text, spans, fact_spans, inserted
 
 
 TASKS = ("multikey", "multivalue", "variable", "multihop")  # the single key is retrieval.py's pass key
@@ -403,7 +410,7 @@ if __name__ == "__main__":
     r = random.Random(a.seed)
     for _ in range(a.n):
         if a.task == "train":
-            doc, spans, inserted = train_document(r, a.tokens)
+            doc, spans, _, inserted = train_document(r, a.tokens)
             check_train_document(inserted)
             print(doc, "\n-- answers:", [doc[s:e] for s, e in spans], "\n")
         else:

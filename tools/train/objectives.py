@@ -12,6 +12,12 @@
   positions that predict an answer token is added, weighted, to the one averaged over every position.
   An answer is a few tokens of hundreds, so the mean over all positions alone barely pays for
   keeping the fact it needs; the authors' code computes its KL on the label tokens only (TRAINING.md).
+- Keeping stated facts (rg, rg10; long-range documents): L_keep = T * mean over (layer, kv head,
+  fact token) of -log beta_i, minus the log of the score beta_i^T a fact token would have after one
+  sequence, so a fact token's score stays near 1 while the capacity term makes the rest forget. Not
+  in the papers: in a few hundred steps (theirs are 10,000) the soft objective alone did not
+  separate fact tokens from prose (docs/training.md). The facts are all of a document's
+  statements, asked about or not.
 """
 import torch
 import torch.nn.functional as F
@@ -65,10 +71,18 @@ def distill_loss(student_hidden, teacher_hidden):
     return (student_hidden.float() - teacher_hidden.float()).pow(2).mean()
 
 
-def objective(gm, ids, memory, lam, answer_mask=None, answer_weight=0.0):
+def keep_loss(log_betas, fact_mask):
+    """T * mean of -log beta over every layer, kv head and fact token ([B, T] mask)."""
+    lb = torch.stack([log_betas[l] for l in sorted(log_betas)])  # [L, B, H, T]
+    T = lb.shape[-1]
+    return -lb.permute(0, 2, 1, 3)[:, :, fact_mask].mean() * T
+
+
+def objective(gm, ids, memory, lam, answer_mask=None, answer_weight=0.0, fact_mask=None, keep_weight=0.0):
     """The gate's paper objective on one batch of token ids [B, T]: (loss, its parts). With an
     answer mask [B, T] (bool) holding answer tokens and answer_weight > 0, the quality term over the
-    positions that predict them is added with that weight (part "answer")."""
+    positions that predict them is added with that weight (part "answer"); with a fact mask and
+    keep_weight > 0 (rg, rg10), keep_weight * L_keep (part "keep")."""
     on_answers = answer_mask is not None and answer_weight > 0 and bool(predicts_answer(answer_mask).any())
     if gm.gate.kind == "wg":
         teacher = gm.teacher(ids, output_hidden_states=True).hidden_states[-1]
@@ -92,4 +106,7 @@ def objective(gm, ids, memory, lam, answer_mask=None, answer_weight=0.0):
         m = predicts_answer(answer_mask)
         parts["answer"] = kl_t[m].mean() + ce_t[m].mean()
         loss = loss + answer_weight * parts["answer"]
+    if fact_mask is not None and keep_weight > 0 and bool(fact_mask.any()):
+        parts["keep"] = keep_loss(gm.outputs, fact_mask)
+        loss = loss + keep_weight * parts["keep"]
     return loss, parts

@@ -53,6 +53,8 @@ def parse():
     ap.add_argument("--prose-fraction", type=float, default=0.25, help="longrange: the share of steps on plain prose")
     ap.add_argument("--answer-weight", type=float, default=1.0,
                     help="longrange: weight of the quality term over the answer tokens (objectives.py)")
+    ap.add_argument("--keep-weight", type=float, default=0.0,
+                    help="longrange, rg and rg10: weight of L_keep, which keeps the stated facts' tokens (objectives.py)")
     ap.add_argument("--memory-range", type=int, nargs=2, metavar=("LO", "HI"),
                     help="draw the training M per step, log-uniform in [LO, HI] (one gate for every budget); "
                          "--memory is then unused")
@@ -87,8 +89,9 @@ def parse():
             ap.error(f"--{name.replace('_', '-')} {getattr(a, name)} must be >= {low}")
     if a.memory_range and not 1 <= a.memory_range[0] <= a.memory_range[1]:
         ap.error(f"--memory-range {a.memory_range[0]} {a.memory_range[1]}: need 1 <= LO <= HI")
-    if not 0 <= a.prose_fraction <= 1 or a.answer_weight < 0:
-        ap.error(f"--prose-fraction {a.prose_fraction} must be in [0, 1], --answer-weight {a.answer_weight} >= 0")
+    if not 0 <= a.prose_fraction <= 1 or a.answer_weight < 0 or a.keep_weight < 0:
+        ap.error(f"--prose-fraction {a.prose_fraction} must be in [0, 1], --answer-weight {a.answer_weight} and "
+                 f"--keep-weight {a.keep_weight} >= 0")
     if not a.lr > 0 or a.weight_decay < 0 or not 0 <= a.warmup < 1:
         ap.error(f"--lr {a.lr} must be > 0, --weight-decay {a.weight_decay} >= 0, --warmup {a.warmup} in [0, 1)")
     return a
@@ -138,21 +141,25 @@ def token_stream(a, tok, out):
     return ids
 
 
-def encode(tok, text, spans):
-    """Token ids of a document and the mask of the tokens inside its answer spans (characters)."""
+def encode(tok, text, *span_lists):
+    """Token ids of a document and, per list of character spans, the mask of the tokens inside them."""
     if tok is None:  # byte tokens (the tiny model)
         data = text.encode("utf-8")
-        mask = torch.zeros(len(data), dtype=torch.bool)
-        for s, e in spans:
-            mask[len(text[:s].encode("utf-8")):len(text[:e].encode("utf-8"))] = True
-        return torch.tensor(list(data)), mask
+        masks = []
+        for spans in span_lists:
+            mask = torch.zeros(len(data), dtype=torch.bool)
+            for s, e in spans:
+                mask[len(text[:s].encode("utf-8")):len(text[:e].encode("utf-8"))] = True
+            masks.append(mask)
+        return (torch.tensor(list(data)), *masks)
     enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
-    mask = torch.tensor([any(a < e and b > s for s, e in spans) for a, b in enc["offset_mapping"]], dtype=torch.bool)
-    return torch.tensor(enc["input_ids"]), mask
+    masks = [torch.tensor([any(a < e and b > s for s, e in spans) for a, b in enc["offset_mapping"]], dtype=torch.bool)
+             for spans in span_lists]
+    return (torch.tensor(enc["input_ids"]), *masks)
 
 
 class LongRangeData:
-    """Step -> (ids [1, <= T], answer mask): a fresh document per step from longrange.py's train
+    """Step -> (ids [1, <= T], answer mask, fact mask): a fresh document per step from longrange.py's train
     part, seeded by (seed, step) so a resumed run sees what an uninterrupted one saw. Refuses held-out
     material (longrange.check_train_document) and a haystack that shares a 12-word span with an
     evaluation text (corpus.check_disjoint)."""
@@ -175,13 +182,14 @@ class LongRangeData:
         if self.tok is None:
             target = int(a.seq_len / longrange.CHARS_PER_TOKEN)  # byte tokens: one a character
         for _ in range(4):  # shrink the document until it fits T tokens
-            text, spans, inserted = longrange.train_document(rng, target, prose_only=prose, haystack_text=self.haystack)
+            text, spans, facts, inserted = longrange.train_document(rng, target, prose_only=prose,
+                                                                    haystack_text=self.haystack)
             longrange.check_train_document(inserted)
-            ids, mask = encode(self.tok, text, spans)
+            ids, answers, stated = encode(self.tok, text, spans, facts)
             if ids.numel() <= a.seq_len:
                 break
             target = int(target * a.seq_len / ids.numel() * 0.97)
-        return ids[-a.seq_len:].unsqueeze(0), mask[-a.seq_len:].unsqueeze(0)
+        return tuple(t[-a.seq_len:].unsqueeze(0) for t in (ids, answers, stated))
 
 
 def training_memory(a, step):
@@ -253,14 +261,15 @@ def plot(log_path, png):
     plt.close(fig)
 
 
-def budgeted_steps(a, gm, gate, x, lam, answers=None):
+def budgeted_steps(a, gm, gate, x, lam, answers=None, facts=None):
     """The steps that fit a.time_budget: three forward-backward passes on the first window, timed
     after the first (allocation, kernel selection), then the gradients dropped; the optimizer never
     steps, so the run that follows is the run `--steps N` gives."""
     seconds = []
     for _ in range(3):
         t0 = time.time()
-        loss, _ = objectives.objective(gm, x, training_memory(a, 0), lam, answers, a.answer_weight)
+        loss, _ = objectives.objective(gm, x, training_memory(a, 0), lam, answers, a.answer_weight, facts,
+                                       getattr(a, "keep_weight", 0.0))
         loss.backward()
         loss.item()
         seconds.append(time.time() - t0)
@@ -294,8 +303,7 @@ def main():
         documents = LongRangeData(a, tok)
 
         def batch(step):
-            x, answers = documents(step)
-            return x.to(device), answers.to(device)
+            return tuple(t.to(device) for t in documents(step))
     else:
         ids = token_stream(a, tok, a.out)
         windows = ids.numel() // T
@@ -305,7 +313,7 @@ def main():
 
         def batch(step):
             w = int(order[step % windows])
-            return ids[w * T:(w + 1) * T].unsqueeze(0).to(device), None
+            return ids[w * T:(w + 1) * T].unsqueeze(0).to(device), None, None
 
     ckpt_path, log_path = os.path.join(a.out, "checkpoint.pt"), os.path.join(a.out, "log.csv")
     start, elapsed = 0, 0.0
@@ -313,8 +321,8 @@ def main():
         ck = torch.load(ckpt_path, map_location=device)
         if a.time_budget:  # the step count the budgeted run chose
             a.steps = ck["args"]["steps"]
-        for key in ("gate", "width", "seq_len", "steps", "seed", "data", "memory_range"):  # another run's is refused
-            if ck["args"].get(key, "text" if key == "data" else None) != getattr(a, key):
+        for key in ("gate", "width", "seq_len", "steps", "seed", "data", "memory_range", "keep_weight"):  # not another run's
+            if ck["args"].get(key, {"data": "text", "keep_weight": 0.0}.get(key)) != getattr(a, key):
                 raise SystemExit(f"train_gates: {ckpt_path} is a run with --{key.replace('_', '-')} {ck['args'][key]}, "
                                  f"not {getattr(a, key)}: give another --out, or delete it to start again")
         gate.load_state_dict(ck["gate"])
@@ -334,7 +342,7 @@ def main():
         a.steps = budgeted_steps(a, gm, gate, *batch(0), lam)
         print(f"train_gates: {a.steps} steps fit --time-budget {a.time_budget:g} s")
     fields = ["step", "lr", "loss", "kl", "ce", "cap"] if a.gate != "wg" else ["step", "lr", "loss", "distill", "sparsity", "admitted"]
-    fields += ["answer"] if a.data == "longrange" else []
+    fields += (["answer"] + (["keep"] if a.keep_weight > 0 and a.gate != "wg" else [])) if a.data == "longrange" else []
     fields += ["memory"] if a.memory_range else []
     fields += ["seconds", "tokens"]
     new_log = not os.path.exists(log_path)
@@ -359,11 +367,12 @@ def main():
         t0 = time.time()
         for group in opt.param_groups:
             group["lr"] = a.lr * schedule(step, a.steps, a.warmup)
-        x, answers = batch(step)
+        x, answers, facts = batch(step)
         memory = training_memory(a, step)
-        loss, parts = objectives.objective(gm, x, memory, lam, answers, a.answer_weight)
-        if a.data == "longrange" and "answer" not in parts:  # a prose step: no answer term (an empty cell)
-            parts["answer"] = None
+        loss, parts = objectives.objective(gm, x, memory, lam, answers, a.answer_weight, facts, a.keep_weight)
+        for k in ("answer", "keep"):  # a prose step has neither term (an empty cell)
+            if k in fields and k not in parts:
+                parts[k] = None
         tokens_seen += x.shape[1]
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -393,7 +402,8 @@ def main():
     adjacent = (a.rope_layout or ("half" if a.hf else "adjacent")) == "adjacent"
     meta = {"kvpolicy_gate": a.gate, "policy": POLICY[a.gate], "steps": a.steps, "seq_len": T,
             "memory": "%d-%d drawn" % tuple(a.memory_range) if a.memory_range else a.memory, "lambda": lam,
-            "data": a.data, **({"prose_fraction": a.prose_fraction, "answer_weight": a.answer_weight}
+            "data": a.data, **({"prose_fraction": a.prose_fraction, "answer_weight": a.answer_weight,
+                                "keep_weight": a.keep_weight}
                                if a.data == "longrange" else {}), "lr": a.lr, "seed": a.seed, "width": a.width,
             "local_window": a.local_window, "rope_layout": "adjacent" if adjacent else "half",
             "model": os.path.basename(a.gguf or a.hf or "tiny")}
