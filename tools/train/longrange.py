@@ -273,7 +273,7 @@ def train_document(rng, tokens, prose_only=False, haystack_text=None):
     split = "train"
     if prose_only:
         return _prose(rng, split, int(tokens * CHARS_PER_TOKEN), haystack_text), [], [], []
-    facts, asked = [], []
+    facts = []
     for _ in range(rng.randrange(1, 5)):
         kind = rng.choice(KINDS)
         f = multivalue_fact(rng, split, rng.randrange(2, 4)) if kind == "multivalue" else make_fact(kind, rng, split)
@@ -328,7 +328,7 @@ def heldout_task(task, rng, tokens, haystack_text=None):
             fact = make_fact("variable", rng, split, form=form, fill={"var": names[0]})
         other = make_fact("variable", rng, split, form=form, fill={"var": names[1]})
         facts = [fact, Fact(other.statements[:1], "", "", "", [])]
-    elif task == "multihop":  # a person to a box, the box to a number; another box as a distractor
+    elif task == "multihop":  # a person to a folder, the folder to a file number; another pair as a distractor
         form = f_forms["chain"][0]
         colors = rng.sample(entities(split)["color"], 2)
         names = rng.sample(entities(split)["name"], 2)

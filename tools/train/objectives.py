@@ -32,12 +32,6 @@ def quality_terms(student_logits, teacher_logits, ids):
     return kl, ce
 
 
-def quality_loss(student_logits, teacher_logits, ids):
-    """(forward KL per token, next-token cross-entropy) of the gated model."""
-    kl, ce = quality_terms(student_logits, teacher_logits, ids)
-    return kl.mean(), ce.mean()
-
-
 def predicts_answer(answer_mask):
     """[B, T] answer tokens -> [B, T - 1] positions whose next token is one."""
     return answer_mask[:, 1:]
