@@ -9,6 +9,7 @@
 #include <random>
 
 #include "oracle.hpp"
+#include "kvpolicy/gate/load.hpp"
 #include "replay.hpp"
 
 using namespace kvpolicy;
