@@ -10,7 +10,7 @@
 #   tools/gpusim-check.sh [PREFIX]     (default /opt/kvpolicy-gpusim; OUT=dir keeps the logs there;
 #                                        KVPOLICY_GPUSIM_CASES=regex runs only the matching cases;
 #                                        KVPOLICY_GPUSIM_JOBS=n simulators at once, default every core;
-#                                        KVPOLICY_GPUSIM_BATCH=n cases a simulator process, default 4)
+#                                        KVPOLICY_GPUSIM_BATCH=n cases a simulator process, default 8)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 prefix=${1:-/opt/kvpolicy-gpusim}
@@ -70,13 +70,13 @@ printf 'gpusim: probe %-89s %s  %s\n' "async_pageable" "$([ $async_fault = 1 ] &
 mapfile -t cases < <(grep -ho 'TEST_CASE("[^"]*")' tests/cuda/*.cu | grep -v 'test_suite("host")' |
                      sed 's/^TEST_CASE("//; s/")$//' | grep -E -- "${KVPOLICY_GPUSIM_CASES:-.}")
 # Each simulator process runs on one core: KVPOLICY_GPUSIM_JOBS of them at once (default: every core).
-# A process runs a batch of cases (KVPOLICY_GPUSIM_BATCH, default 4): the simulator takes about 20 s
+# A process runs a batch of cases (KVPOLICY_GPUSIM_BATCH, default 8): the simulator takes about 20 s
 # to start (it extracts and parses the binary's PTX), which one process per case paid 38 times.
 # Batches take every n-th case (n = the number of batches), so long and short cases mix. Each case
 # still gets its own line (its time from doctest's --duration), printed in the sources' order at the
 # end; a case that fails names itself in its batch's log (batch<b>.log).
 jobs_max=${KVPOLICY_GPUSIM_JOBS:-$(nproc)}
-per_batch=${KVPOLICY_GPUSIM_BATCH:-4}
+per_batch=${KVPOLICY_GPUSIM_BATCH:-8}
 for setting in "JOBS=$jobs_max" "BATCH=$per_batch"; do
   if ! [[ ${setting#*=} =~ ^[1-9][0-9]*$ ]]; then
     echo "gpusim: KVPOLICY_GPUSIM_${setting%%=*} = '${setting#*=}' must be an integer >= 1" >&2

