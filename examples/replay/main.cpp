@@ -105,36 +105,37 @@ int demo(const std::string& png_dir) {
   std::printf("heads: sinks (kind 0), sliding window (kind 1), sparse gist tokens (kind 2)\n\n");
   const auto full = replay::full_attention(tr);
   struct Row {
-    const char* label;
+    std::string label;
     replay::Options o;
-    std::int64_t M = 0, B = 0;  // the table's budget and buffer columns
+    std::int64_t M = 0, B = 0;  // the table's budget and buffer columns (B = 0: the policy takes none)
   };
   std::vector<Row> rows;
   // M and B where the policy takes them (the EpiKV family: K = M, no buffer)
-  const auto row = [&](const char* label, const char* policy, std::int64_t M, std::int64_t B) -> replay::Options& {
+  const auto row = [&](std::string label, std::string_view policy, std::int64_t M) -> replay::Options& {
     replay::Options o;
-    o.policy = policy;
-    o.offer("budget", static_cast<double>(M)).offer("buffer", static_cast<double>(B));
-    rows.push_back({label, o, M, B});
+    o.policy = std::string(policy);
+    o.offer("budget", static_cast<double>(M)).offer("buffer", static_cast<double>(M / 8));
+    // WG-KV: a ring of W_local = M / 2 and every older token its gate admitted (memory not fixed);
+    // the EpiKV family: bands 2 and 4 of the synthetic hidden states (the jumps are at layer 2)
+    o.offer("local", static_cast<double>(M / 2)).offer("band-a", 2).offer("band-b", 4);
+    // a policy that compresses the prompt (SnapKV, AdaKV): the first 1024 tokens as one chunk
+    if (registry::needs_prompt_length(policy)) {
+      o.prefill = 1024;
+      label += " P=1024";
+    }
+    rows.push_back({std::move(label), o, M, registry::takes(policy, "buffer") ? M / 8 : 0});
     return rows.back().o;
   };
   for (std::int64_t M : {64, 128, 256}) {
-    row("trimkv", "trimkv", M, M / 8);
-    row("dbtrimkv h=2", "dbtrimkv", M, M / 8);
-    row("dbtrimkv f=0.5", "dbtrimkv", M, M / 8).set("floor", 0.5);
-    // WG-KV: a ring of W_local = M / 2 and every older token its gate admitted (memory not fixed)
-    row("wgkv W=M/2", "wgkv", M, 1).set("local", static_cast<double>(M / 2));
-    // appendix K: a hard budget M_avg (the budget column) with a ring of half of it
-    row("wgkv+budget W=M/2", "wgkv", M / 2, 1).set("local", static_cast<double>(M / 4)).set("avg-budget", static_cast<double>(M / 2));
-    // the EpiKV family: K = M generated tokens, one eviction per step (no buffer); bands 2 and 4 of
-    // the synthetic hidden states (the jumps are at layer 2)
-    for (const char* name : {"epikv", "hs-var", "kv-key", "kv-val", "lag-kv"})
-      row(name, name, M, 1).offer("band-a", 2).offer("band-b", 4);
-    for (const char* name : {"streamingllm", "h2o", "knorm", "keydiff", "random"}) row(name, name, M, M / 8);
-    // SnapKV compresses a prompt: the first 1024 tokens as one chunk, then the rest is kept
-    row("snapkv P=1024", "snapkv", M, 1).prefill = 1024;
+    // every registered policy (the registry's list: a new policy appears here by being registered)
+    for (const std::string_view name : registry::names())
+      if (name != "full") row(std::string(name), name, M);
+    // two settings more: DBTrimKV's floor quotas, and WG-KV's hard budget M_avg (appendix K, the
+    // budget column) with a ring of half of it
+    row("dbtrimkv f=0.5", "dbtrimkv", M).set("floor", 0.5);
+    row("wgkv+budget", "wgkv", M / 2).set("local", static_cast<double>(M / 4)).set("avg-budget", static_cast<double>(M / 2));
   }
-  row("full cache", "full", tr.tokens, 1);
+  row("full cache", "full", tr.tokens);
   const double full_entries = static_cast<double>(tr.layers * tr.kv_heads * tr.tokens);
   std::printf("%-18s %7s %6s %11s %11s %11s %12s %12s %11s\n", "policy", "budget", "buffer", "peak/head", "peak mem",
               "mean mem", "attn err", "attn err", "us/step");
@@ -148,11 +149,11 @@ int demo(const std::string& png_dir) {
     const std::size_t tail = std::min<std::size_t>(256, r.attn_rel_error.size());
     for (std::size_t i = r.attn_rel_error.size() - tail; i < r.attn_rel_error.size(); ++i) tail_err += r.attn_rel_error[i];
     tail_err /= static_cast<double>(tail);
-    std::printf("%-18s %7lld %6lld %11lld %10.1f%% %10.1f%% %12.4f %12.4f %11.1f\n", row.label,
-                static_cast<long long>(row.M), static_cast<long long>(row.B),
+    std::printf("%-18s %7lld %6s %11lld %10.1f%% %10.1f%% %12.4f %12.4f %11.1f\n", row.label.c_str(),
+                static_cast<long long>(row.M), row.B > 0 ? std::to_string(row.B).c_str() : "-",
                 static_cast<long long>(r.peak_entries_per_head), 100.0 * r.peak_entries_total / full_entries,
                 100.0 * r.mean_entries_total / full_entries, mean_err, tail_err, 1e6 * r.seconds_per_step);
-    if (!png_dir.empty() && row.M == 128 && !row.o.given.contains("floor")) {
+    if (!png_dir.empty() && row.M == 128 && !row.o.given.contains("floor") && !row.o.given.contains("avg-budget")) {
       const std::string sub = png_dir + "/" + row.o.policy + "_M128";
       std::filesystem::create_directories(sub);
       for (int l = 0; l < tr.layers; ++l)

@@ -8,9 +8,11 @@ baselines) as a Cache that keeps, per (layer, kv head), exactly what its policy 
     report = cache.step(0, keys, values, queries=queries)   # [layers, heads, T, head_dim] float32
     report.out, report.evicted, cache.total_length(0)
 
-kvpolicy.policies() lists every policy with its options and defaults. Errors are kvpolicy.Error
+kvpolicy.policies() lists every policy with its options and defaults; kvpolicy.__version__ is the
+library's version. Errors are kvpolicy.Error
 (a ValueError) with the library's message; a call that fails changes nothing.
 """
 from ._core import Cache, Error, HiddenStateSignal, KVStatistic, Report, RetentionGate, WriteGate, policies
+from ._core import __version__
 
 __all__ = ["Cache", "Error", "HiddenStateSignal", "KVStatistic", "Report", "RetentionGate", "WriteGate", "policies"]

@@ -313,6 +313,7 @@ NB_MODULE(_core, m) {
   using namespace kvpolicy;
   using namespace kvpolicy::python;
   m.doc() = "kvpolicy: KV-cache policies (TRIM-KV, DBTrimKV, WG-KV, EpiKV and the baselines) as a Cache";
+  m.attr("__version__") = KVPOLICY_VERSION;
   nb::exception<Error>(m, "Error", PyExc_ValueError);
 
   m.def("policies", &policy_info,

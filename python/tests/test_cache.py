@@ -1,4 +1,5 @@
 """kvpolicy's Python package against the library's own semantics:
+- kvpolicy.__version__ is the installed distribution's version (CMakeLists.txt's project() line);
 - the registry as Python sees it: every policy, its options and defaults;
 - a StreamingLLM cache keeps exactly the sinks and the newest entries (SPEC §5), step by step, and
   its attention equals a float64 softmax over what it keeps;
@@ -9,6 +10,7 @@
   naming the value, and the cache is unchanged;
 - the GIL is released during a step (two threads step two sequences of one cache).
 """
+import importlib.metadata
 import threading
 
 import numpy as np
@@ -35,6 +37,11 @@ def reference_attention(q, keys, values):
     p = np.exp(s - s.max(axis=1, keepdims=True))
     p /= p.sum(axis=1, keepdims=True)
     return p @ values.astype(np.float64)
+
+
+def test_version_is_the_installed_distributions():
+    assert kvpolicy.__version__ == importlib.metadata.version("kvpolicy")
+    assert all(part.isdigit() for part in kvpolicy.__version__.split("."))
 
 
 def test_registry_lists_every_policy_with_its_options():
