@@ -1,17 +1,8 @@
 # docs/policies.md's index must name every registered policy once, and nothing else: its rows are
 # "| `name` | ..." between the "## Index" heading and the next heading (cmake -P).
 #   -DREPLAY=<kvpolicy-replay> -DDOC=<docs/policies.md>
-execute_process(COMMAND ${REPLAY} --list-policies RESULT_VARIABLE rc OUTPUT_VARIABLE listing)
-if(NOT rc EQUAL 0)
-  message(FATAL_ERROR "kvpolicy-replay --list-policies failed (${rc})")
-endif()
-string(REPLACE "\n" ";" lines "${listing}")
-set(registered "")
-foreach(line IN LISTS lines)
-  if(line MATCHES "^([^\t]+)\t")
-    list(APPEND registered "${CMAKE_MATCH_1}")
-  endif()
-endforeach()
+include(${CMAKE_CURRENT_LIST_DIR}/registered_policies.cmake)
+registered_policies(registered)
 file(READ ${DOC} doc)
 string(FIND "${doc}" "\n## Index\n" begin)
 if(begin LESS 0)

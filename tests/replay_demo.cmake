@@ -1,20 +1,11 @@
 # The README's demo (kvpolicy-replay --demo, tools/demo.sh) runs, and its table has a row for every
 # registered policy at each of its budgets: the demo takes its list from the registry (cmake -P).
 #   -DREPLAY=<kvpolicy-replay>
-execute_process(COMMAND ${REPLAY} --list-policies RESULT_VARIABLE rc OUTPUT_VARIABLE listing)
-if(NOT rc EQUAL 0)
-  message(FATAL_ERROR "kvpolicy-replay --list-policies failed (${rc})")
-endif()
-string(REPLACE "\n" ";" lines "${listing}")
-set(registered "")
-foreach(line IN LISTS lines)
-  if(line MATCHES "^([^\t]+)\t")
-    list(APPEND registered "${CMAKE_MATCH_1}")
-  endif()
-endforeach()
+include(${CMAKE_CURRENT_LIST_DIR}/registered_policies.cmake)
+registered_policies(registered)
 list(LENGTH registered n)
 if(n LESS 2)
-  message(FATAL_ERROR "kvpolicy-replay --list-policies named ${n} policies: ${listing}")
+  message(FATAL_ERROR "kvpolicy-replay --list-policies named ${n} policies: ${registered}")
 endif()
 execute_process(COMMAND ${REPLAY} --demo RESULT_VARIABLE rc OUTPUT_VARIABLE table ERROR_VARIABLE err)
 if(NOT rc EQUAL 0)
