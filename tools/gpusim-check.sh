@@ -138,7 +138,7 @@ pool() {  # command...: runs it in the background once fewer than jobs_max jobs 
 }
 rm -f "$out"/case*.result "$out"/batch*.result "$out"/probe_*.result "$out"/sharded_cache.result "$out"/engine_cuda.rc
 trap 'kill $(jobs -p) 2>/dev/null || true' EXIT  # an interrupted check leaves no simulator behind
-# One pool of KVPOLICY_GPUSIM_JOBS jobs runs everything: the longest case (about 7 minutes, bound by
+# One pool of KVPOLICY_GPUSIM_JOBS jobs runs everything: the longest case (about 4 minutes, bound by
 # kernel launches) alone and first, so that the rest fills the other cores meanwhile; the probes; the
 # batches; engine_cuda and the sharded test. The lines are printed at the end, in this order.
 longest=() rest=()

@@ -71,7 +71,12 @@ std::int64_t drive(Cpu& cpu, Gpu& gpu, const kp::CacheShape& s, std::uint64_t se
   std::vector<std::int64_t> live;
   std::vector<std::int64_t> declared;  // the prompt each sequence declared (options.declare_prompt)
   std::int64_t next_id = 0, evicted = 0;
-  for (int step = 0; step < 120; ++step) {
+  std::size_t peak_live = 0;
+  int finished = 0;
+  // 120 steps on a GPU; 60 under a simulator (test_scale.hpp), whose streams are the first half of
+  // the GPU's and are checked below to still outgrow the device's slots and finish a request
+  const int steps = cudatest::steps(120, 60);
+  for (int step = 0; step < steps; ++step) {
     // up to 6 live sequences: more than the 4 slots the device cache starts with
     if ((live.size() < 6 && std::uniform_int_distribution<int>(0, 5)(rng) == 0) || live.empty()) {
       const std::int64_t prompt =
@@ -80,6 +85,7 @@ std::int64_t drive(Cpu& cpu, Gpu& gpu, const kp::CacheShape& s, std::uint64_t se
       cpu.add_sequence(next_id, prompt);
       gpu.add_sequence(next_id, prompt);
       live.push_back(next_id++);
+      peak_live = std::max(peak_live, live.size());
     }
     const std::int64_t seq = live[std::uniform_int_distribution<std::size_t>(0, live.size() - 1)(rng)];
     const bool prefill = cpu.tokens(seq) == 0;
@@ -130,13 +136,21 @@ std::int64_t drive(Cpu& cpu, Gpu& gpu, const kp::CacheShape& s, std::uint64_t se
           }
         }
     REQUIRE(cpu.allocator().pages_free() == gpu.pages_free());
-    if (std::uniform_int_distribution<int>(0, 29)(rng) == 0 && live.size() > 1) {  // a request finishes
+    // a request finishes (one at the last step if none did: every stream frees a sequence's pages)
+    const bool finishes = std::uniform_int_distribution<int>(0, 29)(rng) == 0 || (step == steps - 1 && finished == 0);
+    if (finishes && live.size() > 1) {
       const auto it = live.begin() + std::uniform_int_distribution<std::ptrdiff_t>(0, live.size() - 1)(rng);
       cpu.remove_sequence(*it);
       gpu.remove_sequence(*it);
       live.erase(it);
+      ++finished;
       REQUIRE(cpu.allocator().pages_free() == gpu.pages_free());
     }
+  }
+  if (cudatest::test_scale() > 1) {
+    INFO("seed ", seed, ": ", steps, " steps, at most ", peak_live, " live sequences, ", finished, " finished");
+    CHECK(peak_live > 4);  // more sequences than the 4 slots the device cache starts with
+    CHECK(finished > 0);
   }
   return evicted;
 }
