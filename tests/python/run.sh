@@ -43,4 +43,7 @@ if model=$("$root/tools/fetch-model.sh" 2>"$root/build/python-fetch.log" | tail 
 fi
 [ $# -ge 1 ] && export KVPOLICY_LM=$1
 cd "$root/build"  # not the checkout: `import kvpolicy` must find the installed package
+# torch on one thread: SmolLM2's 16-token steps run as fast on one as on two here (an idle 2-core
+# machine: the same wall time, a quarter less CPU), and ctest runs another entry on the second core.
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 exec "$python" -m pytest -q -p no:cacheprovider "$root/python/tests"

@@ -13,7 +13,6 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
 #include <limits>
 #include <map>
 #include <set>
@@ -77,9 +76,16 @@ class File {
   static File read(const std::string& path) {
     std::error_code ec;
     require(!std::filesystem::is_directory(path, ec), "safetensors: '", path, "' is a directory, not a file");
-    std::ifstream in(path, std::ios::binary);
+    std::ifstream in(path, std::ios::binary | std::ios::ate);
     require(in.good(), "safetensors: cannot open '", path, "'");
-    std::vector<std::uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    // one read of the whole image: a model's file is hundreds of MB, which a byte-wise copy into a
+    // growing vector takes seconds to read
+    const std::streamoff size = in.tellg();
+    require(size >= 0, "safetensors: cannot size '", path, "'");
+    std::vector<std::uint8_t> bytes(static_cast<std::size_t>(size));
+    in.seekg(0);
+    if (size > 0) in.read(reinterpret_cast<char*>(bytes.data()), size);
+    require(in.good(), "safetensors: cannot read ", size, " bytes of '", path, "'");
     return parse(std::move(bytes), path);
   }
 
@@ -114,24 +120,31 @@ class File {
     const TensorInfo& t = checked(name, expected);
     const std::uint8_t* p = data() + t.begin;
     std::vector<float> out(static_cast<std::size_t>(t.numel()));
-    for (std::size_t i = 0; i < out.size(); ++i) {
-      switch (t.dtype) {
-        case DType::F32: std::memcpy(&out[i], p + 4 * i, 4); break;
-        case DType::F16: out[i] = dtype::half_to_float(load_u16(p + 2 * i)); break;
-        case DType::BF16: out[i] = dtype::bf16_to_float(load_u16(p + 2 * i)); break;
-        case DType::F64: {
+    switch (t.dtype) {
+      case DType::F32:
+        if (!out.empty()) std::memcpy(out.data(), p, 4 * out.size());  // an empty vector's data() may be null
+        break;
+      case DType::F16:
+        for (std::size_t i = 0; i < out.size(); ++i) out[i] = dtype::half_to_float(load_u16(p + 2 * i));
+        break;
+      case DType::BF16:
+        for (std::size_t i = 0; i < out.size(); ++i) out[i] = dtype::bf16_to_float(load_u16(p + 2 * i));
+        break;
+      case DType::F64:
+        for (std::size_t i = 0; i < out.size(); ++i) {
           double x;
           std::memcpy(&x, p + 8 * i, 8);
           out[i] = static_cast<float>(x);
-          break;
         }
-        default:
-          fail("safetensors '", source_, "': tensor '", name, "' has dtype ", dtype_name(t.dtype),
-               ", expected F32, F16, BF16 or F64");
-      }
-      if (finite && !std::isfinite(out[i]))
-        fail("safetensors '", source_, "': tensor '", name, "' holds a non-finite value ", out[i], " at flat index ", i);
+        break;
+      default:
+        fail("safetensors '", source_, "': tensor '", name, "' has dtype ", dtype_name(t.dtype),
+             ", expected F32, F16, BF16 or F64");
     }
+    if (finite)
+      for (std::size_t i = 0; i < out.size(); ++i)
+        if (!std::isfinite(out[i]))
+          fail("safetensors '", source_, "': tensor '", name, "' holds a non-finite value ", out[i], " at flat index ", i);
     return out;
   }
 
