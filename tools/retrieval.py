@@ -15,7 +15,7 @@ so a policy keeps a fact only if it judges it worth keeping. One kvpolicy-lm pro
 of instances as sequences of one cache.
 
   tools/retrieval.py --model DIR [--tasks "single multikey"] [--contexts "1024 2048"] [--instances 100]
-                     [--budgets "64 256"] [--policies "full streamingllm ..."] [--gates DIR]
+                     [--budgets "64 256"] [--policies all | "full streamingllm ..."] [--gates DIR]
                      [--out build/lm/retrieval] [--append]
 
 Writes OUT/results.csv (task, context, policy, budget, sinks, correct, instances, accuracy,
@@ -135,7 +135,7 @@ def main():
     ap.add_argument("--instances", type=int, default=100)
     ap.add_argument("--contexts", "--context", default="1024", help="approximate tokens of text per instance")
     ap.add_argument("--budgets", default="64 256")
-    ap.add_argument("--policies", default="full streamingllm h2o snapkv knorm keydiff trimkv dbtrimkv wgkv")
+    ap.add_argument("--policies", default="all", help="names from kvpolicy-lm --list-policies, or all (every one)")
     ap.add_argument("--sinks", type=int, default=4, help="protected oldest entries per head (not wgkv)")
     ap.add_argument("--gates", default=os.path.join(ROOT, "gates/smollm2-135m"))
     ap.add_argument("--batch", type=int, default=20, help="instances per kvpolicy-lm process")
@@ -158,7 +158,8 @@ def main():
             ap.error(f"--tasks: '{t}' is not one of {' '.join(TASKS)}")
     os.makedirs(a.out, exist_ok=True)
     options = policy_options(a.lm)
-    for policy in a.policies.split():
+    policies = list(options) if a.policies == "all" else a.policies.split()
+    for policy in policies:
         if policy not in options:
             ap.error(f"--policies: '{policy}' is not registered in kvpolicy-lm (--list-policies)")
     path = os.path.join(a.out, "results.csv")
@@ -183,7 +184,7 @@ def main():
     for task in a.tasks.split():
         for context in [int(c) for c in a.contexts.split()]:
             prompts, needed, generate = task_instances(task, a.instances, context, a.seed)
-            for policy in a.policies.split():
+            for policy in policies:
                 for budget in ([0] if policy == "full" else [int(b) for b in a.budgets.split()]):
                     name = label({"policy": policy, "gates": a.gates_label if "gate" in options[policy] else ""})
                     if (task, str(context), name, str(budget), str(len(prompts))) in done:

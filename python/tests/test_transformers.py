@@ -88,7 +88,8 @@ def test_llama_family_shapes_equal_sdpa(family, tmp_path):
     assert 0 < cache.entries_held() < 2 * 2 * cache.get_seq_length()
 
 
-@pytest.mark.parametrize("policy, options, gate", [
+# Every registered policy but full (test_the_policy_lists_are_the_registry checks it).
+GENERATES = [
     ("streamingllm", dict(budget=8, buffer=4, sinks=2), None),
     ("h2o", dict(budget=8, buffer=4), None),
     ("knorm", dict(budget=8, buffer=4), None),
@@ -105,7 +106,10 @@ def test_llama_family_shapes_equal_sdpa(family, tmp_path):
     ("kv-key", dict(budget=4), None),
     ("kv-val", dict(budget=4), None),
     ("lag-kv", dict(budget=4), None),
-])
+]
+
+
+@pytest.mark.parametrize("policy, options, gate", GENERATES)
 def test_every_policy_generates_and_evicts(policy, options, gate, tmp_path):
     _, model = tiny()
     if gate is not None:
@@ -187,7 +191,9 @@ def test_smollm2_full_cache_equals_transformers_sdpa(smollm2):
     assert (got - want).abs().max().item() < 2e-4
 
 
-@pytest.mark.parametrize("policy", [
+# Every registered policy but KNorm (docs/python.md: near-equal key norms rank differently in the two
+# models' float orders); test_the_policy_lists_are_the_registry checks it.
+PERPLEXITY = [
     ["full"],
     ["streamingllm", "--budget", "64", "--buffer", "16", "--sinks", "4"],
     ["trimkv", "--budget", "64", "--buffer", "16", "--sinks", "4", "--gate", os.path.join(GATES, "trimkv.safetensors")],
@@ -204,7 +210,17 @@ def test_smollm2_full_cache_equals_transformers_sdpa(smollm2):
     ["hs-var", "--budget", "128"],
     ["kv-val", "--budget", "32"],
     ["lag-kv", "--budget", "128"],
-])
+]
+
+
+def test_the_policy_lists_are_the_registry():
+    """A policy added to the registry fails here until these tests run it."""
+    registered = set(kvpolicy.policies())
+    assert sorted(p for p, _, _ in GENERATES) == sorted(registered - {"full"})
+    assert sorted(p[0] for p in PERPLEXITY) == sorted(registered - {"knorm"})
+
+
+@pytest.mark.parametrize("policy", PERPLEXITY)
 def test_smollm2_perplexity_equals_kvpolicy_lm(smollm2, policy):
     if not LM or not LM_MODEL:
         pytest.skip("kvpolicy-lm and its converted model are not here (KVPOLICY_LM, KVPOLICY_LM_MODEL)")
