@@ -1,6 +1,6 @@
-# registered_policies(<out-var>): the registered policies' names, from ${REPLAY} --list-policies
-# (one per line, the name before the first tab). For the cmake -P checks that compare a list with
-# the registry.
+# registered_policies(<names-var> [<inputs-var>]): the registered policies' names, and what each
+# reads (registry::Inputs by name), from ${REPLAY} --list-policies (one per line: name, options,
+# inputs, separated by tabs). For the cmake -P checks that compare a list with the registry.
 function(registered_policies out)
   execute_process(COMMAND ${REPLAY} --list-policies RESULT_VARIABLE rc OUTPUT_VARIABLE listing)
   if(NOT rc EQUAL 0)
@@ -8,10 +8,15 @@ function(registered_policies out)
   endif()
   string(REPLACE "\n" ";" lines "${listing}")
   set(names "")
+  set(inputs "")
   foreach(line IN LISTS lines)
-    if(line MATCHES "^([^\t]+)\t")
+    if(line MATCHES "^([^\t]+)\t[^\t]*\t([^\t]+)")
       list(APPEND names "${CMAKE_MATCH_1}")
+      list(APPEND inputs "${CMAKE_MATCH_2}")
     endif()
   endforeach()
   set(${out} "${names}" PARENT_SCOPE)
+  if(ARGC GREATER 1)
+    set(${ARGV1} "${inputs}" PARENT_SCOPE)
+  endif()
 endfunction()
