@@ -138,9 +138,16 @@ pool() {  # command...: runs it in the background once fewer than jobs_max jobs 
 }
 rm -f "$out"/case*.result "$out"/batch*.result "$out"/probe_*.result "$out"/sharded_cache.result "$out"/engine_cuda.rc
 trap 'kill $(jobs -p) 2>/dev/null || true' EXIT  # an interrupted check leaves no simulator behind
-# One pool of KVPOLICY_GPUSIM_JOBS jobs runs everything: the longest case (about 4 minutes, bound by
-# kernel launches) alone and first, so that the rest fills the other cores meanwhile; the probes; the
-# batches; engine_cuda and the sharded test. The lines are printed at the end, in this order.
+# The sharded test first, alone: its two ranks are two simulator processes, which would share the
+# cores with the pool's jobs (one process each) and slow the pool's cases beside them.
+has_sharded=0
+if [ -x "$sharded" ] && command -v mpirun >/dev/null 2>&1; then
+  has_sharded=1
+  run_sharded
+fi
+# Then one pool of KVPOLICY_GPUSIM_JOBS jobs runs the rest: the longest case (about 4 minutes, bound
+# by kernel launches) alone and first, so that the rest fills the other cores meanwhile; the probes;
+# the batches; engine_cuda. The lines are printed at the end, in this order.
 longest=() rest=()
 for i in "${!cases[@]}"; do
   if [[ ${cases[$i]} == "evict_step keeps"* ]]; then longest+=("$i"); else rest+=("$i"); fi
@@ -159,11 +166,6 @@ for ((j = 0; j < batches; ++j)); do
   pool run_batch "$b" "${members[@]}"
 done
 pool run_engine
-has_sharded=0
-if [ -x "$sharded" ] && command -v mpirun >/dev/null 2>&1; then
-  has_sharded=1
-  pool run_sharded
-fi
 wait
 for probe in cvt_s64 reconverge async_pageable; do
   if [ ! -f "$out/probe_$probe.result" ]; then echo "gpusim: probe $probe left no result" >&2; failed=1; continue; fi

@@ -6,7 +6,7 @@
   another model, a policy whose scores it does not compute.
 - SmolLM2-135M from the GGUF tools/fetch-model.sh fetches (KVPOLICY_GGUF), when present: per-token
   NLL through kvpolicy equals transformers' SDPA (full cache), and the perplexity of each policy
-  equals kvpolicy-lm's (KVPOLICY_LM) on the same 512 tokens in the same 16-token steps, both
+  equals kvpolicy-lm's (KVPOLICY_LM) on the same 256 tokens in the same 16-token steps, both
   with F32 K/V (kvpolicy-lm --kv f32; its default is F16).
 """
 import copy
@@ -163,7 +163,7 @@ def smollm2():
     model = transformers.AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32,
                                                               attn_implementation="kvpolicy").eval()
     with open("/usr/share/common-licenses/GPL-3") as fh:
-        ids = tok(fh.read(), add_special_tokens=False, return_tensors="pt").input_ids[:, :512]
+        ids = tok(fh.read(), add_special_tokens=False, return_tensors="pt").input_ids[:, :256]
     return model, ids
 
 
@@ -200,13 +200,13 @@ PERPLEXITY = [
     ["wgkv", "--local", "64", "--gate", os.path.join(GATES, "wgkv.safetensors")],
     ["dbtrimkv", "--budget", "32", "--buffer", "16", "--gate", os.path.join(GATES, "dbtrimkv.safetensors")],
     ["h2o", "--budget", "64", "--buffer", "16"],
-    ["snapkv", "--budget", "64", "--prefill", "256"],
+    ["snapkv", "--budget", "64", "--prefill", "128"],
     ["epikv", "--budget", "64"],
     ["kv-key", "--budget", "64"],
     ["keydiff", "--budget", "32", "--buffer", "8"],
     ["random", "--budget", "64", "--buffer", "16", "--seed", "3"],
     ["tova", "--budget", "64"],
-    ["adakv", "--budget", "32", "--prefill", "256"],
+    ["adakv", "--budget", "32", "--prefill", "128"],
     ["hs-var", "--budget", "128"],
     ["kv-val", "--budget", "32"],
     ["lag-kv", "--budget", "128"],
@@ -229,8 +229,8 @@ def test_smollm2_perplexity_equals_kvpolicy_lm(smollm2, policy):
     options = {args[i][2:].replace("-", "_"): args[i + 1] for i in range(0, len(args), 2)}
     prefill = int(options.pop("prefill", 16))  # the first step, the prompt (kvpolicy-lm --prefill)
     ppl = chunked_nll(model, ids, kt.Cache(name, max_tokens=1024, **options), first=prefill).mean().exp().item()
-    run = subprocess.run([LM, "--model", LM_MODEL, "--text", "/usr/share/common-licenses/GPL-3", "--tokens", "512",
-                          "--chunk", "16", "--threads", "2", "--kv", "f32", "--policy", name, *args],
+    run = subprocess.run([LM, "--model", LM_MODEL, "--text", "/usr/share/common-licenses/GPL-3", "--tokens", "256",
+                          "--chunk", "16", "--threads", "1", "--kv", "f32", "--policy", name, *args],
                          capture_output=True, text=True, check=True)
     lm = float(re.findall(r"^ppl ([0-9.]+)$", run.stdout, re.M)[-1])
     print(f"{' '.join(policy[:1] + [a for a in args if not a.endswith('.safetensors')])}: transformers + kvpolicy "
