@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "kvpolicy/cuda.cuh"
-#include "kvpolicy/policy/score.hpp"
+#include "kvpolicy/parts/score/retention.hpp"
 
 namespace kp = kvpolicy;
 namespace kc = kvpolicy::gpu;

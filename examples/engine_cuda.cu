@@ -92,7 +92,7 @@ int main() {
   auto* d_context = device<kp::StepContext>(kSeqs);
 
   const kp::CacheShape shape{kLayers, kKv, kQ, kDim};
-  const auto evictor = kp::trimkv_evictor({kBudget, kBuffer});  // TRIM-KV's rule (SPEC §1), as the CPU cache below
+  const auto evictor = kp::trimkv_evictor({.budget = kBudget, .buffer = kBuffer});  // TRIM-KV's rule (SPEC §1), as the CPU cache below
   const kc::DecodeBatch batch0{d_queries, d_bases, kSeqs, kQ, kKv, d_out};
 
   // ---- every workspace sized once, before the loop ----

@@ -71,7 +71,7 @@ int main() {
   // llama.cpp keeps one contiguous KV buffer per sequence: capacity M + B - 1 plus the prompt chunk.
   const std::int64_t prompt = 100;
   Cache<score::RetentionDecay, admit::All, evict::PerHead<trigger::Buffered>, memory::Contiguous<float>, cpu_backend>
-      cache(kShape, memory::Contiguous<float>(kBudget + kBuffer - 1 + prompt, 1), trimkv_evictor({kBudget, kBuffer}));
+      cache(kShape, memory::Contiguous<float>(kBudget + kBuffer - 1 + prompt, 1), trimkv_evictor({.budget = kBudget, .buffer = kBuffer}));
   cache.add_sequence(0);
 
   std::vector<float> k, v, q, out, log_beta;

@@ -64,7 +64,7 @@ int main() {
   const std::int64_t per_request = pages_for(kShape, kBudget + kBuffer, 1, kPage);
   const std::int64_t pool_pages = 3 * per_request + pages_for(kShape, 200, 1, kPage);
   TrimKVCache<cpu_backend, float, kPage> cache(kShape, memory::Paged<kPage>(pool_pages),
-                                               trimkv_evictor({kBudget, kBuffer}));
+                                               trimkv_evictor({.budget = kBudget, .buffer = kBuffer}));
   std::mt19937_64 rng(1);
   std::deque<Request> waiting;
   for (std::int64_t i = 0; i < 8; ++i) waiting.push_back({i, 40 + 20 * i, 150 + 10 * i});

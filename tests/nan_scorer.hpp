@@ -6,7 +6,7 @@
 #include <cmath>
 
 #include "kvpolicy/core/entry.hpp"
-#include "kvpolicy/policy/score.hpp"
+#include "kvpolicy/parts/score/retention.hpp"
 
 namespace testing {
 

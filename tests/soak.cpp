@@ -152,21 +152,21 @@ int main(int argc, char** argv) {
   // WG-KV + TRIM-KV (whose ring only ever removes more).
   const std::int64_t per_head = kBudget + kBuffer - 1, per_head_pages = heads * pages_for(kBudget + kBuffer);
   Lane<TrimKVCache<cpu_backend, float, kPage>> trim{
-      {kShape, pool_for(per_head_pages), trimkv_evictor({kBudget, kBuffer})},
+      {kShape, pool_for(per_head_pages), trimkv_evictor({.budget = kBudget, .buffer = kBuffer})},
       "trimkv", per_head, heads * per_head, heads * pages_for(per_head)};
   // DBTrimKV: the sequence total stays below L Hkv (M + B); one head may hold most of it.
   const std::int64_t global_bound = heads * (kBudget + kBuffer) - 1;
   // pages: each head's partly filled last page on top of the entries; during a step one more entry per head
-  const DBTrimKVConfig dc{kBudget, kBuffer, 2};
+  const DBTrimKVConfig dc{.budget = kBudget, .buffer = kBuffer, .horizon = 2};
   Lane<DBTrimKVCache<cpu_backend, float, kPage>> db{
       {kShape, pool_for(pages_for(global_bound + heads) + heads), dbtrimkv_evictor(dc), dbtrimkv_scorer(dc)},
       "dbtrimkv", global_bound, global_bound, pages_for(global_bound) + heads};
   Lane<H2OCache<cpu_backend, float, kPage>> h2o{
-      {kShape, pool_for(per_head_pages), h2o_evictor({kBudget, kBuffer})},
+      {kShape, pool_for(per_head_pages), h2o_evictor({.budget = kBudget, .buffer = kBuffer})},
       "h2o", per_head, heads * per_head, heads * pages_for(per_head)};
   constexpr std::int64_t kLocal = 8;
   Lane<WGKVRetentionCache<cpu_backend, float, kPage>> wg_trim{
-      {kShape, pool_for(per_head_pages), trimkv_evictor({kBudget, kBuffer}), {}, wgkv_admitter({kLocal, 0.1})},
+      {kShape, pool_for(per_head_pages), trimkv_evictor({.budget = kBudget, .buffer = kBuffer}), {}, wgkv_admitter({.local = kLocal, .tau = 0.1})},
       "wgkv+trimkv", per_head, heads * per_head, heads * pages_for(per_head), Meta::log_beta, true};
   // WG-KV under the appendix-K budget of L Hkv M global-cache entries (SPEC §3, as the authors' code
   // runs it: the rings are not counted, a head drops floor(10%) of its global cache). A decode step
@@ -176,7 +176,7 @@ int main(int argc, char** argv) {
   // or more therefore never hold more than the last step without pressure left, which was within the
   // budget: global caches <= L Hkv M + 9 L Hkv, rings L Hkv W_local beside them; one head at most
   // W_local + L Hkv M.
-  const WGKVBudgetConfig wc{kLocal, 0.1, kBudget, 8, 5, 0.1};
+  const WGKVBudgetConfig wc{.local = kLocal, .tau = 0.1, .average_budget = kBudget, .observation_window = 8};
   const std::int64_t wg_bound = heads * (kLocal + kBudget + 9);
   Lane<WGKVBudgetCache<cpu_backend, float, kPage>> wg_budget{
       {kShape, pool_for(pages_for(wg_bound + heads) + heads), wgkv_budget_evictor(kShape, wc), wgkv_budget_scorer(kShape, wc)},
@@ -184,7 +184,7 @@ int main(int argc, char** argv) {
   // EpiKV: the prompt (here the first token, SPEC §4's undeclared prompt) and at most K generated
   // tokens per head.
   Lane<EpiKVCache<cpu_backend, float, kPage>> epi{
-      {kShape, pool_for(heads * pages_for(kBudget + 2)), epikv_evictor({kBudget})},
+      {kShape, pool_for(heads * pages_for(kBudget + 2)), epikv_evictor({.budget = kBudget})},
       "epikv", kBudget + 1, heads * (kBudget + 1), heads * pages_for(kBudget + 1), Meta::score};
   auto lanes = std::tie(trim, db, h2o, wg_trim, wg_budget, epi);
   auto each_lane = [&](auto&& f) { std::apply([&](auto&... lane) { (f(lane), ...); }, lanes); };

@@ -174,7 +174,7 @@ TEST_CASE("WG-KV admission + retention eviction against the ring-then-oracle mod
     const double admit_share = std::uniform_real_distribution<double>(0.0, 1.0)(rng);
     const std::int64_t pages = 4096;
     Cache<score::RetentionDecay, admit::WriteGate, evict::PerHead<trigger::Buffered>, memory::Paged<4>, cpu_backend>
-        per_head(s, memory::Paged<4>(pages), trimkv_evictor({p.budget, p.buffer, p.window}), {},
+        per_head(s, memory::Paged<4>(pages), trimkv_evictor({.budget = p.budget, .buffer = p.buffer, .window = p.window}), {},
                  admit::WriteGate{local, tau});
     Cache<score::RetentionDecay, admit::WriteGate, evict::Global, memory::Paged<4>, cpu_backend> pooled(
         s, memory::Paged<4>(pages), evict::Global{p.budget, p.buffer, 0.0, p.window, 0.0}, {},

@@ -7,7 +7,7 @@
 #include <random>
 #include <vector>
 
-#include "kvpolicy/policy/epiphany.hpp"
+#include "kvpolicy/parts/score/epiphany.hpp"
 
 using namespace kvpolicy;
 

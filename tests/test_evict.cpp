@@ -137,7 +137,7 @@ TEST_CASE("invalid evictor parameters are rejected with the value named") {
   CHECK_THROWS_WITH_AS(trimkv_evictor({.budget = 0}).validate(shape), doctest::Contains("budget M = 0"), Error);
   CHECK_THROWS_WITH_AS(trimkv_evictor({.budget = 4, .buffer = 0}).validate(shape), doctest::Contains("buffer B = 0"), Error);
   CHECK_THROWS_WITH_AS(trimkv_evictor({.budget = 4, .window = 5}).validate(shape), doctest::Contains("window w = 5"), Error);
-  CHECK_THROWS_WITH_AS(trimkv_evictor({.budget = 4, .window = 2, .sinks = 3}).validate(shape), doctest::Contains("sinks S = 3"), Error);
+  CHECK_THROWS_WITH_AS(trimkv_evictor({.budget = 4, .sinks = 3, .window = 2}).validate(shape), doctest::Contains("sinks S = 3"), Error);
   CHECK_THROWS_WITH_AS(baseline_evictor({.budget = 4, .sinks = -1}).validate(shape), doctest::Contains("sinks S = -1"), Error);
   CHECK_THROWS_WITH_AS(dbtrimkv_evictor({.budget = 4, .sinks = 5}).validate(shape), doctest::Contains("sinks S = 5"), Error);
   CHECK_THROWS_WITH_AS(trimkv_evictor({.threshold = -1}).validate(shape), doctest::Contains("threshold alpha = -1"), Error);
@@ -145,7 +145,7 @@ TEST_CASE("invalid evictor parameters are rejected with the value named") {
   CHECK_THROWS_WITH_AS(dbtrimkv_layerwise_evictor({.floor_ratio = -0.5}).validate(shape), doctest::Contains("floor_ratio f = -0.5"), Error);
   CHECK_THROWS_WITH_AS(dbtrimkv_evictor({.budget = std::int64_t{1} << 62, .buffer = 1}).validate(shape),
                        doctest::Contains("exceeds 2^31 - 1 entries per head"), Error);
-  CHECK_THROWS_WITH_AS(dbtrimkv_evictor({.floor_ratio = 0.2, .threshold = 0.1}).validate(shape),
+  CHECK_THROWS_WITH_AS(dbtrimkv_evictor({.threshold = 0.1, .floor_ratio = 0.2}).validate(shape),
                        doctest::Contains("exclusive"), Error);
 }
 
@@ -261,8 +261,11 @@ TEST_CASE("oracle: TRIM-KV per-head eviction, random traces with ties") {
   differential(
       1, 1500, score::RetentionDecay{},
       [](const oracle::Params& p) {
-        return trimkv_evictor({.budget = p.budget, .buffer = p.buffer, .window = p.window, .threshold = p.threshold,
-                               .sinks = p.sinks});
+        return trimkv_evictor({.budget = p.budget,
+                               .buffer = p.buffer,
+                               .sinks = p.sinks,
+                               .window = p.window,
+                               .threshold = p.threshold});
       },
       [](auto&&... a) { oracle::per_head(a...); }, true, false);
 }
@@ -271,7 +274,7 @@ TEST_CASE("oracle: KNorm-weighted per-head eviction") {
   differential(
       2, 500, score::KNormRetention{},
       [](const oracle::Params& p) {
-        return trimkv_evictor({.budget = p.budget, .buffer = p.buffer, .window = p.window, .sinks = p.sinks});
+        return trimkv_evictor({.budget = p.budget, .buffer = p.buffer, .sinks = p.sinks, .window = p.window});
       },
       [](auto&&... a) { oracle::per_head(a...); }, false, false);
 }
@@ -281,8 +284,13 @@ TEST_CASE("oracle: DBTrimKV global eviction with lookahead, floor_ratio and thre
     differential(
         3 + static_cast<std::uint64_t>(h), 600, score::Lookahead{h},
         [h](const oracle::Params& p) {
-          return dbtrimkv_evictor({.budget = p.budget, .buffer = p.buffer, .horizon = h, .floor_ratio = p.floor_ratio,
-                                   .window = p.window, .threshold = p.threshold, .sinks = p.sinks});
+          return dbtrimkv_evictor({.budget = p.budget,
+                                   .buffer = p.buffer,
+                                   .sinks = p.sinks,
+                                   .window = p.window,
+                                   .threshold = p.threshold,
+                                   .horizon = h,
+                                   .floor_ratio = p.floor_ratio});
         },
         [](auto&&... a) { oracle::global(a...); }, true, true);
 }
@@ -291,8 +299,12 @@ TEST_CASE("oracle: DBTrimKV layer-wise eviction") {
   differential(
       11, 800, score::Lookahead{2},
       [](const oracle::Params& p) {
-        return dbtrimkv_layerwise_evictor({.budget = p.budget, .buffer = p.buffer, .floor_ratio = p.floor_ratio,
-                                           .window = p.window, .threshold = p.threshold, .sinks = p.sinks});
+        return dbtrimkv_layerwise_evictor({.budget = p.budget,
+                                           .buffer = p.buffer,
+                                           .sinks = p.sinks,
+                                           .window = p.window,
+                                           .threshold = p.threshold,
+                                           .floor_ratio = p.floor_ratio});
       },
       [](auto&&... a) { oracle::layer_wise(a...); }, true, true);
 }
@@ -301,7 +313,7 @@ TEST_CASE("oracle: TRIM-KV on the contiguous allocator") {
   differential(
       12, 300, score::RetentionDecay{},
       [](const oracle::Params& p) {
-        return trimkv_evictor({.budget = p.budget, .buffer = p.buffer, .window = p.window, .sinks = p.sinks});
+        return trimkv_evictor({.budget = p.budget, .buffer = p.buffer, .sinks = p.sinks, .window = p.window});
       },
       [](auto&&... a) { oracle::per_head(a...); }, false, false, memory::Contiguous<float>(1, 1));
 }

@@ -65,8 +65,9 @@ TEST_CASE("H2O: the attention mass each key accumulates equals a naive softmax o
     const int d = std::uniform_int_distribution<int>(1, 8)(rng);
     const CacheShape shape{1, Hkv, Hkv * G, d};
     const bool evicting = trial % 2 == 1;
-    const BaselineConfig cfg{std::uniform_int_distribution<int>(2, 8)(rng), std::uniform_int_distribution<int>(1, 3)(rng)};
-    H2OCache<cpu_backend, float, 4> cache(shape, memory::Paged<4>(512), h2o_evictor(evicting ? cfg : BaselineConfig{1000, 1}));
+    const BaselineConfig cfg{.budget = std::uniform_int_distribution<int>(2, 8)(rng),
+                             .buffer = std::uniform_int_distribution<int>(1, 3)(rng)};
+    H2OCache<cpu_backend, float, 4> cache(shape, memory::Paged<4>(512), h2o_evictor(evicting ? cfg : BaselineConfig{.budget = 1000, .buffer = 1}));
     cache.add_sequence(1);
     std::vector<Model> model(static_cast<std::size_t>(Hkv));
     std::int64_t n = 0;
@@ -145,7 +146,8 @@ TEST_CASE("oracle: KeyDiff survivors are the top M of a naive recomputation of t
   for (int trial = 0; trial < 300; ++trial) {
     const int Hkv = std::uniform_int_distribution<int>(1, 3)(rng), d = std::uniform_int_distribution<int>(1, 6)(rng);
     const CacheShape shape{2, Hkv, Hkv, d};
-    const BaselineConfig cfg{std::uniform_int_distribution<int>(1, 8)(rng), std::uniform_int_distribution<int>(1, 4)(rng)};
+    const BaselineConfig cfg{.budget = std::uniform_int_distribution<int>(1, 8)(rng),
+                             .buffer = std::uniform_int_distribution<int>(1, 4)(rng)};
     KeyDiffCache<cpu_backend, float, 4> cache(shape, memory::Paged<4>(1024), baseline_evictor(cfg));
     cache.add_sequence(2);
     std::vector<Model> model(static_cast<std::size_t>(2 * Hkv));
@@ -244,7 +246,7 @@ TEST_CASE("composition: a Scorer of one family with an Evictor of another runs w
 TEST_CASE("H2O: a step taken back leaves the mass as it was, attend once per layer and every layer per step") {
   const CacheShape shape{2, 1, 2, 4};
   std::mt19937_64 rng(8);
-  H2OCache<cpu_backend, float, 4> a(shape, memory::Paged<4>(256), h2o_evictor({6, 2})), b = a;
+  H2OCache<cpu_backend, float, 4> a(shape, memory::Paged<4>(256), h2o_evictor({.budget = 6, .buffer = 2})), b = a;
   a.add_sequence(0);
   b.add_sequence(0);
   auto draw = [&](std::int64_t T) {
@@ -292,7 +294,7 @@ TEST_CASE("H2O: a step taken back leaves the mass as it was, attend once per lay
 
 TEST_CASE("H2O: a logit past fp32 adds no NaN to the mass, and eviction goes on") {
   const CacheShape shape{1, 1, 1, 1};
-  H2OCache<> cache(shape, memory::Paged<16>(8), h2o_evictor({2, 1}));
+  H2OCache<> cache(shape, memory::Paged<16>(8), h2o_evictor({.budget = 2, .buffer = 1}));
   cache.add_sequence(0);
   for (int step = 0; step < 6; ++step) {
     float k = step == 1 ? 2e19f : 1.0f, q = 2e19f, lb = 0.0f, out = 0.0f;

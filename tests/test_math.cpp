@@ -7,7 +7,7 @@
 
 #include "kvpolicy/core/dtype.hpp"
 #include "kvpolicy/core/math.hpp"
-#include "kvpolicy/policy/score.hpp"
+#include "kvpolicy/parts/score/retention.hpp"
 
 using namespace kvpolicy;
 

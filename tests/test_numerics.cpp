@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "kvpolicy/policy/evict.hpp"
-#include "kvpolicy/policy/rank.hpp"
-#include "kvpolicy/policy/score.hpp"
+#include "kvpolicy/parts/evict/evictors.hpp"
+#include "kvpolicy/parts/evict/rank.hpp"
+#include "kvpolicy/parts/score/retention.hpp"
 #include "kvpolicy/trimkv.hpp"
 #include "nan_scorer.hpp"
 #include "snapshot.hpp"
@@ -115,7 +115,7 @@ TEST_CASE("positions near 2^31: exact distances up to 2^24, rounded above, ties 
 
 TEST_CASE("positive and +inf log_beta are refused, and a step past position 2^31 - 1 is refused before any read") {
   const CacheShape shape{1, 1, 1, 2};
-  TrimKVCache<cpu_backend, float, 4> cache(shape, memory::Paged<4>(8), trimkv_evictor({2, 1}));
+  TrimKVCache<cpu_backend, float, 4> cache(shape, memory::Paged<4>(8), trimkv_evictor({.budget = 2, .buffer = 1}));
   cache.add_sequence(0);
   std::vector<float> k(2, 0.5f);
   for (float bad : {1e-30f, 0.5f, kInf}) {
@@ -137,7 +137,7 @@ TEST_CASE("positive and +inf log_beta are refused, and a step past position 2^31
 
 TEST_CASE("NaN log_beta is refused at append, naming the value's place, and the cache is unchanged") {
   const CacheShape shape{1, 2, 2, 4};
-  TrimKVCache<cpu_backend, float, 4> cache(shape, memory::Paged<4>(8), trimkv_evictor({2, 1}));
+  TrimKVCache<cpu_backend, float, 4> cache(shape, memory::Paged<4>(8), trimkv_evictor({.budget = 2, .buffer = 1}));
   cache.add_sequence(0);
   std::vector<float> k(2 * 3 * 4, 0.5f), lb(2 * 3, -0.1f);
   lb[4] = std::nanf("");  // head 1, token 1

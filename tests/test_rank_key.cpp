@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "kvpolicy/core/rank_key.hpp"
-#include "kvpolicy/policy/rank.hpp"
+#include "kvpolicy/parts/evict/rank.hpp"
 
 using namespace kvpolicy;
 

@@ -107,8 +107,9 @@ TEST_CASE("oracle: SnapKV compresses every head to M when the declared prompt en
     const int H = 1 + trial % 2, G = 1 + trial % 3, d = 4;
     const CacheShape shape{2, H, H * G, d};
     const std::int64_t P = std::uniform_int_distribution<int>(1, 60)(rng);
-    SnapKVConfig cfg{std::uniform_int_distribution<int>(6, 20)(rng), std::uniform_int_distribution<int>(1, 6)(rng),
-                     trial % 3 == 0 ? 1 : trial % 3 == 1 ? 5 : 7};
+    SnapKVConfig cfg{.budget = std::uniform_int_distribution<int>(6, 20)(rng),
+                     .window = std::uniform_int_distribution<int>(1, 6)(rng),
+                     .pool_kernel = trial % 3 == 0 ? 1 : trial % 3 == 1 ? 5 : 7};
     cfg.pooling = trial % 2 == 0 ? score::Pooling::avg : score::Pooling::max;
     cfg.group_reduce = trial % 4 < 2 ? score::GroupReduce::mean : score::GroupReduce::max;
     if (trial % 5 == 0) cfg.sinks = std::uniform_int_distribution<int>(0, static_cast<int>(cfg.budget - cfg.window))(rng);
@@ -179,7 +180,7 @@ TEST_CASE("oracle: SnapKV compresses every head to M when the declared prompt en
 
 TEST_CASE("SnapKV without a declared prompt never compresses") {
   const CacheShape shape{1, 1, 1, 2};
-  SnapKVCache<> cache(shape, memory::Paged<16>(16), snapkv_evictor({4, 2}), snapkv_scorer({4, 2}));
+  SnapKVCache<> cache(shape, memory::Paged<16>(16), snapkv_evictor({.budget = 4, .window = 2}), snapkv_scorer({.budget = 4, .window = 2}));
   cache.add_sequence(0);
   std::vector<float> k(2 * 20, 0.5f), lb(20, 0.0f), out(k.size());
   for (std::int64_t T : {10, 10}) {
@@ -223,7 +224,7 @@ TEST_CASE("QueryWindow: the last W tokens' queries, the open step's pending unti
 
 TEST_CASE("SnapKV: a prefill chunk taken back leaves the query window as it was") {
   const CacheShape shape{1, 1, 2, 2};
-  const SnapKVConfig cfg{6, 3, 3};
+  const SnapKVConfig cfg{.budget = 6, .window = 3, .pool_kernel = 3};
   SnapKVCache<cpu_backend, float, 4> a(shape, memory::Paged<4>(64), snapkv_evictor(cfg), snapkv_scorer(cfg)), b = a;
   a.add_sequence(0, 24);
   b.add_sequence(0, 24);

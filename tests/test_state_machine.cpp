@@ -21,15 +21,22 @@ TEST_CASE("state machine: TRIM-KV per-head cache against its model over random o
   using C = Cache<score::RetentionDecay, admit::All, evict::PerHead<trigger::Buffered>, Pool, cpu_backend>;
   state_machine::run_streams<C>(state_machine::Policy::per_head, 100000, 1000, [](const state_machine::Model& m) {
     return C(m.shape, Pool(m.pages_total),
-             trimkv_evictor({m.params.budget, m.params.buffer, m.params.window, m.params.threshold}));
+             trimkv_evictor({.budget = m.params.budget,
+                             .buffer = m.params.buffer,
+                             .window = m.params.window,
+                             .threshold = m.params.threshold}));
   });
 }
 
 TEST_CASE("state machine: DBTrimKV global cache against its model over random operation streams") {
   using C = Cache<score::Lookahead, admit::All, evict::Global, Pool, cpu_backend>;
   state_machine::run_streams<C>(state_machine::Policy::global, 200000, 600, [](const state_machine::Model& m) {
-    const DBTrimKVConfig c{m.params.budget, m.params.buffer, m.horizon, m.params.floor_ratio, m.params.window,
-                           m.params.threshold};
+    const DBTrimKVConfig c{.budget = m.params.budget,
+                           .buffer = m.params.buffer,
+                           .window = m.params.window,
+                           .threshold = m.params.threshold,
+                           .horizon = m.horizon,
+                           .floor_ratio = m.params.floor_ratio};
     return C(m.shape, Pool(m.pages_total), dbtrimkv_evictor(c), dbtrimkv_scorer(c));
   });
 }
@@ -37,8 +44,12 @@ TEST_CASE("state machine: DBTrimKV global cache against its model over random op
 TEST_CASE("state machine: DBTrimKV layer-wise cache against its model over random operation streams") {
   using C = Cache<score::Lookahead, admit::All, evict::LayerWise, Pool, cpu_backend>;
   state_machine::run_streams<C>(state_machine::Policy::layer_wise, 300000, 600, [](const state_machine::Model& m) {
-    const DBTrimKVConfig c{m.params.budget, m.params.buffer, m.horizon, m.params.floor_ratio, m.params.window,
-                           m.params.threshold};
+    const DBTrimKVConfig c{.budget = m.params.budget,
+                           .buffer = m.params.buffer,
+                           .window = m.params.window,
+                           .threshold = m.params.threshold,
+                           .horizon = m.horizon,
+                           .floor_ratio = m.params.floor_ratio};
     return C(m.shape, Pool(m.pages_total), dbtrimkv_layerwise_evictor(c), dbtrimkv_scorer(c));
   });
 }
@@ -47,14 +58,14 @@ TEST_CASE("state machine: invalid configurations are refused at construction") {
   const CacheShape shape{2, 2, 4, 8};
   using T = TrimKVCache<cpu_backend, float, kPage>;
   using G = DBTrimKVCache<cpu_backend, float, kPage>;
-  CHECK_THROWS_AS(T(shape, Pool(8), trimkv_evictor({0, 4})), kvpolicy::Error);           // budget 0
-  CHECK_THROWS_AS(T(shape, Pool(8), trimkv_evictor({4, 0})), kvpolicy::Error);           // buffer 0
-  CHECK_THROWS_AS(T(shape, Pool(8), trimkv_evictor({4, 2, -1})), kvpolicy::Error);       // negative window
-  CHECK_THROWS_AS(T(shape, Pool(8), trimkv_evictor({4, 2, 0, -0.5})), kvpolicy::Error);  // alpha < 0
-  CHECK_THROWS_AS(T(shape, Pool(0), trimkv_evictor({4, 2})), kvpolicy::Error);           // empty pool
-  CHECK_THROWS_AS(T(CacheShape{2, 2, 3, 8}, Pool(8), trimkv_evictor({4, 2})), kvpolicy::Error);  // Hq % Hkv
-  CHECK_THROWS_AS(G(shape, Pool(8), dbtrimkv_evictor({0, 4}), dbtrimkv_scorer({})), kvpolicy::Error);
-  CHECK_THROWS_AS(G(shape, Pool(8), dbtrimkv_evictor({4, 2, 2, 1.0}), dbtrimkv_scorer({})), kvpolicy::Error);  // f = 1
-  CHECK_THROWS_AS(G(shape, Pool(8), dbtrimkv_evictor({4, 2, 2, 0.5, 0, 0.3}), dbtrimkv_scorer({})), kvpolicy::Error);
-  CHECK_THROWS_AS(G(shape, Pool(8), dbtrimkv_evictor({4, 2}), score::Lookahead{0}), kvpolicy::Error);
+  CHECK_THROWS_AS(T(shape, Pool(8), trimkv_evictor({.budget = 0, .buffer = 4})), kvpolicy::Error);           // budget 0
+  CHECK_THROWS_AS(T(shape, Pool(8), trimkv_evictor({.budget = 4, .buffer = 0})), kvpolicy::Error);           // buffer 0
+  CHECK_THROWS_AS(T(shape, Pool(8), trimkv_evictor({.budget = 4, .buffer = 2, .window = -1})), kvpolicy::Error);       // negative window
+  CHECK_THROWS_AS(T(shape, Pool(8), trimkv_evictor({.budget = 4, .buffer = 2, .threshold = -0.5})), kvpolicy::Error);  // alpha < 0
+  CHECK_THROWS_AS(T(shape, Pool(0), trimkv_evictor({.budget = 4, .buffer = 2})), kvpolicy::Error);           // empty pool
+  CHECK_THROWS_AS(T(CacheShape{2, 2, 3, 8}, Pool(8), trimkv_evictor({.budget = 4, .buffer = 2})), kvpolicy::Error);  // Hq % Hkv
+  CHECK_THROWS_AS(G(shape, Pool(8), dbtrimkv_evictor({.budget = 0, .buffer = 4}), dbtrimkv_scorer({})), kvpolicy::Error);
+  CHECK_THROWS_AS(G(shape, Pool(8), dbtrimkv_evictor({.budget = 4, .buffer = 2, .horizon = 2, .floor_ratio = 1.0}), dbtrimkv_scorer({})), kvpolicy::Error);  // f = 1
+  CHECK_THROWS_AS(G(shape, Pool(8), dbtrimkv_evictor({.budget = 4, .buffer = 2, .threshold = 0.3, .horizon = 2, .floor_ratio = 0.5}), dbtrimkv_scorer({})), kvpolicy::Error);
+  CHECK_THROWS_AS(G(shape, Pool(8), dbtrimkv_evictor({.budget = 4, .buffer = 2}), score::Lookahead{0}), kvpolicy::Error);
 }

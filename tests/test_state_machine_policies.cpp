@@ -101,7 +101,7 @@ struct WGKV : GateMeta {
   static C make(Rng& rng, const CacheShape& s, std::int64_t pages) {
     const std::int64_t local = uni(rng, 1, 4);
     const double tau = uni(rng, 0, 1) ? 0.1 : 0.5;
-    return C(s, Pool(pages), wgkv_evictor({local, tau}));
+    return C(s, Pool(pages), wgkv_evictor({.local = local, .tau = tau}));
   }
 };
 struct WGKVBudget : GateMeta {
@@ -128,7 +128,7 @@ struct WGKVRetention : LogBetaMeta {
     const std::int64_t w = uni(rng, 0, 2) == 0 ? uni(rng, 0, M) : 0;
     const std::int64_t local = uni(rng, 1, 4);
     const double tau = uni(rng, 0, 1) ? 0.1 : 0.5;  // (each draw its own statement: seeds replay on any compiler)
-    return C(s, Pool(pages), trimkv_evictor({M, B, w}), {}, wgkv_admitter({local, tau}));
+    return C(s, Pool(pages), trimkv_evictor({.budget = M, .buffer = B, .window = w}), {}, wgkv_admitter({.local = local, .tau = tau}));
   }
   static float gate(Rng& rng) { return GateMeta::meta(rng); }
 };
@@ -139,7 +139,7 @@ struct EpiKV : FrozenMeta {
   static C make(Rng& rng, const CacheShape& s, std::int64_t pages) {
     const std::int64_t K = uni(rng, 1, 5);
     const std::int64_t R = uni(rng, 0, 1) ? -1 : uni(rng, 0, K);
-    return C(s, Pool(pages), epikv_evictor({K, R}));
+    return C(s, Pool(pages), epikv_evictor({.budget = K, .recency = R}));
   }
 };
 struct H2O : LogBetaMeta {
@@ -148,7 +148,7 @@ struct H2O : LogBetaMeta {
   static constexpr bool observes = true, gated = false, prompt = false;
   static C make(Rng& rng, const CacheShape& s, std::int64_t pages) {
     const std::int64_t M = uni(rng, 1, 5), B = uni(rng, 1, 3);
-    return C(s, Pool(pages), h2o_evictor({M, B}));
+    return C(s, Pool(pages), h2o_evictor({.budget = M, .buffer = B}));
   }
 };
 struct SnapKV : LogBetaMeta {
@@ -172,7 +172,7 @@ struct Baseline : LogBetaMeta {
     if constexpr (requires { score.sinks; }) score.sinks = uni(rng, 0, 2);
     if constexpr (requires { score.seed; }) score.seed = static_cast<std::uint64_t>(uni(rng, 0, 1000));
     const std::int64_t M = uni(rng, 1, 5), B = uni(rng, 1, 3);
-    return C(s, Pool(pages), baseline_evictor({M, B}), score);
+    return C(s, Pool(pages), baseline_evictor({.budget = M, .buffer = B}), score);
   }
 };
 struct KeyDiff : Baseline<KeyDiffCache<cpu_backend, float, kPage>, score::KeyDiff> {

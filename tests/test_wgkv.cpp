@@ -148,7 +148,7 @@ TEST_CASE("oracle: the WG-KV dual cache keeps exactly what a ring with lazy prom
     const std::int64_t W = std::uniform_int_distribution<int>(1, 12)(rng);
     const double tau = trial % 5 == 0 ? 0.5 : 0.1;
     const std::int64_t S = trial % 3 == 0 ? std::uniform_int_distribution<int>(1, 4)(rng) : 0;  // sinks, SPEC §5
-    WGKVCache<cpu_backend, float, 4> cache(shape, memory::Paged<4>(4096), wgkv_evictor({W, tau, S}));
+    WGKVCache<cpu_backend, float, 4> cache(shape, memory::Paged<4>(4096), wgkv_evictor({.sinks = S, .local = W, .tau = tau}));
     cache.add_sequence(9);
     // per head: the ring (oldest first) and the global cache
     std::vector<std::deque<std::pair<std::int32_t, float>>> ring(static_cast<std::size_t>(shape.heads_total()));
@@ -202,7 +202,7 @@ TEST_CASE("WG-KV attention applies the vertical-slash mask, in prefill chunks an
     const std::int64_t W = 1 + trial % 9;
     const std::int64_t S = trial % 4 == 1 ? 2 : 0;  // sinks stay visible whatever their g (SPEC §5)
     const CacheShape shape{1, H, H * G, d};
-    WGKVCache<cpu_backend, float, 4> cache(shape, memory::Paged<4>(1024), wgkv_evictor({W, 0.3, S}));
+    WGKVCache<cpu_backend, float, 4> cache(shape, memory::Paged<4>(1024), wgkv_evictor({.sinks = S, .local = W, .tau = 0.3}));
     cache.add_sequence(1);
     std::vector<std::vector<float>> all_k(static_cast<std::size_t>(H)), all_v(all_k.size()), all_g(all_k.size());
     std::int64_t n = 0;
@@ -263,10 +263,10 @@ TEST_CASE("WG-KV attention applies the vertical-slash mask, in prefill chunks an
 
 TEST_CASE("WG-KV refuses a bad W_local or tau, and a refused step changes nothing") {
   const CacheShape shape{1, 1, 1, 2};
-  CHECK_THROWS_AS(WGKVCache<>(shape, memory::Paged<16>(4), wgkv_evictor({0, 0.1})), Error);
-  CHECK_THROWS_AS(WGKVCache<>(shape, memory::Paged<16>(4), wgkv_evictor({4, 0.0})), Error);
-  CHECK_THROWS_AS(WGKVCache<>(shape, memory::Paged<16>(4), wgkv_evictor({4, 1.5})), Error);
-  WGKVCache<> cache(shape, memory::Paged<16>(4), wgkv_evictor({2, 0.1}));
+  CHECK_THROWS_AS(WGKVCache<>(shape, memory::Paged<16>(4), wgkv_evictor({.local = 0, .tau = 0.1})), Error);
+  CHECK_THROWS_AS(WGKVCache<>(shape, memory::Paged<16>(4), wgkv_evictor({.local = 4, .tau = 0.0})), Error);
+  CHECK_THROWS_AS(WGKVCache<>(shape, memory::Paged<16>(4), wgkv_evictor({.local = 4, .tau = 1.5})), Error);
+  WGKVCache<> cache(shape, memory::Paged<16>(4), wgkv_evictor({.local = 2, .tau = 0.1}));
   cache.add_sequence(0);
   std::vector<float> kv(2, 1.0f);
   float g = 0.5f;
@@ -328,9 +328,16 @@ TEST_CASE("oracle: WG-KV under a hard budget (appendix K as the authors run it):
     const int H = 1 + trial % 2, G = 1 + trial % 3, d = 4, L = 2;
     const CacheShape shape{L, H, H * G, d};
     // budgets small enough for the global caches to pass them; sinks (SPEC §5) in a third of the trials
-    const WGKVBudgetConfig cfg{std::uniform_int_distribution<int>(1, 6)(rng), 0.3, std::uniform_int_distribution<int>(2, 9)(rng),
-                               std::uniform_int_distribution<int>(1, 8)(rng), trial % 2 == 0 ? 5 : 1, 0.1,
-                               trial % 3 == 0 ? std::uniform_int_distribution<int>(1, 3)(rng) : 0};
+    const std::int64_t local = std::uniform_int_distribution<int>(1, 6)(rng);
+    const std::int64_t average = std::uniform_int_distribution<int>(2, 9)(rng);
+    const std::int64_t observed = std::uniform_int_distribution<int>(1, 8)(rng);
+    const std::int64_t sinks = trial % 3 == 0 ? std::uniform_int_distribution<int>(1, 3)(rng) : 0;
+    const WGKVBudgetConfig cfg{.sinks = sinks,
+                               .local = local,
+                               .tau = 0.3,
+                               .average_budget = average,
+                               .observation_window = observed,
+                               .pool_kernel = trial % 2 == 0 ? 5 : 1};
     const std::int64_t S = cfg.sinks;
     WGKVBudgetCache<cpu_backend, float, 4> cache(shape, memory::Paged<4>(4096), wgkv_budget_evictor(shape, cfg),
                                                  wgkv_budget_scorer(shape, cfg));
@@ -421,7 +428,7 @@ TEST_CASE("oracle: WG-KV under a hard budget (appendix K as the authors run it):
 
 TEST_CASE("WG-KV budget: the scorer and the evictor must draw the same ring, gate and budget") {
   const CacheShape shape{1, 1, 1, 2};
-  const WGKVBudgetConfig cfg{4, 0.2, 8, 4, 5, 0.1};
+  const WGKVBudgetConfig cfg{.local = 4, .tau = 0.2, .average_budget = 8, .observation_window = 4};
   auto scorer = wgkv_budget_scorer(shape, cfg);
   scorer.local = 5;
   CHECK_THROWS_WITH_AS(WGKVBudgetCache<>(shape, memory::Paged<16>(4), wgkv_budget_evictor(shape, cfg), scorer),

@@ -21,7 +21,7 @@ other (the two compute the same score in a different order: kvpress in fp32 from
 recomputes, kvpolicy in double). Exit status 1 if any differs otherwise.
 
 Pairs: StreamingLLM (4 sinks), KNorm, KeyDiff, SnapKV (window 64, avg-pool 5), AdaKV over SnapKV
-(alpha 0.2), and TOVA, whose kvpress press averages the last query's attention over every query
+(alpha 0.2), PyramidKV (window 64, beta 3: each layer its own budget, averaging --keep), and TOVA, whose kvpress press averages the last query's attention over every query
 head of the layer while kvpolicy's averages over the kv head's query group (docs/policies.md):
 its row is reported, not required to match.
 """
@@ -108,7 +108,9 @@ def kvpress_survivors(model, ids, press, adakv):
             keep[heads.numpy(), seq.numpy()] = False
         else:
             assert isinstance(inner, ScorerPress)
-            n_kept = int(T * (1 - press.compression_ratio))
+            # PyramidKV's budget is the layer's own (its get_layer_budget); every other press keeps one n_kept
+            n_kept = press.get_layer_budget(layer.self_attn, T) if hasattr(press, "get_layer_budget") \
+                else int(T * (1 - press.compression_ratio))
             idx = s.topk(n_kept, dim=-1).indices.numpy()
             keep = np.zeros((H, T), bool)
             np.put_along_axis(keep, idx, True, axis=-1)
@@ -167,7 +169,7 @@ def main():
     ap.add_argument("--engine", choices=["replay", "python"], default="replay",
                     help="kvpolicy's side: kvpolicy-replay, or the Python package's Cache")
     a = ap.parse_args()
-    from kvpress import AdaKVPress, KeyDiffPress, KnormPress, SnapKVPress, StreamingLLMPress, TOVAPress
+    from kvpress import AdaKVPress, KeyDiffPress, KnormPress, PyramidKVPress, SnapKVPress, StreamingLLMPress, TOVAPress
 
     torch.manual_seed(0)
     model, tok = load(a.gguf)
@@ -184,6 +186,9 @@ def main():
         ("snapkv", SnapKVPress(compression_ratio=ratio, window_size=64, kernel_size=5), False, window, True),
         ("adakv", AdaKVPress(SnapKVPress(compression_ratio=ratio, window_size=64, kernel_size=5), alpha_safeguard=0.2),
          True, window + ["--safeguard", "0.2"], True),
+        # the layers' budgets average T * (1 - ratio) = M; beta 3 keeps the last layer's (M / 3) above the window
+        ("pyramidkv", PyramidKVPress(compression_ratio=1 - M / T, window_size=64, kernel_size=5, beta=3), False,
+         window + ["--beta", "3"], True),
         ("tova", TOVAPress(compression_ratio=ratio), False, per_head + ["--window", "1"], False),
     ]
     failed = False

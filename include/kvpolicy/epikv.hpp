@@ -1,60 +1,12 @@
 /// \file
-/// kvpolicy/epikv.hpp — EpiKV and its families (SPEC §4): one frozen score per token, a budget K
-/// over the generated tokens, the prompt and the R = min(128, K / 4) newest tokens protected.
-/// No attention matrix anywhere: the scores come from what the engine already has.
-///
-///   EpiKV / HS-var: one score per token from the hidden states (epiphany::Signal), the same in
-///     every layer and head (broadcast_token_scores), so every head keeps the same tokens.
-///   kv-key / kv-val / lag-kv: a score per (layer, kv head, token) from the keys and values
-///     (kvstats::Tracker), straight into the layout append() takes.
-///
-///   kvpolicy::EpiKVCache<> cache(shape, kvpolicy::memory::Paged<16>(pages),
-///                                kvpolicy::epikv_evictor({.budget = 2048}));
-///   cache.add_sequence(seq, prompt_length);
-///   kvpolicy::epiphany::Signal signal({}, hidden_size);          // one per sequence
-///   signal.push_hidden(hidden_states /* [L+1, T, D] */, token_scores);
-///   kvpolicy::broadcast_token_scores(cache.shape(), token_scores, scores /* [L, Hkv, T] */);
-///   cache.step(seq, keys, values, scores);                          // scores in place of log_beta
+/// kvpolicy/epikv.hpp — SPEC §4's policies on the CPU: the EpiKV preset
+/// (kvpolicy/policies/common/generated_budget.hpp), the registry entries of EpiKV, HS-var, kv-key,
+/// kv-val and lag-kv (kvpolicy/policies/hidden_states.hpp, kv_statistics.hpp) and the signals that
+/// score them (epiphany::Signal, kvstats::Tracker), with the CPU backend the preset defaults to.
 #pragma once
 
 #include "kvpolicy/core/cxx20.hpp"  // first: names a missing -std=c++20
 
-#include <span>
-
-#include "kvpolicy/cache.hpp"
 #include "kvpolicy/cpu/backend.hpp"
-#include "kvpolicy/memory/paged.hpp"
-#include "kvpolicy/policy/admit.hpp"
-#include "kvpolicy/policy/epiphany.hpp"
-#include "kvpolicy/policy/evict.hpp"
-#include "kvpolicy/policy/kv_statistics.hpp"
-#include "kvpolicy/policy/score.hpp"
-
-namespace kvpolicy {
-
-struct EpiKVConfig {
-  std::int64_t budget = 2048;  ///< K, generated tokens kept per (layer, kv head)
-  std::int64_t recency = -1;   ///< R; -1 = min(128, K / 4)
-  std::int64_t sinks = 0;      ///< S: the S oldest entries of each head are protected (SPEC §5)
-  std::int64_t window = 0;     ///< w: the w newest entries of each head are protected (SPEC §5)
-};
-
-inline evict::Generated epikv_evictor(const EpiKVConfig& c = {}) {
-  return evict::Generated{c.budget, c.recency, c.sinks, c.window};
-}
-
-/// Every EpiKV-family policy: the frozen score in the entry's metadata, evict::Generated.
-template <class Backend = cpu_backend, class Storage = float, int PageSize = 16>
-using EpiKVCache = Cache<score::Frozen, admit::All, evict::Generated, memory::Paged<PageSize, Storage>, Backend>;
-
-/// One score per token [T] -> the [L, Hkv, T] layout of Cache::step (SPEC §4: one score per token,
-/// shared by every layer and head).
-inline void broadcast_token_scores(const CacheShape& shape, std::span<const float> token_scores, View<float, 3> out) {
-  const auto T = static_cast<std::int64_t>(token_scores.size());
-  require_shape(View<const float, 3>(out), {shape.layers, shape.kv_heads, T}, "broadcast_token_scores: out");
-  for (std::int64_t l = 0; l < shape.layers; ++l)
-    for (std::int64_t h = 0; h < shape.kv_heads; ++h)
-      for (std::int64_t t = 0; t < T; ++t) out(l, h, t) = token_scores[static_cast<std::size_t>(t)];
-}
-
-}  // namespace kvpolicy
+#include "kvpolicy/policies/hidden_states.hpp"
+#include "kvpolicy/policies/kv_statistics.hpp"

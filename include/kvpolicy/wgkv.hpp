@@ -1,85 +1,10 @@
 /// \file
-/// kvpolicy/wgkv.hpp — WG-KV, write-gated admission (SPEC §3): a learned gate g per (layer, kv
-/// head, token) from the pre- and post-RoPE keys; every head keeps its W_local = 256 newest tokens
-/// (the local ring) and, of the older ones, those with g >= tau = 0.1 (the global cache, which grows
-/// only by promotion); attention applies the vertical-slash mask.
-///
-///   auto gate = kvpolicy::gate::WriteGate::load(file, {.layers = L, .kv_heads = Hkv, .head_dim = d});
-///   kvpolicy::WGKVCache<> cache(shape, kvpolicy::memory::Paged<16>(pages), kvpolicy::wgkv_evictor());
-///   per layer l:  gate.forward(l, k_pre, k_post, g);             // [Hkv, T, d] x2 -> [Hkv, T]
-///                 cache.append(seq, l, k_post, values, g);      // g in place of log_beta
-///                 cache.attend(seq, l, queries, out);
-///   cache.commit(seq);                                           // tokens that left the ring with g < tau go
-///
-/// With a hard budget (SPEC §3 "Admission with eviction", paper appendix K): WGKVBudgetCache, whose
-/// scorer keeps the last W_obs = 256 queries of every layer and, once the sequence's global caches
-/// (the rings not counted) hold more than L * Hkv * M_avg entries, drops floor(10%) of each head's
-/// global cache by the attention its keys alone draw (as the authors' code does).
-///
-/// WG-KV admission composed with TRIM-KV retention eviction (any Admitter with any Evictor): the
-/// gate decides at write time (admit::WriteGate: g >= tau is admitted, any other token lives in the
-/// ring only), the engine's log_beta ranks what is admitted under a per-head budget M:
-///   kvpolicy::WGKVRetentionCache<> cache(shape, memory::Paged<16>(pages), trimkv_evictor({.budget = 1024}),
-///                                        {}, wgkv_admitter());
-///   cache.append(seq, l, k_post, values, log_beta, g);   // both per (kv head, token)
-/// Each commit first drops the tokens that left their ring unadmitted, then TRIM-KV evicts among
-/// what stays (its budget counts the ring's tokens too).
-///
-/// The ring is not a physically separate buffer: the paged allocator holds both parts, the rule
-/// above keeps exactly the ring's survivors, and compaction moves O(dropped) entries per step.
+/// kvpolicy/wgkv.hpp — WG-KV on the CPU: the presets and registry entry of
+/// kvpolicy/policies/wgkv.hpp (SPEC §3) with the CPU backend they default to. A device program
+/// includes kvpolicy/policies/wgkv.hpp and kvpolicy/cuda.cuh instead.
 #pragma once
 
 #include "kvpolicy/core/cxx20.hpp"  // first: names a missing -std=c++20
 
-#include "kvpolicy/cache.hpp"
 #include "kvpolicy/cpu/backend.hpp"
-#include "kvpolicy/memory/paged.hpp"
-#include "kvpolicy/policy/admit.hpp"
-#include "kvpolicy/policy/evict.hpp"
-#include "kvpolicy/policy/observed_attention.hpp"
-#include "kvpolicy/policy/score.hpp"
-
-namespace kvpolicy {
-
-struct WGKVConfig {
-  std::int64_t local = 256;  ///< W_local (the ring: WG-KV's protected window)
-  double tau = 0.1;          ///< admitted iff g >= tau
-  std::int64_t sinks = 0;    ///< S: positions 0..S-1 stay, whatever their g (SPEC §5)
-};
-
-inline evict::WriteGated wgkv_evictor(const WGKVConfig& c = {}) { return evict::WriteGated{c.local, c.tau, c.sinks}; }
-inline admit::WriteGate wgkv_admitter(const WGKVConfig& c = {}) { return admit::WriteGate{c.local, c.tau}; }
-
-template <class Backend = cpu_backend, class Storage = float, int PageSize = 16>
-using WGKVCache = Cache<score::Frozen, admit::All, evict::WriteGated, memory::Paged<PageSize, Storage>, Backend>;
-
-/// WG-KV admission + TRIM-KV retention eviction (see above); g goes to append's `gate`.
-template <class Backend = cpu_backend, class Storage = float, int PageSize = 16>
-using WGKVRetentionCache = Cache<score::RetentionDecay, admit::WriteGate, evict::PerHead<trigger::Buffered>,
-                                 memory::Paged<PageSize, Storage>, Backend>;
-
-/// SPEC §3 "Admission with eviction": M_avg = 4096 entries per (layer, kv head) on average.
-struct WGKVBudgetConfig {
-  std::int64_t local = 256;
-  double tau = 0.1;
-  std::int64_t average_budget = 4096;     ///< M_avg
-  std::int64_t observation_window = 256;  ///< W_obs
-  int pool_kernel = 5;
-  double fraction = 0.1;                  ///< of each head's global cache, per eviction
-  std::int64_t sinks = 0;                 ///< S: positions 0..S-1 stay, whatever their g (SPEC §5)
-};
-
-inline evict::WriteGatedBudget wgkv_budget_evictor(const CacheShape& shape, const WGKVBudgetConfig& c = {}) {
-  return evict::WriteGatedBudget{c.local, c.tau, shape.heads_total() * c.average_budget, c.fraction, c.sinks};
-}
-inline score::GatedObservedAttention wgkv_budget_scorer(const CacheShape& shape, const WGKVBudgetConfig& c = {}) {
-  return score::GatedObservedAttention{c.tau, c.local, shape.heads_total() * c.average_budget, c.observation_window,
-                                       c.pool_kernel, c.sinks};
-}
-
-/// WG-KV admission under a hard budget: attend every step (the scorer observes the queries).
-template <class Backend = cpu_backend, class Storage = float, int PageSize = 16>
-using WGKVBudgetCache = Cache<score::GatedObservedAttention, admit::All, evict::WriteGatedBudget,
-                              memory::Paged<PageSize, Storage>, Backend>;
-
-}  // namespace kvpolicy
+#include "kvpolicy/policies/wgkv.hpp"

@@ -98,6 +98,7 @@ GENERATES = [
     ("tova", dict(budget=8), None),
     ("snapkv", dict(budget=8), None),
     ("adakv", dict(budget=8), None),
+    ("pyramidkv", dict(budget=8, window=2, beta=2), None),  # 12, 8 and 4 entries in the tiny model's 3 layers
     ("trimkv", dict(budget=8, buffer=4), "rg"),
     ("dbtrimkv", dict(budget=8, buffer=4), "rg10"),
     ("wgkv", dict(local=8, tau=0.95), "wg"),  # the untrained gate gives g near 0.88: refused
@@ -206,6 +207,7 @@ PERPLEXITY = [
     ["keydiff", "--budget", "32", "--buffer", "8"],
     ["random", "--budget", "64", "--buffer", "16", "--seed", "3"],
     ["tova", "--budget", "64"],
+    ["pyramidkv", "--budget", "64", "--prefill", "128", "--window", "8", "--beta", "4"],
     ["adakv", "--budget", "32", "--prefill", "128"],
     ["hs-var", "--budget", "128"],
     ["kv-val", "--budget", "32"],

@@ -6,7 +6,7 @@
 
 #include "kvpolicy/core/dtype.hpp"
 #include "kvpolicy/core/entry.hpp"
-#include "kvpolicy/policy/score.hpp"
+#include "kvpolicy/parts/score/retention.hpp"
 
 namespace cudatest {
 

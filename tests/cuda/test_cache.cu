@@ -214,7 +214,7 @@ TEST_CASE("WGKVCache<cuda_backend>: the ring, promotion and the vertical-slash m
   for (std::uint64_t seed = 1; seed <= cudatest::seeds(6); ++seed) {
     const kp::CacheShape shape{2, 2, 4, 64};
     // sinks (SPEC §5) in every other seed: kept whatever their g, and the mask shows them
-    const kp::WGKVConfig c{.local = static_cast<std::int64_t>(3 + 5 * seed), .tau = 0.1, .sinks = seed % 2 == 0 ? 2 : 0};
+    const kp::WGKVConfig c{.sinks = seed % 2 == 0 ? 2 : 0, .local = static_cast<std::int64_t>(3 + 5 * seed), .tau = 0.1};
     const std::int64_t pages = 6 * shape.heads_total() * 20;
     kp::WGKVCache<kp::cpu_backend> cpu(shape, kp::memory::Paged<16>(pages), kp::wgkv_evictor(c));
     kp::WGKVCache<kp::cuda_backend> gpu(shape, kp::memory::Paged<16>(pages), kp::wgkv_evictor(c));
@@ -232,7 +232,10 @@ TEST_CASE("WGKVCache<cuda_backend>: the ring, promotion and the vertical-slash m
 TEST_CASE("TOVA on the device keeps what it keeps on the CPU") {
   for (std::uint64_t seed = 1; seed <= cudatest::seeds(6); ++seed) {
     const kp::CacheShape shape{2, 2, 4, 64};
-    const kp::BaselineConfig c{static_cast<std::int64_t>(6 + 3 * seed), 1, seed % 2 == 0 ? 2 : 0, seed % 3 == 0 ? 3 : 0};
+    const kp::BaselineConfig c{.budget = static_cast<std::int64_t>(6 + 3 * seed),
+                               .buffer = 1,
+                               .sinks = seed % 2 == 0 ? 2 : 0,
+                               .window = seed % 3 == 0 ? 3 : 0};
     const std::int64_t pages = 6 * shape.heads_total() * 8;
     using Tova = kp::evict::PerHead<kp::trigger::Buffered>;
     kp::Cache<kp::score::ObservedAttention, kp::admit::All, Tova, kp::memory::Paged<16>, kp::cpu_backend> cpu(
@@ -489,15 +492,22 @@ TEST_CASE("state machine: TRIM-KV per-head Cache<cuda_backend> against its model
                       kp::cuda_backend>;
   sm::run_streams<C>(sm::Policy::per_head, 100000, static_cast<int>(cudatest::seeds(32)), [](const sm::Model& m) {
     return C(m.shape, StatePool(m.pages_total),
-             kp::trimkv_evictor({m.params.budget, m.params.buffer, m.params.window, m.params.threshold}));
+             kp::trimkv_evictor({.budget = m.params.budget,
+                                 .buffer = m.params.buffer,
+                                 .window = m.params.window,
+                                 .threshold = m.params.threshold}));
   }, device_profile());
 }
 
 TEST_CASE("state machine: DBTrimKV global Cache<cuda_backend> against its model over random operation streams") {
   using C = kp::Cache<kp::score::Lookahead, kp::admit::All, kp::evict::Global, StatePool, kp::cuda_backend>;
   sm::run_streams<C>(sm::Policy::global, 200000, static_cast<int>(cudatest::seeds(32)), [](const sm::Model& m) {
-    const kp::DBTrimKVConfig c{m.params.budget, m.params.buffer, m.horizon, m.params.floor_ratio, m.params.window,
-                               m.params.threshold};
+    const kp::DBTrimKVConfig c{.budget = m.params.budget,
+                               .buffer = m.params.buffer,
+                               .window = m.params.window,
+                               .threshold = m.params.threshold,
+                               .horizon = m.horizon,
+                               .floor_ratio = m.params.floor_ratio};
     return C(m.shape, StatePool(m.pages_total), kp::dbtrimkv_evictor(c), kp::dbtrimkv_scorer(c));
   }, device_profile());
 }
@@ -505,8 +515,12 @@ TEST_CASE("state machine: DBTrimKV global Cache<cuda_backend> against its model 
 TEST_CASE("state machine: DBTrimKV layer-wise Cache<cuda_backend> against its model over random operation streams") {
   using C = kp::Cache<kp::score::Lookahead, kp::admit::All, kp::evict::LayerWise, StatePool, kp::cuda_backend>;
   sm::run_streams<C>(sm::Policy::layer_wise, 300000, static_cast<int>(cudatest::seeds(32)), [](const sm::Model& m) {
-    const kp::DBTrimKVConfig c{m.params.budget, m.params.buffer, m.horizon, m.params.floor_ratio, m.params.window,
-                               m.params.threshold};
+    const kp::DBTrimKVConfig c{.budget = m.params.budget,
+                               .buffer = m.params.buffer,
+                               .window = m.params.window,
+                               .threshold = m.params.threshold,
+                               .horizon = m.horizon,
+                               .floor_ratio = m.params.floor_ratio};
     return C(m.shape, StatePool(m.pages_total), kp::dbtrimkv_layerwise_evictor(c), kp::dbtrimkv_scorer(c));
   }, device_profile());
 }

@@ -20,9 +20,9 @@
 #include "kvpolicy/core/dtype.hpp"
 #include "kvpolicy/cuda/evict_step.cuh"
 #include "kvpolicy/memory/paged.hpp"
-#include "kvpolicy/policy/baseline.hpp"
-#include "kvpolicy/policy/evict.hpp"
-#include "kvpolicy/policy/score.hpp"
+#include "kvpolicy/parts/score/baseline.hpp"
+#include "kvpolicy/parts/evict/evictors.hpp"
+#include "kvpolicy/parts/score/retention.hpp"
 #include "test_scale.hpp"
 
 namespace kp = kvpolicy;

@@ -19,8 +19,8 @@
 #include "kvpolicy/cuda/pooled_topk.cuh"
 #include "kvpolicy/cuda/score.cuh"
 #include "kvpolicy/cuda/segmented_topk.cuh"
-#include "kvpolicy/policy/evict.hpp"
-#include "kvpolicy/policy/score.hpp"
+#include "kvpolicy/parts/evict/evictors.hpp"
+#include "kvpolicy/parts/score/retention.hpp"
 #include "random_segments.hpp"
 #include "test_scale.hpp"
 

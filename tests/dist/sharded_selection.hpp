@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "kvpolicy/dist/select.hpp"
-#include "kvpolicy/policy/evict.hpp"
-#include "kvpolicy/policy/selection.hpp"
+#include "kvpolicy/parts/evict/evictors.hpp"
+#include "kvpolicy/parts/evict/selection.hpp"
 
 namespace disttest {
 

@@ -14,6 +14,7 @@
 #include <tuple>
 #include <vector>
 
+#include "kvpolicy/cpu/backend.hpp"
 #include "kvpolicy/memory/paged.hpp"
 #include "kvpolicy/policies/adakv.hpp"
 #include "kvpolicy/registry.hpp"
@@ -85,7 +86,7 @@ TEST_CASE("oracle: AdaKV allocates a layer's Hkv * M across its heads by score, 
             std::vector<EntryMeta> meta(static_cast<std::size_t>(P));
             for (std::int64_t t = 0; t < P; ++t) meta[static_cast<std::size_t>(t)].position = static_cast<std::int32_t>(t);
             std::vector<float> score(static_cast<std::size_t>(P));
-            snapkv_scorer({M, W}).score_window(View<const float, 2>(K[{l, h}].data(), {P, d}), meta, StepContext{P, P, true},
+            snapkv_scorer({.budget = M, .window = W}).score_window(View<const float, 2>(K[{l, h}].data(), {P, d}), meta, StepContext{P, P, true},
                                                ObservedQueries{qw.data(), G, wobs, d, qpos}, score);
             for (std::int64_t t = 0; t < P; ++t)  // SPEC §5: the sinks and the window rank above every score
               if (t < S || t >= P - W) score[static_cast<std::size_t>(t)] = INFINITY;

@@ -11,6 +11,7 @@
 #include <set>
 #include <vector>
 
+#include "kvpolicy/cpu/backend.hpp"
 #include "kvpolicy/memory/paged.hpp"
 #include "kvpolicy/policies/tova.hpp"
 #include "kvpolicy/registry.hpp"

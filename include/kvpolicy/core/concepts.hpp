@@ -82,7 +82,7 @@ constexpr bool admitter_reads_gate = reads_field<A>(Field::gate);
 /// Evictor: the rule of an eviction, stated once (core/rule.hpp): which heads trigger together
 /// (group_heads), when a group fires (fires, KVPOLICY_HD: the device's trigger kernel calls it),
 /// and what a triggered group keeps (selection(): a HeadSelection or a PoolSelection). It never
-/// moves data; the host executor (policy/selection.hpp: evict::trigger_heads, evict::select_survivors) and the
+/// moves data; the host executor (parts/evict/selection.hpp: evict::trigger_heads, evict::select_survivors) and the
 /// device's evict_step run the statement. A rule the data cannot state (WG-KV's hard budget, which
 /// weighs every head against one sum) gives select(shape, ctx, scores, keep) instead of
 /// selection(), and runs on the host only.
@@ -149,6 +149,11 @@ constexpr bool evictor_tells_binding = requires(const E& e, StepContext c, std::
                                                 std::span<const std::int64_t> offsets) {
   { e.budget_binds(c, meta, offsets) } -> std::same_as<bool>;
 };
+/// selects_heads_alone: an Evictor whose own trigger() and select() decide each head from that
+///   head's length and entries alone (PyramidKV's per-layer budgets): a rank holding a share of
+///   the heads (dist/sharded.hpp) runs it as it is.
+template <class E>
+constexpr bool evictor_selects_heads_alone = requires { requires E::selects_heads_alone; };
 /// validate(): an Admitter checks its own settings, at construction.
 template <class A>
 constexpr bool admitter_validates = requires(const A& a) { a.validate(); };

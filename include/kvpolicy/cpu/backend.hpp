@@ -13,13 +13,11 @@
 #pragma once
 
 #include "kvpolicy/cpu/attention.hpp"
+#include "kvpolicy/cpu/backend_fwd.hpp"  // KVPOLICY_TILED_ATTENTION: which kernel, which inline namespace
 #include "kvpolicy/cpu/executor.hpp"
 
-#if !defined(KVPOLICY_PORTABLE_ATTENTION) && !defined(__CUDACC__) && __has_include(<Eigen/Core>)
-#define KVPOLICY_TILED_ATTENTION 1
+#if KVPOLICY_TILED_ATTENTION
 #include "kvpolicy/cpu/tiled_attention.hpp"
-#else
-#define KVPOLICY_TILED_ATTENTION 0
 #endif
 
 namespace kvpolicy {

@@ -13,8 +13,8 @@
 #include "kvpolicy/cache.hpp"
 #include "kvpolicy/cuda/executor.cuh"
 #include "kvpolicy/memory/paged.hpp"
-#include "kvpolicy/policy/admit.hpp"
-#include "kvpolicy/policy/evict.hpp"
+#include "kvpolicy/parts/admit/write_gate.hpp"
+#include "kvpolicy/parts/evict/evictors.hpp"
 
 namespace kvpolicy {
 

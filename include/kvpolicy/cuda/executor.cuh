@@ -44,8 +44,8 @@
 #include "kvpolicy/engine/scorer_inputs.hpp"
 #include "kvpolicy/engine/step_state.hpp"
 #include "kvpolicy/memory/paged.hpp"
-#include "kvpolicy/policy/admit.hpp"
-#include "kvpolicy/policy/selection.hpp"
+#include "kvpolicy/parts/admit/write_gate.hpp"
+#include "kvpolicy/parts/evict/selection.hpp"
 
 namespace kvpolicy::gpu {
 

@@ -24,7 +24,7 @@
 #include "kvpolicy/cuda/check.cuh"
 #include "kvpolicy/cuda/dtype.cuh"
 #include "kvpolicy/cuda/views.cuh"
-#include "kvpolicy/policy/observed_attention.hpp"
+#include "kvpolicy/parts/score/observed_attention.hpp"
 
 namespace kvpolicy::gpu {
 

@@ -27,8 +27,8 @@
 #include "kvpolicy/core/rank_key.hpp"
 #include "kvpolicy/core/rule.hpp"
 #include "kvpolicy/dist/communicator.hpp"
-#include "kvpolicy/policy/rank.hpp"
-#include "kvpolicy/policy/selection.hpp"
+#include "kvpolicy/parts/evict/rank.hpp"
+#include "kvpolicy/parts/evict/selection.hpp"
 
 namespace kvpolicy::dist {
 

@@ -31,7 +31,7 @@
 #include "kvpolicy/dist/agree.hpp"
 #include "kvpolicy/dist/communicator.hpp"
 #include "kvpolicy/dist/select.hpp"
-#include "kvpolicy/policy/evict.hpp"
+#include "kvpolicy/parts/evict/evictors.hpp"
 
 namespace kvpolicy::dist {
 
@@ -164,7 +164,7 @@ struct ShardedWriteGatedBudget {
 };
 
 /// The Evictor a rank's Cache takes where the unsharded Cache takes `e`, handed to f: a per-head
-/// Evictor as it is (its heads need nothing from other ranks), a pooled one as Sharded, WG-KV's hard
+/// Evictor as it is (its heads need nothing from other ranks; so one that selects each head alone), a pooled one as Sharded, WG-KV's hard
 /// budget as ShardedWriteGatedBudget. So a registered policy's Cache shards without a word of its
 /// own (examples/lm's --tp builds each rank's Cache from the unsharded one's parts).
 template <Evictor E, Communicator C, class F>
@@ -174,6 +174,8 @@ decltype(auto) with_sharded_evictor(const E& e, C* comm, const CacheShape& full,
   } else if constexpr (selects_per_head<E>) {
     require(e.group_heads(full) == 1, "dist::with_sharded_evictor: a per-head selection whose trigger pools ",
             e.group_heads(full), " heads has no sharded form");
+    return f(e);
+  } else if constexpr (evictor_selects_heads_alone<E>) {
     return f(e);
   } else {
     static_assert(evictor_states_selection<E>, "dist::with_sharded_evictor: an Evictor that selects itself has no sharded form");

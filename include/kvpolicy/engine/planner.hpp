@@ -6,7 +6,7 @@
 /// batch is made, so a plan that fails (a NaN score) leaves every step open and the cache as it
 /// was. The Scorer's inputs come through the hooks it declares (engine/scorer_inputs.hpp), the
 /// trigger and selection through the rule the Evictor states (core/rule.hpp, run by
-/// policy/selection.hpp).
+/// parts/evict/selection.hpp).
 #pragma once
 
 #include <algorithm>
@@ -21,7 +21,7 @@
 #include "kvpolicy/core/error.hpp"
 #include "kvpolicy/core/shape.hpp"
 #include "kvpolicy/engine/scorer_inputs.hpp"
-#include "kvpolicy/policy/selection.hpp"
+#include "kvpolicy/parts/evict/selection.hpp"
 
 namespace kvpolicy::detail {
 

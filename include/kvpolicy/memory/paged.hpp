@@ -169,3 +169,17 @@ class Paged {
 static_assert(Allocator<Paged<16, float>>, "memory::Paged must model kvpolicy::Allocator");
 
 }  // namespace kvpolicy::memory
+
+namespace kvpolicy {
+
+/// Pages a paged pool of `page_size` needs so that `sequences` sequences each hold up to
+/// `entries_per_head` entries in every (layer, kv head): memory::Paged<P>::pages_for with the page
+/// size as a value, for a tool that picks it at run time.
+inline std::int64_t pages_for(const CacheShape& shape, std::int64_t entries_per_head, std::int64_t sequences,
+                              std::int64_t page_size) {
+  require(page_size >= 1 && entries_per_head >= 0 && sequences >= 0, "pages_for: page_size = ", page_size,
+          " must be >= 1, entries_per_head = ", entries_per_head, " and sequences = ", sequences, " >= 0");
+  return sequences * shape.heads_total() * ((entries_per_head + page_size - 1) / page_size);
+}
+
+}  // namespace kvpolicy

@@ -13,7 +13,7 @@
 #include <array>
 #include <cmath>
 
-#include "kvpolicy/baselines.hpp"
+#include "kvpolicy/policies/snapkv.hpp"
 #include "kvpolicy/registry/policy.hpp"
 
 namespace kvpolicy::policies {
@@ -61,10 +61,8 @@ struct adakv {
   template <class Backend, class Alloc, class F>
   static decltype(auto) make(const registry::Values& v, const CacheShape& shape, Alloc pool, F&& f) {
     const std::int64_t M = v.integer("budget"), w = v.integer("window");
-    SnapKVConfig c;  // SnapKV's score with its defaults
-    c.budget = M;
-    c.window = w > 0 ? w : std::min<std::int64_t>(32, M);
-    c.sinks = v.integer("sinks");
+    // SnapKV's score with its defaults
+    const SnapKVConfig c{.budget = M, .sinks = v.integer("sinks"), .window = w > 0 ? w : std::min<std::int64_t>(32, M)};
     Cache<score::ObservedAttention, admit::All, Evictor, Alloc, Backend> cache(
         shape, std::move(pool), Evictor{M, c.window, c.sinks, v.real("safeguard")}, snapkv_scorer(c));
     return f(cache);
@@ -72,3 +70,13 @@ struct adakv {
 };
 
 }  // namespace kvpolicy::policies
+
+namespace kvpolicy {
+
+/// AdaKV's Cache: SnapKV's scorer (snapkv_scorer) and policies::adakv::Evictor; declare the prompt
+/// length at add_sequence(seq, prompt_tokens), and attend every step.
+template <class Backend = cpu_backend, class Storage = float, int PageSize = 16>
+using AdaKVCache =
+    Cache<score::ObservedAttention, admit::All, policies::adakv::Evictor, memory::Paged<PageSize, Storage>, Backend>;
+
+}  // namespace kvpolicy

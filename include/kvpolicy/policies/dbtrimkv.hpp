@@ -1,15 +1,78 @@
 /// \file
-/// kvpolicy/policies/dbtrimkv.hpp — DBTrimKV (SPEC §2): the tied retention gate's log beta, the
-/// lookahead score over horizon h (Eq. 9), one global budget L * Hkv * M per sequence, optional
-/// floor_ratio quotas or the threshold variant.
+/// kvpolicy/policies/dbtrimkv.hpp — DBTrimKV (SPEC §2): weight-tied retention gates, the lookahead
+/// score over horizon h (Eq. 9) and one global budget L * Hkv * M per sequence shared by every layer
+/// and kv head, on a ragged paged cache (heads end up with different lengths); optional floor_ratio
+/// quotas, the threshold variant, or the layer-wise pool. The log_beta come from the authors' `rg10`
+/// gate (gate/rg10_gate.hpp, gpu::rg10_gate_forward on the device), which loads their released
+/// checkpoints; gate::TiedGate is the paper's literal form. kvpolicy/dbtrimkv.hpp includes this
+/// file with the CPU backend.
+///
+///   const kvpolicy::DBTrimKVConfig c{.budget = 1024, .buffer = 128, .horizon = 2};
+///   kvpolicy::DBTrimKVCache<> cache(shape, kvpolicy::memory::Paged<16>(pages), kvpolicy::dbtrimkv_evictor(c),
+///                                   kvpolicy::dbtrimkv_scorer(c));
 #pragma once
 
-#include <array>
+#include "kvpolicy/core/cxx20.hpp"  // first: names a missing -std=c++20
 
-#include "kvpolicy/dbtrimkv.hpp"
+#include <array>
+#include <cstdint>
+
+#include "kvpolicy/cache.hpp"
+#include "kvpolicy/core/by_name.hpp"
+#include "kvpolicy/cpu/backend_fwd.hpp"
+#include "kvpolicy/memory/paged.hpp"
+#include "kvpolicy/parts/admit/write_gate.hpp"
+#include "kvpolicy/parts/evict/evictors.hpp"
+#include "kvpolicy/parts/score/retention.hpp"
 #include "kvpolicy/registry/policy.hpp"
 
-namespace kvpolicy::policies {
+namespace kvpolicy {
+
+struct DBTrimKVConfig {
+  [[no_unique_address]] ByName by_name{};
+  std::int64_t budget = 1024;  ///< M per (layer, kv head); the sequence keeps L * Hkv * M
+  std::int64_t buffer = 128;   ///< B
+  std::int64_t sinks = 0;      ///< S: the S oldest entries of each head are protected (SPEC §5)
+  std::int64_t window = 0;     ///< w: the w newest entries of each head are protected
+  double threshold = 0.0;      ///< alpha; > 0 selects the threshold variant
+  int horizon = 2;             ///< h of the lookahead score
+  double floor_ratio = 0.0;    ///< f: each head keeps floor(f * M) of its own best
+};
+
+inline evict::Global dbtrimkv_evictor(const DBTrimKVConfig& c = {}) {
+  return evict::Global{c.budget, c.buffer, c.floor_ratio, c.window, c.threshold, c.sinks, c.horizon};
+}
+inline evict::LayerWise dbtrimkv_layerwise_evictor(const DBTrimKVConfig& c = {}) {
+  return evict::LayerWise{c.budget, c.buffer, c.floor_ratio, c.window, c.threshold, c.sinks, c.horizon};
+}
+/// The scorer holds the config's horizon; the Cache refuses an evictor from a config whose horizon
+/// its scorer does not have (pass both: `DBTrimKVCache<>(shape, pool, dbtrimkv_evictor(c), dbtrimkv_scorer(c))`).
+inline score::Lookahead dbtrimkv_scorer(const DBTrimKVConfig& c = {}) { return score::Lookahead{c.horizon}; }
+
+/// Pages for `sequences` DBTrimKV sequences (global or layer-wise, any floor_ratio) in the allocator
+/// `Paged` (memory::Paged<P, Storage>). The budget bounds each sequence's total, not a head. Pages are
+/// taken at append and given back at commit, so a step's peak follows its appends: at most
+/// L * Hkv * (M + B + largest_chunk) entries in ragged heads (global, f = 0: L * Hkv * (M + B - 1 +
+/// largest_chunk)), each head's last page partly empty, and one page per head over
+/// ceil(L * Hkv * (M + B - 1 + largest_chunk) / P) covers all of these.
+template <class Paged = memory::Paged<16>>
+std::int64_t dbtrimkv_pages(const CacheShape& shape, const DBTrimKVConfig& c, std::int64_t sequences,
+                            std::int64_t largest_chunk = 1) {
+  const std::int64_t heads = shape.heads_total();
+  const std::int64_t total = heads * evict::detail::per_head_peak("dbtrimkv_pages", c.budget, c.buffer, c.threshold, largest_chunk);
+  require(sequences >= 0, "dbtrimkv_pages: sequences = ", sequences, " must be >= 0");
+  return sequences * ((total + Paged::page_size - 1) / Paged::page_size + heads);
+}
+
+template <class Backend = cpu_backend, class Storage = float, int PageSize = 16>
+using DBTrimKVCache =
+    Cache<score::Lookahead, admit::All, evict::Global, memory::Paged<PageSize, Storage>, Backend>;
+
+template <class Backend = cpu_backend, class Storage = float, int PageSize = 16>
+using DBTrimKVLayerWiseCache =
+    Cache<score::Lookahead, admit::All, evict::LayerWise, memory::Paged<PageSize, Storage>, Backend>;
+
+namespace policies {
 
 struct dbtrimkv {
   static constexpr std::string_view name = "dbtrimkv";
@@ -35,12 +98,19 @@ struct dbtrimkv {
     const double alpha = v.real("threshold");
     require(alpha >= 0.0 && alpha <= static_cast<double>(h), "--threshold alpha = ", alpha, " must be in (0, ", h,
             "] for dbtrimkv (its scores are <= log ", h, ": a larger alpha keeps nothing; 0 = off)");
-    const DBTrimKVConfig c{v.integer("budget"), v.integer("buffer"), static_cast<int>(h), v.real("floor"),
-                           v.integer("window"), alpha, v.integer("sinks")};
+    const DBTrimKVConfig c{.budget = v.integer("budget"),
+                           .buffer = v.integer("buffer"),
+                           .sinks = v.integer("sinks"),
+                           .window = v.integer("window"),
+                           .threshold = alpha,
+                           .horizon = static_cast<int>(h),
+                           .floor_ratio = v.real("floor")};
     Cache<score::Lookahead, admit::All, evict::Global, Alloc, Backend> cache(shape, std::move(pool), dbtrimkv_evictor(c),
                                                                              dbtrimkv_scorer(c));
     return f(cache);
   }
 };
 
-}  // namespace kvpolicy::policies
+}  // namespace policies
+
+}  // namespace kvpolicy

@@ -6,10 +6,16 @@
 #include <array>
 #include <limits>
 
-#include "kvpolicy/baselines.hpp"
+#include "kvpolicy/policies/common/per_head_budget.hpp"
 #include "kvpolicy/registry/policy.hpp"
 
-namespace kvpolicy::policies {
+namespace kvpolicy {
+
+/// The full cache, as a policy: a budget no sequence reaches.
+template <class Backend = cpu_backend, class Storage = float, int PageSize = 16>
+using FullCache = PerHeadBudgetCache<score::Recency, Backend, Storage, PageSize>;
+
+namespace policies {
 
 struct full {
   static constexpr std::string_view name = "full";
@@ -20,9 +26,11 @@ struct full {
   template <class Backend, class Alloc, class F>
   static decltype(auto) make(const registry::Values&, const CacheShape& shape, Alloc pool, F&& f) {
     Cache<score::Recency, admit::All, evict::PerHead<trigger::Buffered>, Alloc, Backend> cache(
-        shape, std::move(pool), baseline_evictor({std::numeric_limits<std::int32_t>::max() - 1, 1}), score::Recency{0});
+        shape, std::move(pool), baseline_evictor({.budget = std::numeric_limits<std::int32_t>::max() - 1, .buffer = 1}), score::Recency{0});
     return f(cache);
   }
 };
 
-}  // namespace kvpolicy::policies
+}  // namespace policies
+
+}  // namespace kvpolicy

@@ -5,10 +5,23 @@
 
 #include <array>
 
-#include "kvpolicy/baselines.hpp"
+#include "kvpolicy/policies/common/per_head_budget.hpp"
 #include "kvpolicy/registry/policy.hpp"
 
-namespace kvpolicy::policies {
+namespace kvpolicy {
+
+/// H2O, SPEC §5: the recent half of the budget (w = M / 2) is protected, or the config's window
+/// when it names one (w > 0).
+inline evict::PerHead<trigger::Buffered> h2o_evictor(const BaselineConfig& c = {}) {
+  return evict::PerHead<trigger::Buffered>{trigger::Buffered{c.budget, c.buffer}, c.window > 0 ? c.window : c.budget / 2,
+                                           0.0, c.sinks};
+}
+
+/// H2O ranks by the attention mass its attend() calls accumulate, so its steps must attend.
+template <class Backend = cpu_backend, class Storage = float, int PageSize = 16>
+using H2OCache = PerHeadBudgetCache<score::AttentionMass, Backend, Storage, PageSize>;
+
+namespace policies {
 
 struct h2o {
   static constexpr std::string_view name = "h2o";
@@ -21,9 +34,11 @@ struct h2o {
   static decltype(auto) make(const registry::Values& v, const CacheShape& shape, Alloc pool, F&& f) {
     Cache<score::AttentionMass, admit::All, evict::PerHead<trigger::Buffered>, Alloc, Backend> cache(
         shape, std::move(pool),
-        h2o_evictor({v.integer("budget"), v.integer("buffer"), v.integer("sinks"), v.integer("window")}));
+        h2o_evictor({.budget = v.integer("budget"), .buffer = v.integer("buffer"), .sinks = v.integer("sinks"), .window = v.integer("window")}));
     return f(cache);
   }
 };
 
-}  // namespace kvpolicy::policies
+}  // namespace policies
+
+}  // namespace kvpolicy

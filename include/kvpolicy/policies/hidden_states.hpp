@@ -1,13 +1,15 @@
 /// \file
 /// kvpolicy/policies/hidden_states.hpp — EpiKV and HS-var (SPEC §4): one frozen score per token from
 /// the change of the hidden states between bands A and B, the same in every layer and head, a
-/// budget K over the generated tokens, the prompt and the R newest protected. The engine computes
-/// the score (epiphany::Signal, Inputs::hidden_states).
+/// budget K over the generated tokens, the prompt and the R newest protected
+/// (policies/common/generated_budget.hpp). The engine computes the score (epiphany::Signal,
+/// kvpolicy/parts/score/epiphany.hpp; Inputs::hidden_states).
 #pragma once
 
 #include <array>
 
-#include "kvpolicy/policies/kv_statistics.hpp"
+#include "kvpolicy/parts/score/epiphany.hpp"
+#include "kvpolicy/policies/common/generated_budget.hpp"
 
 namespace kvpolicy::policies {
 

@@ -4,10 +4,17 @@
 
 #include <array>
 
-#include "kvpolicy/baselines.hpp"
+#include "kvpolicy/policies/common/per_head_budget.hpp"
 #include "kvpolicy/registry/policy.hpp"
 
-namespace kvpolicy::policies {
+namespace kvpolicy {
+
+/// KeyDiff (Park et al. 2025): the keys least aligned with the head's mean key direction stay;
+/// the per-head budget of SPEC §5.
+template <class Backend = cpu_backend, class Storage = float, int PageSize = 16>
+using KeyDiffCache = PerHeadBudgetCache<score::KeyDiff, Backend, Storage, PageSize>;
+
+namespace policies {
 
 struct keydiff {
   static constexpr std::string_view name = "keydiff";
@@ -20,9 +27,11 @@ struct keydiff {
   static decltype(auto) make(const registry::Values& v, const CacheShape& shape, Alloc pool, F&& f) {
     Cache<score::KeyDiff, admit::All, evict::PerHead<trigger::Buffered>, Alloc, Backend> cache(
         shape, std::move(pool),
-        baseline_evictor({v.integer("budget"), v.integer("buffer"), v.integer("sinks"), v.integer("window")}));
+        baseline_evictor({.budget = v.integer("budget"), .buffer = v.integer("buffer"), .sinks = v.integer("sinks"), .window = v.integer("window")}));
     return f(cache);
   }
 };
 
-}  // namespace kvpolicy::policies
+}  // namespace policies
+
+}  // namespace kvpolicy

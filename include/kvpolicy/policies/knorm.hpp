@@ -4,10 +4,16 @@
 
 #include <array>
 
-#include "kvpolicy/baselines.hpp"
+#include "kvpolicy/policies/common/per_head_budget.hpp"
 #include "kvpolicy/registry/policy.hpp"
 
-namespace kvpolicy::policies {
+namespace kvpolicy {
+
+/// KNorm (Devoto et al. 2024): the keys of smallest L2 norm stay; the per-head budget of SPEC §5.
+template <class Backend = cpu_backend, class Storage = float, int PageSize = 16>
+using KNormCache = PerHeadBudgetCache<score::NegKeyNorm, Backend, Storage, PageSize>;
+
+namespace policies {
 
 struct knorm {
   static constexpr std::string_view name = "knorm";
@@ -20,9 +26,11 @@ struct knorm {
   static decltype(auto) make(const registry::Values& v, const CacheShape& shape, Alloc pool, F&& f) {
     Cache<score::NegKeyNorm, admit::All, evict::PerHead<trigger::Buffered>, Alloc, Backend> cache(
         shape, std::move(pool),
-        baseline_evictor({v.integer("budget"), v.integer("buffer"), v.integer("sinks"), v.integer("window")}));
+        baseline_evictor({.budget = v.integer("budget"), .buffer = v.integer("buffer"), .sinks = v.integer("sinks"), .window = v.integer("window")}));
     return f(cache);
   }
 };
 
-}  // namespace kvpolicy::policies
+}  // namespace policies
+
+}  // namespace kvpolicy

@@ -6,10 +6,16 @@
 #include <array>
 #include <cstdint>
 
-#include "kvpolicy/baselines.hpp"
+#include "kvpolicy/policies/common/per_head_budget.hpp"
 #include "kvpolicy/registry/policy.hpp"
 
-namespace kvpolicy::policies {
+namespace kvpolicy {
+
+/// Random: seeded uniform scores under the per-head budget of SPEC §5 (the floor every policy must beat).
+template <class Backend = cpu_backend, class Storage = float, int PageSize = 16>
+using RandomCache = PerHeadBudgetCache<score::SeededRandom, Backend, Storage, PageSize>;
+
+namespace policies {
 
 struct random {
   static constexpr std::string_view name = "random";
@@ -23,10 +29,12 @@ struct random {
   static decltype(auto) make(const registry::Values& v, const CacheShape& shape, Alloc pool, F&& f) {
     Cache<score::SeededRandom, admit::All, evict::PerHead<trigger::Buffered>, Alloc, Backend> cache(
         shape, std::move(pool),
-        baseline_evictor({v.integer("budget"), v.integer("buffer"), v.integer("sinks"), v.integer("window")}),
+        baseline_evictor({.budget = v.integer("budget"), .buffer = v.integer("buffer"), .sinks = v.integer("sinks"), .window = v.integer("window")}),
         score::SeededRandom{static_cast<std::uint64_t>(v.integer("seed"))});
     return f(cache);
   }
 };
 
-}  // namespace kvpolicy::policies
+}  // namespace policies
+
+}  // namespace kvpolicy

@@ -7,10 +7,42 @@
 #include <algorithm>
 #include <array>
 
-#include "kvpolicy/baselines.hpp"
+#include "kvpolicy/cache.hpp"
+#include "kvpolicy/core/by_name.hpp"
+#include "kvpolicy/cpu/backend_fwd.hpp"
+#include "kvpolicy/memory/paged.hpp"
+#include "kvpolicy/parts/admit/write_gate.hpp"
+#include "kvpolicy/parts/evict/evictors.hpp"
+#include "kvpolicy/parts/score/observed_attention.hpp"
 #include "kvpolicy/registry/policy.hpp"
 
-namespace kvpolicy::policies {
+namespace kvpolicy {
+
+/// SnapKV, SPEC §5: compress the prompt to M per head once, by the attention of the last W_obs
+/// queries, pooled along positions and reduced over the GQA group. Defaults as the original SnapKV
+/// code: W_obs = 32, avg-pool, kernel 5, GQA mean (kvpress's reduction; docs/policies.md).
+struct SnapKVConfig {
+  [[no_unique_address]] ByName by_name{};
+  std::int64_t budget = 1024;  ///< M per (layer, kv head), after the prompt
+  std::int64_t sinks = 0;      ///< S: the S oldest entries of each head are protected (SPEC §5)
+  std::int64_t window = 32;    ///< W_obs: the observation window, also the protected newest entries
+  int pool_kernel = 5;         ///< odd; 1 = no pooling
+  score::Pooling pooling = score::Pooling::avg;
+  score::GroupReduce group_reduce = score::GroupReduce::mean;
+};
+inline evict::PromptEnd snapkv_evictor(const SnapKVConfig& c = {}) {
+  return evict::PromptEnd{c.budget, c.window, c.sinks};
+}
+inline score::ObservedAttention snapkv_scorer(const SnapKVConfig& c = {}) {
+  return score::ObservedAttention{c.window, c.pool_kernel, c.pooling, c.group_reduce};
+}
+
+/// SnapKV: declare the prompt length at add_sequence(seq, prompt_tokens), and attend every step.
+template <class Backend = cpu_backend, class Storage = float, int PageSize = 16>
+using SnapKVCache =
+    Cache<score::ObservedAttention, admit::All, evict::PromptEnd, memory::Paged<PageSize, Storage>, Backend>;
+
+namespace policies {
 
 struct snapkv {
   static constexpr std::string_view name = "snapkv";
@@ -28,12 +60,12 @@ struct snapkv {
 
   static SnapKVConfig config(const registry::Values& v) {
     const std::int64_t M = v.integer("budget"), w = v.integer("window");
-    return {M,
-            w > 0 ? w : std::min<std::int64_t>(32, M),
-            static_cast<int>(v.integer("pool-kernel")),
-            v.choice("pool") == 0 ? score::Pooling::avg : score::Pooling::max,
-            v.choice("gqa") == 0 ? score::GroupReduce::mean : score::GroupReduce::max,
-            v.integer("sinks")};
+    return {.budget = M,
+            .sinks = v.integer("sinks"),
+            .window = w > 0 ? w : std::min<std::int64_t>(32, M),
+            .pool_kernel = static_cast<int>(v.integer("pool-kernel")),
+            .pooling = v.choice("pool") == 0 ? score::Pooling::avg : score::Pooling::max,
+            .group_reduce = v.choice("gqa") == 0 ? score::GroupReduce::mean : score::GroupReduce::max};
   }
 
   template <class Backend, class Alloc, class F>
@@ -45,4 +77,6 @@ struct snapkv {
   }
 };
 
-}  // namespace kvpolicy::policies
+}  // namespace policies
+
+}  // namespace kvpolicy

@@ -5,10 +5,20 @@
 
 #include <array>
 
-#include "kvpolicy/baselines.hpp"
+#include "kvpolicy/policies/common/per_head_budget.hpp"
 #include "kvpolicy/registry/policy.hpp"
 
-namespace kvpolicy::policies {
+namespace kvpolicy {
+
+/// StreamingLLM (Xiao et al. 2024): score::Recency{.sinks = S} ranks the S first tokens and then
+/// the newest; the per-head budget of SPEC §5.
+///   kvpolicy::StreamingLLMCache<> cache(shape, kvpolicy::memory::Paged<16>(pages),
+///                                       kvpolicy::baseline_evictor({.budget = 1024}),
+///                                       kvpolicy::score::Recency{.sinks = 4});
+template <class Backend = cpu_backend, class Storage = float, int PageSize = 16>
+using StreamingLLMCache = PerHeadBudgetCache<score::Recency, Backend, Storage, PageSize>;
+
+namespace policies {
 
 struct streamingllm {
   static constexpr std::string_view name = "streamingllm";
@@ -21,10 +31,12 @@ struct streamingllm {
   static decltype(auto) make(const registry::Values& v, const CacheShape& shape, Alloc pool, F&& f) {
     // the sinks rank first by the score itself (score::Recency), so the evictor protects none
     Cache<score::Recency, admit::All, evict::PerHead<trigger::Buffered>, Alloc, Backend> cache(
-        shape, std::move(pool), baseline_evictor({v.integer("budget"), v.integer("buffer"), 0, v.integer("window")}),
+        shape, std::move(pool), baseline_evictor({.budget = v.integer("budget"), .buffer = v.integer("buffer"), .window = v.integer("window")}),
         score::Recency{v.integer("sinks")});
     return f(cache);
   }
 };
 
-}  // namespace kvpolicy::policies
+}  // namespace policies
+
+}  // namespace kvpolicy

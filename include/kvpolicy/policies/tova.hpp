@@ -12,10 +12,18 @@
 
 #include <array>
 
-#include "kvpolicy/baselines.hpp"
+#include "kvpolicy/policies/common/per_head_budget.hpp"
+#include "kvpolicy/parts/score/observed_attention.hpp"
 #include "kvpolicy/registry/policy.hpp"
 
-namespace kvpolicy::policies {
+namespace kvpolicy {
+
+/// TOVA's Cache: score::ObservedAttention{1, 1, avg, mean} (policies::tova::scorer) under the
+/// per-head budget; its steps must attend.
+template <class Backend = cpu_backend, class Storage = float, int PageSize = 16>
+using TOVACache = PerHeadBudgetCache<score::ObservedAttention, Backend, Storage, PageSize>;
+
+namespace policies {
 
 struct tova {
   static constexpr std::string_view name = "tova";
@@ -32,9 +40,11 @@ struct tova {
   static decltype(auto) make(const registry::Values& v, const CacheShape& shape, Alloc pool, F&& f) {
     Cache<score::ObservedAttention, admit::All, evict::PerHead<trigger::Buffered>, Alloc, Backend> cache(
         shape, std::move(pool),
-        baseline_evictor({v.integer("budget"), v.integer("buffer"), v.integer("sinks"), v.integer("window")}), scorer);
+        baseline_evictor({.budget = v.integer("budget"), .buffer = v.integer("buffer"), .sinks = v.integer("sinks"), .window = v.integer("window")}), scorer);
     return f(cache);
   }
 };
 
-}  // namespace kvpolicy::policies
+}  // namespace policies
+
+}  // namespace kvpolicy

@@ -1,15 +1,63 @@
 /// \file
 /// kvpolicy/policies/trimkv.hpp — TRIM-KV (SPEC §1): learned retention log beta per token and kv
 /// head from the gate on the layer's normed input, score log beta * (n + 1 - p), per-head budget M
-/// with buffer B, or the threshold variant.
+/// with buffer B, or the threshold variant. The preset a C++ program names and the registry entry
+/// the tools build by name. kvpolicy/trimkv.hpp includes this file with the CPU backend.
+///
+///   kvpolicy::TrimKVCache<> cache(shape, kvpolicy::memory::Paged<16>(pages),
+///                                 kvpolicy::trimkv_evictor({.budget = 1024, .buffer = 128}));
 #pragma once
 
+#include "kvpolicy/core/cxx20.hpp"  // first: names a missing -std=c++20
+
 #include <array>
+#include <cstdint>
 
+#include "kvpolicy/cache.hpp"
+#include "kvpolicy/core/by_name.hpp"
+#include "kvpolicy/cpu/backend_fwd.hpp"
+#include "kvpolicy/memory/paged.hpp"
+#include "kvpolicy/parts/admit/write_gate.hpp"
+#include "kvpolicy/parts/evict/evictors.hpp"
+#include "kvpolicy/parts/score/retention.hpp"
 #include "kvpolicy/registry/policy.hpp"
-#include "kvpolicy/trimkv.hpp"
 
-namespace kvpolicy::policies {
+namespace kvpolicy {
+
+/// The knobs of SPEC §1 with its defaults.
+struct TrimKVConfig {
+  [[no_unique_address]] ByName by_name{};
+  std::int64_t budget = 1024;  ///< M per (layer, kv head)
+  std::int64_t buffer = 128;   ///< B
+  std::int64_t sinks = 0;      ///< S: the S oldest entries of each head are protected (SPEC §5)
+  std::int64_t window = 0;     ///< w: the w newest entries of each head are protected
+  double threshold = 0.0;      ///< alpha; > 0 selects the threshold variant
+};
+
+inline evict::PerHead<trigger::Buffered> trimkv_evictor(const TrimKVConfig& c = {}) {
+  return evict::PerHead<trigger::Buffered>{trigger::Buffered{c.budget, c.buffer}, c.window, c.threshold, c.sinks};
+}
+
+template <class Backend = cpu_backend, class Storage = float, int PageSize = 16>
+using TrimKVCache = Cache<score::RetentionDecay, admit::All, evict::PerHead<trigger::Buffered>,
+                          memory::Paged<PageSize, Storage>, Backend>;
+
+/// SPEC §1 variant `knorm`: retention plus log ||k||.
+template <class Backend = cpu_backend, class Storage = float, int PageSize = 16>
+using TrimKVKNormCache = Cache<score::KNormRetention, admit::All, evict::PerHead<trigger::Buffered>,
+                               memory::Paged<PageSize, Storage>, Backend>;
+
+/// Pages for `sequences` TRIM-KV sequences in the allocator `Paged` (memory::Paged<P, Storage>):
+/// every head at its peak M + B - 1 + largest_chunk. `largest_chunk`: the most tokens one step
+/// appends (the prefill chunk; 1 for decode). Bytes: Paged::bytes_for(shape, pages).
+template <class Paged = memory::Paged<16>>
+std::int64_t trimkv_pages(const CacheShape& shape, const TrimKVConfig& c, std::int64_t sequences,
+                          std::int64_t largest_chunk = 1) {
+  return Paged::pages_for(shape, evict::detail::per_head_peak("trimkv_pages", c.budget, c.buffer, c.threshold, largest_chunk),
+                          sequences);
+}
+
+namespace policies {
 
 struct trimkv {
   static constexpr std::string_view name = "trimkv";
@@ -26,9 +74,15 @@ struct trimkv {
             " must be in (0, 1] for trimkv (its scores are <= log 1: a larger alpha keeps nothing; 0 = off)");
     Cache<score::RetentionDecay, admit::All, evict::PerHead<trigger::Buffered>, Alloc, Backend> cache(
         shape, std::move(pool),
-        trimkv_evictor({v.integer("budget"), v.integer("buffer"), v.integer("window"), alpha, v.integer("sinks")}));
+        trimkv_evictor({.budget = v.integer("budget"),
+                        .buffer = v.integer("buffer"),
+                        .sinks = v.integer("sinks"),
+                        .window = v.integer("window"),
+                        .threshold = alpha}));
     return f(cache);
   }
 };
 
-}  // namespace kvpolicy::policies
+}  // namespace policies
+
+}  // namespace kvpolicy

@@ -1,5 +1,5 @@
 /// \file
-/// kvpolicy/policy/epiphany.hpp — EpiKV's importance signal from hidden states (SPEC §4), with no
+/// kvpolicy/parts/score/epiphany.hpp — EpiKV's importance signal from hidden states (SPEC §4), with no
 /// attention matrix: per band layer l, g_l(t) = ||h_l(t) - h_l(t-1)||_2 (g_l(0) = 0), then over the
 /// causal window of the last W = 64 tokens (t-W+1 .. t, t included)
 ///   EpiKV   score(t) = z_A(t) - z_B(t),  z_l(t) = (g_l(t) - mean_W(g_l)) / (std_W(g_l) + 1e-6)

@@ -1,5 +1,5 @@
 /// \file
-/// kvpolicy/policy/observed_attention.hpp — SnapKV's score (SPEC §5): the attention the last W_obs
+/// kvpolicy/parts/score/observed_attention.hpp — SnapKV's score (SPEC §5): the attention the last W_obs
 /// queries give each key, from the window of queries the Cache keeps per layer. Per query head g of
 /// the kv head's group: softmax(q k^T / sqrt(d)) of each observed query over the keys it may see
 /// (causal), summed over the queries; then pooled along positions (stride 1, same length) over the

@@ -1,5 +1,5 @@
 /// \file
-/// kvpolicy/policy/rank.hpp — the one ordering every top-k of the library uses (SPEC, Ties), and the
+/// kvpolicy/parts/evict/rank.hpp — the one ordering every top-k of the library uses (SPEC, Ties), and the
 /// host reference selections built on it. Higher score first; among equal scores the larger
 /// position (the newer token) first; across heads, equal score and position go to the lower
 /// (layer, head) index.

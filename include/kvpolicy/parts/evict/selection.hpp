@@ -1,8 +1,8 @@
 /// \file
-/// kvpolicy/policy/selection.hpp — the host executor of an Evictor's rule (core/rule.hpp), the
+/// kvpolicy/parts/evict/selection.hpp — the host executor of an Evictor's rule (core/rule.hpp), the
 /// reference the device's evict_step must match: evict::trigger_heads runs the rule's trigger over the
 /// groups of group_heads(shape) heads, evict::select_survivors marks the survivors its selection() states
-/// (per head: select_heads; pooled: select_pools, over policy/rank.hpp), or calls the Evictor's
+/// (per head: select_heads; pooled: select_pools, over parts/evict/rank.hpp), or calls the Evictor's
 /// own select() for a rule the data cannot state. Neither moves data.
 #pragma once
 
@@ -17,7 +17,7 @@
 #include "kvpolicy/core/concepts.hpp"
 #include "kvpolicy/core/error.hpp"
 #include "kvpolicy/core/rule.hpp"
-#include "kvpolicy/policy/rank.hpp"
+#include "kvpolicy/parts/evict/rank.hpp"
 
 namespace kvpolicy::evict {
 

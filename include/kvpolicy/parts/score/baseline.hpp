@@ -1,5 +1,5 @@
 /// \file
-/// kvpolicy/policy/baseline.hpp — the scores of SPEC §5's training-free baselines: StreamingLLM
+/// kvpolicy/parts/score/baseline.hpp — the scores of SPEC §5's training-free baselines: StreamingLLM
 /// (recency with attention sinks), KNorm (low key norm first) and Random (seeded) from an entry's
 /// own metadata; H2O from the attention mass the attention accumulates; KeyDiff from the head's
 /// keys. Higher = keep, as every Scorer; they compose with any Evictor (the presets in

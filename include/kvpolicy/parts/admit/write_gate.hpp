@@ -1,5 +1,5 @@
 /// \file
-/// kvpolicy/policy/admit.hpp — Admitters. TRIM-KV and DBTrimKV admit every token (they act only at
+/// kvpolicy/parts/admit/write_gate.hpp — Admitters. TRIM-KV and DBTrimKV admit every token (they act only at
 /// eviction time); write-time admission (WG-KV, SPEC §3) composes here.
 #pragma once
 

@@ -1,5 +1,5 @@
 /// \file
-/// kvpolicy/policy/score.hpp — Scorers: retention scores of SPEC §1–2 as pure KVPOLICY_HD math.
+/// kvpolicy/parts/score/retention.hpp — Scorers: retention scores of SPEC §1–2 as pure KVPOLICY_HD math.
 /// The CPU path and every kernel call these operator()s; the math is written once.
 #pragma once
 

@@ -1,8 +1,8 @@
 /// \file
-/// kvpolicy/policy/evict.hpp — Evictors: trigger + selection scope + protection + quotas
+/// kvpolicy/parts/evict/evictors.hpp — Evictors: trigger + selection scope + protection + quotas
 /// (SPEC §1 "Trigger and survivors", SPEC §2 "Global trigger and survivors"). An evictor marks
 /// survivors; it never moves data. Each states its rule as data (core/rule.hpp), which the host
-/// (policy/selection.hpp) and the device (cuda/evict_step.cuh) run.
+/// (parts/evict/selection.hpp) and the device (cuda/evict_step.cuh) run.
 #pragma once
 
 #include <algorithm>
@@ -16,8 +16,8 @@
 #include "kvpolicy/core/concepts.hpp"
 #include "kvpolicy/core/error.hpp"
 #include "kvpolicy/core/mask.hpp"
-#include "kvpolicy/policy/rank.hpp"
-#include "kvpolicy/policy/selection.hpp"
+#include "kvpolicy/parts/evict/rank.hpp"
+#include "kvpolicy/parts/evict/selection.hpp"
 
 namespace kvpolicy {
 

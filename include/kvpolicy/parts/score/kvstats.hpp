@@ -1,5 +1,5 @@
 /// \file
-/// kvpolicy/policy/kv_statistics.hpp — EpiKV's KV-statistics family (SPEC §4), scored from the keys
+/// kvpolicy/parts/score/kvstats.hpp — EpiKV's KV-statistics family (SPEC §4), scored from the keys
 /// and values the engine appends, per (layer, kv head), with no attention and no hidden states:
 ///   kv-key  score(t) = mean over the causal window of W = 64 tokens of var_d(k(t))
 ///   kv-val  the same on values
@@ -20,7 +20,7 @@
 #include "kvpolicy/core/math.hpp"
 #include "kvpolicy/core/shape.hpp"
 #include "kvpolicy/core/view.hpp"
-#include "kvpolicy/policy/epiphany.hpp"
+#include "kvpolicy/parts/score/epiphany.hpp"
 
 namespace kvpolicy::kvstats {
 
