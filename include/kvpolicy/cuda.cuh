@@ -6,23 +6,23 @@
 /// point in kvpolicy::gpu takes a cudaStream_t, sizes its scratch in two phases, never allocates or
 /// synchronises, and checks every launch. Cache<cuda_backend> is the convenience layer above them: it
 /// allocates its pool and scratch when constructed and synchronises its stream on each call
-/// (cuda/cache.cuh).
+/// (cuda/backend.cuh).
 /// Needs nvcc (C++20) and links CUDA::cudart and CUDA::cublas (the CMake target kvpolicy::cuda).
 #pragma once
 
 #include "kvpolicy/core/cxx20.hpp"  // first: names a missing -std=c++20
 
-#include "kvpolicy/cuda/append.cuh"
-#include "kvpolicy/cuda/attention.cuh"
-#include "kvpolicy/cuda/cache.cuh"
-#include "kvpolicy/cuda/check.cuh"
-#include "kvpolicy/cuda/compact.cuh"
-#include "kvpolicy/cuda/dispatch.cuh"
-#include "kvpolicy/cuda/dtype.cuh"
-#include "kvpolicy/cuda/evict_step.cuh"
-#include "kvpolicy/cuda/pooled_topk.cuh"
-#include "kvpolicy/cuda/retention_gate.cuh"
-#include "kvpolicy/cuda/score.cuh"
-#include "kvpolicy/cuda/segmented_topk.cuh"
-#include "kvpolicy/cuda/views.cuh"
-#include "kvpolicy/cuda/write_gate.cuh"
+#include "kvpolicy/cuda/kernels/append.cuh"
+#include "kvpolicy/cuda/kernels/attention.cuh"
+#include "kvpolicy/cuda/backend.cuh"
+#include "kvpolicy/cuda/primitives/check.cuh"
+#include "kvpolicy/cuda/kernels/compact.cuh"
+#include "kvpolicy/cuda/primitives/dispatch.cuh"
+#include "kvpolicy/cuda/primitives/dtype.cuh"
+#include "kvpolicy/cuda/kernels/evict_step.cuh"
+#include "kvpolicy/cuda/kernels/pooled_topk.cuh"
+#include "kvpolicy/cuda/kernels/retention_gate.cuh"
+#include "kvpolicy/cuda/kernels/score.cuh"
+#include "kvpolicy/cuda/kernels/segmented_topk.cuh"
+#include "kvpolicy/cuda/memory/views.cuh"
+#include "kvpolicy/cuda/kernels/write_gate.cuh"

@@ -5,7 +5,7 @@
 
 #include <cublas_v2.h>
 
-#include "kvpolicy/cuda/gemm.cuh"
+#include "kvpolicy/cuda/kernels/gemm.cuh"
 
 namespace cudatest {
 

@@ -8,7 +8,7 @@
 #include <cstring>
 #include <vector>
 
-#include "kvpolicy/cuda/check.cuh"
+#include "kvpolicy/cuda/primitives/check.cuh"
 
 namespace cudatest {
 

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "kvpolicy/cuda/check.cuh"
+#include "kvpolicy/cuda/primitives/check.cuh"
 
 int main(int argc, char** argv) {
   bool host_only = false;

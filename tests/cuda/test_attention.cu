@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "device_buffer.hpp"
-#include "kvpolicy/cuda/attention.cuh"
+#include "kvpolicy/cuda/kernels/attention.cuh"
 #include "test_scale.hpp"
 
 namespace kp = kvpolicy;

@@ -17,7 +17,7 @@
 
 #include "kvpolicy/core/dtype.hpp"
 #include "nan_scorer.hpp"
-#include "kvpolicy/cuda/cache.cuh"
+#include "kvpolicy/cuda/backend.cuh"
 #include "kvpolicy/dbtrimkv.hpp"
 #include "kvpolicy/epikv.hpp"
 #include "kvpolicy/policies/adakv.hpp"

@@ -11,8 +11,8 @@
 
 #include "blas_handle.hpp"
 #include "device_buffer.hpp"
-#include "kvpolicy/cuda/retention_gate.cuh"
-#include "kvpolicy/cuda/write_gate.cuh"
+#include "kvpolicy/cuda/kernels/retention_gate.cuh"
+#include "kvpolicy/cuda/kernels/write_gate.cuh"
 
 namespace kp = kvpolicy;
 namespace kc = kvpolicy::gpu;

@@ -15,10 +15,10 @@
 
 #include "device_buffer.hpp"
 #include "nan_scorer.hpp"
-#include "kvpolicy/cuda/append.cuh"
-#include "kvpolicy/cuda/compact.cuh"
+#include "kvpolicy/cuda/kernels/append.cuh"
+#include "kvpolicy/cuda/kernels/compact.cuh"
 #include "kvpolicy/core/dtype.hpp"
-#include "kvpolicy/cuda/evict_step.cuh"
+#include "kvpolicy/cuda/kernels/evict_step.cuh"
 #include "kvpolicy/memory/paged.hpp"
 #include "kvpolicy/parts/score/baseline.hpp"
 #include "kvpolicy/parts/evict/evictors.hpp"

@@ -16,9 +16,9 @@
 #include <vector>
 
 #include "device_buffer.hpp"
-#include "kvpolicy/cuda/pooled_topk.cuh"
-#include "kvpolicy/cuda/score.cuh"
-#include "kvpolicy/cuda/segmented_topk.cuh"
+#include "kvpolicy/cuda/kernels/pooled_topk.cuh"
+#include "kvpolicy/cuda/kernels/score.cuh"
+#include "kvpolicy/cuda/kernels/segmented_topk.cuh"
 #include "kvpolicy/parts/evict/evictors.hpp"
 #include "kvpolicy/parts/score/retention.hpp"
 #include "random_segments.hpp"

@@ -29,7 +29,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "kvpolicy/cuda/cache.cuh"
+#include "kvpolicy/cuda/backend.cuh"
 #include "kvpolicy/dbtrimkv.hpp"
 #include "kvpolicy/dist/mpi.hpp"
 #include "kvpolicy/dist/sharded.hpp"

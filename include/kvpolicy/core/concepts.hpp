@@ -189,7 +189,7 @@ template <class S>
 constexpr bool scorer_needs_head_keys = HeadScorer<S>;
 /// Backend: where a Cache's entries live, how its attention runs and how its evictions are planned
 /// and applied, named by the fifth argument of Cache — cpu_backend (the Allocator's host pool,
-/// cpu/backend.hpp) or cuda_backend (device memory and the CUDA kernels, cuda/cache.cuh). A
+/// cpu/backend.hpp) or cuda_backend (device memory and the CUDA kernels, cuda/backend.cuh). A
 /// Backend names itself, says what it takes beside the policies (Options: nothing on the CPU, the
 /// stream on the device), and gives the Cache its Executor<S, A, E, Alloc> (cache.hpp lists what
 /// the Cache calls on it). What it can do beyond that it declares with optional traits (default

@@ -2,7 +2,7 @@
 /// kvpolicy/core/rule.hpp — what an eviction keeps, as data (SPEC §1–5). An Evictor states its
 /// rule with three members (core/concepts.hpp, concept Evictor), and both executors run that one
 /// statement: the host's (parts/evict/selection.hpp, over parts/evict/rank.hpp) and the device's
-/// (cuda/evict_step.cuh: its trigger kernel calls fires(), its selection kernels read these
+/// (cuda/kernels/evict_step.cuh: its trigger kernel calls fires(), its selection kernels read these
 /// structs as they are):
 ///   group_heads(shape)              how many consecutive heads (head_index order) trigger and rank
 ///                                   together: 1 (per head), Hkv (a layer), L * Hkv (the sequence);

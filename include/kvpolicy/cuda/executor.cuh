@@ -34,13 +34,13 @@
 
 #include "kvpolicy/core/concepts.hpp"
 #include "kvpolicy/core/dtype.hpp"
-#include "kvpolicy/cuda/append.cuh"
-#include "kvpolicy/cuda/attention.cuh"
-#include "kvpolicy/cuda/check.cuh"
-#include "kvpolicy/cuda/device_array.cuh"
-#include "kvpolicy/cuda/evict_step.cuh"
-#include "kvpolicy/cuda/observed_attention.cuh"
-#include "kvpolicy/cuda/paged_memory.cuh"
+#include "kvpolicy/cuda/kernels/append.cuh"
+#include "kvpolicy/cuda/kernels/attention.cuh"
+#include "kvpolicy/cuda/primitives/check.cuh"
+#include "kvpolicy/cuda/memory/device_array.cuh"
+#include "kvpolicy/cuda/kernels/evict_step.cuh"
+#include "kvpolicy/cuda/kernels/observed_attention.cuh"
+#include "kvpolicy/cuda/memory/paged_memory.cuh"
 #include "kvpolicy/engine/scorer_inputs.hpp"
 #include "kvpolicy/engine/step_state.hpp"
 #include "kvpolicy/memory/paged.hpp"
@@ -58,7 +58,7 @@ class Executor {
 template <Scorer S, Admitter A, Evictor E, int P, class Storage>
 class Executor<S, A, E, memory::Paged<P, Storage>> {
   // the scorers the device runs: any EntryScorer (its own KVPOLICY_HD operator()), and the observed
-  // attention (SnapKV's, TOVA's, AdaKV's score: cuda/observed_attention.cuh) from the queries the
+  // attention (SnapKV's, TOVA's, AdaKV's score: cuda/kernels/observed_attention.cuh) from the queries the
   // Cache records
   static constexpr bool observes = std::is_same_v<S, score::ObservedAttention>;
   static_assert(EntryScorer<S> || observes,
@@ -428,7 +428,7 @@ class Executor<S, A, E, memory::Paged<P, Storage>> {
 
   /// The plan's scores by the observed attention: each active head's window of queries (recorded
   /// by the Cache as its attention ran) staged on the device, then scored there
-  /// (cuda/observed_attention.cuh); plan() selects as for any Scorer.
+  /// (cuda/kernels/observed_attention.cuh); plan() selects as for any Scorer.
   void score_observed(Plan& p, std::span<const Request> requests, const std::vector<std::uint8_t>& active,
                       const std::vector<std::int64_t>& length)
     requires observes

@@ -2,7 +2,7 @@
 /// kvpolicy/parts/evict/evictors.hpp — Evictors: trigger + selection scope + protection + quotas
 /// (SPEC §1 "Trigger and survivors", SPEC §2 "Global trigger and survivors"). An evictor marks
 /// survivors; it never moves data. Each states its rule as data (core/rule.hpp), which the host
-/// (parts/evict/selection.hpp) and the device (cuda/evict_step.cuh) run.
+/// (parts/evict/selection.hpp) and the device (cuda/kernels/evict_step.cuh) run.
 #pragma once
 
 #include <algorithm>

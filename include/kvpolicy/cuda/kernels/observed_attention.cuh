@@ -1,5 +1,5 @@
 /// \file
-/// kvpolicy/cuda/observed_attention.cuh — score::ObservedAttention on the device (SPEC §5: SnapKV's
+/// kvpolicy/cuda/kernels/observed_attention.cuh — score::ObservedAttention on the device (SPEC §5: SnapKV's
 /// score, TOVA's with a window of one query and no pooling, AdaKV's under its pooled rule): for each
 /// active head, per query head g of its group, the softmax over the head's entries of each
 /// observed query (causal, scaled by 1/sqrt(d)) summed over the window, pooled along positions over
@@ -21,9 +21,10 @@
 #include <cub/block/block_reduce.cuh>
 
 #include "kvpolicy/core/entry.hpp"
-#include "kvpolicy/cuda/check.cuh"
-#include "kvpolicy/cuda/dtype.cuh"
-#include "kvpolicy/cuda/views.cuh"
+#include "kvpolicy/cuda/memory/views.cuh"
+#include "kvpolicy/cuda/primitives/check.cuh"
+#include "kvpolicy/cuda/primitives/dtype.cuh"
+#include "kvpolicy/cuda/tuning.cuh"
 #include "kvpolicy/parts/score/observed_attention.hpp"
 
 namespace kvpolicy::gpu {
@@ -52,9 +53,6 @@ struct ObservedScratch {
 
 namespace detail {
 
-struct ObservedTuning {
-  static constexpr int threads = 256;
-};
 using BlockReduceF64 = cub::BlockReduce<double, ObservedTuning::threads>;
 struct MaxF64 {
   __device__ double operator()(double a, double b) const { return fmax(a, b); }

@@ -1,5 +1,5 @@
 /// \file
-/// kvpolicy/cuda/gemm.cuh — the gates' fp32 matrix products, in one place:
+/// kvpolicy/cuda/kernels/gemm.cuh — the gates' fp32 matrix products, in one place:
 ///   C[b] = A[b] B[b]^T, row-major, A [M, K], B [N, K], C [M, N], for b < batch (strided),
 /// by cuBLAS (SGEMM, or strided-batched SGEMM for batch > 1). With KVPOLICY_CUDA_GEMM_KERNEL
 /// defined (CMake option KVPOLICY_CUDA_GEMM_KERNEL, on in the `gpusim` preset) a plain CUDA kernel
@@ -15,7 +15,7 @@
 #include <cstdint>
 #include <string>
 
-#include "kvpolicy/cuda/check.cuh"
+#include "kvpolicy/cuda/primitives/check.cuh"
 
 namespace kvpolicy::gpu {
 

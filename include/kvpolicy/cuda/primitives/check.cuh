@@ -1,5 +1,5 @@
 /// \file
-/// kvpolicy/cuda/check.cuh — every CUDA call and every launch of the library is checked; a failure
+/// kvpolicy/cuda/primitives/check.cuh — every CUDA call and every launch of the library is checked; a failure
 /// throws kvpolicy::Error naming the call or kernel, the CUDA error and the shapes it ran on.
 #pragma once
 

@@ -1,5 +1,5 @@
 /// \file
-/// kvpolicy/cuda/compact.cuh — compaction by hole filling (docs/architecture.md, "Device path"): each head keeps
+/// kvpolicy/cuda/kernels/compact.cuh — compaction by hole filling (docs/architecture.md, "Device path"): each head keeps
 /// the entries its keep flags mark; the j-th survivor at or above the new length moves into the
 /// j-th evicted slot below it (the pairing memory::compact_head makes, so both paths leave the same
 /// layout); emptied pages go back to the free list in the order memory::Paged returns them.
@@ -12,9 +12,9 @@
 #include <cstdint>
 #include <string>
 
-#include "kvpolicy/cuda/block_select.cuh"
-#include "kvpolicy/cuda/check.cuh"
-#include "kvpolicy/cuda/views.cuh"
+#include "kvpolicy/cuda/primitives/block_select.cuh"
+#include "kvpolicy/cuda/primitives/check.cuh"
+#include "kvpolicy/cuda/memory/views.cuh"
 
 namespace kvpolicy::gpu {
 

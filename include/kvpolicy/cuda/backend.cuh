@@ -1,5 +1,5 @@
 /// \file
-/// kvpolicy/cuda/cache.cuh — cuda_backend, the Backend that puts a Cache on the GPU:
+/// kvpolicy/cuda/backend.cuh — cuda_backend, the Backend that puts a Cache on the GPU:
 /// `Cache<Scorer, admit::All, Evictor, memory::Paged<P, Storage>, cuda_backend>` (so
 /// `TrimKVCache<cuda_backend>`, `DBTrimKVCache<cuda_backend>`, …) is the one Cache class template of
 /// cache.hpp, with its entries in device memory and its steps on the CUDA kernels

@@ -1,5 +1,5 @@
 /// \file
-/// kvpolicy/cuda/decode_mma.cuh — decode attention on tensor cores (sm_80+, fp16 or bf16 storage,
+/// kvpolicy/cuda/kernels/decode_mma.cuh — decode attention on tensor cores (sm_80+, fp16 or bf16 storage,
 /// head_dim 64 or 128): the same partials as attention.cuh's decode_partial_kernel, for the same
 /// merge pass, from a kernel built the way the flash decoders are (docs/perf.md, "Decode kernels").
 ///
@@ -27,30 +27,13 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "kvpolicy/cuda/decode_plan.cuh"
-#include "kvpolicy/cuda/dtype.cuh"
-#include "kvpolicy/cuda/mma.cuh"
-#include "kvpolicy/cuda/views.cuh"
+#include "kvpolicy/cuda/kernels/decode_plan.cuh"
+#include "kvpolicy/cuda/memory/views.cuh"
+#include "kvpolicy/cuda/primitives/dtype.cuh"
+#include "kvpolicy/cuda/primitives/mma.cuh"
+#include "kvpolicy/cuda/tuning.cuh"
 
 namespace kvpolicy::gpu::detail {
-
-struct DecodeMmaTuning {
-  static constexpr int warps = 4;          // per block, each with its own tiles and ring
-  static constexpr int heads = DecodeTuning::mma_heads;  // query heads of a group one block serves: the product's M
-  static constexpr int tile = 16;          // entries of a tile: S's N, and P·V's K
-  static constexpr int stages = 3;         // a warp's ring: tiles in flight and the one in hand
-  static constexpr int blocks_per_sm = 2;  // 104 KB of shared memory each at head_dim 128
-  static constexpr int header_bytes = 256; // the rings' visibility words, the query rows' scales and maxima
-  static_assert(heads == 16 && DecodeTuning::mma_blocks_per_sm == blocks_per_sm);
-
-  /// Shared memory of one block: the query's high and low parts [heads][D], the header, and each
-  /// warp's ring of (keys, values) [tile][D], all 16-bit. After the loop the rings hold the warps'
-  /// partials for write_block_partial.
-  template <int D>
-  static constexpr std::size_t shared_bytes() {
-    return 2 * std::size_t(heads) * D * 2 + header_bytes + std::size_t(warps) * stages * 2 * tile * D * 2;
-  }
-};
 
 /// Byte offset of row r's 16-byte chunk c in a [rows][D] array of 16-bit elements, swizzled (chunk c
 /// of row r stored at c ^ (r % 8)) so the eight rows one ldmatrix reads fall in distinct banks.

@@ -1,5 +1,5 @@
 /// \file
-/// kvpolicy/cuda/dtype.cuh — the device storage dtypes of K/V (float, __half, __nv_bfloat16) and
+/// kvpolicy/cuda/primitives/dtype.cuh — the device storage dtypes of K/V (float, __half, __nv_bfloat16) and
 /// their conversions; scores and accumulation are fp32 whatever the storage (SPEC, Notation).
 #pragma once
 

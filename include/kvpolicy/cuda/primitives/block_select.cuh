@@ -1,5 +1,5 @@
 /// \file
-/// kvpolicy/cuda/block_select.cuh — the block-level building blocks of every selection kernel
+/// kvpolicy/cuda/primitives/block_select.cuh — the block-level building blocks of every selection kernel
 /// (docs/architecture.md, "Device path"): radix select of the k-th largest key by 8-bit
 /// histogram passes, the choice of a pass's digit with cub::BlockScan, and a block-wide running
 /// exclusive scan in index order (deterministic tie resolution, page assignment).
@@ -11,17 +11,9 @@
 
 #include <cstdint>
 
-namespace kvpolicy::gpu::detail {
+#include "kvpolicy/cuda/tuning.cuh"
 
-/// The selection family's tuning, as data (CUB's way: one policy struct per kernel family): the
-/// block of the radix select and its collectives (and of every kernel that uses them), the tile a
-/// segmented top-K keys into shared memory, the chunk a pooled pass histograms per block.
-struct SelectTuning {
-  static constexpr int threads = 256;      // one thread per digit of an 8-bit pass
-  static constexpr int radix_bins = 256;
-  static constexpr int tile = 2048;        // entries keyed into shared memory (16 KiB of keys)
-  static constexpr int pool_chunk = 4096;  // entries one block histograms per pass
-};
+namespace kvpolicy::gpu::detail {
 
 using BlockScanI64 = cub::BlockScan<long long, SelectTuning::threads>;
 using BlockReduceI64 = cub::BlockReduce<long long, SelectTuning::threads>;

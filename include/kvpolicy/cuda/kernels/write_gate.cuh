@@ -1,5 +1,5 @@
 /// \file
-/// kvpolicy/cuda/write_gate.cuh — WG-KV's write gate on the device (SPEC §3), the CUDA twin of
+/// kvpolicy/cuda/kernels/write_gate.cuh — WG-KV's write gate on the device (SPEC §3), the CUDA twin of
 /// gate::WriteGate::forward, for a prefill chunk or a decode token (T = 1), per kv head h:
 ///   F_h = [ rmsnorm(k_pre) * w_pre ; rmsnorm(k_post) * w_post ]   [T, 2d]  one warp per row
 ///   U_h = F_h W1[h]^T                                               [T, E]   cuBLAS strided-batched
@@ -17,10 +17,10 @@
 #include <string>
 
 #include "kvpolicy/core/math.hpp"
-#include "kvpolicy/cuda/check.cuh"
-#include "kvpolicy/cuda/gemm.cuh"
-#include "kvpolicy/cuda/retention_gate.cuh"
-#include "kvpolicy/cuda/views.cuh"
+#include "kvpolicy/cuda/primitives/check.cuh"
+#include "kvpolicy/cuda/kernels/gemm.cuh"
+#include "kvpolicy/cuda/kernels/retention_gate.cuh"
+#include "kvpolicy/cuda/memory/views.cuh"
 
 namespace kvpolicy::gpu {
 

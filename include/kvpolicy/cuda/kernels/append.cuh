@@ -1,5 +1,5 @@
 /// \file
-/// kvpolicy/cuda/append.cuh — appending a decode token or a prefill chunk to many heads at once,
+/// kvpolicy/cuda/kernels/append.cuh — appending a decode token or a prefill chunk to many heads at once,
 /// pages taken from the device free list (memory::Paged::append on the device).
 /// Two kernels: one block reserves the pages of every row in row order (all or nothing: a call that
 /// would run out of pages, or overflow a block table, reports it in the Status word and changes
@@ -13,11 +13,11 @@
 #include <cstdint>
 #include <string>
 
-#include "kvpolicy/cuda/block_select.cuh"
-#include "kvpolicy/cuda/check.cuh"
-#include "kvpolicy/cuda/compact.cuh"
-#include "kvpolicy/cuda/dtype.cuh"
-#include "kvpolicy/cuda/views.cuh"
+#include "kvpolicy/cuda/primitives/block_select.cuh"
+#include "kvpolicy/cuda/primitives/check.cuh"
+#include "kvpolicy/cuda/kernels/compact.cuh"
+#include "kvpolicy/cuda/primitives/dtype.cuh"
+#include "kvpolicy/cuda/memory/views.cuh"
 
 namespace kvpolicy::gpu {
 

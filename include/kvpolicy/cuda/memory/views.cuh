@@ -1,5 +1,5 @@
 /// \file
-/// kvpolicy/cuda/views.cuh — non-owning views of device memory the engine owns (docs/architecture.md,
+/// kvpolicy/cuda/memory/views.cuh — non-owning views of device memory the engine owns (docs/architecture.md,
 /// "Device path"): a paged K/V pool with per-entry metadata, block tables per (sequence, layer, kv head),
 /// the pool's free list, and a status word the kernels report device-side failures in.
 ///

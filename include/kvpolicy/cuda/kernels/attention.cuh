@@ -1,5 +1,5 @@
 /// \file
-/// kvpolicy/cuda/attention.cuh — paged ragged decode attention (SPEC §6; docs/architecture.md, "Device path"), the
+/// kvpolicy/cuda/kernels/attention.cuh — paged ragged decode attention (SPEC §6; docs/architecture.md, "Device path"), the
 /// CUDA twin of cpu::attend_paged for one decode token per sequence:
 ///   o = softmax(q K^T / sqrt(d)) V over every entry of the head (a decode query sees them all).
 /// kv heads are folded into the grid with the batch; the G query heads of a group share one pass
@@ -29,12 +29,12 @@
 #include <type_traits>
 
 #include "kvpolicy/core/mask.hpp"
-#include "kvpolicy/cuda/check.cuh"
-#include "kvpolicy/cuda/decode_mma.cuh"
-#include "kvpolicy/cuda/decode_plan.cuh"
-#include "kvpolicy/cuda/dispatch.cuh"
-#include "kvpolicy/cuda/dtype.cuh"
-#include "kvpolicy/cuda/views.cuh"
+#include "kvpolicy/cuda/primitives/check.cuh"
+#include "kvpolicy/cuda/kernels/decode_mma.cuh"
+#include "kvpolicy/cuda/kernels/decode_plan.cuh"
+#include "kvpolicy/cuda/primitives/dispatch.cuh"
+#include "kvpolicy/cuda/primitives/dtype.cuh"
+#include "kvpolicy/cuda/memory/views.cuh"
 
 namespace kvpolicy::gpu {
 

@@ -1,5 +1,5 @@
 /// \file
-/// kvpolicy/cuda/pooled_topk.cuh — selection over a pool of heads (SPEC §2 "Global trigger and
+/// kvpolicy/cuda/kernels/pooled_topk.cuh — selection over a pool of heads (SPEC §2 "Global trigger and
 /// survivors"): DBTrimKV's global top-K over every layer and head of a sequence, and the layer-wise
 /// variant over the heads of a layer. Marks the survivors evict::Global / evict::LayerWise mark:
 /// the pooled top K by (score, larger position, lower head index), the window protected; with
@@ -23,10 +23,10 @@
 
 #include "kvpolicy/core/rank_key.hpp"
 #include "kvpolicy/core/rule.hpp"
-#include "kvpolicy/cuda/block_select.cuh"
-#include "kvpolicy/cuda/check.cuh"
-#include "kvpolicy/cuda/segmented_topk.cuh"
-#include "kvpolicy/cuda/views.cuh"
+#include "kvpolicy/cuda/primitives/block_select.cuh"
+#include "kvpolicy/cuda/primitives/check.cuh"
+#include "kvpolicy/cuda/kernels/segmented_topk.cuh"
+#include "kvpolicy/cuda/memory/views.cuh"
 
 namespace kvpolicy::gpu {
 

@@ -1,5 +1,5 @@
 /// \file
-/// kvpolicy/cuda/evict_step.cuh — one eviction step on the device: trigger, score, select, compact
+/// kvpolicy/cuda/kernels/evict_step.cuh — one eviction step on the device: trigger, score, select, compact
 /// (SPEC §1 per head, SPEC §2 global and layer-wise, §3 WG-KV's ring, §4 EpiKV's budget), all on one
 /// stream, scratch from a workspace sized up front, no allocation and no host synchronisation.
 /// Templated on the Evictor: it runs the rule the Evictor states once (core/rule.hpp) — its
@@ -15,11 +15,11 @@
 #include <cstdint>
 
 #include "kvpolicy/core/concepts.hpp"
-#include "kvpolicy/cuda/compact.cuh"
-#include "kvpolicy/cuda/pooled_topk.cuh"
-#include "kvpolicy/cuda/score.cuh"
-#include "kvpolicy/cuda/segmented_topk.cuh"
-#include "kvpolicy/cuda/views.cuh"
+#include "kvpolicy/cuda/kernels/compact.cuh"
+#include "kvpolicy/cuda/kernels/pooled_topk.cuh"
+#include "kvpolicy/cuda/kernels/score.cuh"
+#include "kvpolicy/cuda/kernels/segmented_topk.cuh"
+#include "kvpolicy/cuda/memory/views.cuh"
 #include "kvpolicy/core/rule.hpp"
 
 namespace kvpolicy::gpu {

@@ -1,5 +1,5 @@
 /// \file
-/// kvpolicy/cuda/device_array.cuh — a device allocation that frees itself: what Cache<cuda_backend>
+/// kvpolicy/cuda/memory/device_array.cuh — a device allocation that frees itself: what Cache<cuda_backend>
 /// owns its pool, tables and scratch in.
 #pragma once
 
@@ -8,7 +8,7 @@
 #include <cstddef>
 #include <utility>
 
-#include "kvpolicy/cuda/check.cuh"
+#include "kvpolicy/cuda/primitives/check.cuh"
 
 namespace kvpolicy::gpu::detail {
 

@@ -1,5 +1,5 @@
 /// \file
-/// kvpolicy/cuda/decode_plan.cuh — what one decode attention step is given (DecodeBatch), the kernels'
+/// kvpolicy/cuda/kernels/decode_plan.cuh — what one decode attention step is given (DecodeBatch), the kernels'
 /// tuning, and how a head is split along the cache into chunks (flash-decoding's split-KV), shared by
 /// the CUDA-core kernel (attention.cuh) and the tensor-core one (decode_mma.cuh) so both write the
 /// same partials into the same workspace.
@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "kvpolicy/core/mask.hpp"
+#include "kvpolicy/cuda/tuning.cuh"
 
 namespace kvpolicy::gpu {
 
@@ -52,32 +53,6 @@ struct DecodeBatch {
 
 namespace detail {
 
-/// The decode attention's tuning, as data (CUB's way: one policy struct per kernel family). The
-/// kernels and the split plan read these and nothing else.
-struct DecodeTuning {
-  static constexpr int warps = 4;                // per block
-  static constexpr int group_tile = 8;           // query heads of a group one block serves
-  static constexpr int mma_heads = 16;           // ... in the tensor-core kernel (DecodeMmaTuning::heads)
-  static constexpr int mma_blocks_per_sm = 2;    // its blocks an SM holds: its split aims at one wave of them
-  static constexpr std::int64_t mma_min_chunk = 512;   // entries: below, a block's start and its partial's
-                                                       // merge cost more than the stream it adds
-  static constexpr std::int64_t mma_max_chunk = 8192;  // entries: above, more (shorter) chunks than one wave
-                                                       // holds balance the multiprocessors better
-  static constexpr int waves_of_blocks = 32;     // blocks per multiprocessor the split aims at: many
-                                                 // small waves, so the last one's idle tail stays small
-  static constexpr std::int64_t min_chunk = 128;   // entries; below, a split's partials cost more than it saves
-  static constexpr float rescale_slack = 8.0f;    // log2 units: probabilities against a stale base stay <= 2^8
-  static constexpr std::size_t mass_shared_limit = 48 * 1024;  // the mass pass's shared memory, without opting in
-  // Blocks of the partial kernel an SM must hold (launch bounds): 4 on sm_80+ (at most 128
-  // registers a thread, measured on an H100: bytes in flight need blocks); no bound below, where
-  // the cap would spill (and GPGPU-Sim, which runs sm_75 builds, cannot parse ptxas's report of a
-  // stack frame).
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  static constexpr int partial_blocks_per_sm = 4;
-#else
-  static constexpr int partial_blocks_per_sm = 1;
-#endif
-};
 inline constexpr float kLog2e = 1.4426950408889634f;
 
 struct DecodePlan {

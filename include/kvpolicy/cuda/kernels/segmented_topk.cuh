@@ -1,5 +1,5 @@
 /// \file
-/// kvpolicy/cuda/segmented_topk.cuh — per-head selection (SPEC §1 "Trigger and survivors"): for
+/// kvpolicy/cuda/kernels/segmented_topk.cuh — per-head selection (SPEC §1 "Trigger and survivors"): for
 /// every segment (one per (sequence, layer, kv head), ragged), mark the survivors the CPU's
 /// evict::PerHead::select marks — the top k by (score, larger position on ties), the window's
 /// newest w entries protected (+inf), or with the threshold variant every entry scoring >= log alpha.
@@ -18,9 +18,9 @@
 
 #include "kvpolicy/core/rank_key.hpp"
 #include "kvpolicy/core/rule.hpp"
-#include "kvpolicy/cuda/block_select.cuh"
-#include "kvpolicy/cuda/check.cuh"
-#include "kvpolicy/cuda/views.cuh"
+#include "kvpolicy/cuda/primitives/block_select.cuh"
+#include "kvpolicy/cuda/primitives/check.cuh"
+#include "kvpolicy/cuda/memory/views.cuh"
 
 namespace kvpolicy::gpu {
 

@@ -1,8 +1,8 @@
 /// \file
-/// kvpolicy/cuda/retention_gate.cuh — the retention gates on the device, CUDA twins of
+/// kvpolicy/cuda/kernels/retention_gate.cuh — the retention gates on the device, CUDA twins of
 /// gate::RetentionGate::forward (TRIM-KV, SPEC §1) and gate::TiedGate::forward (DBTrimKV's
 /// weight-tied gate, SPEC §2), for a prefill chunk or a decode token (T = 1). TRIM-KV:
-///   U = act(X W1^T + b1)   [T, I]   cuBLAS SGEMM (cuda/gemm.cuh), then a fused bias + activation kernel
+///   U = act(X W1^T + b1)   [T, I]   cuBLAS SGEMM (cuda/kernels/gemm.cuh), then a fused bias + activation kernel
 ///   Z = U W2^T             [T, Hkv] cuBLAS SGEMM
 ///   log_beta[h, t] = logsigmoid(Z[t, h] + b[h])   [Hkv, T]  (the layout append takes)
 /// DBTrimKV, the authors' rg10 (SPEC §2; gate::Rg10Gate), the TRIM-KV pipeline with a second layer:
@@ -24,9 +24,9 @@
 #include <cstdint>
 #include <string>
 
-#include "kvpolicy/cuda/check.cuh"
-#include "kvpolicy/cuda/gemm.cuh"
-#include "kvpolicy/cuda/views.cuh"
+#include "kvpolicy/cuda/primitives/check.cuh"
+#include "kvpolicy/cuda/kernels/gemm.cuh"
+#include "kvpolicy/cuda/memory/views.cuh"
 #include "kvpolicy/gate/activation.hpp"
 
 namespace kvpolicy::gpu {

@@ -1,5 +1,5 @@
 /// \file
-/// kvpolicy/cuda/dispatch.cuh — the one place a runtime shape becomes a template parameter (docs/architecture.md,
+/// kvpolicy/cuda/primitives/dispatch.cuh — the one place a runtime shape becomes a template parameter (docs/architecture.md,
 /// Device path: "dispatched once at the host boundary, one switch per parameter"). An unsupported
 /// value throws before anything is launched, naming the value and what is supported.
 #pragma once

@@ -1,5 +1,5 @@
 /// \file
-/// kvpolicy/cuda/mma.cuh — the few sm_80+ instructions the tensor-core decode kernel is written in
+/// kvpolicy/cuda/primitives/mma.cuh — the few sm_80+ instructions the tensor-core decode kernel is written in
 /// (decode_mma.cuh): one warp's m16n8k16 matrix product with fp32 accumulation, ldmatrix from shared
 /// memory, and cp.async copies from global into shared memory with their commit and wait. Each
 /// wrapper is the PTX instruction of the same name (PTX ISA, "Warp-level matrix instructions" and

@@ -1,5 +1,5 @@
 /// \file
-/// kvpolicy/cuda/score.cuh — scoring on the device: the segment offsets of the heads an eviction
+/// kvpolicy/cuda/kernels/score.cuh — scoring on the device: the segment offsets of the heads an eviction
 /// touches, and the scores of their entries by the very KVPOLICY_HD Scorer the CPU path calls
 /// (SPEC §1–2: RetentionDecay, Lookahead(h), KNormRetention; any EntryScorer).
 #pragma once
@@ -10,9 +10,9 @@
 #include <string>
 
 #include "kvpolicy/core/concepts.hpp"
-#include "kvpolicy/cuda/block_select.cuh"
-#include "kvpolicy/cuda/check.cuh"
-#include "kvpolicy/cuda/views.cuh"
+#include "kvpolicy/cuda/primitives/block_select.cuh"
+#include "kvpolicy/cuda/primitives/check.cuh"
+#include "kvpolicy/cuda/memory/views.cuh"
 
 namespace kvpolicy::gpu {
 

@@ -1,10 +1,10 @@
 /// \file
-/// kvpolicy/cuda/paged_memory.cuh — the device memory of a paged cache, owned: the pool (K, V,
+/// kvpolicy/cuda/memory/paged_memory.cuh — the device memory of a paged cache, owned: the pool (K, V,
 /// position, metadata, the key norm where the Scorer reads it), the block tables of every sequence
 /// slot (segment = slot * L * Hkv + layer * Hkv + head; a row per head, widened on demand), the free
 /// list and a status word the kernels report into; with the host's ways in and out of them (copies
 /// that synchronise the stream, a head read back, a head truncated). Cache<…, cuda_backend>
-/// (cuda/cache.cuh) is the front that runs steps on it; the kernels see it through views.cuh.
+/// (cuda/backend.cuh) is the front that runs steps on it; the kernels see it through views.cuh.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -19,10 +19,10 @@
 #include "kvpolicy/core/dtype.hpp"
 #include "kvpolicy/core/error.hpp"
 #include "kvpolicy/core/shape.hpp"
-#include "kvpolicy/cuda/check.cuh"
-#include "kvpolicy/cuda/compact.cuh"
-#include "kvpolicy/cuda/device_array.cuh"
-#include "kvpolicy/cuda/views.cuh"
+#include "kvpolicy/cuda/primitives/check.cuh"
+#include "kvpolicy/cuda/kernels/compact.cuh"
+#include "kvpolicy/cuda/memory/device_array.cuh"
+#include "kvpolicy/cuda/memory/views.cuh"
 #include "kvpolicy/engine/step_state.hpp"
 
 namespace kvpolicy::gpu {
