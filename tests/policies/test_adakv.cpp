@@ -18,6 +18,7 @@
 #include "kvpolicy/memory/paged.hpp"
 #include "kvpolicy/policies/adakv.hpp"
 #include "kvpolicy/registry.hpp"
+#include "prompt_stream.hpp"
 
 using namespace kvpolicy;
 
@@ -34,36 +35,12 @@ TEST_CASE("oracle: AdaKV allocates a layer's Hkv * M across its heads by score, 
     const std::int64_t P = std::uniform_int_distribution<int>(2, 40)(rng);
     const auto v = registry::values<policies::adakv>({{"budget", std::to_string(M)}, {"window", std::to_string(W)},
                                                       {"sinks", std::to_string(S)}, {"safeguard", std::to_string(alpha)}});
-    std::vector<std::vector<float>> palette(4, std::vector<float>(d));
-    for (auto& k : palette)
-      for (auto& x : k) x = std::normal_distribution<float>(0.0f, 1.5f)(rng);
+    test::PromptStream stream(L, H, G, d, P, rng);
     policies::adakv::make<cpu_backend>(v, shape, memory::Paged<4>(4096), [&](auto& cache) {
       cache.add_sequence(0, P);
-      std::map<std::pair<int, int>, std::vector<float>> K, Q;  // (layer, head) -> [tokens, d], in position order
-      std::int64_t n = 0;
-      std::vector<std::int64_t> chunks;
-      for (std::int64_t left = P; left > 0; left -= chunks.back())
-        chunks.push_back(std::min<std::int64_t>(left, std::uniform_int_distribution<int>(1, 15)(rng)));
-      for (int i = 0; i < 3; ++i) chunks.push_back(1);
-      for (const std::int64_t T : chunks) {
-        std::vector<float> k(static_cast<std::size_t>(L * H * T * d)), q(static_cast<std::size_t>(L * H * G * T * d)),
-            out(q.size()), lb(static_cast<std::size_t>(L * H * T), 0.0f);
-        for (std::int64_t i = 0; i < L * H * T; ++i) {
-          const auto& key = palette[static_cast<std::size_t>(std::uniform_int_distribution<int>(0, 3)(rng))];
-          std::copy(key.begin(), key.end(), k.begin() + i * d);
-        }
-        for (auto& x : q) x = std::normal_distribution<float>(0.0f, 1.0f)(rng);
-        cache.step(0, View<const float, 4>(k.data(), {L, H, T, d}), View<const float, 4>(k.data(), {L, H, T, d}),
-                   View<const float, 3>(lb.data(), {L, H, T}), View<const float, 4>(q.data(), {L, H * G, T, d}),
-                   View<float, 4>(out.data(), {L, H * G, T, d}));
-        for (int l = 0; l < L; ++l) {
-          for (int h = 0; h < H; ++h)
-            K[{l, h}].insert(K[{l, h}].end(), k.begin() + (l * H + h) * T * d, k.begin() + (l * H + h + 1) * T * d);
-          for (int qh = 0; qh < H * G; ++qh)
-            Q[{l, qh}].insert(Q[{l, qh}].end(), q.begin() + (l * H * G + qh) * T * d, q.begin() + (l * H * G + qh + 1) * T * d);
-        }
-        const bool ends = n < P && n + T >= P;
-        n += T;
+      for (const std::int64_t T : stream.chunks(rng)) {
+        const bool ends = stream.step(cache, T, rng);
+        const std::int64_t n = stream.n;
         for (int l = 0; l < L; ++l) {  // a layer holds every token until the prompt ends, then H * min(P, M) plus decode
           std::int64_t total = 0;
           for (int h = 0; h < H; ++h) total += cache.length(0, l, h);
@@ -71,32 +48,12 @@ TEST_CASE("oracle: AdaKV allocates a layer's Hkv * M across its heads by score, 
         }
         if (!ends || P <= M) continue;
         ++compressed;
-        const std::int64_t wobs = std::min<std::int64_t>(W, P);  // the queries the window holds
         for (int l = 0; l < L; ++l) {
           // (score, position, head) of every prompt entry of the layer, by the library's SnapKV score
           std::vector<std::tuple<float, std::int32_t, int>> all;
           for (int h = 0; h < H; ++h) {
-            std::vector<float> qw;  // [G, wobs, d]
-            for (int g = 0; g < G; ++g) {
-              const auto& mine = Q[{l, h * G + g}];
-              qw.insert(qw.end(), mine.begin() + (P - wobs) * d, mine.begin() + P * d);
-            }
-            std::vector<std::int32_t> qpos;
-            for (std::int64_t t = P - wobs; t < P; ++t) qpos.push_back(static_cast<std::int32_t>(t));
-            std::vector<EntryMeta> meta(static_cast<std::size_t>(P));
-            for (std::int64_t t = 0; t < P; ++t) meta[static_cast<std::size_t>(t)].position = static_cast<std::int32_t>(t);
-            std::vector<float> score(static_cast<std::size_t>(P));
-            snapkv_scorer({.budget = M, .window = W}).score_window(View<const float, 2>(K[{l, h}].data(), {P, d}), meta, StepContext{P, P, true},
-                                               ObservedQueries{qw.data(), G, wobs, d, qpos}, score);
-            for (std::int64_t t = 0; t < P; ++t)  // SPEC §5: the sinks and the window rank above every score
-              if (t < S || t >= P - W) score[static_cast<std::size_t>(t)] = INFINITY;
-            std::vector<std::int64_t> order(static_cast<std::size_t>(P));
-            for (std::int64_t t = 0; t < P; ++t) order[static_cast<std::size_t>(t)] = t;
-            std::sort(order.begin(), order.end(), [&](std::int64_t a, std::int64_t b) {
-              return score[static_cast<std::size_t>(a)] != score[static_cast<std::size_t>(b)]
-                         ? score[static_cast<std::size_t>(a)] > score[static_cast<std::size_t>(b)]
-                         : a > b;
-            });
+            std::vector<float> score = stream.snapkv_scores(l, h, M, W, S);
+            const std::vector<std::int64_t> order = test::ranked(score);
             const auto quota = static_cast<std::int64_t>(std::floor(alpha * static_cast<double>(M)));
             for (std::int64_t j = 0; j < quota; ++j) score[static_cast<std::size_t>(order[static_cast<std::size_t>(j)])] = INFINITY;
             for (std::int64_t t = 0; t < P; ++t) all.emplace_back(score[static_cast<std::size_t>(t)], static_cast<std::int32_t>(t), h);
