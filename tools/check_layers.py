@@ -9,6 +9,7 @@ The layers (docs/architecture.md), each allowed to include only what its row nam
     core/                                   nothing of the library
     parts/ memory/ gate/ registry/          core/
     engine/                                 core/ memory/ parts/
+    inputs/                                 core/ gate/ parts/ registry/
     cache.hpp                               core/ engine/
     cpu/                                    core/ engine/ memory/ parts/
     policies/ (and policies/common/)        core/ memory/ parts/ registry/ cache.hpp, and of cpu/
@@ -36,6 +37,7 @@ ALLOWED = {
     "gate": {"core"},
     "registry": {"core"},
     "engine": {"core", "memory", "parts"},
+    "inputs": {"core", "gate", "parts", "registry"},
     "cache": {"core", "engine"},
     "cpu": {"core", "engine", "memory", "parts"},
     "policies": {"core", "memory", "parts", "registry", "cache", "cpu_fwd"},

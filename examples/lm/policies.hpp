@@ -11,8 +11,7 @@
 #include <vector>
 
 #include "decoder.hpp"
-#include "kvpolicy/gate/load.hpp"
-#include "kvpolicy/gate/write_gate.hpp"
+#include "kvpolicy/inputs/producer.hpp"
 #include "kvpolicy/registry.hpp"
 #include "kvpolicy/trimkv.hpp"
 
@@ -23,69 +22,34 @@ struct PolicyOptions : registry::Selection {
   PolicyOptions() { policy = "full"; }
 };
 
-/// What policy P's entries need from the forward pass (registry::Inputs), for kvpolicy-lm's decoder.
+/// What policy P's entries need from the forward pass: the library's producer of its inputs
+/// (kvpolicy/inputs/producer.hpp), handed what this decoder computes.
 template <registry::Policy P>
 EntryMetadata entry_metadata(const registry::Values& v, const Config& c) {
-  using registry::Inputs;
-  constexpr bool gated = P::inputs == Inputs::retention_gate || P::inputs == Inputs::tied_retention_gate ||
-                         P::inputs == Inputs::write_gate;
-  if constexpr (gated)
-    require(!v.text("gate").empty(), "kvpolicy-lm: policy ", P::name,
-            " needs its trained gate: --gate FILE (a safetensors file under SPEC's tensor names)");
-  if constexpr (P::inputs == Inputs::retention_gate || P::inputs == Inputs::tied_retention_gate) {
-    // SPEC §1, §2: log_beta from the gate on the layer's normed input
-    const auto g = gate::load_retention_gate(v.text("gate"), c.layers, c.hidden, c.kv_heads,
-                                             P::inputs == Inputs::tied_retention_gate);
-    return {[g, c](std::int64_t, int l, const Matrix& h, const std::vector<float>&, const std::vector<float>&,
-                   const std::vector<float>&, std::int64_t T, float* out) {
-              g(l, View<const float, 2>(h.data(), {T, c.hidden}), View<float, 2>(out, {c.kv_heads, T}));
-            },
-            {}};
-  } else if constexpr (P::inputs == Inputs::write_gate) {  // SPEC §3: g on the keys before and after RoPE
-    auto g = std::make_shared<gate::WriteGate>(gate::WriteGate::load(
-        safetensors::File::read(v.text("gate")), {.layers = c.layers, .kv_heads = c.kv_heads, .head_dim = c.head_dim}));
-    return {[g, c](std::int64_t, int l, const Matrix&, const std::vector<float>& k_pre, const std::vector<float>& k,
-                   const std::vector<float>&, std::int64_t T, float* out) {
-              g->forward(l, View<const float, 3>(k_pre.data(), {c.kv_heads, T, c.head_dim}),
-                         View<const float, 3>(k.data(), {c.kv_heads, T, c.head_dim}), View<float, 2>(out, {c.kv_heads, T}));
-            },
-            {}};
-  } else if constexpr (P::inputs == Inputs::key_value_statistic) {  // SPEC §4: K/V statistics per head
-    // one tracker per sequence: the statistics follow each sequence's own tokens
-    auto trackers = std::make_shared<std::map<std::int64_t, kvstats::Tracker>>();
-    const CacheShape shape = c.cache_shape();
-    return {[trackers, shape](std::int64_t seq, int l, const Matrix&, const std::vector<float>&, const std::vector<float>& k,
-                              const std::vector<float>& val, std::int64_t T, float* out) {
-              auto it = trackers->try_emplace(seq, shape, kvstats::Config{P::statistic, 64}).first;
-              it->second.push(l, View<const float, 3>(k.data(), {shape.kv_heads, T, shape.head_dim}),
-                              View<const float, 3>(val.data(), {shape.kv_heads, T, shape.head_dim}),
-                              View<float, 2>(out, {shape.kv_heads, T}));
-            },
-            {}};
-  } else if constexpr (P::inputs == Inputs::hidden_states) {  // SPEC §4: one score per token from two bands
-    const std::int64_t a = v.integer("band-a"), b = v.integer("band-b");
-    require(a >= 0 && a <= c.layers && b >= 0 && b <= c.layers, "kvpolicy-lm: --band-a ", a, " and --band-b ", b,
-            " must be hidden-state indices in [0, ", c.layers, "] (0 = embeddings, ", c.layers,
-            " = the final norm's output)");
-    epiphany::SignalConfig config;
-    config.band_a = static_cast<int>(a);
-    config.band_b = static_cast<int>(b);
-    config.variant = P::variant;
-    // one signal per sequence: g(t) and the rolling windows follow each sequence's own tokens
-    auto signals = std::make_shared<std::map<std::int64_t, epiphany::Signal>>();
-    EntryMetadata m;
-    m.hidden = {config.band_a, config.band_b,
-                [signals, config, D = c.hidden](std::int64_t seq, const Matrix& h_a, const Matrix& h_b, float* out) {
+  const CacheShape shape = c.cache_shape();
+  const inputs::Producer p = inputs::producer<P>(v, {shape, c.hidden});
+  const inputs::Needs& needs = p.needs();
+  require(needs.key_layout == inputs::RopeLayout::adjacent, "kvpolicy-lm: policy ", P::name,
+          "'s gate was trained on keys in RoPE's rotate-half layout; this decoder's keys pair components adjacently");
+  EntryMetadata m;
+  if (needs.per_layer())
+    m.layer = [p, shape, D = c.hidden](std::int64_t seq, int l, const Matrix& h, const std::vector<float>& k_pre,
+                                      const std::vector<float>& k, const std::vector<float>& val, std::int64_t T,
+                                      float* out) {
+      const auto kv = [&](const std::vector<float>& x) {
+        return View<const float, 3>(x.empty() ? nullptr : x.data(), {shape.kv_heads, T, shape.head_dim});
+      };
+      p.layer(seq, l, {View<const float, 2>(h.data(), {T, D}), kv(k_pre), kv(k), kv(val)},
+              View<float, 2>(out, {shape.kv_heads, T}));
+    };
+  if (needs.per_token())
+    m.hidden = {(*needs.bands)[0], (*needs.bands)[1],
+                [p, D = c.hidden](std::int64_t seq, const Matrix& h_a, const Matrix& h_b, float* out) {
                   const std::int64_t T = h_a.rows();
-                  auto it = signals->try_emplace(seq, config, D).first;
-                  it->second.push(View<const float, 2>(h_a.data(), {T, D}), View<const float, 2>(h_b.data(), {T, D}),
-                                  std::span<float>(out, static_cast<std::size_t>(T)));
+                  p.tokens(seq, View<const float, 2>(h_a.data(), {T, D}), View<const float, 2>(h_b.data(), {T, D}),
+                           std::span<float>(out, static_cast<std::size_t>(T)));
                 }};
-    return m;
-  } else {
-    static_assert(P::inputs == Inputs::none, "kvpolicy-lm: a registry::Inputs this decoder does not compute");
-    return {};
-  }
+  return m;
 }
 
 /// The dtype the cache stores K and V in: fp16 (llama.cpp's default cache type; half the bytes a

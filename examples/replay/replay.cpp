@@ -8,8 +8,7 @@
 #include <string>
 
 #include "kvpolicy/cpu/attention.hpp"
-#include "kvpolicy/gate/load.hpp"
-#include "kvpolicy/gate/write_gate.hpp"
+#include "kvpolicy/inputs/producer.hpp"
 #include "kvpolicy/trimkv.hpp"
 
 namespace kvpolicy::replay {
@@ -129,99 +128,88 @@ std::int64_t pool_pages(const Trace& tr) {
   return pages_for(CacheShape{tr.layers, tr.kv_heads, 1, 1}, tr.tokens, 1, 16);
 }
 
-/// log_beta [L, Hkv, T] from a retention gate file run on the trace's gate_input: TRIM-KV's gate
-/// (SPEC §1), or DBTrimKV's tied gate (tied: the authors' rg10, or the paper's literal one).
-std::vector<float> gated_log_beta(const Trace& tr, std::string_view policy, bool tied, const std::string& path) {
-  require(!tr.gate_input.empty(), "replay: --gate with ", policy,
-          " needs the trace's gate_input [L, T, D] (each layer's attention input after its input RMSNorm)");
-  const int L = tr.layers, H = tr.kv_heads, D = tr.gate_input_size;
-  const std::int64_t T = tr.tokens;
-  const auto gate = gate::load_retention_gate(path, L, D, H, tied);
-  std::vector<float> out(static_cast<std::size_t>(std::int64_t{L} * H * T));
-  for (int l = 0; l < L; ++l)
-    gate(l, View<const float, 2>(tr.gate_input.data() + std::int64_t{l} * T * D, {T, D}),
-         View<float, 2>(out.data() + std::int64_t{l} * H * T, {H, T}));
-  return out;
+/// Whether policy P takes option `name`.
+template <registry::Policy P>
+constexpr bool takes_option(std::string_view name) {
+  for (const registry::Option& o : P::options)
+    if (o.name == name) return true;
+  return false;
 }
 
-/// The write score of policy P's entries (registry::Inputs) for each step of the trace: the
-/// trace's log_beta (none, or a retention gate without --gate), or computed from the trace.
+/// The scores the trace recorded from the run it was taken from, for a policy of input kind `kind`
+/// run without its gate file: WG-KV's g (write_gate), else log_beta.
+const std::vector<float>& recorded_scores(const Trace& tr, registry::Inputs kind, std::string_view policy) {
+  if (kind != registry::Inputs::write_gate) return tr.log_beta;
+  require(!tr.write_gate.empty(), "replay: policy ", policy, " needs the trace's write_gate, or --gate with keys_pre_rope");
+  return tr.write_gate;
+}
+
+/// The write score of policy P's entries for each step of the trace: the library's producer of its
+/// inputs (kvpolicy/inputs/producer.hpp) run on the trace's tensors; the trace's recorded scores
+/// for a gated policy given no --gate; the trace's log_beta for a policy that reads nothing.
 template <registry::Policy P>
 Metadata step_scores(const Trace& tr, const registry::Values& v, const CacheShape& shape) {
-  using registry::Inputs;
-  if constexpr (P::inputs == Inputs::write_gate) {  // SPEC §3: g from the trace's write_gate, or the gate on its keys
-    auto source = std::make_shared<std::vector<float>>();
-    const std::string& path = v.text("gate");
-    if (!path.empty()) {
-      require(tr.has_attention() && !tr.keys_pre_rope.empty(), "replay: --gate needs the trace's keys_pre_rope and keys");
-      const auto g = gate::WriteGate::load(safetensors::File::read(path),
-                                           {.layers = tr.layers, .kv_heads = tr.kv_heads, .head_dim = tr.head_dim});
-      source->resize(tr.log_beta.size());
-      const std::int64_t T = tr.tokens, d = tr.head_dim;
-      for (int l = 0; l < tr.layers; ++l) {
-        const auto at = static_cast<std::size_t>(std::int64_t{l} * tr.kv_heads * T);
-        g.forward(l, View<const float, 3>(tr.keys_pre_rope.data() + at * d, {tr.kv_heads, T, d}),
-                  View<const float, 3>(tr.keys.data() + at * d, {tr.kv_heads, T, d}),
-                  View<float, 2>(source->data() + at, {tr.kv_heads, T}));
-      }
-    } else {
-      require(!tr.write_gate.empty(), "replay: policy ", P::name,
-              " needs the trace's write_gate, or --gate with keys_pre_rope");
-      *source = tr.write_gate;
+  if constexpr (takes_option<P>("gate")) {
+    if (v.text("gate").empty()) {
+      const std::vector<float>& recorded = recorded_scores(tr, P::inputs, P::name);
+      if (&recorded == &tr.log_beta) return {};
+      return [&tr, &recorded](std::int64_t n, std::int64_t len, const std::vector<float>&, const std::vector<float>&,
+                              std::vector<float>& out) { out = slice(recorded, tr.layers, tr.kv_heads, tr.tokens, 1, n, len); };
     }
-    return [&tr, source](std::int64_t n, std::int64_t len, const std::vector<float>&, const std::vector<float>&,
-                         std::vector<float>& out) {
-      out = slice(*source, tr.layers, tr.kv_heads, tr.tokens, 1, n, len);
-    };
-  } else if constexpr (P::inputs == Inputs::hidden_states) {  // SPEC §4: one score per token
-    require(tr.has_hidden(), "replay: policy ", P::name, " needs the trace's hidden_states [L', T, D]");
-    auto signal = std::make_shared<epiphany::Signal>(
-        epiphany::SignalConfig{static_cast<int>(v.integer("band-a")), static_cast<int>(v.integer("band-b")), 64, P::variant},
-        tr.hidden_size);
-    return [&tr, signal, shape](std::int64_t n, std::int64_t len, const std::vector<float>&, const std::vector<float>&,
-                                std::vector<float>& out) {
-      const auto hidden = slice(tr.hidden, tr.hidden_layers, 1, tr.tokens, tr.hidden_size, n, len);
-      std::vector<float> token_scores(static_cast<std::size_t>(len));
-      signal->push_hidden(View<const float, 3>(hidden.data(), {tr.hidden_layers, len, tr.hidden_size}), token_scores);
-      broadcast_token_scores(shape, token_scores, View<float, 3>(out.data(), {shape.layers, shape.kv_heads, len}));
-    };
-  } else if constexpr (P::inputs == Inputs::key_value_statistic) {  // SPEC §4: per (layer, kv head)
-    auto tracker = std::make_shared<kvstats::Tracker>(shape, kvstats::Config{P::statistic, 64});
-    return [tracker, shape](std::int64_t, std::int64_t len, const std::vector<float>& k, const std::vector<float>& val,
-                            std::vector<float>& out) {
-      const std::int64_t layer_kv = std::int64_t{shape.kv_heads} * len * shape.head_dim;
-      for (int l = 0; l < shape.layers; ++l)
-        tracker->push(l, View<const float, 3>(k.data() + l * layer_kv, {shape.kv_heads, len, shape.head_dim}),
-                      View<const float, 3>(val.data() + l * layer_kv, {shape.kv_heads, len, shape.head_dim}),
-                      View<float, 2>(out.data() + std::int64_t{l} * shape.kv_heads * len, {shape.kv_heads, len}));
-    };
-  } else {  // the trace's log_beta (a retention gate's file replaces it before this)
-    return {};
   }
+  const inputs::Needs needs = inputs::needs<P>(v);
+  if (!needs.any()) return {};
+  const auto lacks = [&](bool missing, std::string_view what) {
+    require(!missing, "replay: policy ", P::name, " needs the trace's ", what);
+  };
+  lacks(needs.normed_input && tr.gate_input.empty(), "gate_input [L, T, D] (each layer's attention input after its input RMSNorm)");
+  lacks(needs.keys_pre_rope && tr.keys_pre_rope.empty(), "keys_pre_rope [L, Hkv, T, d] (the keys before RoPE) for --gate");
+  lacks((needs.keys || needs.values) && !tr.has_attention(), "keys and values [L, Hkv, T, d]");
+  lacks(needs.per_token() && !tr.has_hidden(), "hidden_states [L', T, D]");
+  require(needs.key_layout == inputs::RopeLayout::adjacent, "replay: policy ", P::name,
+          "'s gate was trained on keys in RoPE's rotate-half layout; a trace holds them in adjacent pairs");
+  if (needs.per_token())
+    for (const int band : *needs.bands)
+      require(band < tr.hidden_layers, "replay: policy ", P::name, " reads hidden-state band ", band,
+              "; the trace holds ", tr.hidden_layers, " (hidden_states [L', T, D])");
+  const int D = needs.normed_input ? tr.gate_input_size : tr.hidden_size;
+  const inputs::Producer producer = inputs::producer<P>(v, {shape, D});
+  return [&tr, producer, needs, shape, D](std::int64_t n, std::int64_t len, const std::vector<float>& k,
+                                          const std::vector<float>& val, std::vector<float>& out) {
+    const int L = shape.layers, H = shape.kv_heads;
+    const std::int64_t T = tr.tokens, d = shape.head_dim, layer_kv = std::int64_t{H} * len * d;
+    if (needs.per_token()) {  // one score per token, the same in every (layer, kv head)
+      const auto band = [&](int b) { return View<const float, 2>(tr.hidden.data() + (b * T + n) * D, {len, D}); };
+      std::vector<float> token_scores(static_cast<std::size_t>(len));
+      producer.tokens(0, band((*needs.bands)[0]), band((*needs.bands)[1]), token_scores);
+      broadcast_token_scores(shape, token_scores, View<float, 3>(out.data(), {L, H, len}));
+      return;
+    }
+    const std::vector<float> pre = needs.keys_pre_rope ? slice(tr.keys_pre_rope, L, H, T, d, n, len) : std::vector<float>{};
+    for (int l = 0; l < L; ++l) {
+      inputs::LayerActivations a;
+      if (needs.normed_input) a.normed_input = View<const float, 2>(tr.gate_input.data() + (l * T + n) * D, {len, D});
+      if (needs.keys_pre_rope) a.keys_pre_rope = View<const float, 3>(pre.data() + l * layer_kv, {H, len, d});
+      if (needs.keys) a.keys = View<const float, 3>(k.data() + l * layer_kv, {H, len, d});
+      if (needs.values) a.values = View<const float, 3>(val.data() + l * layer_kv, {H, len, d});
+      producer.layer(0, l, a, View<float, 2>(out.data() + std::int64_t{l} * H * len, {H, len}));
+    }
+  };
 }
 
 /// Replays `trace` through policy P with the option values `v`.
 template <registry::Policy P>
 Result replay_policy(const Trace& trace, const Options& opt, const registry::Values& v, const Reference& full) {
-  using registry::Inputs;
   if constexpr (requires { P::needs_prompt_length; })
     require(opt.prefill > 0, "replay: ", P::name, " compresses the prompt: give its length with --prefill P");
-  // --gate with a retention gate: the trace's log_beta is replaced by the gate's on its gate_input
-  Trace with_gate;
-  if constexpr (P::inputs == Inputs::retention_gate || P::inputs == Inputs::tied_retention_gate)
-    if (!v.text("gate").empty()) {
-      with_gate = trace;
-      with_gate.log_beta = gated_log_beta(trace, P::name, P::inputs == Inputs::tied_retention_gate, v.text("gate"));
-    }
-  const Trace& tr = with_gate.layers > 0 ? with_gate : trace;
+  const Trace& tr = trace;
   CacheShape shape = tr.shape();
   if (!tr.has_attention()) shape = CacheShape{tr.layers, tr.kv_heads, tr.kv_heads, 1};
   const Metadata metadata = step_scores<P>(tr, v, shape);
   return P::template make<cpu_backend>(v, shape, memory::Paged<16>(pool_pages(tr)), [&](auto& cache) {
     using S = typename std::remove_reference_t<decltype(cache)>::scorer_type;
     // what the scorer reads beyond the metadata: the attention (H2O, SnapKV), the keys (KeyDiff)
-    constexpr bool needs_kv = kvpolicy::detail::ScorerInputs<S>::observes_attention || scorer_needs_head_keys<S> ||
-                              P::inputs == Inputs::key_value_statistic;
+    constexpr bool needs_kv = kvpolicy::detail::ScorerInputs<S>::observes_attention || scorer_needs_head_keys<S>;
     require(!needs_kv || tr.has_attention(), "replay: policy ", P::name,
             " needs the trace's keys, values and queries, and this trace has none");
     return run(cache, tr, opt, full, metadata);

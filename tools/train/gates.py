@@ -146,6 +146,23 @@ class WriteGate(nn.Module):
         return out
 
 
+def load_exported(gate, tensors, head_dim):
+    """Loads a retention gate (rg, rg10) from the tensors its export() wrote (a committed
+    `.safetensors`), so training can go on from a gate this repository ships. Their export is the
+    parameters themselves under SPEC's names; the write gate's is reordered for RoPE, so not it."""
+    if gate.kind == "wg":
+        raise ValueError("load_exported: a write gate's export is reordered for RoPE; start it from a checkpoint.pt")
+    params = gate.export(head_dim)
+    if set(params) != set(tensors):
+        missing, extra = sorted(set(params) - set(tensors)), sorted(set(tensors) - set(params))
+        raise ValueError(f"load_exported: the file is not this gate (missing {missing[:3]}, unexpected {extra[:3]})")
+    with torch.no_grad():
+        for name, param in params.items():
+            if tuple(tensors[name].shape) != tuple(param.shape):
+                raise ValueError(f"load_exported: {name} is {tuple(tensors[name].shape)}, the gate's {tuple(param.shape)}")
+            param.copy_(tensors[name])
+
+
 def make_gate(kind, config, width, activation=None, bias_init=None):
     """The gate `kind` (rg, rg10, wg) for a transformers LLaMA-family config."""
     L, D, H = config.num_hidden_layers, config.hidden_size, config.num_key_value_heads

@@ -32,7 +32,7 @@ import corpus  # noqa: E402
 import longrange  # noqa: E402
 import objectives  # noqa: E402
 from gated_attention import GatedModel  # noqa: E402
-from gates import make_gate  # noqa: E402
+from gates import load_exported, make_gate  # noqa: E402
 
 POLICY = {"rg": "trimkv", "rg10": "dbtrimkv", "wg": "wgkv"}
 
@@ -66,7 +66,8 @@ def parse():
     ap.add_argument("--width", type=int, default=128, help="gate MLP width I (rg, rg10)")
     ap.add_argument("--bias-init", type=float, default=None, help="the gate's output bias at the start")
     ap.add_argument("--init", metavar="CHECKPOINT",
-                    help="start from the gate in another run's checkpoint.pt (same gate and width; a fresh optimizer)")
+                    help="start from the gate in another run's checkpoint.pt or a committed rg/rg10 .safetensors "
+                         "(same gate and width; a fresh optimizer)")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--weight-decay", type=float, default=0.01)
     ap.add_argument("--warmup", type=float, default=0.1, help="fraction of the steps with a linear warm-up")
@@ -297,7 +298,13 @@ def main():
     lam = a.lam if a.lam is not None else (0.1 if a.gate == "wg" else 1.0)
     torch.manual_seed(a.seed)
     gate = make_gate(a.gate, config, a.width, bias_init=a.bias_init).to(device)
-    if a.init:
+    if a.init and a.init.endswith(".safetensors"):
+        from safetensors.torch import load_file
+        try:
+            load_exported(gate, load_file(a.init, device=str(device)), head_dim)
+        except ValueError as e:
+            raise SystemExit(f"train_gates: --init {a.init}: {e} (a {a.gate} gate of width {a.width}?)")
+    elif a.init:
         init = torch.load(a.init, map_location=device)
         if init["args"]["gate"] != a.gate or init["args"]["width"] != a.width:
             raise SystemExit(f"train_gates: --init {a.init} is a {init['args']['gate']} gate of width "

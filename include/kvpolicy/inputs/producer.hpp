@@ -1,0 +1,238 @@
+/// \file
+/// kvpolicy/inputs/producer.hpp — what a policy reads from the forward pass, produced in one place.
+/// A registry entry names its input kind (`registry::Inputs`); `inputs::producer<P>(values, model)`
+/// builds the one producer of that kind, and an engine (kvpolicy-lm, kvpolicy-replay, Python's
+/// transformers cache) hands it the tensors its `needs()` lists and appends what it writes:
+///   retention_gate, tied_retention_gate  log beta from the layer's normed input (SPEC §1, §2)
+///   write_gate                           g from the keys before and after RoPE (SPEC §3)
+///   key_value_statistic                  a rolling statistic of each sequence's keys and values (SPEC §4)
+///   hidden_states                        one score per token from two hidden-state bands (SPEC §4)
+///   none                                 nothing: the score comes from the cache itself
+/// Per-layer kinds write [Hkv, T] for a layer's new tokens (Cache::append's log_beta); the
+/// hidden-state kind writes [T] once per step, which the engine gives every (layer, kv head)
+/// (broadcast_token_scores). Rolling state is kept per sequence; drop() forgets a finished one.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "kvpolicy/core/error.hpp"
+#include "kvpolicy/core/shape.hpp"
+#include "kvpolicy/core/view.hpp"
+#include "kvpolicy/gate/load.hpp"
+#include "kvpolicy/gate/write_gate.hpp"
+#include "kvpolicy/parts/score/epiphany.hpp"
+#include "kvpolicy/parts/score/kvstats.hpp"
+#include "kvpolicy/registry/policy.hpp"
+
+namespace kvpolicy::inputs {
+
+/// The model a producer scores for: the cache's shape and the hidden size D.
+struct ModelShape {
+  CacheShape cache;
+  int hidden = 0;  ///< D, the width of the normed input and of the hidden states
+};
+
+/// How a head's components pair up under RoPE: llama.cpp's adjacent pairs (2j, 2j + 1), which
+/// kvpolicy-lm uses, or transformers' rotate-half pairs (j, j + d/2).
+enum class RopeLayout { adjacent, half };
+
+/// What a producer reads from the forward pass. An engine passes these and may leave the rest empty.
+struct Needs {
+  bool normed_input = false;   ///< the layer's attention input after its norm, [T, D]
+  bool keys_pre_rope = false;  ///< the layer's new keys before RoPE, [Hkv, T, d]
+  bool keys = false;           ///< after RoPE, as the cache stores them, [Hkv, T, d]
+  bool values = false;         ///< [Hkv, T, d]
+  /// Two hidden-state indices (HF output_hidden_states indexing: 0 = the embeddings, L = the final
+  /// norm's output), or none.
+  std::optional<std::array<int, 2>> bands;
+  /// The RoPE layout the producer expects its keys in (a write gate's file says which it was
+  /// trained in; an engine in the other layout reorders the keys it passes).
+  RopeLayout key_layout = RopeLayout::adjacent;
+
+  bool per_layer() const { return normed_input || keys_pre_rope || keys || values; }
+  bool per_token() const { return bands.has_value(); }
+  bool any() const { return per_layer() || per_token(); }
+};
+
+/// What one layer of a step offers for one sequence's T new tokens; a producer reads what its
+/// Needs names.
+struct LayerActivations {
+  View<const float, 2> normed_input{};   ///< [T, D]
+  View<const float, 3> keys_pre_rope{};  ///< [Hkv, T, d]
+  View<const float, 3> keys{};           ///< [Hkv, T, d], after RoPE
+  View<const float, 3> values{};         ///< [Hkv, T, d]
+};
+
+/// The producer of one policy's inputs, for every sequence of a cache. Copies share their state.
+class Producer {
+ public:
+  using LayerFn = std::function<void(std::int64_t seq, int layer, const LayerActivations&, View<float, 2> out)>;
+  using TokenFn = std::function<void(std::int64_t seq, View<const float, 2> h_a, View<const float, 2> h_b,
+                                     std::span<float> out)>;
+
+  /// The producer of a policy that reads nothing (registry::Inputs::none).
+  Producer() = default;
+  Producer(Needs needs, LayerFn layer, TokenFn tokens, std::function<void(std::int64_t)> drop)
+      : needs_(std::move(needs)), layer_(std::move(layer)), tokens_(std::move(tokens)), drop_(std::move(drop)) {}
+
+  const Needs& needs() const { return needs_; }
+
+  /// One layer's new tokens of sequence `seq` -> out [Hkv, T]. Layers in order, within each step.
+  void layer(std::int64_t seq, int layer, const LayerActivations& a, View<float, 2> out) const {
+    require(static_cast<bool>(layer_), "inputs::Producer: this policy's inputs are not per layer");
+    layer_(seq, layer, a, out);
+  }
+  /// A step's tokens of sequence `seq` from the hidden states of bands A and B [T, D] -> out [T].
+  void tokens(std::int64_t seq, View<const float, 2> h_a, View<const float, 2> h_b, std::span<float> out) const {
+    require(static_cast<bool>(tokens_), "inputs::Producer: this policy's inputs are not per token");
+    tokens_(seq, h_a, h_b, out);
+  }
+  /// Forgets sequence `seq`'s rolling state (a sequence that ended, or one that starts over).
+  void drop(std::int64_t seq) const {
+    if (drop_) drop_(seq);
+  }
+
+ private:
+  Needs needs_;
+  LayerFn layer_;
+  TokenFn tokens_;
+  std::function<void(std::int64_t)> drop_;
+};
+
+namespace detail {
+
+/// One rolling state per sequence, made on its first use (engines step sequences on several threads).
+template <class State>
+class PerSequence {
+ public:
+  template <class Make>
+  explicit PerSequence(Make make) : make_(std::move(make)) {}
+  State& operator()(std::int64_t seq) {
+    const std::lock_guard lock(mutex_);
+    auto it = states_.find(seq);
+    if (it == states_.end()) it = states_.emplace(seq, std::make_unique<State>(make_())).first;
+    return *it->second;
+  }
+  void drop(std::int64_t seq) {
+    const std::lock_guard lock(mutex_);
+    states_.erase(seq);
+  }
+
+ private:
+  std::function<State()> make_;
+  std::mutex mutex_;
+  std::map<std::int64_t, std::unique_ptr<State>> states_;
+};
+
+inline void require_given(const View<const float, 2>& x, std::string_view name) {
+  require(x.data != nullptr, "inputs::Producer: this policy reads the layer's ", name, ", which was not given");
+}
+inline void require_given(const View<const float, 3>& x, std::string_view name) {
+  require(x.data != nullptr, "inputs::Producer: this policy reads the layer's ", name, ", which was not given");
+}
+
+}  // namespace detail
+
+/// What policy P reads, from its option values alone (before a model is known: an engine installs
+/// its hooks by it).
+template <registry::Policy P>
+Needs needs(const registry::Values& v) {
+  using registry::Inputs;
+  Needs n;
+  if constexpr (P::inputs == Inputs::retention_gate || P::inputs == Inputs::tied_retention_gate) {
+    n.normed_input = true;
+  } else if constexpr (P::inputs == Inputs::write_gate) {
+    n.keys_pre_rope = n.keys = true;
+    const std::string& path = v.text("gate");
+    if (!path.empty()) {  // the layout the gate was trained in (its file's metadata; adjacent if unsaid)
+      const auto meta = safetensors::File::read(path).metadata();
+      const auto it = meta.find("rope_layout");
+      n.key_layout = it != meta.end() && it->second == "half" ? RopeLayout::half : RopeLayout::adjacent;
+    }
+  } else if constexpr (P::inputs == Inputs::key_value_statistic) {
+    n.keys = n.values = true;
+  } else if constexpr (P::inputs == Inputs::hidden_states) {
+    n.bands = std::array{static_cast<int>(v.integer("band-a")), static_cast<int>(v.integer("band-b"))};
+  } else {
+    static_assert(P::inputs == Inputs::none, "inputs::needs: a registry::Inputs without a producer");
+  }
+  return n;
+}
+
+/// The producer of policy P's inputs for `model`, from its option values (the trained gate's file
+/// for the gated kinds: refused when none is given). Throws kvpolicy::Error on a bad value, naming it.
+template <registry::Policy P>
+Producer producer(const registry::Values& v, const ModelShape& model) {
+  using registry::Inputs;
+  const CacheShape shape = model.cache;
+  shape.validate();
+  const int L = shape.layers, H = shape.kv_heads, d = shape.head_dim, D = model.hidden;
+  if constexpr (P::inputs != Inputs::none && P::inputs != Inputs::key_value_statistic)
+    require(D >= 1, "inputs::producer: the hidden size D = ", D, " must be >= 1");
+  constexpr bool gated =
+      P::inputs == Inputs::retention_gate || P::inputs == Inputs::tied_retention_gate || P::inputs == Inputs::write_gate;
+  if constexpr (gated)
+    require(!v.text("gate").empty(), "policy ", P::name,
+            " needs its trained gate: the gate option, a safetensors file under SPEC's tensor names");
+  Needs n = needs<P>(v);
+
+  if constexpr (P::inputs == Inputs::retention_gate || P::inputs == Inputs::tied_retention_gate) {
+    // SPEC §1, §2: log beta from the gate on the layer's normed input
+    auto g = gate::load_retention_gate(v.text("gate"), L, D, H, P::inputs == Inputs::tied_retention_gate);
+    return {n,
+            [g, D](std::int64_t, int l, const LayerActivations& a, View<float, 2> out) {
+              detail::require_given(a.normed_input, "normed input");
+              require_shape(a.normed_input, {out.dim(1), D}, "inputs::Producer: normed input");
+              g(l, a.normed_input, out);
+            },
+            {}, {}};
+  } else if constexpr (P::inputs == Inputs::write_gate) {  // SPEC §3: g on the keys before and after RoPE
+    auto g = std::make_shared<const gate::WriteGate>(gate::WriteGate::load(
+        safetensors::File::read(v.text("gate")), {.layers = L, .kv_heads = H, .head_dim = d}));
+    return {n,
+            [g](std::int64_t, int l, const LayerActivations& a, View<float, 2> out) {
+              detail::require_given(a.keys_pre_rope, "keys before RoPE");
+              detail::require_given(a.keys, "keys");
+              g->forward(l, a.keys_pre_rope, a.keys, out);
+            },
+            {}, {}};
+  } else if constexpr (P::inputs == Inputs::key_value_statistic) {  // SPEC §4: one tracker per sequence
+    auto trackers = std::make_shared<detail::PerSequence<kvstats::Tracker>>(
+        [shape] { return kvstats::Tracker(shape, kvstats::Config{P::statistic, 64}); });
+    return {n,
+            [trackers](std::int64_t seq, int l, const LayerActivations& a, View<float, 2> out) {
+              detail::require_given(a.keys, "keys");
+              detail::require_given(a.values, "values");
+              (*trackers)(seq).push(l, a.keys, a.values, out);
+            },
+            {}, [trackers](std::int64_t seq) { trackers->drop(seq); }};
+  } else if constexpr (P::inputs == Inputs::hidden_states) {  // SPEC §4: one signal per sequence
+    const auto [a, b] = *n.bands;
+    require(a >= 0 && a <= L && b >= 0 && b <= L, "policy ", P::name, ": --band-a ", a, " and --band-b ", b,
+            " must be hidden-state indices in [0, ", L, "] (0 = the embeddings, ", L, " = the final norm's output)");
+    epiphany::SignalConfig config;
+    config.band_a = a;
+    config.band_b = b;
+    config.variant = P::variant;
+    auto signals = std::make_shared<detail::PerSequence<epiphany::Signal>>([config, D] { return epiphany::Signal(config, D); });
+    return {n, {},
+            [signals](std::int64_t seq, View<const float, 2> h_a, View<const float, 2> h_b, std::span<float> out) {
+              (*signals)(seq).push(h_a, h_b, out);
+            },
+            [signals](std::int64_t seq) { signals->drop(seq); }};
+  } else {
+    static_assert(P::inputs == Inputs::none, "inputs::producer: a registry::Inputs without a producer");
+    return {};
+  }
+}
+
+}  // namespace kvpolicy::inputs
