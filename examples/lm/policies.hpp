@@ -29,7 +29,7 @@ EntryMetadata entry_metadata(const registry::Values& v, const Config& c) {
   const CacheShape shape = c.cache_shape();
   const inputs::Producer p = inputs::producer<P>(v, {shape, c.hidden});
   const inputs::Needs& needs = p.needs();
-  require(needs.key_layout == inputs::RopeLayout::adjacent, "kvpolicy-lm: policy ", P::name,
+  require(needs.key_layout != inputs::RopeLayout::half, "kvpolicy-lm: policy ", P::name,
           "'s gate was trained on keys in RoPE's rotate-half layout; this decoder's keys pair components adjacently");
   EntryMetadata m;
   if (needs.per_layer())

@@ -9,8 +9,9 @@ Cache whose entries live in a kvpolicy Cache that evicts physically per (layer, 
 
 How it runs: each attention layer's update() hands this Cache the step's new keys and values and
 gets them back unchanged; the "kvpolicy" attention function then appends them to the kvpolicy
-Cache (with the policy's scores: the retention gate on the layer's normed input, as kvpolicy-lm
-computes them, or WG-KV's write gate on the keys before and after RoPE) and attends the queries over
+Cache (with the policy's scores, from the library's producer of its inputs, handed what its needs
+list: the layer's normed input, the keys before and after RoPE, the values, two hidden-state bands)
+and attends the queries over
 what each head holds, causal within the step. The last layer commits the step: the policy's
 trigger and eviction. Positions are the tokens processed (get_seq_length), never the entries held.
 
@@ -21,8 +22,6 @@ the layer count (the final norm's output, after the last attention) is refused h
 """
 from __future__ import annotations
 
-import json
-import struct
 import threading
 
 import numpy as np
@@ -35,9 +34,6 @@ from . import _core
 
 NAME = "kvpolicy"
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
-_SUPPORTED_INPUTS = ("none", "retention_gate", "tied_retention_gate", "write_gate", "key_value_statistic",
-                     "hidden_states")
-_GATED = ("retention_gate", "tied_retention_gate", "write_gate")
 
 # The cache whose update() ran last on this thread: the attention function that follows it in the
 # same layer finds it here (transformers hands the attention function no cache).
@@ -45,9 +41,9 @@ _current = threading.local()
 
 
 def _normed_input_hook(module, args, output):
-    """A forward hook on every module while a gated Cache exists: keeps the last RMSNorm output of
-    shape [B, T, hidden], which at an attention call is that layer's normed input, the gates' input
-    (SPEC §1, §3). Qwen3's per-head q/k norms are [B, T, H, d] and never taken."""
+    """A forward hook on every module while a Cache that reads the normed input exists: keeps the
+    last RMSNorm output of shape [B, T, hidden], which at an attention call is that layer's normed
+    input, the gates' input (SPEC §1, §3). Qwen3's per-head q/k norms are [B, T, H, d] and never taken."""
     if _gated_caches and isinstance(output, torch.Tensor) and output.dim() == 3 \
             and type(module).__name__.endswith("RMSNorm"):
         _current.normed = output
@@ -78,12 +74,6 @@ def _install_normed_input_hook():
         _hook_handle = torch.nn.modules.module.register_module_forward_hook(_normed_input_hook)
 
 
-def _safetensors_metadata(path):
-    with open(path, "rb") as f:
-        (n,) = struct.unpack("<Q", f.read(8))
-        return json.loads(f.read(n)).get("__metadata__", {})
-
-
 def _half_to_adjacent(x):
     """[..., d] from transformers' rotate-half component order to adjacent pairs (llama.cpp's, which
     kvpolicy-lm's write gates read: docs/training.md)."""
@@ -100,38 +90,33 @@ class Cache(transformers.Cache):
     """
 
     def __init__(self, policy: str, *, gate=None, max_tokens: int = 4096, storage: str = "float32", **options):
-        info = _core.policies().get(policy)
-        if info is None:
+        if policy not in _core.policies():
             raise _core.Error(f"kvpolicy: unknown policy '{policy}' (known: {', '.join(sorted(_core.policies()))})")
-        if info["inputs"] not in _SUPPORTED_INPUTS:
-            raise _core.Error(f"kvpolicy: policy {policy} scores from {info['inputs']}, which the transformers "
-                              f"integration does not compute yet: run it in kvpolicy-lm")
-        if info["inputs"] in _GATED and gate is None:
-            raise _core.Error(f"kvpolicy: policy {policy} needs its trained gate: gate=FILE (SPEC's tensor names)")
         super().__init__(layers=[])
-        self.policy, self.options, self.gate_path = policy, dict(options), None if gate is None else str(gate)
-        self.inputs, self.max_tokens, self.storage = info["inputs"], int(max_tokens), storage
+        self.policy, self.options = policy, dict(options)
+        # what the producer of the policy's inputs reads (the gate's file among its options)
+        self._producer_options = dict(options, **({} if gate is None else {"gate": str(gate)}))
+        self.needs = _core.Producer.needs_of(policy, **self._producer_options)
+        self.max_tokens, self.storage = int(max_tokens), storage
         self.cache = None  # the kvpolicy Cache, made at the first attention call (the model's shape)
+        self.producer = None  # and the producer of its inputs
         self.config = None
         self.batch = 0
-        self._gate = None
-        self._adjacent = False
-        if self.inputs in _GATED:
+        self._reads_normed = self.needs["normed_input"] or self.needs["keys_pre_rope"]
+        self._per_layer = self._reads_normed or self.needs["keys"] or self.needs["values"]
+        if self._reads_normed:  # the keys before RoPE are k_proj of the normed input
             _install_normed_input_hook()
-        self._trackers = {}  # per sequence: the K/V statistic or the hidden-state signal
-        if self.inputs == "hidden_states":
+        self.bands = self.needs["bands"]
+        if self.bands is not None:
             global _band_handle
             if _band_handle is None:
                 _band_handle = torch.nn.modules.module.register_module_forward_pre_hook(_band_hook)
-            defaults = info["options"]
-            self.bands = (int(options.get("band_a", defaults["band_a"]["default"])),
-                          int(options.get("band_b", defaults["band_b"]["default"])))
             _bands_of[id(self)] = self.bands
             _bands.update(self.bands)
 
     def __del__(self):
         global _gated_caches
-        if getattr(self, "inputs", "none") in _GATED:
+        if getattr(self, "_reads_normed", False):
             _gated_caches -= 1
         if _bands_of.pop(id(self), None) is not None:
             _bands.clear()
@@ -163,7 +148,7 @@ class Cache(transformers.Cache):
         return self.cache is not None
 
     def reset(self):
-        self.cache, self.batch, self._trackers = None, 0, {}
+        self.cache, self.producer, self.batch = None, None, 0
 
     def reorder_cache(self, beam_idx):
         raise _core.Error("kvpolicy: beam search reorders whole caches; each kvpolicy sequence holds its own "
@@ -201,14 +186,10 @@ class Cache(transformers.Cache):
                                  q_heads=c.num_attention_heads, head_dim=head_dim, max_tokens=self.max_tokens,
                                  max_sequences=batch, storage=self.storage, **self.options)
         self.batch = batch
-        if self.inputs in ("retention_gate", "tied_retention_gate"):
-            self._gate = _core.RetentionGate(self.gate_path, layers=c.num_hidden_layers, hidden=c.hidden_size,
-                                             kv_heads=c.num_key_value_heads, tied=self.inputs == "tied_retention_gate")
-        elif self.inputs == "write_gate":
-            self._gate = _core.WriteGate(self.gate_path, layers=c.num_hidden_layers, kv_heads=c.num_key_value_heads,
-                                         head_dim=head_dim)
-            self._adjacent = _safetensors_metadata(self.gate_path).get("rope_layout", "adjacent") == "adjacent"
-        elif self.inputs == "hidden_states" and max(self.bands) >= c.num_hidden_layers:
+        self.producer = _core.Producer(self.policy, layers=c.num_hidden_layers, hidden=c.hidden_size,
+                                       kv_heads=c.num_key_value_heads, q_heads=c.num_attention_heads,
+                                       head_dim=head_dim, **self._producer_options)
+        if self.bands is not None and max(self.bands) >= c.num_hidden_layers:
             raise _core.Error(f"kvpolicy: bands {self.bands}: a band of {c.num_hidden_layers} is the final norm's "
                               f"output, which comes after the last attention; give bands below it here")
 
@@ -231,31 +212,19 @@ class Cache(transformers.Cache):
         k = key.detach().float().contiguous()
         v = value.detach().float().contiguous()
         out = torch.empty(B, Hq, T, d, dtype=torch.float32)
-        scores = self._layer_scores(module, layer, k, T)
+        given = self._layer_inputs(module, k, v, T) if self._per_layer else None
         for b in range(B):
-            s = None if scores is None else scores[b]
-            if self.inputs == "key_value_statistic":
-                s = self._tracker(b)(layer, k[b].numpy(), v[b].numpy())
+            s = None
+            if given is not None:
+                s = self.producer.layer(b, layer, **{name: x[b].contiguous().numpy() for name, x in given.items()})
             self.cache.append(b, layer, k[b].numpy(), v[b].numpy(), scores=s)
             self.cache.attend(b, layer, q[b].numpy(), out=out[b].numpy())
         if layer == self.config.num_hidden_layers - 1:
-            if self.inputs == "hidden_states":
+            if self.bands is not None:
                 self._set_hidden_scores(B, T)
             for b in range(B):
                 self.cache.commit(b)
         return out.to(query.dtype).transpose(1, 2).contiguous()
-
-    def _tracker(self, b):
-        if b not in self._trackers:
-            c = self.config
-            if self.inputs == "key_value_statistic":
-                self._trackers[b] = _core.KVStatistic(self.policy, layers=c.num_hidden_layers,
-                                                      kv_heads=c.num_key_value_heads, q_heads=c.num_attention_heads,
-                                                      head_dim=self.head_dim)
-            else:
-                self._trackers[b] = _core.HiddenStateSignal(self.policy, hidden=c.hidden_size, band_a=self.bands[0],
-                                                            band_b=self.bands[1])
-        return self._trackers[b]
 
     def _set_hidden_scores(self, B, T):
         """EpiKV's frozen scores (SPEC §4): one per token from bands A and B, the same in every layer
@@ -267,35 +236,36 @@ class Cache(transformers.Cache):
         L, H = self.config.num_hidden_layers, self.config.num_key_value_heads
         for b in range(B):
             h_a, h_b = (hidden[band][b].detach().float().contiguous().numpy() for band in self.bands)
-            token = self._tracker(b)(h_a, h_b)
+            token = self.producer.tokens(b, h_a, h_b)
             scores = np.ascontiguousarray(np.broadcast_to(token, (H, T)), dtype=np.float32)
             for layer in range(L):
                 self.cache.set_step_scores(b, layer, scores)
 
-    def _layer_scores(self, module, layer, k, T):
-        """Per sequence [Hkv, T] float32 arrays of the step's scores, or None."""
-        if self.inputs in ("retention_gate", "tied_retention_gate"):
+    def _layer_inputs(self, module, k, v, T):
+        """What the producer reads of this layer's step, as its needs list: {name: [B, ...] tensor}."""
+        needs, given = self.needs, {}
+        if self._reads_normed:
             normed = getattr(_current, "normed", None)
             if normed is None or normed.shape[-2] != T:
                 raise _core.Error("kvpolicy: the layer's normed input was not seen (is the model LLaMA-family?)")
-            h = normed.detach().float()
-            return [self._gate(layer, h[b].contiguous().numpy()) for b in range(h.shape[0])]
-        if self.inputs == "write_gate":
-            normed = getattr(_current, "normed", None)
-            if normed is None or normed.shape[-2] != T:
-                raise _core.Error("kvpolicy: the layer's normed input was not seen (is the model LLaMA-family?)")
-            B, Hkv, _, d = k.shape
-            with torch.no_grad():
-                k_pre = module.k_proj(normed).view(B, T, Hkv, d)
-                if hasattr(module, "k_norm"):  # Qwen3: the key as RoPE receives it
-                    k_pre = module.k_norm(k_pre)
-                k_pre = k_pre.transpose(1, 2).float()
-            k_post = k
-            if self._adjacent:
-                k_pre, k_post = _half_to_adjacent(k_pre), _half_to_adjacent(k_post)
-            k_pre, k_post = k_pre.contiguous(), k_post.contiguous()
-            return [self._gate(layer, k_pre[b].numpy(), k_post[b].numpy()) for b in range(B)]
-        return None  # the K/V statistic is computed per sequence in attend(); EpiKV's at the last layer
+            if needs["normed_input"]:
+                given["normed_input"] = normed.detach().float()
+            if needs["keys_pre_rope"]:
+                B, Hkv, _, d = k.shape
+                with torch.no_grad():
+                    k_pre = module.k_proj(normed).view(B, T, Hkv, d)
+                    if hasattr(module, "k_norm"):  # Qwen3: the key as RoPE receives it
+                        k_pre = module.k_norm(k_pre)
+                given["keys_pre_rope"] = k_pre.transpose(1, 2).float()
+        if needs["keys"]:
+            given["keys"] = k
+        if needs["values"]:
+            given["values"] = v
+        if needs["key_layout"] == "adjacent":  # transformers' keys are in rotate-half order
+            for name in ("keys_pre_rope", "keys"):
+                if name in given:
+                    given[name] = _half_to_adjacent(given[name])
+        return given
 
 
 def _attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):

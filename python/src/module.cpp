@@ -16,9 +16,8 @@
 #include <vector>
 
 #include "any_cache.hpp"
-#include "kvpolicy/gate/load.hpp"
 #include "kvpolicy/epikv.hpp"
-#include "kvpolicy/gate/write_gate.hpp"
+#include "kvpolicy/inputs/producer.hpp"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -119,37 +118,43 @@ struct Report {
   }
 };
 
-/// A retention gate with the shape its output takes.
-struct RetentionGateFile {
-  gate::LayerGate forward;
-  int hidden = 0;
-  int kv_heads = 0;
+/// The producer of a policy's inputs (kvpolicy/inputs/producer.hpp) and the model it scores for.
+struct PyProducer {
+  inputs::Producer producer;
+  inputs::ModelShape model;
 };
 
-/// The K/V statistic a policy of the kv-statistics family ranks by (SPEC §4), one tracker per sequence.
-struct KVStatistic {
-  std::unique_ptr<kvstats::Tracker> tracker;
-  CacheShape shape;
-};
+/// Python's keyword options as the registry reads them (underscores for the command line's dashes).
+registry::Selection selection_of(std::string policy, const nb::kwargs& options) {
+  registry::Selection sel;
+  sel.policy = std::move(policy);
+  for (auto [key, value] : options) {
+    std::string name = nb::cast<std::string>(nb::str(key));
+    for (char& c : name)
+      if (c == '_') c = '-';
+    sel.given[name] = nb::cast<std::string>(nb::str(value));  // the registry parses and checks it
+  }
+  return sel;
+}
 
-/// EpiKV's and HS-var's hidden-state signal (SPEC §4), one per sequence.
-struct HiddenStateSignal {
-  std::unique_ptr<epiphany::Signal> signal;
-  int hidden = 0;
-};
+/// What a producer reads, as Python sees it.
+nb::dict needs_dict(const inputs::Needs& n) {
+  nb::dict d;
+  d["normed_input"] = n.normed_input;
+  d["keys_pre_rope"] = n.keys_pre_rope;
+  d["keys"] = n.keys;
+  d["values"] = n.values;
+  d["bands"] = n.bands ? nb::object(nb::make_tuple((*n.bands)[0], (*n.bands)[1])) : nb::none();
+  d["key_layout"] = n.key_layout == inputs::RopeLayout::half ? "half" : n.key_layout == inputs::RopeLayout::adjacent ? "adjacent" : "any";
+  return d;
+}
 
 /// The policy's needs (registry::Inputs) beside its Cache, for the checks that name them.
 class PyCache {
  public:
   PyCache(std::string policy, const CacheShape& shape, std::int64_t max_tokens, std::int64_t max_sequences,
           std::int64_t pages, const std::string& storage, const nb::kwargs& options) {
-    selection_.policy = std::move(policy);
-    for (auto [key, value] : options) {
-      std::string name = nb::cast<std::string>(nb::str(key));
-      for (char& c : name)
-        if (c == '_') c = '-';
-      selection_.given[name] = nb::cast<std::string>(nb::str(value));  // the registry parses and checks it
-    }
+    selection_ = selection_of(std::move(policy), options);
     require(max_tokens >= 1, "Cache: max_tokens = ", max_tokens, " must be >= 1");
     require(max_sequences >= 1, "Cache: max_sequences = ", max_sequences, " must be >= 1");
     shape.validate();
@@ -501,112 +506,78 @@ NB_MODULE(_core, m) {
           "Several sequences' steps at once: a list of dicts with step()'s arguments (seq, keys, values, and "
           "optionally scores, queries, out, gates). The whole batch is validated first; a failure takes every step back.");
 
-  nb::class_<KVStatistic>(m, "KVStatistic",
-                          "The rolling K/V statistic a policy of the kv-statistics family ranks by (SPEC §4: kv-key, "
-                          "kv-val, lag-kv), for one sequence: each new entry's score from its key and value.")
+  nb::class_<PyProducer>(m, "Producer",
+                         "What a policy reads from the forward pass, produced by the library for every sequence of a "
+                         "model: log beta from a retention gate (SPEC §1, §2), g from a write gate (SPEC §3), a K/V "
+                         "statistic or a hidden-state signal (SPEC §4). needs says which tensors to pass.")
       .def(
           "__init__",
-          [](KVStatistic* self, const std::string& policy, int layers, int kv_heads, int q_heads, int head_dim) {
-            const CacheShape shape{layers, kv_heads, q_heads, head_dim};
-            shape.validate();
-            std::unique_ptr<kvstats::Tracker> t;
-            registry::visit(policy, [&]<registry::Policy P>() {
-              if constexpr (P::inputs == registry::Inputs::key_value_statistic)
-                t = std::make_unique<kvstats::Tracker>(shape, kvstats::Config{P::statistic, 64});
-              else
-                fail("KVStatistic: policy ", policy, " does not rank by a K/V statistic (its inputs: ",
-                     registry::name_of(P::inputs), ")");
-            });
-            new (self) KVStatistic{std::move(t), shape};
+          [](PyProducer* self, const std::string& policy, int layers, int hidden, int kv_heads, int q_heads, int head_dim,
+             const nb::kwargs& options) {
+            const registry::Selection sel = selection_of(policy, options);
+            const inputs::ModelShape model{{layers, kv_heads, q_heads, head_dim}, hidden};
+            inputs::Producer p;
+            registry::visit(sel.policy, [&]<registry::Policy P>() { p = inputs::producer<P>(registry::values<P>(sel.given), model); });
+            new (self) PyProducer{std::move(p), model};
           },
-          "policy"_a, nb::kw_only(), "layers"_a, "kv_heads"_a, "q_heads"_a, "head_dim"_a)
-      .def(
-          "__call__",
-          [](KVStatistic& s, int layer, const Input& keys, const Input& values) {
-            check_array(keys, "keys", 3, {s.shape.kv_heads, -1, s.shape.head_dim}, "kv_heads, T, head_dim");
-            const auto T = static_cast<std::int64_t>(keys.shape(1));
-            check_array(values, "values", 3, {s.shape.kv_heads, T, s.shape.head_dim}, "kv_heads, T, head_dim");
-            std::vector<float> out(static_cast<std::size_t>(s.shape.kv_heads * T));
-            s.tracker->push(layer, view_of<3>(keys), view_of<3>(values), View<float, 2>(out.data(), {s.shape.kv_heads, T}));
-            return numpy_of(std::move(out), {static_cast<std::size_t>(s.shape.kv_heads), static_cast<std::size_t>(T)});
+          "policy"_a, nb::kw_only(), "layers"_a, "hidden"_a, "kv_heads"_a, "q_heads"_a, "head_dim"_a, "options"_a,
+          "the policy and its options (as Cache takes them: gate=, band_a=, ...), and the model's shape")
+      .def_static(
+          "needs_of",
+          [](const std::string& policy, const nb::kwargs& options) {
+            const registry::Selection sel = selection_of(policy, options);
+            inputs::Needs n;
+            registry::visit(sel.policy, [&]<registry::Policy P>() { n = inputs::needs<P>(registry::values<P>(sel.given)); });
+            return needs_dict(n);
           },
-          "layer"_a, "keys"_a, "values"_a,
-          "one layer's new keys/values [kv_heads, T, head_dim] -> their scores [kv_heads, T] (layers in order)");
-
-  nb::class_<HiddenStateSignal>(m, "HiddenStateSignal",
-                                "EpiKV's or HS-var's signal (SPEC §4) for one sequence: each token's score from the "
-                                "hidden states of bands A and B.")
+          "policy"_a, "options"_a, "what the policy reads, from its options alone (before a model is known)")
+      .def_prop_ro("needs", [](const PyProducer& p) { return needs_dict(p.producer.needs()); },
+                   "what it reads: normed_input, keys_pre_rope, keys, values (bools), bands (a pair of hidden-state "
+                   "indices, or None) and key_layout (the RoPE layout its keys are expected in: adjacent or half)")
       .def(
-          "__init__",
-          [](HiddenStateSignal* self, const std::string& policy, int hidden, int band_a, int band_b) {
-            std::unique_ptr<epiphany::Signal> signal;
-            registry::visit(policy, [&]<registry::Policy P>() {
-              if constexpr (P::inputs == registry::Inputs::hidden_states) {
-                epiphany::SignalConfig c;
-                c.band_a = band_a;
-                c.band_b = band_b;
-                c.variant = P::variant;
-                signal = std::make_unique<epiphany::Signal>(c, hidden);
-              } else {
-                fail("HiddenStateSignal: policy ", policy, " does not rank by hidden states (its inputs: ",
-                     registry::name_of(P::inputs), ")");
-              }
-            });
-            new (self) HiddenStateSignal{std::move(signal), hidden};
+          "layer",
+          [](const PyProducer& p, std::int64_t seq, int layer, std::optional<Input> normed_input,
+             std::optional<Input> keys_pre_rope, std::optional<Input> keys, std::optional<Input> values) {
+            const CacheShape& s = p.model.cache;
+            std::int64_t T = -1;
+            for (const auto* a : {&keys, &values, &keys_pre_rope})
+              if (*a && (*a)->ndim() == 3) T = static_cast<std::int64_t>((*a)->shape(1));
+            if (normed_input && normed_input->ndim() == 2) T = static_cast<std::int64_t>(normed_input->shape(0));
+            inputs::LayerActivations a;
+            if (normed_input) {
+              check_array(*normed_input, "normed_input", 2, {T, p.model.hidden}, "T, hidden");
+              a.normed_input = view_of<2>(*normed_input);
+            }
+            const auto kv = [&](const std::optional<Input>& x, const char* name, View<const float, 3>& to) {
+              if (!x) return;
+              check_array(*x, name, 3, {s.kv_heads, T, s.head_dim}, "kv_heads, T, head_dim");
+              to = view_of<3>(*x);
+            };
+            kv(keys_pre_rope, "keys_pre_rope", a.keys_pre_rope);
+            kv(keys, "keys", a.keys);
+            kv(values, "values", a.values);
+            require(T >= 1, "Producer.layer: give the tensors needs lists (T tokens each)");
+            std::vector<float> out(static_cast<std::size_t>(s.kv_heads * T));
+            p.producer.layer(seq, layer, a, View<float, 2>(out.data(), {s.kv_heads, T}));
+            return numpy_of(std::move(out), {static_cast<std::size_t>(s.kv_heads), static_cast<std::size_t>(T)});
           },
-          "policy"_a, nb::kw_only(), "hidden"_a, "band_a"_a, "band_b"_a)
+          "seq"_a, "layer"_a, nb::kw_only(), "normed_input"_a = nb::none(), "keys_pre_rope"_a = nb::none(),
+          "keys"_a = nb::none(), "values"_a = nb::none(),
+          "one layer's new tokens of sequence seq (layers in order): normed_input [T, hidden], keys_pre_rope, keys, "
+          "values [kv_heads, T, head_dim], as needs lists -> their scores [kv_heads, T]")
       .def(
-          "__call__",
-          [](HiddenStateSignal& s, const Input& h_a, const Input& h_b) {
-            check_array(h_a, "h_a", 2, {-1, s.hidden}, "T, hidden");
+          "tokens",
+          [](const PyProducer& p, std::int64_t seq, const Input& h_a, const Input& h_b) {
+            check_array(h_a, "h_a", 2, {-1, p.model.hidden}, "T, hidden");
             const auto T = static_cast<std::int64_t>(h_a.shape(0));
-            check_array(h_b, "h_b", 2, {T, s.hidden}, "T, hidden");
+            check_array(h_b, "h_b", 2, {T, p.model.hidden}, "T, hidden");
             std::vector<float> out(static_cast<std::size_t>(T));
-            s.signal->push(view_of<2>(h_a), view_of<2>(h_b), std::span<float>(out));
+            p.producer.tokens(seq, view_of<2>(h_a), view_of<2>(h_b), std::span<float>(out));
             return numpy_of(std::move(out), {static_cast<std::size_t>(T)});
           },
-          "h_a"_a, "h_b"_a, "the step's hidden states at bands A and B [T, hidden] -> each token's score [T]");
-
-  nb::class_<RetentionGateFile>(m, "RetentionGate",
-                                "A trained retention gate under SPEC's tensor names (TRIM-KV's rg, SPEC §1; DBTrimKV's "
-                                "tied gate, SPEC §2): log beta of each new entry from the layer's normed input.")
-      .def(
-          "__init__",
-          [](RetentionGateFile* self, const std::string& path, int layers, int hidden, int kv_heads, bool tied) {
-            new (self) RetentionGateFile{gate::load_retention_gate(path, layers, hidden, kv_heads, tied), hidden, kv_heads};
-          },
-          "path"_a, nb::kw_only(), "layers"_a, "hidden"_a, "kv_heads"_a, "tied"_a = false)
-      .def(
-          "__call__",
-          [](const RetentionGateFile& g, int layer, const Input& input) {
-            check_array(input, "input", 2, {-1, g.hidden}, "T, hidden");
-            const auto T = static_cast<std::size_t>(input.shape(0));
-            std::vector<float> out(static_cast<std::size_t>(g.kv_heads) * T);
-            g.forward(layer, view_of<2>(input),
-                      View<float, 2>(out.data(), {g.kv_heads, static_cast<std::int64_t>(T)}));
-            return numpy_of(std::move(out), {static_cast<std::size_t>(g.kv_heads), T});
-          },
-          "layer"_a, "input"_a, "input [T, hidden] (the attention block's input after its RMSNorm) -> log beta [kv_heads, T]");
-
-  nb::class_<gate::WriteGate>(m, "WriteGate",
-                              "WG-KV's trained write gate under SPEC's tensor names (SPEC §3): g of each new entry "
-                              "from its key before and after RoPE.")
-      .def(
-          "__init__",
-          [](gate::WriteGate* self, const std::string& path, int layers, int kv_heads, int head_dim) {
-            new (self) gate::WriteGate(gate::WriteGate::load(safetensors::File::read(path),
-                                                             {.layers = layers, .kv_heads = kv_heads, .head_dim = head_dim}));
-          },
-          "path"_a, nb::kw_only(), "layers"_a, "kv_heads"_a, "head_dim"_a)
-      .def(
-          "__call__",
-          [](const gate::WriteGate& g, int layer, const Input& k_pre, const Input& k) {
-            check_array(k_pre, "k_pre", 3, {-1, -1, -1}, "kv_heads, T, head_dim");
-            const auto H = static_cast<std::int64_t>(k_pre.shape(0)), T = static_cast<std::int64_t>(k_pre.shape(1));
-            check_array(k, "k", 3, {H, T, static_cast<std::int64_t>(k_pre.shape(2))}, "kv_heads, T, head_dim");
-            std::vector<float> out(static_cast<std::size_t>(H * T));
-            g.forward(layer, view_of<3>(k_pre), view_of<3>(k), View<float, 2>(out.data(), {H, T}));
-            return numpy_of(std::move(out), {static_cast<std::size_t>(H), static_cast<std::size_t>(T)});
-          },
-          "layer"_a, "k_pre"_a, "k"_a, "keys [kv_heads, T, head_dim] before and after RoPE -> g [kv_heads, T]");
+          "seq"_a, "h_a"_a, "h_b"_a,
+          "a step's hidden states of sequence seq at bands A and B [T, hidden] -> each token's score [T], the same in "
+          "every layer and kv head")
+      .def("drop", [](const PyProducer& p, std::int64_t seq) { p.producer.drop(seq); }, "seq"_a,
+           "forgets sequence seq's rolling state");
 }

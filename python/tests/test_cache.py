@@ -269,21 +269,31 @@ def test_steps_release_the_gil():
     assert ticks >= 20, f"the main thread ran {ticks} times during the step"
 
 
-def test_the_scores_of_the_kv_statistics_and_epikv_families():
-    """KVStatistic and HiddenStateSignal give finite scores of the stated shapes, refuse a policy of
-    another family, and keep state (the same input twice scores differently once the window moves)."""
+def test_the_producer_of_a_policys_inputs():
+    """Producer gives finite scores of the stated shapes for the kv-statistics and EpiKV families,
+    says what it reads, keeps state per sequence (the same input twice scores differently once the
+    window moves; another sequence starts fresh), and refuses what its policy does not read."""
     rng = np.random.default_rng(8)
-    s = kvpolicy.KVStatistic("kv-key", **SHAPE)
+    s = kvpolicy.Producer("kv-key", hidden=32, **SHAPE)
+    assert s.needs == dict(normed_input=False, keys_pre_rope=False, keys=True, values=True, bands=None, key_layout="any")
     k, v = rand(rng, H, 5, D), rand(rng, H, 5, D)
-    out = s(0, k, v)
+    out = s.layer(0, 0, keys=k, values=v)
     assert out.shape == (H, 5) and np.isfinite(out).all()
-    with pytest.raises(kvpolicy.Error, match="does not rank by a K/V statistic"):
-        kvpolicy.KVStatistic("trimkv", **SHAPE)
-    sig = kvpolicy.HiddenStateSignal("epikv", hidden=32, band_a=1, band_b=2)
+    np.testing.assert_array_equal(s.layer(1, 0, keys=k, values=v), out)  # sequence 1: its own state
+    with pytest.raises(kvpolicy.Error, match="reads the layer's values, which was not given"):
+        s.layer(0, 1, keys=k)
+    with pytest.raises(kvpolicy.Error, match="not per token"):
+        s.tokens(0, rand(rng, 6, 32), rand(rng, 6, 32))
+    sig = kvpolicy.Producer("epikv", hidden=32, band_a=1, band_b=2, **SHAPE)
+    assert sig.needs["bands"] == (1, 2) and kvpolicy.Producer.needs_of("epikv", band_a=1, band_b=2) == sig.needs
     h_a, h_b = rand(rng, 6, 32), rand(rng, 6, 32)
-    first, second = sig(h_a, h_b), sig(h_a, h_b)
+    first, second = sig.tokens(0, h_a, h_b), sig.tokens(0, h_a, h_b)
     assert first.shape == (6,) and np.isfinite(first).all() and not np.array_equal(first, second)
+    sig.drop(0)
+    np.testing.assert_array_equal(sig.tokens(0, h_a, h_b), first)  # dropped: starts over
     with pytest.raises(kvpolicy.Error, match="h_b: shape"):
-        sig(h_a, rand(rng, 6, 31))
-    with pytest.raises(kvpolicy.Error, match="does not rank by hidden states"):
-        kvpolicy.HiddenStateSignal("knorm", hidden=32, band_a=1, band_b=2)
+        sig.tokens(0, h_a, rand(rng, 6, 31))
+    with pytest.raises(kvpolicy.Error, match="needs its trained gate"):
+        kvpolicy.Producer("trimkv", hidden=32, **SHAPE)
+    knorm = kvpolicy.Producer.needs_of("knorm")
+    assert knorm["bands"] is None and not any(knorm[k] for k in ("normed_input", "keys_pre_rope", "keys", "values"))

@@ -42,8 +42,9 @@ struct ModelShape {
 };
 
 /// How a head's components pair up under RoPE: llama.cpp's adjacent pairs (2j, 2j + 1), which
-/// kvpolicy-lm uses, or transformers' rotate-half pairs (j, j + d/2).
-enum class RopeLayout { adjacent, half };
+/// kvpolicy-lm uses, or transformers' rotate-half pairs (j, j + d/2); any: the producer's result
+/// does not depend on the order of a key's components.
+enum class RopeLayout { any, adjacent, half };
 
 /// What a producer reads from the forward pass. An engine passes these and may leave the rest empty.
 struct Needs {
@@ -56,7 +57,7 @@ struct Needs {
   std::optional<std::array<int, 2>> bands;
   /// The RoPE layout the producer expects its keys in (a write gate's file says which it was
   /// trained in; an engine in the other layout reorders the keys it passes).
-  RopeLayout key_layout = RopeLayout::adjacent;
+  RopeLayout key_layout = RopeLayout::any;
 
   bool per_layer() const { return normed_input || keys_pre_rope || keys || values; }
   bool per_token() const { return bands.has_value(); }
@@ -143,21 +144,24 @@ inline void require_given(const View<const float, 3>& x, std::string_view name) 
 }  // namespace detail
 
 /// What policy P reads, from its option values alone (before a model is known: an engine installs
-/// its hooks by it).
+/// its hooks by it). Refuses a gated policy given no gate file.
 template <registry::Policy P>
 Needs needs(const registry::Values& v) {
   using registry::Inputs;
+  constexpr bool gated =
+      P::inputs == Inputs::retention_gate || P::inputs == Inputs::tied_retention_gate || P::inputs == Inputs::write_gate;
+  if constexpr (gated)
+    require(!v.text("gate").empty(), "policy ", P::name,
+            " needs its trained gate: the gate option, a safetensors file under SPEC's tensor names");
   Needs n;
   if constexpr (P::inputs == Inputs::retention_gate || P::inputs == Inputs::tied_retention_gate) {
     n.normed_input = true;
   } else if constexpr (P::inputs == Inputs::write_gate) {
     n.keys_pre_rope = n.keys = true;
-    const std::string& path = v.text("gate");
-    if (!path.empty()) {  // the layout the gate was trained in (its file's metadata; adjacent if unsaid)
-      const auto meta = safetensors::File::read(path).metadata();
-      const auto it = meta.find("rope_layout");
-      n.key_layout = it != meta.end() && it->second == "half" ? RopeLayout::half : RopeLayout::adjacent;
-    }
+    // the layout the gate was trained in (its file's metadata; adjacent, kvpolicy-lm's, if unsaid)
+    const auto meta = safetensors::File::read(v.text("gate")).metadata();
+    const auto it = meta.find("rope_layout");
+    n.key_layout = it != meta.end() && it->second == "half" ? RopeLayout::half : RopeLayout::adjacent;
   } else if constexpr (P::inputs == Inputs::key_value_statistic) {
     n.keys = n.values = true;
   } else if constexpr (P::inputs == Inputs::hidden_states) {
@@ -178,11 +182,6 @@ Producer producer(const registry::Values& v, const ModelShape& model) {
   const int L = shape.layers, H = shape.kv_heads, d = shape.head_dim, D = model.hidden;
   if constexpr (P::inputs != Inputs::none && P::inputs != Inputs::key_value_statistic)
     require(D >= 1, "inputs::producer: the hidden size D = ", D, " must be >= 1");
-  constexpr bool gated =
-      P::inputs == Inputs::retention_gate || P::inputs == Inputs::tied_retention_gate || P::inputs == Inputs::write_gate;
-  if constexpr (gated)
-    require(!v.text("gate").empty(), "policy ", P::name,
-            " needs its trained gate: the gate option, a safetensors file under SPEC's tensor names");
   Needs n = needs<P>(v);
 
   if constexpr (P::inputs == Inputs::retention_gate || P::inputs == Inputs::tied_retention_gate) {
