@@ -47,6 +47,8 @@ struct adakv {
     KVPOLICY_HD bool fires(std::int64_t length, std::int64_t heads, StepContext c) const {
       return c.prompt_ends && length > heads * budget;
     }
+    /// The prompt is compressed once; decode tokens stay.
+    std::optional<evict::MemoryBound> memory_bound(const CacheShape&) const { return std::nullopt; }
     /// The layer's pooled top Hkv * M over SnapKV's protections, each head's best floor(alpha M) first.
     evict::PoolSelection selection() const {
       evict::PoolSelection sel;

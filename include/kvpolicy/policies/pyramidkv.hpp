@@ -93,6 +93,8 @@ struct Pyramid {
   std::int64_t group_heads(const CacheShape&) const { return 1; }
   /// Whether a head may evict at this step; trigger() below decides with its layer's budget.
   KVPOLICY_HD bool fires(std::int64_t length, std::int64_t, StepContext c) const { return c.prompt_ends && length > 0; }
+  /// The prompt is compressed once; decode tokens stay.
+  std::optional<MemoryBound> memory_bound(const CacheShape&) const { return std::nullopt; }
   bool trigger(const CacheShape& shape, StepContext c, std::span<const std::int64_t> lengths,
                std::span<std::uint8_t> active) const {
     bool any = false;

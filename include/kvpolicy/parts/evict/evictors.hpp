@@ -17,6 +17,7 @@
 #include "kvpolicy/core/error.hpp"
 #include "kvpolicy/core/mask.hpp"
 #include "kvpolicy/parts/evict/rank.hpp"
+#include "kvpolicy/parts/evict/memory_bound.hpp"
 #include "kvpolicy/parts/evict/selection.hpp"
 
 namespace kvpolicy {
@@ -107,6 +108,18 @@ struct PerHead {
   // the rule, stated once (core/rule.hpp)
   std::int64_t group_heads(const CacheShape&) const { return 1; }
   KVPOLICY_HD bool fires(std::int64_t length, std::int64_t, StepContext) const { return rule.fires(length); }
+  /// A head evicts back to M once it reaches M + B, so after a commit it holds at most M + B - 1;
+  /// the threshold variant keeps what scores above log alpha, which no budget bounds, and a budget
+  /// at the int32 position limit (the full cache's) is never reached.
+  std::optional<MemoryBound> memory_bound(const CacheShape& shape) const {
+    if constexpr (requires { rule.budget + rule.buffer; }) {
+      const std::int64_t held = rule.budget + rule.buffer - 1;
+      if (threshold > 0.0 || held >= INT32_MAX - 1) return std::nullopt;
+      return MemoryBound{held, shape.heads_total() * held};
+    } else {
+      return std::nullopt;
+    }
+  }
   HeadSelection selection() const {
     HeadSelection sel;
     sel.keep = rule.budget;
@@ -167,6 +180,14 @@ struct Pooled {
   KVPOLICY_HD bool fires(std::int64_t length, std::int64_t heads, StepContext) const {
     return Scope::fires(length, heads * (budget + buffer));
   }
+  /// A group of G heads evicts once its total reaches G (M + B) (as the Scope compares), so after a
+  /// commit it holds at most that, less one where reaching it fires; one head may hold all of it.
+  std::optional<MemoryBound> memory_bound(const CacheShape& shape) const {
+    if (threshold > 0.0) return std::nullopt;
+    const std::int64_t group = Scope::heads(shape), reach = group * (budget + buffer);
+    const std::int64_t held = Scope::fires(reach, reach) ? reach - 1 : reach;
+    return MemoryBound{held, shape.heads_total() / group * held};
+  }
   PoolSelection selection() const {
     PoolSelection sel;
     sel.budget = budget;
@@ -213,6 +234,10 @@ struct Generated {
   // more than K >= R of them are present; with K or fewer the head keeps everything anyway.
   std::int64_t group_heads(const CacheShape&) const { return 1; }
   KVPOLICY_HD bool fires(std::int64_t length, std::int64_t, StepContext c) const { return length - c.prompt > budget; }
+  /// The prompt (here the first step's one token) stays, and K generated entries beside it.
+  std::optional<MemoryBound> memory_bound(const CacheShape& shape) const {
+    return MemoryBound{budget + 1, shape.heads_total() * (budget + 1)};
+  }
   HeadSelection selection() const {
     HeadSelection sel;
     sel.keep = budget;
@@ -250,6 +275,8 @@ struct WriteGated {
   // W_local newest), its sinks, and the older entries promoted (g >= tau)
   std::int64_t group_heads(const CacheShape&) const { return 1; }
   KVPOLICY_HD bool fires(std::int64_t length, std::int64_t, StepContext) const { return length > local; }
+  /// The ring is bounded; the global cache keeps every token with g >= tau.
+  std::optional<MemoryBound> memory_bound(const CacheShape&) const { return std::nullopt; }
   HeadSelection selection() const {
     HeadSelection sel;
     sel.threshold = true;
@@ -297,6 +324,18 @@ struct WriteGatedBudget {
   // PoolSelection states: a select() of its own, run on the host only (core/concepts.hpp)
   std::int64_t group_heads(const CacheShape&) const { return 1; }
   KVPOLICY_HD bool fires(std::int64_t length, std::int64_t, StepContext) const { return length > local; }
+  /// Without a budget the global caches grow. With one (SPEC §3, appendix K): a decode step adds at
+  /// most one promoted entry to each head's global cache, and once the global caches pass the budget
+  /// a head of at least n = ceil(1 / fraction) global entries drops at least one, so it never grows
+  /// under pressure, while one with fewer drops none and stays below n. The heads of n or more
+  /// therefore hold no more than the last step without pressure left, which was within the budget:
+  /// the global caches hold at most budget + (n - 1) per head, the rings W_local per head beside
+  /// them, and one head at most W_local + budget.
+  std::optional<MemoryBound> memory_bound(const CacheShape& shape) const {
+    if (budget_entries == 0) return std::nullopt;
+    const auto n = static_cast<std::int64_t>(std::ceil(1.0 / fraction));
+    return MemoryBound{local + budget_entries, shape.heads_total() * (local + n - 1) + budget_entries};
+  }
   void select(const CacheShape&, StepContext c, const SegmentedScores& s, std::span<std::uint8_t> keep) const {
     select_within(c, s, keep, [](std::int64_t total) { return total; });
   }
@@ -392,6 +431,8 @@ struct PromptEnd {
   KVPOLICY_HD bool fires(std::int64_t length, std::int64_t, StepContext c) const {
     return c.prompt_ends && length > budget;
   }
+  /// The prompt is compressed once; decode tokens stay.
+  std::optional<MemoryBound> memory_bound(const CacheShape&) const { return std::nullopt; }
   HeadSelection selection() const {
     HeadSelection sel;
     sel.keep = budget;
