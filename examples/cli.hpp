@@ -12,6 +12,7 @@
 
 #include <kvpolicy/core/error.hpp>
 #include <kvpolicy/registry.hpp>
+#include <kvpolicy/runs_on.hpp>
 
 namespace kvpolicy::cli {
 
@@ -33,8 +34,8 @@ inline std::int64_t integer(const std::string& flag, const std::string& v) {
 
 /// --list-policies: one registered policy per line, for scripts (tools/quality_table.sh):
 /// name, its options (comma-separated, "-" for none), what its entries need from the forward pass
-/// (registry::Inputs), and "prompt" when it compresses a prompt the engine declares, else "-";
-/// tab-separated.
+/// (registry::Inputs), "prompt" when it compresses a prompt the engine declares, else "-", and
+/// "cuda" when it runs on the device with its defaults (registry::runs_on), else "-"; tab-separated.
 inline std::string policy_list() {
   std::string out;
   registry::for_each([&]<registry::Policy P>() {
@@ -48,7 +49,8 @@ inline std::string policy_list() {
     if (out.size() == before) out += '-';
     out += '\t';
     out += registry::name_of(P::inputs);
-    out += requires { P::needs_prompt_length; } ? "\tprompt\n" : "\t-\n";
+    out += requires { P::needs_prompt_length; } ? "\tprompt" : "\t-";
+    out += registry::runs_on<P, cuda_backend>() ? "\tcuda\n" : "\t-\n";
   });
   return out;
 }

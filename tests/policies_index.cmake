@@ -1,11 +1,13 @@
 # A table of policies must name every registered policy once, and nothing else: its rows are
 # "| `name` | ..." between the "## ${SECTION}" heading and the next heading (cmake -P). With
-# READS=ON each row's last cell is what the policy reads, `registry::Inputs` by name, as the
-# registry states it. docs/policies.md's index (SECTION Index) and the README's table (SECTION
+# READS=ON a row is | `name` | what it keeps | CPU | GPU | Python | `reads` |: CPU and Python are
+# "yes" (every policy runs there), GPU is "yes" where the registry says it runs on the device
+# with its defaults (registry::runs_on) and "no" elsewhere, and `reads` is what it reads,
+# `registry::Inputs` by name, as the registry states it. docs/policies.md's index (SECTION Index) and the README's table (SECTION
 # Policies, READS ON) are checked so.
 #   -DREPLAY=<kvpolicy-replay> -DDOC=<file.md> [-DSECTION=Index] [-DREADS=ON]
 include(${CMAKE_CURRENT_LIST_DIR}/registered_policies.cmake)
-registered_policies(registered registered_inputs)
+registered_policies(registered registered_inputs registered_devices)
 if(NOT SECTION)
   set(SECTION Index)
 endif()
@@ -26,8 +28,14 @@ foreach(row IN LISTS rows)
     list(FIND registered "${name}" at)
     if(at GREATER_EQUAL 0)
       list(GET registered_inputs ${at} want)
-      if(NOT row MATCHES "\\| `${want}` \\|$")
-        message(FATAL_ERROR "${DOC}: the row of ${name} must end with | `${want}` | (what the registry says it reads):${row}")
+      list(GET registered_devices ${at} device)
+      set(gpu no)
+      if(device STREQUAL "cuda")
+        set(gpu yes)
+      endif()
+      if(NOT row MATCHES "\\| yes \\| ${gpu} \\| yes \\| `${want}` \\|$")
+        message(FATAL_ERROR "${DOC}: the row of ${name} must end with | yes | ${gpu} | yes | `${want}` | (CPU, "
+                            "GPU with its defaults, Python, and what it reads, as the registry says):${row}")
       endif()
     endif()
   endif()

@@ -1,6 +1,7 @@
-# registered_policies(<names-var> [<inputs-var>]): the registered policies' names, and what each
-# reads (registry::Inputs by name), from ${REPLAY} --list-policies (one per line: name, options,
-# inputs, separated by tabs). For the cmake -P checks that compare a list with the registry.
+# registered_policies(<names-var> [<inputs-var> [<devices-var>]]): the registered policies' names,
+# what each reads (registry::Inputs by name) and whether it runs on the device with its defaults
+# ("cuda" or "-"), from ${REPLAY} --list-policies (one per line: name, options, inputs, prompt,
+# device, separated by tabs). For the cmake -P checks that compare a list with the registry.
 function(registered_policies out)
   execute_process(COMMAND ${REPLAY} --list-policies RESULT_VARIABLE rc OUTPUT_VARIABLE listing)
   if(NOT rc EQUAL 0)
@@ -9,14 +10,19 @@ function(registered_policies out)
   string(REPLACE "\n" ";" lines "${listing}")
   set(names "")
   set(inputs "")
+  set(devices "")
   foreach(line IN LISTS lines)
-    if(line MATCHES "^([^\t]+)\t[^\t]*\t([^\t]+)")
+    if(line MATCHES "^([^\t]+)\t[^\t]*\t([^\t]+)\t[^\t]+\t([^\t]+)$")
       list(APPEND names "${CMAKE_MATCH_1}")
       list(APPEND inputs "${CMAKE_MATCH_2}")
+      list(APPEND devices "${CMAKE_MATCH_3}")
     endif()
   endforeach()
   set(${out} "${names}" PARENT_SCOPE)
   if(ARGC GREATER 1)
     set(${ARGV1} "${inputs}" PARENT_SCOPE)
+  endif()
+  if(ARGC GREATER 2)
+    set(${ARGV2} "${devices}" PARENT_SCOPE)
   endif()
 endfunction()

@@ -68,9 +68,13 @@ run_probe() {  # name
   printf 'gpusim: probe %-89s %s  %s\n' "$probe" "$status" \
     "$(grep -aE 'wrong|mismatches|async pageable' "$out/probe_$probe.log" | tr '\n' ' ' | tr -s ' ')" >"$out/probe_$probe.result"
 }
-# The case names, from the sources: the binary lists nothing without a device.
-mapfile -t cases < <(grep -ho 'TEST_CASE("[^"]*")' tests/cuda/*.cu | grep -v 'test_suite("host")' |
-                     sed 's/^TEST_CASE("//; s/")$//' | grep -E -- "${KVPOLICY_GPUSIM_CASES:-.}")
+# The case names, from the sources: the binary lists nothing without a device. A templated case
+# (TEST_CASE_TEMPLATE_DEFINE: one instance per registered policy) is one entry, "NAME<*", which
+# runs every instance (doctest names each NAME<type>).
+mapfile -t cases < <({ grep -ho 'TEST_CASE("[^"]*")' tests/cuda/*.cu | grep -v 'test_suite("host")' |
+                         sed 's/^TEST_CASE("//; s/")$//'
+                       grep -ho 'TEST_CASE_TEMPLATE_DEFINE("[^"]*"' tests/cuda/*.cu |
+                         sed 's/^TEST_CASE_TEMPLATE_DEFINE("//; s/"$/<*/'; } | grep -E -- "${KVPOLICY_GPUSIM_CASES:-.}")
 # Each simulator process runs on one core: KVPOLICY_GPUSIM_JOBS of them at once (default: every core).
 # A process runs a batch of cases (KVPOLICY_GPUSIM_BATCH, default 8): the simulator takes about 20 s
 # to start (it extracts and parses the binary's PTX), which one process per case paid 38 times.
@@ -98,9 +102,13 @@ run_batch() {  # b, case indices...
   ran=$(grep -aEo '^\[doctest\] test cases: +[0-9]+' "$out/batch$b.log" | grep -Eo '[0-9]+$' || echo 0)
   for i in "$@"; do
     name=${cases[$i]}
-    # the case's own line: "<seconds> s: <name>" once doctest finished it
-    seconds=$(awk -v name="$name" '/^[0-9.]+ s: / && substr($0, index($0, " s: ") + 4) == name { print $1; exit }' \
-                "$out/batch$b.log")
+    # the case's own line: "<seconds> s: <name>" once doctest finished it (a templated case: the sum
+    # over its instances' lines)
+    seconds=$(awk -v name="$name" '/^[0-9.]+ s: / {
+                  case_name = substr($0, index($0, " s: ") + 4)
+                  if (case_name == name) { print $1; found = 2; exit }
+                  if (name ~ /<\*$/ && index(case_name, substr(name, 1, length(name) - 1)) == 1) { sum += $1; found = 1 }
+                } END { if (found == 1) print sum }' "$out/batch$b.log")
     if [ $rc -eq 0 ] && [ "$ran" -ge $# ] && [ -n "$seconds" ]; then
       status="passed, ${seconds%.*}s"
     elif [ $rc -eq 0 ]; then

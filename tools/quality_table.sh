@@ -49,18 +49,18 @@ run() {  # policy budget sinks extra-args...
   mean=$(sed -n 's/^entries held on average: //p' <<<"$log")
   echo "$p,$m,$s,$ppl,$peak,$final,$secs,$mean" | tee -a "$csv"
 }
-# Every registered policy (kvpolicy-lm --list-policies: name, options, inputs, prompt), with the
+# Every registered policy (kvpolicy-lm --list-policies: name, options, inputs, prompt, device), with the
 # options it takes: M as --budget (or as the ring --local of a policy without a budget), B = 16
 # where it has a buffer, and 0 and 4 sinks where it has both (a per-head or global budget with a
 # trigger). A policy without options is the reference row; a gated one runs with its gate from
 # $gates when there is one; a prompt-compressing one gets a 1,024-token prompt.
 policies=$("$lm" --list-policies)
 has() { [[ ",$1," == *",$2,"* ]]; }
-while IFS=$'\t' read -r p opts inputs prompt; do
+while IFS=$'\t' read -r p opts inputs prompt device; do
   [ "$opts" = "-" ] && [ $append -eq 0 ] && run "$p" 1 0
 done <<<"$policies"
 for m in $budgets; do
-  while IFS=$'\t' read -r p opts inputs prompt; do
+  while IFS=$'\t' read -r p opts inputs prompt device; do
     [ "$opts" != "-" ] || continue
     args=()
     if has "$opts" budget; then args+=(--budget "$m"); elif has "$opts" local; then args+=(--local "$m"); fi

@@ -37,6 +37,7 @@
 #include "kvpolicy/cuda/kernels/append.cuh"
 #include "kvpolicy/cuda/kernels/attention.cuh"
 #include "kvpolicy/cuda/primitives/check.cuh"
+#include "kvpolicy/cuda/device_parts.hpp"
 #include "kvpolicy/cuda/memory/device_array.cuh"
 #include "kvpolicy/cuda/kernels/evict_step.cuh"
 #include "kvpolicy/cuda/kernels/observed_attention.cuh"
@@ -57,18 +58,18 @@ class Executor {
 
 template <Scorer S, Admitter A, Evictor E, int P, class Storage>
 class Executor<S, A, E, memory::Paged<P, Storage>> {
-  // the scorers the device runs: any EntryScorer (its own KVPOLICY_HD operator()), and the observed
-  // attention (SnapKV's, TOVA's, AdaKV's score: cuda/kernels/observed_attention.cuh) from the queries the
-  // Cache records
+  // the parts the device runs (cuda/device_parts.hpp, which the registry reads too); the observed
+  // attention from the queries the Cache records: cuda/kernels/observed_attention.cuh
   static constexpr bool observes = std::is_same_v<S, score::ObservedAttention>;
-  static_assert(EntryScorer<S> || observes,
+  static_assert(device_scores<S>,
                 "kvpolicy::Cache<cuda_backend>: the device scores entry by entry (an EntryScorer) or by "
-                "score::ObservedAttention");
-  static_assert(std::is_same_v<A, admit::All>, "kvpolicy::Cache<cuda_backend>: the device cache admits every token");
-  static_assert(!evictor_tells_binding<E>,
+                "score::ObservedAttention, and by no attention mass (H2O's)");
+  static_assert(device_admits<A>, "kvpolicy::Cache<cuda_backend>: the device cache admits every token");
+  static_assert(device_evicts<E>,
                 "kvpolicy::Cache<cuda_backend>: the device runs no Evictor whose budget weighs what the gates "
                 "admitted (WG-KV's hard budget runs on the CPU)");
-  static_assert(P == 16 || P == 32 || P == 64, "kvpolicy::Cache<cuda_backend>: page size must be 16, 32 or 64");
+  static_assert(device_allocates<memory::Paged<P, Storage>>,
+                "kvpolicy::Cache<cuda_backend>: page size must be 16, 32 or 64");
   using Memory = PagedMemory<P, Storage>;
   using device_type = typename Memory::device_type;
   template <class T>
