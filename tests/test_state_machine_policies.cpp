@@ -1,6 +1,7 @@
 // The API state machine (test_state_machine.cpp) for every registered policy (registry.hpp: a
-// policy added tomorrow runs here with no edit, its options drawn small and at random), and for
-// the WG-KV + TRIM-KV composition, which no registry entry names.
+// policy added tomorrow runs here with no edit, its options drawn small and at random), for WG-KV's
+// appendix-K budget with the settings its registry entry fixes drawn too, and for the WG-KV +
+// TRIM-KV composition, which no registry entry names.
 //
 // Their semantics are checked against brute-force oracles in their own test files; what this file
 // checks is the API around them. A cache under test takes random streams of operations: sequences
@@ -93,6 +94,23 @@ struct GateMeta {  // SPEC §3: g in [0, 1], ties at tau
   static constexpr float bad_meta = kInf;
 };
 
+// WG-KV's appendix-K budget with what its registry entry fixes (the fraction, the pooling kernel and
+// the observation window) drawn too.
+struct WGKVBudget : GateMeta {
+  static constexpr const char* name = "WG-KV with the appendix-K budget";
+  using C = WGKVBudgetCache<cpu_backend, float, kPage>;
+  static constexpr bool observes = true, gated = false, prompt = false;
+  static C make(Rng& rng, const CacheShape& s, std::int64_t pages) {
+    WGKVBudgetConfig c;
+    c.local = uni(rng, 1, 3);
+    c.tau = uni(rng, 0, 1) ? 0.1 : 0.5;
+    c.average_budget = uni(rng, 1, 3);
+    c.observation_window = uni(rng, 1, 4);
+    c.pool_kernel = static_cast<int>(pick(rng, {1.0f, 3.0f, 5.0f}));
+    c.fraction = uni(rng, 0, 1) ? 0.1 : 0.5;
+    return C(s, Pool(pages), wgkv_budget_evictor(s, c), wgkv_budget_scorer(s, c));
+  }
+};
 struct WGKVRetention : LogBetaMeta {
   static constexpr const char* name = "WG-KV admission + TRIM-KV retention eviction";
   using C = WGKVRetentionCache<cpu_backend, float, kPage>;
@@ -637,6 +655,9 @@ TEST_CASE("state machine: every registered policy against its reference over ran
 }
 
 // Seeds: test_state_machine.cpp uses 100000..399999, the registered policies 2000000 onwards.
+TEST_CASE("state machine: WG-KV under the appendix-K budget, every setting drawn, against its reference over random operation streams") {
+  run_streams<WGKVBudget>(1100000, 300);
+}
 TEST_CASE("state machine: WG-KV admission + TRIM-KV eviction against its reference over random operation streams") {
   run_streams<WGKVRetention>(1200000, 300);
 }

@@ -64,7 +64,7 @@ model:   --model DIR       config.json, model.safetensors, tokenizer.json (tools
 steps:   --prefill P       the first step's tokens, declared as the prompt (default: --chunk)
          --chunk C         tokens per later step of a text (default 16); generation decodes 1
 policy:  --policy P        one of the policies below (default full); its options as --NAME VALUE
-         --list-policies   the registered policies, one per line: name, options, inputs, prompt
+         --list-policies   the registered policies, one per line: name, options, inputs, prompt, device
 )";
 
 struct Args {

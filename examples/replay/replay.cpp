@@ -166,8 +166,6 @@ Metadata step_scores(const Trace& tr, const registry::Values& v, const CacheShap
   lacks(needs.keys_pre_rope && tr.keys_pre_rope.empty(), "keys_pre_rope [L, Hkv, T, d] (the keys before RoPE) for --gate");
   lacks((needs.keys || needs.values) && !tr.has_attention(), "keys and values [L, Hkv, T, d]");
   lacks(needs.per_token() && !tr.has_hidden(), "hidden_states [L', T, D]");
-  require(needs.key_layout != inputs::RopeLayout::half, "replay: policy ", P::name,
-          "'s gate was trained on keys in RoPE's rotate-half layout; a trace holds them in adjacent pairs");
   if (needs.per_token())
     for (const int band : *needs.bands)
       require(band < tr.hidden_layers, "replay: policy ", P::name, " reads hidden-state band ", band,

@@ -89,15 +89,16 @@ class Producer {
 
   /// One layer's new tokens of sequence `seq` -> out [Hkv, T]. Layers in order, within each step.
   void layer(std::int64_t seq, int layer, const LayerActivations& a, View<float, 2> out) const {
-    require(static_cast<bool>(layer_), "inputs::Producer: this policy's inputs are not per layer");
+    require(static_cast<bool>(layer_), "inputs::Producer: this policy's inputs are not per layer (needs() says what it reads)");
     layer_(seq, layer, a, out);
   }
   /// A step's tokens of sequence `seq` from the hidden states of bands A and B [T, D] -> out [T].
   void tokens(std::int64_t seq, View<const float, 2> h_a, View<const float, 2> h_b, std::span<float> out) const {
-    require(static_cast<bool>(tokens_), "inputs::Producer: this policy's inputs are not per token");
+    require(static_cast<bool>(tokens_), "inputs::Producer: this policy's inputs are not per token (needs() says what it reads)");
     tokens_(seq, h_a, h_b, out);
   }
-  /// Forgets sequence `seq`'s rolling state (a sequence that ended, or one that starts over).
+  /// Forgets sequence `seq`'s rolling state (a sequence that ended, or one that starts over); not
+  /// while a step of that sequence runs. Different sequences may step on different threads.
   void drop(std::int64_t seq) const {
     if (drop_) drop_(seq);
   }
@@ -152,7 +153,7 @@ Needs needs(const registry::Values& v) {
       P::inputs == Inputs::retention_gate || P::inputs == Inputs::tied_retention_gate || P::inputs == Inputs::write_gate;
   if constexpr (gated)
     require(!v.text("gate").empty(), "policy ", P::name,
-            " needs its trained gate: the gate option, a safetensors file under SPEC's tensor names");
+            " needs its trained gate: --gate FILE (gate= in Python), a safetensors file under SPEC's tensor names");
   Needs n;
   if constexpr (P::inputs == Inputs::retention_gate || P::inputs == Inputs::tied_retention_gate) {
     n.normed_input = true;
@@ -161,7 +162,10 @@ Needs needs(const registry::Values& v) {
     // the layout the gate was trained in (its file's metadata; adjacent, kvpolicy-lm's, if unsaid)
     const auto meta = safetensors::File::read(v.text("gate")).metadata();
     const auto it = meta.find("rope_layout");
-    n.key_layout = it != meta.end() && it->second == "half" ? RopeLayout::half : RopeLayout::adjacent;
+    const std::string layout = it == meta.end() ? "adjacent" : it->second;
+    require(layout == "adjacent" || layout == "half", "policy ", P::name, ": the gate '", v.text("gate"),
+            "' says rope_layout '", layout, "'; it must be adjacent or half");
+    n.key_layout = layout == "half" ? RopeLayout::half : RopeLayout::adjacent;
   } else if constexpr (P::inputs == Inputs::key_value_statistic) {
     n.keys = n.values = true;
   } else if constexpr (P::inputs == Inputs::hidden_states) {
@@ -180,8 +184,10 @@ Producer producer(const registry::Values& v, const ModelShape& model) {
   const CacheShape shape = model.cache;
   shape.validate();
   const int L = shape.layers, H = shape.kv_heads, d = shape.head_dim, D = model.hidden;
-  if constexpr (P::inputs != Inputs::none && P::inputs != Inputs::key_value_statistic)
-    require(D >= 1, "inputs::producer: the hidden size D = ", D, " must be >= 1");
+  constexpr bool reads_hidden = P::inputs == Inputs::retention_gate || P::inputs == Inputs::tied_retention_gate ||
+                               P::inputs == Inputs::hidden_states;
+  if constexpr (reads_hidden)  // the width of the normed input or of the hidden states
+    require(D >= 1, "inputs::producer: policy ", P::name, ": the hidden size D = ", D, " must be >= 1");
   Needs n = needs<P>(v);
 
   if constexpr (P::inputs == Inputs::retention_gate || P::inputs == Inputs::tied_retention_gate) {

@@ -330,11 +330,11 @@ struct WriteGatedBudget {
   /// under pressure, while one with fewer drops none and stays below n. The heads of n or more
   /// therefore hold no more than the last step without pressure left, which was within the budget:
   /// the global caches hold at most budget + (n - 1) per head, the rings W_local per head beside
-  /// them, and one head at most W_local + budget.
+  /// them, and one head at most W_local + max(budget, n - 1).
   std::optional<MemoryBound> memory_bound(const CacheShape& shape) const {
     if (budget_entries == 0) return std::nullopt;
     const auto n = static_cast<std::int64_t>(std::ceil(1.0 / fraction));
-    return MemoryBound{local + budget_entries, shape.heads_total() * (local + n - 1) + budget_entries};
+    return MemoryBound{local + std::max(budget_entries, n - 1), shape.heads_total() * (local + n - 1) + budget_entries};
   }
   void select(const CacheShape&, StepContext c, const SegmentedScores& s, std::span<std::uint8_t> keep) const {
     select_within(c, s, keep, [](std::int64_t total) { return total; });
