@@ -128,14 +128,6 @@ std::int64_t pool_pages(const Trace& tr) {
   return pages_for(CacheShape{tr.layers, tr.kv_heads, 1, 1}, tr.tokens, 1, 16);
 }
 
-/// Whether policy P takes option `name`.
-template <registry::Policy P>
-constexpr bool takes_option(std::string_view name) {
-  for (const registry::Option& o : P::options)
-    if (o.name == name) return true;
-  return false;
-}
-
 /// The scores the trace recorded from the run it was taken from, for a policy of input kind `kind`
 /// run without its gate file: WG-KV's g (write_gate), else log_beta.
 const std::vector<float>& recorded_scores(const Trace& tr, registry::Inputs kind, std::string_view policy) {
@@ -149,13 +141,11 @@ const std::vector<float>& recorded_scores(const Trace& tr, registry::Inputs kind
 /// for a gated policy given no --gate; the trace's log_beta for a policy that reads nothing.
 template <registry::Policy P>
 Metadata step_scores(const Trace& tr, const registry::Values& v, const CacheShape& shape) {
-  if constexpr (takes_option<P>("gate")) {
-    if (v.text("gate").empty()) {
-      const std::vector<float>& recorded = recorded_scores(tr, P::inputs, P::name);
-      if (&recorded == &tr.log_beta) return {};
-      return [&tr, &recorded](std::int64_t n, std::int64_t len, const std::vector<float>&, const std::vector<float>&,
-                              std::vector<float>& out) { out = slice(recorded, tr.layers, tr.kv_heads, tr.tokens, 1, n, len); };
-    }
+  if (registry::takes(P::name, "gate") && v.text("gate").empty()) {
+    const std::vector<float>& recorded = recorded_scores(tr, P::inputs, P::name);
+    if (&recorded == &tr.log_beta) return {};
+    return [&tr, &recorded](std::int64_t n, std::int64_t len, const std::vector<float>&, const std::vector<float>&,
+                            std::vector<float>& out) { out = slice(recorded, tr.layers, tr.kv_heads, tr.tokens, 1, n, len); };
   }
   const inputs::Needs needs = inputs::needs<P>(v);
   if (!needs.any()) return {};
