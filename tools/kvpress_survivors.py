@@ -21,9 +21,11 @@ other (the two compute the same score in a different order: kvpress in fp32 from
 recomputes, kvpolicy in double). Exit status 1 if any differs otherwise.
 
 Pairs: StreamingLLM (4 sinks), KNorm, KeyDiff, SnapKV (window 64, avg-pool 5), AdaKV over SnapKV
-(alpha 0.2), PyramidKV (window 64, beta 3: each layer its own budget, averaging --keep), and TOVA, whose kvpress press averages the last query's attention over every query
-head of the layer while kvpolicy's averages over the kv head's query group (docs/policies.md):
-its row is reported, not required to match.
+(alpha 0.2), PyramidKV (window 64, beta 3: each layer its own budget, averaging --keep), Expected
+Attention (kvpress's defaults: 4 sinks, 512 future positions; kvpolicy told the model's RoPE), and
+TOVA, whose kvpress press averages the last query's attention over every query head of the layer
+while kvpolicy's averages over the kv head's query group (docs/policies.md): its row is reported,
+not required to match.
 """
 import argparse
 import os
@@ -75,6 +77,12 @@ def record_trace(model, ids, path):
     T = ids.shape[1]
     save_file({"keys": k, "values": v, "queries": q, "log_beta": np.zeros((L, k.shape[1], T), np.float32)}, path)
     return L, k.shape[1]
+
+
+def rope_theta(config):
+    """The model's RoPE base, where this transformers version keeps it."""
+    rope = getattr(config, "rope_parameters", None) or {}
+    return rope.get("rope_theta", getattr(config, "rope_theta", None))
 
 
 def kvpress_survivors(model, ids, press, adakv):
@@ -169,7 +177,8 @@ def main():
     ap.add_argument("--engine", choices=["replay", "python"], default="replay",
                     help="kvpolicy's side: kvpolicy-replay, or the Python package's Cache")
     a = ap.parse_args()
-    from kvpress import AdaKVPress, KeyDiffPress, KnormPress, PyramidKVPress, SnapKVPress, StreamingLLMPress, TOVAPress
+    from kvpress import (AdaKVPress, ExpectedAttentionPress, KeyDiffPress, KnormPress, PyramidKVPress, SnapKVPress,
+                         StreamingLLMPress, TOVAPress)
 
     torch.manual_seed(0)
     model, tok = load(a.gguf)
@@ -190,6 +199,10 @@ def main():
         ("pyramidkv", PyramidKVPress(compression_ratio=1 - M / T, window_size=64, kernel_size=5, beta=3), False,
          window + ["--beta", "3"], True),
         ("tova", TOVAPress(compression_ratio=ratio), False, per_head + ["--window", "1"], False),
+        # kvpress computes the queries before RoPE itself; kvpolicy rotates the recorded ones back by the model's RoPE
+        ("expected-attention", ExpectedAttentionPress(compression_ratio=ratio), False,
+         ["--prefill", str(T), "--budget", str(M), "--rope-theta", repr(float(rope_theta(model.config))),
+          "--rope-layout", "half"], True),
     ]
     failed = False
     with tempfile.TemporaryDirectory() as tmp:
@@ -197,7 +210,7 @@ def main():
         L, H = record_trace(model, ids, trace)
         print(f"SmolLM2-135M, {T} tokens of {os.path.basename(a.text)}, keep {M} per head; {L} layers x {H} kv heads; "
               f"kvpolicy through {'kvpolicy-replay' if a.engine == 'replay' else 'the Python package'}")
-        print(f"{'policy':<14}{'heads equal':>12}{'entries differ':>16}{'at a tie':>10}{'near-tie':>10}{'other':>8}")
+        print(f"{'policy':<20}{'heads equal':>12}{'entries differ':>16}{'at a tie':>10}{'near-tie':>10}{'other':>8}")
         for name, press, adakv, args, required in pairs:
             theirs, scores = kvpress_survivors(model, ids, press, adakv)
             ours = kvpolicy_survivors(a.replay, trace, name, args, os.path.join(tmp, name + ".safetensors")) \
@@ -212,7 +225,7 @@ def main():
                 for o, t, s in units:
                     if not np.array_equal(o, t):
                         why[explain(s, o, t)] += 1
-            print(f"{name:<14}{equal:>8} / {L * H:<3}{differ:>16}{why['tie']:>10}{why['near-tie']:>10}{why['differs']:>8}"
+            print(f"{name:<20}{equal:>8} / {L * H:<3}{differ:>16}{why['tie']:>10}{why['near-tie']:>10}{why['differs']:>8}"
                   + ("" if required else "   (kvpress averages over every head of the layer)"))
             failed = failed or (required and why["differs"] > 0)
     sys.exit(1 if failed else 0)

@@ -22,6 +22,16 @@ struct PolicyOptions : registry::Selection {
   PolicyOptions() { policy = "full"; }
 };
 
+/// The options as given, with the model's RoPE described to a policy that takes it (registry
+/// option::model_options): this decoder rotates adjacent pairs by θ = the model's rope_base.
+template <registry::Policy P>
+registry::Values values_for_model(registry::Selection given, const Config& c) {
+  given.describe_model("rope-theta", c.rope_base).describe_model("rope-layout", "adjacent");
+  require(!registry::takes(P::name, "rope-theta") || c.rope_dim == c.head_dim, "kvpolicy-lm: policy ", P::name,
+          " undoes RoPE on every component; this model rotates ", c.rope_dim, " of its ", c.head_dim);
+  return registry::values<P>(given.given);
+}
+
 /// What policy P's entries need from the forward pass: the library's producer of its inputs
 /// (kvpolicy/inputs/producer.hpp), handed what this decoder computes.
 template <registry::Policy P>
@@ -74,7 +84,7 @@ decltype(auto) with_policy(const PolicyOptions& o, KvDtype kv, const Config& c, 
   const std::int64_t pages = pages_for(shape, max_tokens + 16, sequences, 16);
   return with_kv_storage(kv, [&]<class Storage>(std::type_identity<Storage>) -> decltype(auto) {
     return registry::visit(o.policy, [&]<registry::Policy P>() -> decltype(auto) {
-      const registry::Values v = registry::values<P>(o.given);
+      const registry::Values v = values_for_model<P>(o, c);
       const EntryMetadata meta = entry_metadata<P>(v, c);
       return P::template make<cpu_backend>(v, shape, memory::Paged<16, Storage>(pages),
                                            [&](auto& cache) -> decltype(auto) { return f(cache, meta); });

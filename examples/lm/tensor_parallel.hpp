@@ -83,7 +83,7 @@ decltype(auto) with_sharded_policy(const PolicyOptions& o, KvDtype kv, const Con
   return with_kv_storage(kv, [&]<class Storage>(std::type_identity<Storage>) -> decltype(auto) {
     using Pool = memory::Paged<16, Storage>;
     return registry::visit(o.policy, [&]<registry::Policy P>() -> decltype(auto) {
-      const registry::Values v = registry::values<P>(o.given);
+      const registry::Values v = values_for_model<P>(o, full);
       const EntryMetadata meta = shard_metadata(entry_metadata<P>(v, full), full, comm.rank(), comm.size());
       // the unsharded Cache (one page: its parts are what is wanted), then this rank's from its parts
       return P::template make<cpu_backend>(v, shape, Pool(1), [&](auto& whole) -> decltype(auto) {

@@ -1,9 +1,9 @@
 /// \file
 /// kvpolicy/baselines.hpp — SPEC §5's training-free baselines on the CPU: the presets and registry
-/// entries of StreamingLLM, H2O, KNorm, KeyDiff, Random, SnapKV, TOVA, AdaKV and the full cache
-/// (one file each under kvpolicy/policies/) with the CPU backend they default to. They take
-/// log_beta like every cache and ignore it: pass zeros. A device program includes the policy's
-/// file and kvpolicy/cuda.cuh instead.
+/// entries of StreamingLLM, H2O, KNorm, KeyDiff, Random, SnapKV, Expected Attention, TOVA, AdaKV
+/// and the full cache (one file each under kvpolicy/policies/) with the CPU backend they default
+/// to. They take log_beta like every cache and ignore it: pass zeros. A device program includes
+/// the policy's file and kvpolicy/cuda.cuh instead.
 ///
 ///   kvpolicy::StreamingLLMCache<> cache(shape, kvpolicy::memory::Paged<16>(pages),
 ///                                       kvpolicy::baseline_evictor({.budget = 1024}),
@@ -14,6 +14,7 @@
 
 #include "kvpolicy/cpu/backend.hpp"
 #include "kvpolicy/policies/adakv.hpp"
+#include "kvpolicy/policies/expected_attention.hpp"
 #include "kvpolicy/policies/full.hpp"
 #include "kvpolicy/policies/h2o.hpp"
 #include "kvpolicy/policies/keydiff.hpp"

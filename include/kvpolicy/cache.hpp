@@ -121,7 +121,7 @@ class Cache {
   /// token before the first single-token (decode) step.
   void add_sequence(std::int64_t seq, std::int64_t prompt_tokens = -1) {
     SequenceState st = state_.make(seq, shape_.layers, prompt_tokens);
-    st.inputs = Inputs::start(scorer(), shape_);
+    st.inputs = Inputs::start(scorer(), shape_, prompt_tokens);
     st.memory = executor_.add_sequence(seq);  // last of what can throw: a failed call registers nothing
     state_.insert(seq, std::move(st));
   }
@@ -302,6 +302,7 @@ class Cache {
   static const CacheShape& validated(const CacheShape& shape, const E& evictor, const S& scorer, const A& admitter) {
     evictor.validate(shape);
     scorer.validate();
+    Inputs::validate(scorer, shape);
     if constexpr (admitter_validates<A>) admitter.validate();
     if constexpr (evictor_checks_scorer<E, S>) evictor.validate_scorer(scorer);
     return shape;

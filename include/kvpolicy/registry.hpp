@@ -165,6 +165,16 @@ struct Selection {
     if (takes(policy, option)) set(option, value);
     return *this;
   }
+  /// Sets an option that describes the model (option::model_options: its RoPE) when the policy
+  /// takes it and the user has not given it: what an engine that knows its model calls.
+  Selection& describe_model(const std::string& option, const std::string& value) {
+    if (takes(policy, option) && !given.contains(option)) set(option, value);
+    return *this;
+  }
+  Selection& describe_model(const std::string& option, double value) {
+    if (takes(policy, option) && !given.contains(option)) set(option, value);
+    return *this;
+  }
   /// An option's value as the run uses it: given, or the policy's default (else the registry's).
   std::string value(const std::string& option) const {
     const auto it = given.find(option);

@@ -81,6 +81,22 @@ def _half_to_adjacent(x):
     return torch.stack((x[..., : d // 2], x[..., d // 2:]), dim=-1).reshape(x.shape)
 
 
+def _model_options(policy, config):
+    """The options that describe the model (its RoPE: base and rotate-half pairs), for a policy that
+    takes them; the user's own values override these."""
+    takes = _core.policies()[policy]["options"]
+    if "rope_theta" not in takes:
+        return {}
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    if kind != "default":
+        raise _core.Error(f"kvpolicy: policy {policy} undoes plain RoPE; this model's RoPE is '{kind}'")
+    theta = rope.get("rope_theta", getattr(config, "rope_theta", None))
+    if theta is None:
+        raise _core.Error(f"kvpolicy: policy {policy} needs the model's RoPE base; its config names none")
+    return {"rope_theta": float(theta), "rope_layout": "half"}
+
+
 class Cache(transformers.Cache):
     """A transformers Cache backed by a kvpolicy Cache of the named policy (kvpolicy.policies()).
 
@@ -184,7 +200,8 @@ class Cache(transformers.Cache):
         self.config, self.head_dim = c, head_dim
         self.cache = _core.Cache(self.policy, layers=c.num_hidden_layers, kv_heads=c.num_key_value_heads,
                                  q_heads=c.num_attention_heads, head_dim=head_dim, max_tokens=self.max_tokens,
-                                 max_sequences=batch, storage=self.storage, **self.options)
+                                 max_sequences=batch, storage=self.storage,
+                                 **{**_model_options(self.policy, c), **self.options})
         self.batch = batch
         self.producer = _core.Producer(self.policy, layers=c.num_hidden_layers, hidden=c.hidden_size,
                                        kv_heads=c.num_key_value_heads, q_heads=c.num_attention_heads,

@@ -97,6 +97,7 @@ GENERATES = [
     ("random", dict(budget=8, buffer=4), None),
     ("tova", dict(budget=8), None),
     ("snapkv", dict(budget=8), None),
+    ("expected-attention", dict(budget=8), None),  # told the tiny model's RoPE by the Cache
     ("adakv", dict(budget=8), None),
     ("pyramidkv", dict(budget=8, window=2, beta=2), None),  # 12, 8 and 4 entries in the tiny model's 3 layers
     ("trimkv", dict(budget=8, buffer=4), "rg"),
@@ -202,6 +203,7 @@ PERPLEXITY = [
     ["dbtrimkv", "--budget", "32", "--buffer", "16", "--gate", os.path.join(GATES, "dbtrimkv.safetensors")],
     ["h2o", "--budget", "64", "--buffer", "16"],
     ["snapkv", "--budget", "64", "--prefill", "128"],
+    ["expected-attention", "--budget", "64", "--prefill", "128"],  # each side describes its own RoPE layout
     ["epikv", "--budget", "64"],
     ["kv-key", "--budget", "64"],
     ["keydiff", "--budget", "32", "--buffer", "8"],

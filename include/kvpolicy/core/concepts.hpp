@@ -10,6 +10,7 @@
 
 #include "kvpolicy/core/entry.hpp"
 #include "kvpolicy/core/mask.hpp"
+#include "kvpolicy/core/rope.hpp"
 #include "kvpolicy/core/rule.hpp"
 #include "kvpolicy/core/shape.hpp"
 #include "kvpolicy/core/view.hpp"
@@ -35,9 +36,21 @@ concept WindowScorer = requires(const S& s, View<const float, 2> keys, std::span
   { s.observation_window } -> std::convertible_to<std::int64_t>;
   s.score_window(keys, meta, c, q, out);
 };
+/// A scorer that ranks by the attention future queries are expected to pay (Expected Attention,
+/// kvpress's press, docs/policies.md) has the Cache keep the moments of each layer's queries before RoPE — unrotated by
+/// query_rope(), from position query_moments_from() on, up to the declared prompt's end — and
+/// scores a head from them, its keys and its values:
+/// score_moments(keys [N, d], values [N, d], meta [N], ctx, moments, out [N]).
+template <class S>
+concept MomentsScorer = requires(const S& s, View<const float, 2> keys, View<const float, 2> values,
+                                 std::span<const EntryMeta> meta, StepContext c, QueryMoments m, std::span<float> out) {
+  { s.query_rope() } -> std::convertible_to<Rope>;
+  { s.query_moments_from() } -> std::convertible_to<std::int64_t>;
+  s.score_moments(keys, values, meta, c, m, out);
+};
 template <class S>
 concept Scorer = std::copyable<S> && requires(const S& s) { s.validate(); } &&
-                 (EntryScorer<S> || HeadScorer<S> || WindowScorer<S>);
+                 (EntryScorer<S> || HeadScorer<S> || WindowScorer<S> || MomentsScorer<S>);
 
 /// The per-entry fields a part declares it reads (`static constexpr FieldSet entry_fields`, core/
 /// entry.hpp; none when it declares none): what the pools carry for it.

@@ -106,6 +106,18 @@ struct ObservedQueries {
   const float* query(std::int64_t g, std::int64_t w) const { return data + (g * window + w) * head_dim; }
 };
 
+/// The first two moments of the queries a sequence attended with at one layer, before RoPE (Expected
+/// Attention, docs/policies.md), for one kv head's query group: over `count` queries, sum [G, d] and the sum
+/// of outer products [G, d, d] (row-major, symmetric), in double; `next_position` is the position
+/// after the newest query summed.
+struct QueryMoments {
+  const double* sum = nullptr;
+  const double* outer = nullptr;
+  std::int64_t group = 0, head_dim = 0, count = 0, next_position = 0;
+  const double* sum_of(std::int64_t g) const { return sum + g * head_dim; }
+  const double* outer_of(std::int64_t g) const { return outer + g * head_dim * head_dim; }
+};
+
 /// Scores of the entries of one sequence, as ragged segments, one per (layer, kv head) in
 /// head_index order: segment s is [offsets[s], offsets[s+1]). This is the layout the selection
 /// kernels of every backend take.

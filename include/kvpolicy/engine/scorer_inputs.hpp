@@ -6,6 +6,9 @@
 ///   - `score_head(keys, metas, ctx, out)` (HeadScorer): the head's keys in fp32 (KeyDiff, SPEC §5);
 ///   - `score_window(keys, metas, ctx, window, out)` (WindowScorer): the keys and the last W
 ///     queries of the layer, which the attention records (SnapKV, SPEC §5);
+///   - `score_moments(keys, values, metas, ctx, moments, out)` (MomentsScorer): the keys, the values
+///     and the moments of the layer's queries before RoPE, which the attention records (Expected
+///     Attention, docs/policies.md);
 ///   - Field::attention_mass declared: the attention adds each key's probability to that field (H2O,
 ///     SPEC §5).
 /// What the attention records is the open step's until the step closes: a step taken back
@@ -22,6 +25,7 @@
 #include "kvpolicy/core/entry.hpp"
 #include "kvpolicy/core/shape.hpp"
 #include "kvpolicy/core/view.hpp"
+#include "kvpolicy/memory/query_statistics.hpp"
 #include "kvpolicy/memory/query_window.hpp"
 
 namespace kvpolicy::detail {
@@ -30,27 +34,39 @@ template <Scorer S>
 class ScorerInputs {
  public:
   /// The attention feeds the Scorer: every step attends, each layer once.
-  static constexpr bool observes_attention = scorer_needs_attention_mass<S> || WindowScorer<S>;
+  static constexpr bool observes_attention = scorer_needs_attention_mass<S> || WindowScorer<S> || MomentsScorer<S>;
   /// The attention must hand back each key's probability (Backend::attend's mass span).
   static constexpr bool needs_mass = scorer_needs_attention_mass<S>;
 
   /// One sequence's recorded inputs.
   struct Sequence {
     std::vector<memory::QueryWindow> windows;               // per layer, for a WindowScorer only
+    std::vector<memory::QueryStatistics> moments;           // per layer, for a MomentsScorer only
     std::vector<std::pair<std::int64_t, float>> mass_undo;  // (slot, mass before) of the open step
   };
 
-  static Sequence start(const S& scorer, const CacheShape& shape) {
+  /// What the recorded inputs need of the shape: the RoPE a MomentsScorer undoes pairs d's components.
+  static void validate(const S& scorer, const CacheShape& shape) {
+    if constexpr (MomentsScorer<S>) scorer.query_rope().validate(shape.head_dim);
+  }
+
+  /// A sequence whose prompt is `prompt_tokens` long (-1: not declared).
+  static Sequence start(const S& scorer, const CacheShape& shape, std::int64_t prompt_tokens) {
     Sequence s;
     if constexpr (WindowScorer<S>)
       s.windows.assign(static_cast<std::size_t>(shape.layers),
                        memory::QueryWindow(scorer.observation_window, shape.q_heads, shape.head_dim));
+    if constexpr (MomentsScorer<S>)
+      s.moments.assign(static_cast<std::size_t>(shape.layers),
+                       memory::QueryStatistics(shape.q_heads, shape.head_dim, scorer.query_rope(),
+                                               scorer.query_moments_from(), prompt_tokens));
     return s;
   }
 
   /// A layer's queries of the open step, starting at position `first`.
   static void record_queries(Sequence& s, int layer, View<const float, 3> queries, std::int64_t first) {
     if constexpr (WindowScorer<S>) s.windows[static_cast<std::size_t>(layer)].push(queries, first);
+    if constexpr (MomentsScorer<S>) s.moments[static_cast<std::size_t>(layer)].push(queries, first);
   }
 
   /// Adds a head's attention probabilities (mass[j] for its entry j) to the pool, remembering
@@ -67,6 +83,7 @@ class ScorerInputs {
   /// The open step closed: what it recorded stays.
   static void commit(Sequence& s) {
     for (auto& w : s.windows) w.commit();
+    for (auto& m : s.moments) m.commit();
     s.mass_undo.clear();
   }
 
@@ -76,6 +93,7 @@ class ScorerInputs {
     if constexpr (scorer_needs_attention_mass<S>)
       for (auto it = s.mass_undo.rbegin(); it != s.mass_undo.rend(); ++it) pool.set_field(it->first, Field::attention_mass, it->second);
     for (auto& w : s.windows) w.discard();
+    for (auto& m : s.moments) m.discard();
     s.mass_undo.clear();
   }
 
@@ -94,7 +112,7 @@ class ScorerInputs {
         return;
       }
     }
-    if constexpr (scorer_needs_head_keys<S> || WindowScorer<S>) {
+    if constexpr (scorer_needs_head_keys<S> || WindowScorer<S> || MomentsScorer<S>) {
       const auto d = static_cast<std::size_t>(pool.head_dim());
       meta_.resize(len);
       keys_.resize(len * d);
@@ -105,7 +123,15 @@ class ScorerInputs {
         for (std::size_t c = 0; c < d; ++c) keys_[j * d + c] = to_float(k[c]);
       }
       const View<const float, 2> keys{keys_.data(), {static_cast<std::int64_t>(len), static_cast<std::int64_t>(d)}};
-      if constexpr (WindowScorer<S>)
+      if constexpr (MomentsScorer<S>) {
+        values_.resize(len * d);
+        for (std::size_t j = 0; j < len; ++j) {
+          const auto* v = pool.value(head.slot(stored[j]));
+          for (std::size_t c = 0; c < d; ++c) values_[j * d + c] = to_float(v[c]);
+        }
+        scorer.score_moments(keys, View<const float, 2>{values_.data(), keys.shape}, std::span<const EntryMeta>(meta_),
+                             ctx, s.moments[static_cast<std::size_t>(layer)].moments(kv_head, group, moments_), out);
+      } else if constexpr (WindowScorer<S>)
         scorer.score_window(keys, std::span<const EntryMeta>(meta_), ctx,
                             s.windows[static_cast<std::size_t>(layer)].ordered(kv_head, group, window_, window_positions_),
                             out);
@@ -119,7 +145,8 @@ class ScorerInputs {
  private:
   // scratch of score_head, kept between heads
   std::vector<EntryMeta> meta_;
-  std::vector<float> keys_, window_;
+  std::vector<float> keys_, values_, window_;
+  std::vector<double> moments_;
   std::vector<std::int32_t> window_positions_;
 };
 

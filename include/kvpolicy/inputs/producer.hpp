@@ -25,6 +25,7 @@
 #include <string_view>
 
 #include "kvpolicy/core/error.hpp"
+#include "kvpolicy/core/rope.hpp"
 #include "kvpolicy/core/shape.hpp"
 #include "kvpolicy/core/view.hpp"
 #include "kvpolicy/gate/load.hpp"
@@ -41,10 +42,8 @@ struct ModelShape {
   int hidden = 0;  ///< D, the width of the normed input and of the hidden states
 };
 
-/// How a head's components pair up under RoPE: llama.cpp's adjacent pairs (2j, 2j + 1), which
-/// kvpolicy-lm uses, or transformers' rotate-half pairs (j, j + d/2); any: the producer's result
-/// does not depend on the order of a key's components.
-enum class RopeLayout { any, adjacent, half };
+/// The RoPE layout a producer expects its keys in (core/rope.hpp).
+using kvpolicy::RopeLayout;
 
 /// What a producer reads from the forward pass. An engine passes these and may leave the rest empty.
 struct Needs {

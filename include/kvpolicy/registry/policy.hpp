@@ -104,6 +104,14 @@ inline constexpr Option window =
 inline constexpr Option threshold{"threshold", Kind::real, 0,
                                   "alpha: keep every entry scoring >= log(alpha) instead of a top-M (0: off)"};
 inline constexpr Option gate{"gate", Kind::path, 0, "the trained gate, a safetensors file under SPEC's tensor names"};
+/// Options that describe the model rather than the policy: an engine that knows its model fills
+/// them (registry::Selection::describe_model), a value the user gives wins.
+inline constexpr Option rope_theta =
+    Option{"rope-theta", Kind::real, 10000, "the model's RoPE base theta (an engine fills it from its model)"}.at_least(1, "theta");
+inline constexpr Option rope_layout{"rope-layout", Kind::choice, 0,
+                                    "the model's RoPE pairs: half (transformers) or adjacent (llama.cpp); an engine fills it",
+                                    {"half", "adjacent"}};
+inline constexpr std::array<std::string_view, 2> model_options{"rope-theta", "rope-layout"};
 }  // namespace option
 
 /// What a policy's entries need from the forward pass, as the write score append() takes (its
