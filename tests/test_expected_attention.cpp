@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <numeric>
 #include <random>
 #include <set>
 #include <vector>
@@ -202,10 +203,69 @@ TEST_CASE("oracle: Expected Attention compresses every head to M when the declar
         }
     }
     for (int l = 0; l < L; ++l)  // decode never evicts
-      CHECK(cache.length(0, l, 0) == std::min(P, cfg.budget) + 4);
+      for (int h = 0; h < H; ++h) CHECK(cache.length(0, l, h) == std::min(P, cfg.budget) + 4);
   }
   CHECK(compressed > 300);
   CHECK(ties > 20);
+}
+
+TEST_CASE("Expected Attention's scores equal the dense oracle's, entry by entry, the sinks above every other") {
+  std::mt19937_64 rng(53);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int G = 1 + trial % 3, d = 2 * (1 + trial % 4), P = std::uniform_int_distribution<int>(2, 40)(rng);
+    ExpectedAttentionConfig cfg{.sinks = std::uniform_int_distribution<int>(0, std::min(4, P - 1))(rng),
+                                .future_positions = std::uniform_int_distribution<int>(1, 700)(rng),
+                                .rope = {.theta = trial % 2 ? 10000.0 : 3.0, .layout = trial % 3 ? RopeLayout::half : RopeLayout::adjacent},
+                                .covariance = trial % 5 != 1,
+                                .value_norm = trial % 7 != 2,
+                                .epsilon = trial % 11 == 3 ? 0.05 : 0.0};
+    const float scale = std::uniform_real_distribution<float>(0.2f, 3.0f)(rng);
+    // the group's queries before RoPE, handed to the statistics after it, positions 0 .. P-1
+    memory::QueryStatistics stats(G, d, cfg.rope, cfg.sinks, P);
+    std::vector<std::vector<std::vector<double>>> qpre(static_cast<std::size_t>(G));
+    std::vector<float> q(static_cast<std::size_t>(G * P * d));
+    for (int g = 0; g < G; ++g)
+      for (int t = 0; t < P; ++t) {
+        std::vector<double> pre(static_cast<std::size_t>(d));
+        for (auto& x : pre) x = std::normal_distribution<double>(0.3, scale)(rng);
+        const auto post = times(rope_matrix(t, d, cfg.rope.theta, cfg.rope.layout), pre);
+        std::vector<double> given(static_cast<std::size_t>(d));
+        for (int c = 0; c < d; ++c) given[c] = q[static_cast<std::size_t>((g * P + t) * d + c)] = static_cast<float>(post[c]);
+        qpre[g].push_back(times(rope_matrix(-t, d, cfg.rope.theta, cfg.rope.layout), given));
+      }
+    stats.push(View<const float, 3>(q.data(), {G, P, d}), 0);
+    std::vector<double> buffer;
+    const QueryMoments m = stats.moments(0, G, buffer);
+    // the head's entries in a shuffled storage order
+    std::vector<std::vector<float>> keys(static_cast<std::size_t>(P), std::vector<float>(static_cast<std::size_t>(d))), vals = keys;
+    for (auto* kv : {&keys, &vals})
+      for (auto& row : *kv)
+        for (auto& x : row) x = std::normal_distribution<float>(0.0f, kv == &keys ? scale : 1.0f)(rng);
+    std::vector<int> order(static_cast<std::size_t>(P));
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), rng);
+    std::vector<float> k(static_cast<std::size_t>(P * d)), v(k.size()), out(static_cast<std::size_t>(P));
+    std::vector<EntryMeta> meta(static_cast<std::size_t>(P));
+    for (int j = 0; j < P; ++j) {
+      const int p = order[static_cast<std::size_t>(j)];
+      meta[static_cast<std::size_t>(j)].position = p;
+      std::copy(keys[p].begin(), keys[p].end(), k.begin() + j * d);
+      std::copy(vals[p].begin(), vals[p].end(), v.begin() + j * d);
+    }
+    expected_attention_scorer(cfg).score_moments(View<const float, 2>(k.data(), {P, d}), View<const float, 2>(v.data(), {P, d}),
+                                                 meta, StepContext{P}, m, out);
+    const auto want = naive_expected_attention(keys, vals, qpre, P, cfg);
+    float best = -INFINITY;
+    for (int j = 0; j < P; ++j) {
+      const int p = order[static_cast<std::size_t>(j)];
+      if (p < cfg.sinks) continue;
+      best = std::max(best, out[static_cast<std::size_t>(j)]);
+      REQUIRE_MESSAGE(std::abs(out[static_cast<std::size_t>(j)] - want[p]) <= 1e-5 * want[p] + 1e-37, "trial ", trial,
+                      " position ", p, ": ", out[static_cast<std::size_t>(j)], " against ", want[p]);
+    }
+    for (int j = 0; j < P; ++j)  // kvpress pads the sinks with the max + 1
+      if (order[static_cast<std::size_t>(j)] < cfg.sinks) REQUIRE(out[static_cast<std::size_t>(j)] == static_cast<float>(double(best) + 1.0));
+  }
 }
 
 TEST_CASE("QueryStatistics: moments of the unrotated queries past `from`, pending until commit, gone on discard") {
@@ -243,6 +303,16 @@ TEST_CASE("QueryStatistics: moments of the unrotated queries past `from`, pendin
   CHECK(m.sum_of(1)[1] == doctest::Approx(2 * (2 + 4 + 6 + 8)));
   s.discard();
   CHECK(s.moments(0, 2, buf).count == 2);
+  push({5, 6, 7, 8}, 3);
+  s.commit();  // the prompt's last query is in: nothing reads them again, they are given back
+  m = s.moments(0, 2, buf);
+  CHECK(m.count == 0);
+  CHECK(m.sum_of(1)[0] == 0.0);
+  memory::QueryStatistics undeclared(2, 2, rope, 1, -1);  // no prompt declared: none kept
+  std::vector<float> q(8, 1.0f);
+  undeclared.push(View<const float, 3>(q.data(), {2, 2, 2}), 0);
+  undeclared.commit();
+  CHECK(undeclared.moments(0, 1, buf).count == 0);
 }
 
 TEST_CASE("Expected Attention refuses what it cannot score, naming the value, and registers nothing") {

@@ -30,7 +30,7 @@ struct Rope {
   RopeLayout layout = RopeLayout::half;
 
   void validate(std::int64_t head_dim) const {
-    require(std::isfinite(theta) && theta > 1.0, "Rope: theta = ", theta, " must be finite and > 1");
+    require(std::isfinite(theta) && theta >= 1.0, "Rope: theta = ", theta, " must be finite and >= 1");
     require(layout == RopeLayout::half || layout == RopeLayout::adjacent, "Rope: layout ", rope_layout_name(layout),
             " must be half or adjacent");
     require(head_dim % 2 == 0, "Rope: head_dim = ", head_dim, " must be even");

@@ -22,17 +22,17 @@ namespace kvpolicy::memory {
 class QueryStatistics {
  public:
   QueryStatistics() = default;
-  QueryStatistics(int q_heads, int head_dim, Rope rope, std::int64_t from, std::int64_t until = -1)
-      : q_heads_(q_heads), d_(head_dim), rope_(rope), from_(from), until_(until), committed_(q_heads, head_dim),
-        pending_(q_heads, head_dim) {
+  QueryStatistics(int q_heads, int head_dim, Rope rope, std::int64_t from, std::int64_t until)
+      : q_heads_(q_heads), d_(head_dim), rope_(rope), from_(from), until_(until) {
     rope_.validate(head_dim);
   }
 
   /// queries [Hq, T, d] of the open step's tokens at positions first .. first + T - 1, after RoPE.
   void push(View<const float, 3> queries, std::int64_t first) {
-    const std::int64_t T = until_ < 0 ? queries.dim(1) : std::min(queries.dim(1), until_ - first);
+    const std::int64_t T = std::min(queries.dim(1), until_ - first);  // until_ < 0 (no prompt): none
     std::vector<double> x(static_cast<std::size_t>(d_));
     for (std::int64_t t = std::max<std::int64_t>(0, from_ - first); t < T; ++t) {
+      pending_.allocate(q_heads_, d_);
       for (int h = 0; h < q_heads_; ++h) {
         for (std::int64_t c = 0; c < d_; ++c) x[static_cast<std::size_t>(c)] = queries(h, t, c);
         rope_.unrotate(x, first + t);
@@ -43,10 +43,12 @@ class QueryStatistics {
     }
   }
 
-  /// The open step closes: its queries join the moments.
+  /// The open step closes: its queries join the moments. Once the prompt's last query has joined
+  /// (the step whose plan scored with them is closing), nothing reads them again: they are freed.
   void commit() {
-    committed_.merge(pending_);
+    committed_.merge(pending_, q_heads_, d_);
     discard();
+    if (until_ >= 0 && committed_.next_position >= until_) committed_ = Sums{};
   }
   /// The open step is taken back.
   void discard() {
@@ -56,28 +58,33 @@ class QueryStatistics {
   /// The moments of query heads kv_head*G .. kv_head*G + G-1, the pending queries included, into `buffer`.
   QueryMoments moments(int kv_head, int group, std::vector<double>& buffer) const {
     const std::size_t dd = static_cast<std::size_t>(d_ * d_), d = static_cast<std::size_t>(d_);
-    buffer.resize(static_cast<std::size_t>(group) * (d + dd));
+    buffer.assign(static_cast<std::size_t>(group) * (d + dd), 0.0);
     double* sum = buffer.data();
     double* outer = sum + static_cast<std::size_t>(group) * d;
-    for (int g = 0; g < group; ++g) {
-      const auto h = static_cast<std::size_t>(kv_head * group + g);
-      for (std::size_t c = 0; c < d; ++c) sum[g * d + c] = committed_.sum[h * d + c] + pending_.sum[h * d + c];
-      for (std::size_t c = 0; c < dd; ++c)
-        outer[g * dd + c] = committed_.outer[h * dd + c] + pending_.outer[h * dd + c];
+    for (const Sums* part : {&committed_, &pending_}) {
+      if (part->sum.empty()) continue;
+      for (int g = 0; g < group; ++g) {
+        const auto h = static_cast<std::size_t>(kv_head * group + g);
+        for (std::size_t c = 0; c < d; ++c) sum[g * d + c] += part->sum[h * d + c];
+        for (std::size_t c = 0; c < dd; ++c) outer[g * dd + c] += part->outer[h * dd + c];
+      }
     }
     return QueryMoments{sum, outer, group, d_, committed_.count + pending_.count,
                         std::max(committed_.next_position, pending_.next_position)};
   }
 
  private:
+  /// Sums over some queries: allocated by the first query summed ([Hq, d] and [Hq, d, d]).
   struct Sums {
-    std::vector<double> sum, outer;  // [Hq, d], [Hq, d, d]
-    std::int64_t count = 0, next_position = 0, d = 0;
-    Sums() = default;
-    Sums(int heads, std::int64_t head_dim)
-        : sum(static_cast<std::size_t>(heads * head_dim)), outer(static_cast<std::size_t>(heads * head_dim * head_dim)),
-          d(head_dim) {}
+    std::vector<double> sum, outer;
+    std::int64_t count = 0, next_position = 0;
+    void allocate(int heads, std::int64_t d) {
+      if (!sum.empty()) return;
+      sum.assign(static_cast<std::size_t>(heads * d), 0.0);
+      outer.assign(static_cast<std::size_t>(heads * d * d), 0.0);
+    }
     void add(int h, std::span<const double> x) {
+      const auto d = static_cast<std::int64_t>(x.size());
       double* s = &sum[static_cast<std::size_t>(h * d)];
       double* o = &outer[static_cast<std::size_t>(h * d * d)];
       for (std::int64_t a = 0; a < d; ++a) {
@@ -86,9 +93,12 @@ class QueryStatistics {
         for (std::int64_t b = 0; b < d; ++b) o[a * d + b] += xa * x[static_cast<std::size_t>(b)];
       }
     }
-    void merge(const Sums& o) {
-      for (std::size_t i = 0; i < sum.size(); ++i) sum[i] += o.sum[i];
-      for (std::size_t i = 0; i < outer.size(); ++i) outer[i] += o.outer[i];
+    void merge(const Sums& o, int heads, std::int64_t d) {
+      if (!o.sum.empty()) {
+        allocate(heads, d);
+        for (std::size_t i = 0; i < sum.size(); ++i) sum[i] += o.sum[i];
+        for (std::size_t i = 0; i < outer.size(); ++i) outer[i] += o.outer[i];
+      }
       count += o.count;
       next_position = std::max(next_position, o.next_position);
     }
