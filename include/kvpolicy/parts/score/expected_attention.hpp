@@ -16,13 +16,13 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
-#include <numeric>
 #include <span>
 #include <vector>
 
 #include "kvpolicy/core/concepts.hpp"
 #include "kvpolicy/core/error.hpp"
 #include "kvpolicy/core/rope.hpp"
+#include "kvpolicy/parts/score/observed_attention.hpp"  // detail::by_position
 
 namespace kvpolicy::score {
 
@@ -50,9 +50,7 @@ struct ExpectedAttention {
                      QueryMoments m, std::span<float> out) const {
     const auto N = static_cast<std::int64_t>(meta.size());
     const std::int64_t d = keys.dim(1);
-    std::vector<std::int64_t> order(static_cast<std::size_t>(N));  // position order: the first S are the sinks
-    std::iota(order.begin(), order.end(), std::int64_t{0});
-    std::sort(order.begin(), order.end(), [&](std::int64_t a, std::int64_t b) { return meta[a].position < meta[b].position; });
+    const std::vector<std::int64_t> order = detail::by_position(meta);  // the first S are the sinks
     const std::int64_t S = std::min(sinks, N);
     std::vector<double> score(static_cast<std::size_t>(N), 0.0);
     // R̄ as d/2 pairs (c̄, s̄) over q_len .. q_len + F - 1
@@ -67,11 +65,9 @@ struct ExpectedAttention {
         for (std::int64_t b = 0; b < d; ++b)
           sigma[static_cast<std::size_t>(a * d + b)] =
               m.outer_of(g)[a * d + b] / n - mu[static_cast<std::size_t>(a)] * mu[static_cast<std::size_t>(b)];
-      rotate_by_average(cs, mu, 1);                   // μ̃ = R̄ μ
-      for (std::int64_t a = 0; a < d; ++a)            // R̄ Σ: each column
-        rotate_column(cs, sigma, a, d);
-      for (std::int64_t a = 0; a < d; ++a)            // (R̄ Σ) R̄ᵀ: each row by R̄
-        rotate_by_average(cs, std::span<double>(sigma).subspan(static_cast<std::size_t>(a * d), static_cast<std::size_t>(d)), 1);
+      rotate_by_average(cs, mu.data(), 1);                                  // μ̃ = R̄ μ
+      for (std::int64_t a = 0; a < d; ++a) rotate_by_average(cs, sigma.data() + a, d);      // R̄ Σ: each column
+      for (std::int64_t a = 0; a < d; ++a) rotate_by_average(cs, sigma.data() + a * d, 1);  // (R̄ Σ) R̄ᵀ: each row
       double mx = -std::numeric_limits<double>::infinity();
       for (std::int64_t r = S; r < N; ++r) {
         const std::int64_t j = order[static_cast<std::size_t>(r)];
@@ -114,25 +110,14 @@ struct ExpectedAttention {
   }
 
  private:
-  /// x ← R̄ x for `count` vectors of d laid end to end: per pair (a, b), (c̄ x_a - s̄ x_b, s̄ x_a + c̄ x_b).
-  void rotate_by_average(std::span<const double> cs, std::span<double> x, std::int64_t count) const {
+  /// x ← R̄ x for the d components x[0], x[stride], …, x[(d-1)·stride] (a vector, or a column of a
+  /// row-major [d, d] matrix): per pair (a, b), (c̄ x_a - s̄ x_b, s̄ x_a + c̄ x_b).
+  void rotate_by_average(std::span<const double> cs, double* x, std::int64_t stride) const {
     const auto d = static_cast<std::int64_t>(cs.size());
-    for (std::int64_t v = 0; v < count; ++v)
-      for (std::int64_t i = 0; i < d / 2; ++i) {
-        const auto [a, b] = rope.pair(i, d);
-        double& xa = x[static_cast<std::size_t>(v * d + a)];
-        double& xb = x[static_cast<std::size_t>(v * d + b)];
-        const double c = cs[static_cast<std::size_t>(2 * i)], s = cs[static_cast<std::size_t>(2 * i + 1)], pa = xa, pb = xb;
-        xa = c * pa - s * pb;
-        xb = s * pa + c * pb;
-      }
-  }
-  /// Column `col` of the row-major [d, d] matrix m ← R̄ (that column).
-  void rotate_column(std::span<const double> cs, std::span<double> m, std::int64_t col, std::int64_t d) const {
     for (std::int64_t i = 0; i < d / 2; ++i) {
       const auto [a, b] = rope.pair(i, d);
-      double& xa = m[static_cast<std::size_t>(a * d + col)];
-      double& xb = m[static_cast<std::size_t>(b * d + col)];
+      double& xa = x[a * stride];
+      double& xb = x[b * stride];
       const double c = cs[static_cast<std::size_t>(2 * i)], s = cs[static_cast<std::size_t>(2 * i + 1)], pa = xa, pb = xb;
       xa = c * pa - s * pb;
       xb = s * pa + c * pb;
