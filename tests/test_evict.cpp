@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kvpolicy/dbtrimkv.hpp"
+#include "kvpolicy/engine/evictor_hooks.hpp"
 #include "kvpolicy/baselines.hpp"
 #include "kvpolicy/trimkv.hpp"
 #include "oracle.hpp"
@@ -45,6 +46,80 @@ TEST_CASE("per-head buffered trigger fires at len >= M + B (SPEC §1)") {
   CHECK(active == std::vector<std::uint8_t>{0, 1});
   lengths = {5, 5};
   CHECK_FALSE(evict::trigger_heads(e, shape, {}, lengths, active));
+}
+
+namespace {
+
+// An Evictor that states its rule and declares no hook: every hook is EvictorHooks' default.
+struct Plain {
+  void validate(const CacheShape&) const {}
+  std::int64_t group_heads(const CacheShape&) const { return 1; }
+  bool fires(std::int64_t length, std::int64_t, StepContext) const { return length > 3; }
+  evict::HeadSelection selection() const { return {.keep = 2}; }
+};
+// The same rule, declaring the hooks (each one's effect is visible).
+struct Hooked : Plain {
+  mutable int agreed = 0, checked = 0;
+  void validate_scorer(const score::RetentionDecay&) const { ++checked; }
+  StepContext shared_context(StepContext c) const {
+    c.entries *= 2;
+    return c;
+  }
+  bool trigger(const CacheShape&, StepContext, std::span<const std::int64_t> lengths, std::span<std::uint8_t> active) const {
+    for (std::size_t i = 0; i < lengths.size(); ++i) active[i] = i == 1;  // not what fires() says
+    return true;
+  }
+  bool budget_binds(StepContext, std::span<const EntryMeta> meta, std::span<const std::int64_t>) const {
+    return meta.size() > 5;
+  }
+  template <class F>
+  void agree_on(F&& f) const {
+    ++agreed;
+    f();
+  }
+  static constexpr bool selects_heads_alone = true;
+};
+
+}  // namespace
+
+TEST_CASE("EvictorHooks: an undeclared hook is its default, a declared one is called") {
+  const CacheShape shape{1, 2, 2, 4};
+  const StepContext ctx{.n = 10, .entries = 7};
+  const std::vector<std::int64_t> lengths{4, 3};
+  std::vector<std::uint8_t> active(2, 0);
+  const std::vector<EntryMeta> meta(6);
+  const std::vector<std::int64_t> offsets{0, 6, 6};
+  int ran = 0;
+
+  const Plain plain;
+  using P = EvictorHooks<Plain>;
+  P::validate_scorer(plain, score::RetentionDecay{});  // nothing to check
+  CHECK(P::shared_context(plain, ctx).entries == 7);
+  CHECK(P::trigger(plain, shape, ctx, lengths, active));  // fires() per head: 4 > 3, 3 is not
+  CHECK(active == std::vector<std::uint8_t>{1, 0});
+  CHECK(P::budget_binds(plain, ctx, meta, offsets));  // always binds
+  P::agree_on(plain, [&] { ++ran; });
+  CHECK(ran == 1);
+  CHECK_FALSE(P::selects_heads_alone);
+  CHECK_FALSE(P::counts_prompt_by_length);
+  CHECK_FALSE(P::tells_binding);
+
+  const Hooked hooked;
+  using H = EvictorHooks<Hooked>;
+  H::validate_scorer(hooked, score::RetentionDecay{});
+  CHECK(hooked.checked == 1);
+  CHECK(H::shared_context(hooked, ctx).entries == 14);
+  active.assign(2, 0);
+  CHECK(H::trigger(hooked, shape, ctx, lengths, active));
+  CHECK(active == std::vector<std::uint8_t>{0, 1});
+  CHECK(H::tells_binding);
+  CHECK(H::budget_binds(hooked, ctx, meta, offsets));
+  CHECK_FALSE(H::budget_binds(hooked, ctx, std::span<const EntryMeta>(meta).first(5), offsets));
+  H::agree_on(hooked, [&] { ++ran; });
+  CHECK(hooked.agreed == 1);
+  CHECK(ran == 2);
+  CHECK(H::selects_heads_alone);
+  CHECK(EvictorHooks<evict::Generated>::counts_prompt_by_length);
 }
 
 TEST_CASE("ties go to the larger position, across heads to the lower (layer, head) (SPEC, Ties)") {

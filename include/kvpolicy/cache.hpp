@@ -28,6 +28,7 @@
 #include "kvpolicy/core/error.hpp"
 #include "kvpolicy/core/shape.hpp"
 #include "kvpolicy/core/view.hpp"
+#include "kvpolicy/engine/evictor_hooks.hpp"
 #include "kvpolicy/engine/scorer_inputs.hpp"
 #include "kvpolicy/engine/step_state.hpp"
 
@@ -70,7 +71,7 @@ class Cache {
                 "kvpolicy::Cache: the Admitter's ring and the Evictor both mask the attention; compose one of them");
   static_assert(!admitter_has_ring<A> || masks_attention<A>,
                 "kvpolicy::Cache: an Admitter with a ring must give the attention its mask (attention_mask())");
-  static_assert(!(evictor_counts_prompt_by_length<E> && admitter_may_skip<A>),
+  static_assert(!(EvictorHooks<E>::counts_prompt_by_length && admitter_may_skip<A>),
                 "kvpolicy::Cache: this Evictor counts generated entries as length - prompt, which needs every "
                 "token stored; this Admitter does not store every token");
   // what the Scorer reads beyond an entry's metadata, by the hooks it declares
@@ -304,7 +305,7 @@ class Cache {
     scorer.validate();
     Inputs::validate(scorer, shape);
     if constexpr (admitter_validates<A>) admitter.validate();
-    if constexpr (evictor_checks_scorer<E, S>) evictor.validate_scorer(scorer);
+    EvictorHooks<E>::validate_scorer(evictor, scorer);
     return shape;
   }
 

@@ -121,7 +121,9 @@ constexpr bool selects_per_head = requires(const E& e) {
   { e.selection() } -> std::same_as<evict::HeadSelection>;
 };
 
-/// ---- hooks a part may declare, which the Cache calls when it is there (each absent by default) ------
+/// ---- hooks a part may declare (each absent by default): whether it declares one is probed here, once;
+/// the Cache and the planner call an Evictor's through EvictorHooks (engine/evictor_hooks.hpp), which
+/// gives each its default ---------------------------------------------------------------------------
 /// attention_mask(): the mask the attention applies (WG-KV's vertical-slash, core/mask.hpp), from
 ///   the Evictor or from an Admitter with a ring; absent: causal only.
 template <class T>

@@ -42,11 +42,7 @@ class Executor {
   /// keys its heads by the sequence id).
   struct Sequence {};
   /// The plans of the sequences whose steps close together (one per sequence, in order).
-  struct Plan {
-    std::vector<std::int64_t> seqs;
-    std::vector<detail::EvictionPlan> plans;
-    StepContext context(std::size_t i) const { return plans[i].context; }
-  };
+  using Plan = detail::HostPlan;
 
   Executor(const CacheShape& shape, Alloc allocator, const E& evictor, const S& scorer, const A& admitter,
            typename B::Options)
@@ -187,13 +183,8 @@ class Executor {
   /// Every request's eviction (SPEC §1–5), planned and not applied; throws (a NaN score) with
   /// nothing changed.
   Plan plan(std::span<const Request> requests) const {
-    Plan p;
-    const detail::EvictionPlanner<S, A, E, Alloc> planner{shape_, alloc_, evictor_, scorer_, admitter_};
-    for (const Request& r : requests) {
-      p.seqs.push_back(r.seq);
-      p.plans.push_back(planner.plan(r.seq, r.context, *r.inputs));
-    }
-    return p;
+    detail::HostPlanner<S, A, E, Alloc> planner{shape_, alloc_, evictor_, scorer_, admitter_};
+    return planner.plan(requests);
   }
   /// Compacts every planned head; nothing in here can fail but the evicted list's growth, which
   /// comes first.

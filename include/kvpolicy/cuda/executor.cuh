@@ -27,6 +27,7 @@
 #include <array>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <span>
 #include <type_traits>
 #include <utility>
@@ -42,6 +43,8 @@
 #include "kvpolicy/cuda/kernels/evict_step.cuh"
 #include "kvpolicy/cuda/kernels/observed_attention.cuh"
 #include "kvpolicy/cuda/memory/paged_memory.cuh"
+#include "kvpolicy/engine/evictor_hooks.hpp"
+#include "kvpolicy/engine/planner.hpp"
 #include "kvpolicy/engine/scorer_inputs.hpp"
 #include "kvpolicy/engine/step_state.hpp"
 #include "kvpolicy/memory/paged.hpp"
@@ -101,6 +104,9 @@ class Executor<S, A, E, memory::Paged<P, Storage>> {
     std::vector<std::uint8_t> triggered;
     std::vector<std::int32_t> slots;
     std::vector<std::size_t> fired;     // the requests whose trigger fired, in order
+    std::vector<std::vector<std::int64_t>> seen;  // per request, its heads' lengths
+    std::vector<std::uint8_t> active;   // the fired requests' heads, side by side: the trigger's flags
+    std::vector<std::int64_t> lengths;  // and their lengths
     BlockTableView tables{};
     detail::EvictWork work{};
     StepContext context(std::size_t i) const { return contexts[i]; }
@@ -207,7 +213,7 @@ class Executor<S, A, E, memory::Paged<P, Storage>> {
       rows[static_cast<std::size_t>(h)] = mem_.segment(m.slot, layer, static_cast<int>(h));
       for (std::int64_t t = 0; t < T; ++t) pos[static_cast<std::size_t>(h * T + t)] = static_cast<std::int32_t>(n + t);
     }
-    stage(k.size(), pos.size());
+    reserve_staging(k.size(), pos.size());
     mem_.upload(stage_keys_.get(), k.data(), k.size());
     mem_.upload(stage_values_.get(), v.data(), v.size());
     mem_.upload(stage_position_.get(), pos.data(), pos.size());
@@ -294,35 +300,35 @@ class Executor<S, A, E, memory::Paged<P, Storage>> {
   }
 
   // ---- eviction: plan, then apply ----------------------------------------------------------------
-  /// Every request's trigger on the host (the lengths are the device's), then one plan on the
-  /// device over the sequences it fires for — their block-table rows side by side, gathered when
-  /// there are several — into the workspace. A NaN score throws with nothing changed: the tables
-  /// it planned over are the sequences' own or a copy, and nothing was compacted.
-  Plan plan(std::span<const Request> requests) {
+  /// The planner's skeleton (engine/planner.hpp, as on the host) over the primitives below: every
+  /// request's trigger on the host (the lengths are the device's), then one scoring and selection
+  /// on the device over the sequences it fires for — their block-table rows side by side, gathered
+  /// when there are several — into the workspace. A NaN score throws with nothing changed: the
+  /// tables it planned over are the sequences' own or a copy, and nothing was compacted.
+  Plan plan(std::span<const Request> requests) { return kvpolicy::detail::plan_evictions(shape_, evictor_, *this, requests); }
+
+  // ---- the primitives the planner calls (engine/planner.hpp, plan_evictions) ------------------------
+  std::vector<std::int64_t> seen_lengths(Plan& p, const Request& r) {
+    p.slots.push_back(r.memory->slot);
+    return p.seen.emplace_back(lengths(r.seq, *r.memory));  // the device cache has no ring (admit::All)
+  }
+  void triggered(Plan& p, std::size_t i, StepContext ctx, bool fires, std::vector<std::uint8_t> active) {
+    p.contexts.push_back(ctx);
+    p.triggered.push_back(fires ? 1 : 0);
+    if (!fires) return;
+    p.fired.push_back(i);
+    p.active.insert(p.active.end(), active.begin(), active.end());
+    p.lengths.insert(p.lengths.end(), p.seen[i].begin(), p.seen[i].end());
+  }
+  /// The fired sequences' contexts and block-table rows on the device, the workspace carved, the
+  /// trigger's flags (per head and per group of heads) uploaded as the host decided them.
+  bool stage(Plan& p) {
+    if (p.fired.empty()) return false;
     const auto per_seq = static_cast<std::size_t>(shape_.heads_total());
     const auto per_group = static_cast<std::int32_t>(evictor_.group_heads(shape_));
-    Plan p;
-    std::vector<std::uint8_t> active_all;  // the fired sequences' heads, side by side
-    std::vector<std::int64_t> lengths_all;  // and their lengths
-    std::vector<StepContext> fired_context;
-    for (std::size_t i = 0; i < requests.size(); ++i) {
-      const std::vector<std::int64_t> lens = lengths(requests[i].seq, *requests[i].memory);
-      StepContext ctx = requests[i].context;
-      for (const auto len : lens) ctx.entries += len;
-      if constexpr (evictor_shares_context<E>) ctx = evictor_.shared_context(ctx);  // the sequence over every rank
-      std::vector<std::uint8_t> active(lens.size());
-      const bool fires = evict::trigger_heads(evictor_, shape_, ctx, lens, active);
-      p.contexts.push_back(ctx);
-      p.triggered.push_back(fires ? 1 : 0);
-      p.slots.push_back(requests[i].memory->slot);
-      if (!fires) continue;
-      p.fired.push_back(i);
-      fired_context.push_back(ctx);
-      active_all.insert(active_all.end(), active.begin(), active.end());
-      lengths_all.insert(lengths_all.end(), lens.begin(), lens.end());
-    }
-    if (p.fired.empty()) return p;
     const std::size_t k = p.fired.size();
+    std::vector<StepContext> fired_context;
+    for (const std::size_t i : p.fired) fired_context.push_back(p.contexts[i]);
     if (context_.size() < k) context_ = DeviceArray<StepContext>(k);
     mem_.upload(context_.get(), fired_context.data(), k);
     // one sequence's rows are contiguous in the tables; several are gathered side by side
@@ -341,35 +347,33 @@ class Executor<S, A, E, memory::Paged<P, Storage>> {
     reserve_workspace(evict_workspace_bytes(p.tables));
     WorkspaceLayout layout;
     p.work = detail::carve_evict(layout, workspace_.get(), per_group, kv(), p.tables);
-    // the trigger, as the host ran it: per head and per group of heads
-    std::vector<std::uint8_t> group_active(active_all.size() / static_cast<std::size_t>(per_group));
-    for (std::size_t g = 0; g < group_active.size(); ++g) group_active[g] = active_all[g * static_cast<std::size_t>(per_group)];
-    mem_.upload(p.work.active, active_all.data(), active_all.size());
+    std::vector<std::uint8_t> group_active(p.active.size() / static_cast<std::size_t>(per_group));
+    for (std::size_t g = 0; g < group_active.size(); ++g) group_active[g] = p.active[g * static_cast<std::size_t>(per_group)];
+    mem_.upload(p.work.active, p.active.data(), p.active.size());
     mem_.upload(p.work.group_active, group_active.data(), group_active.size());
-    const auto score = [&] {
-      if constexpr (observes)
-        score_observed(p, requests, active_all, lengths_all);
-      else
-        detail::score_active(p.work, scorer_, evictor_, shape_, kv(), p.tables, context_.get(), mem_.status_word(),
-                             mem_.stream());
-      const Status s = mem_.status();
-      if (s.code == Status::nan_score) {
-        mem_.reset_status();
-        const std::size_t i = p.fired[static_cast<std::size_t>(s.segment) / per_seq];
-        const auto head = static_cast<std::int32_t>(static_cast<std::size_t>(s.segment) % per_seq);
-        fail("Cache::commit: the scorer returned NaN for sequence ", requests[i].seq, " (layer ", head / shape_.kv_heads,
-             " head ", head % shape_.kv_heads, ", n = ", p.contexts[i].n, "); a NaN score never enters a ranking");
-      }
-    };
-    if constexpr (evictor_agrees_on_refusal<E>)
-      evictor_.agree_on(score);  // a refusal on any rank is every rank's (dist/sharded.hpp)
+    return true;
+  }
+  /// The active heads' scores on the device; a NaN is found there and reported by its segment.
+  std::optional<kvpolicy::detail::NanScore> score(Plan& p, std::span<const Request> requests) {
+    if constexpr (observes)
+      score_observed(p, requests, p.active, p.lengths);
     else
-      score();
+      detail::score_active(p.work, scorer_, evictor_, shape_, kv(), p.tables, context_.get(), mem_.status_word(),
+                           mem_.stream());
+    const Status s = mem_.status();
+    if (s.code != Status::nan_score) return std::nullopt;
+    mem_.reset_status();
+    const auto per_seq = static_cast<std::size_t>(shape_.heads_total());
+    const auto segment = static_cast<std::size_t>(s.segment);
+    return kvpolicy::detail::NanScore{p.fired[segment / per_seq], static_cast<std::int64_t>(segment % per_seq), {}};
+  }
+  /// The stated selection on the device; an Evictor that selects itself, on the host.
+  void select(Plan& p) {
     if constexpr (evictor_states_selection<E>)
-      detail::select_kept(p.work, evictor_, shape_, p.tables, context_.get(), per_group, mem_.stream());
+      detail::select_kept(p.work, evictor_, shape_, p.tables, context_.get(),
+                          static_cast<std::int32_t>(evictor_.group_heads(shape_)), mem_.stream());
     else
       select_on_host(p);
-    return p;
   }
 
   /// Compacts the planned heads (the one launch that changes memory), returns gathered rows to
@@ -486,7 +490,7 @@ class Executor<S, A, E, memory::Paged<P, Storage>> {
 
   /// The survivors by an Evictor that selects itself, on the host: the plan's offsets, scores and
   /// positions read back, each fired sequence's segments handed to its select() as the CPU planner
-  /// hands them (evict::select_survivors at the sequence's context), the keep flags sent back. A
+  /// hands them (EvictorHooks::select at the sequence's context), the keep flags sent back. A
   /// sharded Evictor's collectives run here, one fired sequence after another in the requests'
   /// order, as on every rank.
   void select_on_host(const Plan& p)
@@ -508,7 +512,7 @@ class Executor<S, A, E, memory::Paged<P, Storage>> {
       const auto b = static_cast<std::size_t>(first), n = static_cast<std::size_t>(local[per_seq]);
       const SegmentedScores s{std::span<const float>(score).subspan(b, n),
                               std::span<const std::int32_t>(position).subspan(b, n), local};
-      evict::select_survivors(evictor_, shape_, p.contexts[p.fired[j]], s, std::span<std::uint8_t>(keep).subspan(b, n));
+      EvictorHooks<E>::select(evictor_, shape_, p.contexts[p.fired[j]], s, std::span<std::uint8_t>(keep).subspan(b, n));
     }
     mem_.upload(p.work.keep, keep.data(), total);
   }
@@ -518,7 +522,7 @@ class Executor<S, A, E, memory::Paged<P, Storage>> {
     mem_.truncate(m.slot, keep_first, workspace_.get(), workspace_.size());
   }
   /// Staging buffers for one append's inputs (grown, never shrunk).
-  void stage(std::size_t kv_elements, std::size_t entries) {
+  void reserve_staging(std::size_t kv_elements, std::size_t entries) {
     if (stage_keys_.size() < kv_elements) {
       stage_keys_ = DeviceArray<device_type>(kv_elements);
       stage_values_ = DeviceArray<device_type>(kv_elements);

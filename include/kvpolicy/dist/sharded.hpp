@@ -31,6 +31,7 @@
 #include "kvpolicy/dist/agree.hpp"
 #include "kvpolicy/dist/communicator.hpp"
 #include "kvpolicy/dist/select.hpp"
+#include "kvpolicy/engine/evictor_hooks.hpp"
 #include "kvpolicy/parts/evict/evictors.hpp"
 
 namespace kvpolicy::dist {
@@ -175,7 +176,7 @@ decltype(auto) with_sharded_evictor(const E& e, C* comm, const CacheShape& full,
     require(e.group_heads(full) == 1, "dist::with_sharded_evictor: a per-head selection whose trigger pools ",
             e.group_heads(full), " heads has no sharded form");
     return f(e);
-  } else if constexpr (evictor_selects_heads_alone<E>) {
+  } else if constexpr (EvictorHooks<E>::selects_heads_alone) {
     return f(e);
   } else {
     static_assert(evictor_states_selection<E>, "dist::with_sharded_evictor: an Evictor that selects itself has no sharded form");
