@@ -140,7 +140,8 @@ for kind in ("rg", "rg10", "wg"):
 # per step and the keep term: a run stopped and resumed writes the same gate; the log holds the answer
 # and keep terms on the steps with facts (empty on plain prose) and each step's M, inside --memory-range.
 whole, halves = os.path.join(work, "longrange-whole"), os.path.join(work, "longrange-resumed")
-lr_args = ("--data", "longrange", "--memory-range", "8", "32", "--seq-len", "1024", "--keep-weight", "1")
+lr_args = ("--data", "longrange", "--memory-range", "8", "32", "--seq-len", "1024", "--keep-weight", "1",
+           "--rank-weight", "1")
 train("rg", whole, *lr_args)
 train("rg", halves, *lr_args, "--stop-after", str(STEPS // 2))
 out = train("rg", halves, *lr_args)
@@ -155,9 +156,29 @@ with_answers = [r for r in rows if r["answer"] != ""]
 with_facts = [r for r in rows if r["keep"] != ""]
 print(f"longrange: M per step {memories}, {len(with_answers)} of {len(rows)} steps with questions, "
       f"{len(with_facts)} with facts to keep")
+if [r for r in rows if r["rank"] != ""] != with_facts or a.metadata().get("rank_weight") != "1.0":
+    failures.append("longrange: the rank term is not logged on exactly the steps with facts, or not in the metadata")
 if [int(r["step"]) for r in rows] != list(range(1, STEPS + 1)) or not all(8 <= m <= 32 for m in memories) \
         or len(set(memories)) < 4 or not 0 < len(with_answers) < len(rows) or not 0 < len(with_facts) < len(rows):
     failures.append(f"longrange: log.csv steps, M or answer terms wrong: {rows[:3]}")
+
+# L_rank (objectives.rank_loss): zero when the fact outranks the M-th best other token at the end,
+# else its shortfall, whose gradient raises the fact's log beta by its distance and lowers the M-th
+# token's by its own; zero when the other tokens fit the budget.
+span = 8
+fact = torch.zeros(1, span, dtype=torch.bool)
+fact[0, 1] = True  # at distance 6 from the end
+for fact_lb, want in ((0.0, 0.0), (-1.0, 5.0)):  # others: log beta -1, so the 2nd best other (distance 1) scores -1
+    lb = torch.full((1, 1, span), -1.0)
+    lb[0, 0, 1] = fact_lb
+    lb.requires_grad_(True)
+    got = objectives.rank_loss({0: lb}, fact, 2)
+    got.backward()
+    grad = lb.grad[0, 0].tolist()
+    if abs(got.item() - want) > 1e-6 or (want > 0 and (grad[1] != -6.0 or grad[6] != 1.0)):
+        failures.append(f"rank_loss: fact log beta {fact_lb}: {got.item()} (want {want}), gradient {grad}")
+if objectives.rank_loss({0: torch.full((1, 1, span), -1.0)}, fact, span - 1).item() != 0.0:
+    failures.append("rank_loss: not zero when the other tokens fit the budget")
 
 # --time-budget: the timed passes that choose the step count leave the gate as it was (no update, no
 # gradient kept), so the budgeted run is the run `--steps N` gives; N stays within [1, --steps].

@@ -18,6 +18,12 @@
   in the papers: in a few hundred steps (theirs are 10,000) the soft objective alone did not
   separate fact tokens from prose (docs/training.md). The facts are all of a document's
   statements, asked about or not.
+- Ranking stated facts (rg, rg10; long-range documents): L_rank = mean over (layer, kv head, fact
+  token) of max(0, s_(M) - s_f), where s_i = (t - i) log beta_i is the log of the score eviction
+  ranks by at the document's last position t (SPEC §1) and s_(M) the M-th best score among the
+  other tokens: zero exactly when every fact token would survive a top-M eviction there. L_keep
+  raises the facts' scores alone; this term also lowers the prose that outranks them. Not in the
+  papers.
 """
 import torch
 import torch.nn.functional as F
@@ -72,11 +78,30 @@ def keep_loss(log_betas, fact_mask):
     return -lb.permute(0, 2, 1, 3)[:, :, fact_mask].mean() * T
 
 
-def objective(gm, ids, memory, lam, answer_mask=None, answer_weight=0.0, fact_mask=None, keep_weight=0.0):
+def rank_loss(log_betas, fact_mask, memory):
+    """L_rank over every layer's log beta [B, H, T] and a [B, T] fact mask, at top-M eviction's
+    budget `memory`; zero for a document whose other tokens are M or fewer (nothing is evicted)."""
+    lb = torch.stack([log_betas[l] for l in sorted(log_betas)])  # [L, B, H, T]
+    T = lb.shape[-1]
+    score = lb * torch.arange(T - 1, -1, -1, dtype=lb.dtype, device=lb.device)  # (t - i) log beta_i, t = T - 1
+    terms = []
+    for b in range(lb.shape[1]):
+        facts = fact_mask[b]
+        others = score[:, b][..., ~facts]  # [L, H, T - F]
+        if not bool(facts.any()) or others.shape[-1] <= memory:
+            continue
+        mth = others.topk(memory, dim=-1).values[..., -1:]  # the M-th best other score per head
+        terms.append(F.relu(mth - score[:, b][..., facts]).mean())
+    return torch.stack(terms).mean() if terms else lb.sum() * 0.0
+
+
+def objective(gm, ids, memory, lam, answer_mask=None, answer_weight=0.0, fact_mask=None, keep_weight=0.0,
+              rank_weight=0.0):
     """The gate's paper objective on one batch of token ids [B, T]: (loss, its parts). With an
     answer mask [B, T] (bool) holding answer tokens and answer_weight > 0, the quality term over the
     positions that predict them is added with that weight (part "answer"); with a fact mask and
-    keep_weight > 0 (rg, rg10), keep_weight * L_keep (part "keep")."""
+    keep_weight > 0 (rg, rg10), keep_weight * L_keep (part "keep"); rank_weight > 0 (rg, rg10),
+    rank_weight * L_rank at M = memory (part "rank")."""
     on_answers = answer_mask is not None and answer_weight > 0 and bool(predicts_answer(answer_mask).any())
     if gm.gate.kind == "wg":
         teacher = gm.teacher(ids, output_hidden_states=True).hidden_states[-1]
@@ -103,4 +128,7 @@ def objective(gm, ids, memory, lam, answer_mask=None, answer_weight=0.0, fact_ma
     if fact_mask is not None and keep_weight > 0 and bool(fact_mask.any()):
         parts["keep"] = keep_loss(gm.outputs, fact_mask)
         loss = loss + keep_weight * parts["keep"]
+    if fact_mask is not None and rank_weight > 0 and bool(fact_mask.any()):
+        parts["rank"] = rank_loss(gm.outputs, fact_mask, memory)
+        loss = loss + rank_weight * parts["rank"]
     return loss, parts

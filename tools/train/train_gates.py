@@ -55,6 +55,9 @@ def parse():
                     help="longrange: weight of the quality term over the answer tokens (objectives.py)")
     ap.add_argument("--keep-weight", type=float, default=0.0,
                     help="longrange, rg and rg10: weight of L_keep, which keeps the stated facts' tokens (objectives.py)")
+    ap.add_argument("--rank-weight", type=float, default=0.0,
+                    help="longrange, rg and rg10: weight of L_rank, which ranks the stated facts' tokens above the "
+                         "M-th best other token at the document's end (objectives.py)")
     ap.add_argument("--memory-range", type=int, nargs=2, metavar=("LO", "HI"),
                     help="draw the training M per step, log-uniform in [LO, HI] (one gate for every budget); "
                          "--memory is then unused")
@@ -92,9 +95,9 @@ def parse():
             ap.error(f"--{name.replace('_', '-')} {getattr(a, name)} must be >= {low}")
     if a.memory_range and not 1 <= a.memory_range[0] <= a.memory_range[1]:
         ap.error(f"--memory-range {a.memory_range[0]} {a.memory_range[1]}: need 1 <= LO <= HI")
-    if not 0 <= a.prose_fraction <= 1 or a.answer_weight < 0 or a.keep_weight < 0:
-        ap.error(f"--prose-fraction {a.prose_fraction} must be in [0, 1], --answer-weight {a.answer_weight} and "
-                 f"--keep-weight {a.keep_weight} >= 0")
+    if not 0 <= a.prose_fraction <= 1 or a.answer_weight < 0 or a.keep_weight < 0 or a.rank_weight < 0:
+        ap.error(f"--prose-fraction {a.prose_fraction} must be in [0, 1], --answer-weight {a.answer_weight}, "
+                 f"--keep-weight {a.keep_weight} and --rank-weight {a.rank_weight} >= 0")
     if not a.lr > 0 or a.weight_decay < 0 or not 0 <= a.warmup < 1:
         ap.error(f"--lr {a.lr} must be > 0, --weight-decay {a.weight_decay} >= 0, --warmup {a.warmup} in [0, 1)")
     return a
@@ -272,7 +275,7 @@ def budgeted_steps(a, gm, gate, x, lam, answers=None, facts=None):
     for _ in range(3):
         t0 = time.time()
         loss, _ = objectives.objective(gm, x, training_memory(a, 0), lam, answers, a.answer_weight, facts,
-                                       getattr(a, "keep_weight", 0.0))
+                                       getattr(a, "keep_weight", 0.0), getattr(a, "rank_weight", 0.0))
         loss.backward()
         loss.item()
         seconds.append(time.time() - t0)
@@ -336,8 +339,9 @@ def main():
         ck = torch.load(ckpt_path, map_location=device)
         if a.time_budget:  # the step count the budgeted run chose
             a.steps = ck["args"]["steps"]
-        for key in ("gate", "width", "seq_len", "steps", "seed", "data", "memory_range", "keep_weight", "init"):  # not another run's
-            if ck["args"].get(key, {"data": "text", "keep_weight": 0.0}.get(key)) != getattr(a, key):
+        for key in ("gate", "width", "seq_len", "steps", "seed", "data", "memory_range", "keep_weight", "rank_weight",
+                    "init"):  # not another run's
+            if ck["args"].get(key, {"data": "text", "keep_weight": 0.0, "rank_weight": 0.0}.get(key)) != getattr(a, key):
                 raise SystemExit(f"train_gates: {ckpt_path} is a run with --{key.replace('_', '-')} {ck['args'][key]}, "
                                  f"not {getattr(a, key)}: give another --out, or delete it to start again")
         gate.load_state_dict(ck["gate"])
@@ -357,7 +361,8 @@ def main():
         a.steps = budgeted_steps(a, gm, gate, *batch(0), lam)
         print(f"train_gates: {a.steps} steps fit --time-budget {a.time_budget:g} s")
     fields = ["step", "lr", "loss", "kl", "ce", "cap"] if a.gate != "wg" else ["step", "lr", "loss", "distill", "sparsity", "admitted"]
-    fields += (["answer"] + (["keep"] if a.keep_weight > 0 and a.gate != "wg" else [])) if a.data == "longrange" else []
+    fields += (["answer"] + (["keep"] if a.keep_weight > 0 and a.gate != "wg" else [])
+               + (["rank"] if a.rank_weight > 0 and a.gate != "wg" else [])) if a.data == "longrange" else []
     fields += ["memory"] if a.memory_range else []
     fields += ["seconds", "tokens"]
     new_log = not os.path.exists(log_path)
@@ -384,8 +389,9 @@ def main():
             group["lr"] = a.lr * schedule(step, a.steps, a.warmup)
         x, answers, facts = batch(step)
         memory = training_memory(a, step)
-        loss, parts = objectives.objective(gm, x, memory, lam, answers, a.answer_weight, facts, a.keep_weight)
-        for k in ("answer", "keep"):  # a prose step has neither term (an empty cell)
+        loss, parts = objectives.objective(gm, x, memory, lam, answers, a.answer_weight, facts, a.keep_weight,
+                                           a.rank_weight)
+        for k in ("answer", "keep", "rank"):  # a prose step has none of them (an empty cell)
             if k in fields and k not in parts:
                 parts[k] = None
         tokens_seen += x.shape[1]
@@ -418,7 +424,7 @@ def main():
     meta = {"kvpolicy_gate": a.gate, "policy": POLICY[a.gate], "steps": a.steps, "seq_len": T,
             "memory": "%d-%d drawn" % tuple(a.memory_range) if a.memory_range else a.memory, "lambda": lam,
             "data": a.data, **({"prose_fraction": a.prose_fraction, "answer_weight": a.answer_weight,
-                                "keep_weight": a.keep_weight}
+                                "keep_weight": a.keep_weight, "rank_weight": a.rank_weight}
                                if a.data == "longrange" else {}), "lr": a.lr, "seed": a.seed, "width": a.width,
             "local_window": a.local_window, "rope_layout": "adjacent" if adjacent else "half",
             **({"init": a.init} if a.init else {}),
