@@ -7,7 +7,8 @@
   - --time-budget's timed passes leave the gate untouched (the budgeted run is a --steps N run);
   - the written gate, loaded by the C++ gate (gate_forward), computes what torch computes on the
     same weights and inputs: |log_beta_cpp - log_beta_torch| <= 1e-5 + 1e-4 |log_beta| (g alike);
-  - long-range documents (--data longrange) with M drawn per step resume exactly, and log both.
+  - long-range documents (--data longrange) with M drawn per step resume exactly, and log both;
+    --time-budget chooses their step count from timed passes on the first document.
 usage: test_train_gates.py GATE_FORWARD WORK_DIR   (run with the venv of tools/train-venv.sh)
 """
 import csv
@@ -161,6 +162,18 @@ if [r for r in rows if r["rank"] != ""] != with_facts or a.metadata().get("rank_
 if [int(r["step"]) for r in rows] != list(range(1, STEPS + 1)) or not all(8 <= m <= 32 for m in memories) \
         or len(set(memories)) < 4 or not 0 < len(with_answers) < len(rows) or not 0 < len(with_facts) < len(rows):
     failures.append(f"longrange: log.csv steps, M or answer terms wrong: {rows[:3]}")
+
+# --time-budget on long-range documents, through the command line, over a directory holding another
+# run's log but no checkpoint: the timed passes take the first document's answer and fact masks, and a
+# budget no pass can exhaust chooses exactly --steps (the log is started afresh).
+budgeted = os.path.join(work, "longrange-budgeted")
+os.makedirs(budgeted)
+with open(os.path.join(budgeted, "log.csv"), "w") as f:
+    f.write("step,lr\n1,0.1\n")
+out = train("rg", budgeted, *lr_args, "--time-budget", "1e6")
+rows = list(csv.DictReader(open(os.path.join(budgeted, "log.csv"))))
+if f"{STEPS} steps fit --time-budget" not in out or [int(r["step"]) for r in rows] != list(range(1, STEPS + 1)):
+    failures.append(f"longrange --time-budget: not a {STEPS}-step run: {out[-300:]}")
 
 # L_rank (objectives.rank_loss): zero when the fact outranks the M-th best other token at the end,
 # else its shortfall, whose gradient raises the fact's log beta by its distance and lowers the M-th

@@ -355,11 +355,13 @@ def main():
                 w = csv.DictWriter(f, fieldnames=list(kept[0]) if kept else ["step"])
                 w.writeheader()
                 w.writerows(kept)
-    elif os.path.exists(log_path):
-        os.remove(log_path)
-    elif a.time_budget:
-        a.steps = budgeted_steps(a, gm, gate, *batch(0), lam)
-        print(f"train_gates: {a.steps} steps fit --time-budget {a.time_budget:g} s")
+    else:
+        if os.path.exists(log_path):  # a log without its checkpoint: another run's
+            os.remove(log_path)
+        if a.time_budget:
+            x, answers, facts = batch(0)
+            a.steps = budgeted_steps(a, gm, gate, x, lam, answers, facts)
+            print(f"train_gates: {a.steps} steps fit --time-budget {a.time_budget:g} s")
     fields = ["step", "lr", "loss", "kl", "ce", "cap"] if a.gate != "wg" else ["step", "lr", "loss", "distill", "sparsity", "admitted"]
     fields += (["answer"] + (["keep"] if a.keep_weight > 0 and a.gate != "wg" else [])
                + (["rank"] if a.rank_weight > 0 and a.gate != "wg" else [])) if a.data == "longrange" else []
