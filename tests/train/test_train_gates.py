@@ -8,7 +8,8 @@
   - the written gate, loaded by the C++ gate (gate_forward), computes what torch computes on the
     same weights and inputs: |log_beta_cpp - log_beta_torch| <= 1e-5 + 1e-4 |log_beta| (g alike);
   - long-range documents (--data longrange) with M drawn per step resume exactly, and log both;
-    --time-budget chooses their step count from timed passes on the first document.
+    --time-budget chooses their step count from timed passes on the first document;
+  - blend_gates.py interpolates two exported gates exactly and refuses mismatched ones.
 usage: test_train_gates.py GATE_FORWARD WORK_DIR   (run with the venv of tools/train-venv.sh)
 """
 import csv
@@ -214,6 +215,30 @@ capped = train_gates.budgeted_steps(budget_args, GatedModel(model, gate, LOCAL),
 print(f"--time-budget 0.5 s: {n} tiny steps; 1e6 s capped at --steps 3: {capped}")
 if not 1 <= n < 10**6 or capped != 3:
     failures.append(f"--time-budget: {n} steps for 0.5 s, {capped} for 1e6 s with --steps 3")
+
+# blend_gates.py: alpha 0 gives FROM and alpha 1 gives TO tensor for tensor, alpha 1/2 their mean
+# (rounded to the stored dtype); gates of different kinds or an alpha outside [0, 1] are refused.
+src, dst = os.path.join(work, "rg-whole", "gate.safetensors"), os.path.join(work, "longrange-whole", "gate.safetensors")
+blend_tool = os.path.join(root, "tools", "train", "blend_gates.py")
+for alpha, want in (("0", src), ("1", dst), ("0.5", None)):
+    out = os.path.join(work, f"blend-{alpha}.safetensors")
+    p = subprocess.run([sys.executable, blend_tool, src, dst, alpha, out], capture_output=True, text=True)
+    if p.returncode != 0:
+        failures.append(f"blend_gates alpha {alpha}: rc {p.returncode} {p.stderr[-300:]}")
+        continue
+    got, a, b = (safe_open(f, "pt") for f in (out, src, dst))
+    for k in a.keys():
+        x, y, z = a.get_tensor(k), b.get_tensor(k), got.get_tensor(k)
+        expect = (0.5 * x.float() + 0.5 * y.float()).to(x.dtype) if want is None else (x if want == src else y)
+        if z.dtype != x.dtype or not torch.equal(z, expect):
+            failures.append(f"blend_gates alpha {alpha}: {k} is not the blend")
+    if "blend" not in got.metadata():
+        failures.append(f"blend_gates alpha {alpha}: the metadata does not say what was blended")
+for args in ((src, os.path.join(work, "rg10-whole", "gate.safetensors"), "0.5"), (src, dst, "1.5")):
+    p = subprocess.run([sys.executable, blend_tool, *args, os.path.join(work, "refused.safetensors")],
+                       capture_output=True, text=True)
+    if p.returncode == 0 or "blend_gates:" not in p.stderr:
+        failures.append(f"blend_gates {args[1:]}: not refused with a message")
 
 if failures:
     print("\n".join("FAIL: " + f for f in failures))
