@@ -3,7 +3,8 @@
 # and do what they were trained for, on the first 512 tokens of GPL-3 (never trained on), one
 # thread: TRIM-KV and DBTrimKV at M = 64 with 4 sinks keep a lower perplexity than StreamingLLM
 # with 4 sinks at the same memory (the same binary and input give the same numbers every run);
-# WG-KV with a ring of 64 runs and holds fewer entries than the full cache.
+# WG-KV with a ring of 64 runs and holds fewer entries than the full cache; the long-range DBTrimKV
+# gate loads and gives a finite perplexity.
 #   tests/lm/trained_gates.sh KVPOLICY_LM MODEL_DIR
 set -euo pipefail
 lm=$1 model=$2
@@ -26,6 +27,13 @@ held=$(sed -n 's/^entries held: peak [0-9]*, final \([0-9]*\) of \([0-9]*\).*/\1
 echo "wgkv W_local = 64: ppl $(ppl "$out"), entries held (final, of full) $held"
 if ! awk -v h="$held" -v p="$(ppl "$out")" 'BEGIN { split(h, x, " "); exit !(p > 0 && x[1] < x[2]) }'; then
   echo "FAIL: wgkv with its trained gate held every entry or gave no perplexity"
+  status=1
+fi
+# the long-range DBTrimKV gate (gates/smollm2-135m/long-range, trained for retrieval): loads and runs
+out=$(run --policy dbtrimkv --gate "$gates/long-range/dbtrimkv.safetensors" --budget 64 --buffer 16 --sinks 4)
+echo "dbtrimkv (long-range gate) M = 64 + 4 sinks: ppl $(ppl "$out")"
+if ! awk -v p="$(ppl "$out")" 'BEGIN { exit !(p > 0 && p < 1e4) }'; then
+  echo "FAIL: the long-range dbtrimkv gate gave no finite perplexity"
   status=1
 fi
 exit $status
