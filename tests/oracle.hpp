@@ -131,6 +131,50 @@ void global(const CacheShape& shape, Heads& heads, std::int64_t n, const Scorer&
   if (total >= shape.heads_total() * (p.budget + p.buffer)) pooled(heads, 0, heads.size(), n, s, p, shape.heads_total() * p.budget);
 }
 
+// SPEC §8 token level: once the sequence holds M + B positions, each position's score is the max,
+// or the mean (summed in double, rounded to fp32; any +inf wins, then any -inf), of its heads'
+// scores; the S oldest and w newest positions rank first; the top M by (score, larger position)
+// stay in every head.
+template <class Scorer>
+void token_level(const CacheShape&, Heads& heads, std::int64_t n, const Scorer& s, const Params& p, bool mean) {
+  std::set<std::int32_t> all;
+  for (auto& h : heads)
+    for (auto& e : h) all.insert(e.position);
+  if (static_cast<std::int64_t>(all.size()) < p.budget + p.buffer) return;
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<std::pair<float, std::int32_t>> ranked;  // (score, position)
+  const std::vector<std::int32_t> sorted(all.begin(), all.end());
+  for (std::size_t j = 0; j < sorted.size(); ++j) {
+    const std::int32_t pos = sorted[j];
+    std::vector<float> v;
+    for (std::size_t h = 0; h < heads.size(); ++h)
+      for (auto& e : heads[h])
+        if (e.position == pos) v.push_back(s(e, kvpolicy::StepContext{n, 0, false, 0, static_cast<std::int64_t>(h)}));
+    float score = -inf;
+    if (!mean) {
+      for (float x : v) score = std::max(score, x);
+    } else if (std::find(v.begin(), v.end(), inf) != v.end()) {
+      score = inf;
+    } else if (std::find(v.begin(), v.end(), -inf) == v.end()) {
+      double sum = 0;
+      for (float x : v) sum += x;
+      score = static_cast<float>(sum / static_cast<double>(v.size()));
+    }
+    const auto older = static_cast<std::int64_t>(j), newer = static_cast<std::int64_t>(sorted.size() - 1 - j);
+    if (older < p.sinks || newer < p.window) score = inf;
+    ranked.push_back({score, pos});
+  }
+  std::sort(ranked.begin(), ranked.end(), [](auto a, auto b) { return a.first > b.first || (a.first == b.first && a.second > b.second); });
+  std::set<std::int32_t> kept;
+  for (std::int64_t i = 0; i < p.budget && i < static_cast<std::int64_t>(ranked.size()); ++i) kept.insert(ranked[static_cast<std::size_t>(i)].second);
+  for (auto& h : heads) {
+    std::vector<EntryMeta> out;
+    for (auto& e : h)
+      if (kept.contains(e.position)) out.push_back(e);
+    h = out;
+  }
+}
+
 // A log_beta drawn so that ties are common: a few discrete values, sometimes 0 or -inf.
 inline float tie_prone_log_beta(std::mt19937_64& rng) {
   static const float values[] = {0.0f, -0.25f, -0.5f, -1.0f, -2.0f, -std::numeric_limits<float>::infinity()};

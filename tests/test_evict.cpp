@@ -10,6 +10,7 @@
 
 #include "kvpolicy/dbtrimkv.hpp"
 #include "kvpolicy/engine/evictor_hooks.hpp"
+#include "kvpolicy/parts/evict/union.hpp"
 #include "kvpolicy/baselines.hpp"
 #include "kvpolicy/trimkv.hpp"
 #include "oracle.hpp"
@@ -382,6 +383,59 @@ TEST_CASE("oracle: DBTrimKV layer-wise eviction") {
                                            .floor_ratio = p.floor_ratio});
       },
       [](auto&&... a) { oracle::layer_wise(a...); }, true, true);
+}
+
+TEST_CASE("oracle: token-level (union) eviction, max and mean over heads, random traces with ties (SPEC §8)") {
+  for (const bool mean : {false, true}) {
+    const auto aggregate = mean ? evict::Aggregate::mean : evict::Aggregate::max;
+    const auto make = [aggregate](const oracle::Params& p) {
+      return evict::Union{.budget = p.budget, .buffer = p.buffer, .window = p.window, .sinks = p.sinks, .aggregate = aggregate};
+    };
+    const auto step = [mean](auto&&... a) { oracle::token_level(a..., mean); };
+    differential(21 + mean, 1200, score::RetentionDecay{}, make, step, false, false);
+    differential(23 + mean, 400, score::Lookahead{2}, make, step, false, false);
+    differential(25 + mean, 300, score::NegKeyNorm{}, make, step, false, false);
+    differential(27 + mean, 200, score::Recency{2}, make, step, false, false);
+  }
+}
+
+TEST_CASE("token-level eviction by hand: one decision per position, max against mean (SPEC §8)") {
+  // two heads, three positions; M = 2, B = 1 fires at three positions
+  const std::vector<float> score{-1.0f, -5.0f, -2.0f,   // head 0: positions 0, 1, 2
+                                 -9.0f, -1.5f, -9.0f};  // head 1
+  const std::vector<std::int32_t> position{0, 1, 2, 0, 1, 2};
+  const std::vector<std::int64_t> offsets{0, 3, 6};
+  const SegmentedScores s{score, position, offsets};
+  const CacheShape shape{1, 2, 2, 2};
+  std::vector<std::uint8_t> keep(6);
+  evict::Union u{.budget = 2, .buffer = 1};
+  CHECK(u.fires(6, 2, StepContext{}));
+  CHECK_FALSE(u.fires(5, 2, StepContext{}));
+  u.select(shape, StepContext{}, s, keep);  // max: 0 -> -1, 1 -> -1.5, 2 -> -2
+  CHECK(keep == std::vector<std::uint8_t>{1, 1, 0, 1, 1, 0});
+  u.aggregate = evict::Aggregate::mean;  // mean: 0 -> -5, 1 -> -3.25, 2 -> -5.5
+  u.select(shape, StepContext{}, s, keep);
+  CHECK(keep == std::vector<std::uint8_t>{1, 1, 0, 1, 1, 0});
+  u.sinks = 1;  // position 0 protected either way; then 1 over 2
+  u.select(shape, StepContext{}, s, keep);
+  CHECK(keep == std::vector<std::uint8_t>{1, 1, 0, 1, 1, 0});
+  u = evict::Union{.budget = 1, .buffer = 1, .window = 1};  // the newest position stays whatever its score
+  u.select(shape, StepContext{}, s, keep);
+  CHECK(keep == std::vector<std::uint8_t>{0, 0, 1, 0, 0, 1});
+  // an equal aggregate goes to the newer position (SPEC, Ties)
+  const std::vector<float> tied{-1.0f, -1.0f, -7.0f, -1.0f, -1.0f, -7.0f};
+  u = evict::Union{.budget = 1, .buffer = 1};
+  u.select(shape, StepContext{}, SegmentedScores{tied, position, offsets}, keep);
+  CHECK(keep == std::vector<std::uint8_t>{0, 1, 0, 0, 1, 0});
+}
+
+TEST_CASE("token-level eviction refuses bad parameters with the value named") {
+  const CacheShape shape{1, 2, 2, 2};
+  CHECK_THROWS_WITH_AS((evict::Union{.budget = 0}.validate(shape)), doctest::Contains("budget M = 0"), Error);
+  CHECK_THROWS_WITH_AS((evict::Union{.budget = 4, .buffer = 0}.validate(shape)), doctest::Contains("buffer B = 0"), Error);
+  CHECK_THROWS_WITH_AS((evict::Union{.budget = 4, .window = 5}.validate(shape)), doctest::Contains("window w = 5"), Error);
+  CHECK_THROWS_WITH_AS((evict::Union{.budget = 4, .window = 2, .sinks = 3}.validate(shape)), doctest::Contains("sinks S = 3"),
+                       Error);
 }
 
 TEST_CASE("oracle: TRIM-KV on the contiguous allocator") {

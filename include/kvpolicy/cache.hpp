@@ -74,10 +74,11 @@ class Cache {
   static_assert(!(EvictorHooks<E>::counts_prompt_by_length && admitter_may_skip<A>),
                 "kvpolicy::Cache: this Evictor counts generated entries as length - prompt, which needs every "
                 "token stored; this Admitter does not store every token");
+  static_assert(!(EvictorHooks<E>::needs_every_token && admitter_may_skip<A>),
+                "kvpolicy::Cache: this Evictor evicts whole tokens from every head (SPEC §8), which needs every "
+                "token stored in every head; this Admitter does not store every token");
   // what the Scorer reads beyond an entry's metadata, by the hooks it declares
   using Inputs = detail::ScorerInputs<S>;
-  // the attention feeds the Scorer (engine/scorer_inputs.hpp), so every step attends
-  static constexpr bool observes_attention = Inputs::observes_attention;
   // where entries live and how steps run on them (the Backend's)
   using Executor = typename B::template Executor<S, A, E, Alloc>;
   static_assert(BackendExecutor<Executor, Inputs>,
@@ -92,6 +93,9 @@ class Cache {
   using storage_type = typename Alloc::storage_type;
   /// What a Backend takes beside the policies (cuda_backend: the stream every call runs on).
   using backend_options = typename B::Options;
+  /// Whether the Scorer reads the attention (H2O's mass, TOVA's and SnapKV's window, Expected
+  /// Attention's query moments; engine/scorer_inputs.hpp): then every step must attend() every layer.
+  static constexpr bool observes_attention = Inputs::observes_attention;
 
   /// Checks every part (each its own settings, the Evictor the Scorer it is given), then lets the
   /// Backend take its memory: a refused composition allocates nothing.

@@ -88,6 +88,10 @@ constexpr bool admitter_may_skip = !requires { requires A::stores_every_token; }
 /// SPEC §4): exact only when every prompt token was stored.
 template <class E>
 constexpr bool evictor_counts_prompt_by_length = requires { requires E::counts_prompt_by_length; };
+/// An Evictor whose rule needs every head to store every token (token-level eviction, SPEC §8:
+/// its positions are every head's).
+template <class E>
+constexpr bool evictor_needs_every_token = requires { requires E::needs_every_token; };
 /// An Admitter that decides by the gate field (it declares Field::gate), which append must then be given.
 template <class A>
 constexpr bool admitter_reads_gate = reads_field<A>(Field::gate);

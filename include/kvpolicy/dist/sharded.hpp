@@ -178,6 +178,11 @@ decltype(auto) with_sharded_evictor(const E& e, C* comm, const CacheShape& full,
     return f(e);
   } else if constexpr (EvictorHooks<E>::selects_heads_alone) {
     return f(e);
+  } else if constexpr (EvictorHooks<E>::needs_every_token) {
+    // SPEC §8 aggregates each position over every head of the sequence, across the ranks' shares
+    fail("dist::with_sharded_evictor: token-level eviction (SPEC §8, --mode union) aggregates each position over "
+         "every kv head, which a rank holding a share of them cannot; run it unsharded or with --mode per-head");
+    return f(e);  // not reached: the refusal above is the answer, this keeps the return type
   } else {
     static_assert(evictor_states_selection<E>, "dist::with_sharded_evictor: an Evictor that selects itself has no sharded form");
     return f(Sharded<E, C>{e, comm, full});

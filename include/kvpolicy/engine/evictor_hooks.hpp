@@ -13,6 +13,7 @@
 ///   agree_on(score)                       score()                         dist::Sharded*
 ///   select(shape, ctx, scores, keep)      the stated selection()          WG-KV's budget, dist::Sharded*
 ///   counts_prompt_by_length               false                           EpiKV's budget (evict::Generated)
+///   needs_every_token                     false                           token-level eviction (evict::Union)
 ///   selects_heads_alone                   false                           evict::Pyramid
 ///
 /// The attention's mask (core/concepts.hpp, composed_attention_mask) is the Evictor's or the
@@ -35,6 +36,8 @@ struct EvictorHooks {
   /// EpiKV's budget counts a head's generated entries as length - prompt: exact only when every
   /// prompt token was stored, so the Cache refuses an Admitter that may skip one.
   static constexpr bool counts_prompt_by_length = evictor_counts_prompt_by_length<E>;
+  /// Token-level eviction keeps the same positions in every head: it needs every token stored.
+  static constexpr bool needs_every_token = evictor_needs_every_token<E>;
   /// Its trigger and selection decide each head from that head alone: a rank holding a share of
   /// the heads (dist/sharded.hpp) runs it as it is.
   static constexpr bool selects_heads_alone = evictor_selects_heads_alone<E>;

@@ -24,6 +24,7 @@
 #include "kvpolicy/parts/admit/write_gate.hpp"
 #include "kvpolicy/parts/evict/evictors.hpp"
 #include "kvpolicy/parts/score/retention.hpp"
+#include "kvpolicy/policies/common/token_level.hpp"
 #include "kvpolicy/registry/policy.hpp"
 
 namespace kvpolicy {
@@ -87,7 +88,8 @@ struct dbtrimkv {
       registry::option::window,
       registry::option::threshold,
       registry::option::sinks,
-      registry::option::gate};
+      registry::option::gate,
+      registry::option::mode};
   static constexpr registry::Inputs inputs = registry::Inputs::tied_retention_gate;
 
   template <class Backend, class Alloc, class F>
@@ -105,9 +107,10 @@ struct dbtrimkv {
                            .threshold = alpha,
                            .horizon = static_cast<int>(h),
                            .floor_ratio = v.real("floor")};
-    Cache<score::Lookahead, admit::All, evict::Global, Alloc, Backend> cache(shape, std::move(pool), dbtrimkv_evictor(c),
-                                                                             dbtrimkv_scorer(c));
-    return f(cache);
+    // union (SPEC §8): the global ranking of entries becomes one of positions, each at its best
+    // head's lookahead score (the max: the tied readout makes scores comparable across heads)
+    return detail::make_in_mode<Backend>(v, shape, std::move(pool), dbtrimkv_evictor(c), dbtrimkv_scorer(c),
+                                         evict::Aggregate::max, std::forward<F>(f));
   }
 };
 

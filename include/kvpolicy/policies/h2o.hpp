@@ -6,6 +6,7 @@
 #include <array>
 
 #include "kvpolicy/policies/common/per_head_budget.hpp"
+#include "kvpolicy/policies/common/token_level.hpp"
 #include "kvpolicy/registry/policy.hpp"
 
 namespace kvpolicy {
@@ -27,15 +28,15 @@ struct h2o {
   static constexpr std::string_view name = "h2o";
   static constexpr std::string_view help = "H2O: accumulated attention mass, the newest M/2 protected, per-head budget M";
   static constexpr std::array options{registry::option::budget, registry::option::buffer, registry::option::sinks,
-                                      registry::option::window.with_help("w, the newest entries protected (0: M/2)")};
+                                      registry::option::window.with_help("w, the newest entries protected (0: M/2)"),
+                                      registry::option::mode};
   static constexpr registry::Inputs inputs = registry::Inputs::none;
 
   template <class Backend, class Alloc, class F>
   static decltype(auto) make(const registry::Values& v, const CacheShape& shape, Alloc pool, F&& f) {
-    Cache<score::AttentionMass, admit::All, evict::PerHead<trigger::Buffered>, Alloc, Backend> cache(
-        shape, std::move(pool),
-        h2o_evictor({.budget = v.integer("budget"), .buffer = v.integer("buffer"), .sinks = v.integer("sinks"), .window = v.integer("window")}));
-    return f(cache);
+    return detail::make_in_mode<Backend>(v, shape, std::move(pool),
+                                         h2o_evictor({.budget = v.integer("budget"), .buffer = v.integer("buffer"), .sinks = v.integer("sinks"), .window = v.integer("window")}),
+                                         score::AttentionMass{}, evict::Aggregate::mean, std::forward<F>(f));
   }
 };
 

@@ -5,6 +5,7 @@
 #include <array>
 
 #include "kvpolicy/policies/common/per_head_budget.hpp"
+#include "kvpolicy/policies/common/token_level.hpp"
 #include "kvpolicy/registry/policy.hpp"
 
 namespace kvpolicy {
@@ -19,15 +20,14 @@ struct knorm {
   static constexpr std::string_view name = "knorm";
   static constexpr std::string_view help = "KNorm: keep the keys of smallest L2 norm, per-head budget M";
   static constexpr std::array options{registry::option::budget, registry::option::buffer, registry::option::sinks,
-                                      registry::option::window};
+                                      registry::option::window, registry::option::mode};
   static constexpr registry::Inputs inputs = registry::Inputs::none;
 
   template <class Backend, class Alloc, class F>
   static decltype(auto) make(const registry::Values& v, const CacheShape& shape, Alloc pool, F&& f) {
-    Cache<score::NegKeyNorm, admit::All, evict::PerHead<trigger::Buffered>, Alloc, Backend> cache(
-        shape, std::move(pool),
-        baseline_evictor({.budget = v.integer("budget"), .buffer = v.integer("buffer"), .sinks = v.integer("sinks"), .window = v.integer("window")}));
-    return f(cache);
+    return detail::make_in_mode<Backend>(v, shape, std::move(pool),
+                                         baseline_evictor({.budget = v.integer("budget"), .buffer = v.integer("buffer"), .sinks = v.integer("sinks"), .window = v.integer("window")}),
+                                         score::NegKeyNorm{}, evict::Aggregate::mean, std::forward<F>(f));
   }
 };
 

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "kvpolicy/policies/common/per_head_budget.hpp"
+#include "kvpolicy/policies/common/token_level.hpp"
 #include "kvpolicy/registry/policy.hpp"
 
 namespace kvpolicy {
@@ -22,16 +23,15 @@ struct random {
   static constexpr std::string_view help = "Random: seeded uniform scores, per-head budget M";
   static constexpr std::array options{registry::option::budget, registry::option::buffer, registry::option::sinks,
                                       registry::option::window,
-                                      registry::Option{"seed", registry::Kind::integer, 0, "the seed of the scores"}};
+                                      registry::Option{"seed", registry::Kind::integer, 0, "the seed of the scores"},
+                                      registry::option::mode};
   static constexpr registry::Inputs inputs = registry::Inputs::none;
 
   template <class Backend, class Alloc, class F>
   static decltype(auto) make(const registry::Values& v, const CacheShape& shape, Alloc pool, F&& f) {
-    Cache<score::SeededRandom, admit::All, evict::PerHead<trigger::Buffered>, Alloc, Backend> cache(
-        shape, std::move(pool),
-        baseline_evictor({.budget = v.integer("budget"), .buffer = v.integer("buffer"), .sinks = v.integer("sinks"), .window = v.integer("window")}),
-        score::SeededRandom{static_cast<std::uint64_t>(v.integer("seed"))});
-    return f(cache);
+    return detail::make_in_mode<Backend>(v, shape, std::move(pool),
+                                         baseline_evictor({.budget = v.integer("budget"), .buffer = v.integer("buffer"), .sinks = v.integer("sinks"), .window = v.integer("window")}),
+                                         score::SeededRandom{static_cast<std::uint64_t>(v.integer("seed"))}, evict::Aggregate::max, std::forward<F>(f));
   }
 };
 

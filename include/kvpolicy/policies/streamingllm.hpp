@@ -6,6 +6,7 @@
 #include <array>
 
 #include "kvpolicy/policies/common/per_head_budget.hpp"
+#include "kvpolicy/policies/common/token_level.hpp"
 #include "kvpolicy/registry/policy.hpp"
 
 namespace kvpolicy {
@@ -24,16 +25,15 @@ struct streamingllm {
   static constexpr std::string_view name = "streamingllm";
   static constexpr std::string_view help = "StreamingLLM: the S first tokens (sinks) and the newest, per-head budget M";
   static constexpr std::array options{registry::option::budget, registry::option::buffer,
-                                      registry::option::sinks.with_default(4), registry::option::window};
+                                      registry::option::sinks.with_default(4), registry::option::window, registry::option::mode};
   static constexpr registry::Inputs inputs = registry::Inputs::none;
 
   template <class Backend, class Alloc, class F>
   static decltype(auto) make(const registry::Values& v, const CacheShape& shape, Alloc pool, F&& f) {
     // the sinks rank first by the score itself (score::Recency), so the evictor protects none
-    Cache<score::Recency, admit::All, evict::PerHead<trigger::Buffered>, Alloc, Backend> cache(
-        shape, std::move(pool), baseline_evictor({.budget = v.integer("budget"), .buffer = v.integer("buffer"), .window = v.integer("window")}),
-        score::Recency{v.integer("sinks")});
-    return f(cache);
+    return detail::make_in_mode<Backend>(v, shape, std::move(pool),
+                                         baseline_evictor({.budget = v.integer("budget"), .buffer = v.integer("buffer"), .window = v.integer("window")}),
+                                         score::Recency{v.integer("sinks")}, evict::Aggregate::max, std::forward<F>(f));
   }
 };
 

@@ -13,6 +13,7 @@
 #include <array>
 
 #include "kvpolicy/policies/common/per_head_budget.hpp"
+#include "kvpolicy/policies/common/token_level.hpp"
 #include "kvpolicy/parts/score/observed_attention.hpp"
 #include "kvpolicy/registry/policy.hpp"
 
@@ -30,7 +31,7 @@ struct tova {
   static constexpr std::string_view help =
       "TOVA: per head, the M entries the step's last query attends to most (mean over its GQA group)";
   static constexpr std::array options{registry::option::budget, registry::option::buffer.with_default(1),
-                                      registry::option::sinks, registry::option::window};
+                                      registry::option::sinks, registry::option::window, registry::option::mode};
   static constexpr registry::Inputs inputs = registry::Inputs::none;
 
   /// The attention of the last query alone, unpooled, averaged over the group.
@@ -38,10 +39,9 @@ struct tova {
 
   template <class Backend, class Alloc, class F>
   static decltype(auto) make(const registry::Values& v, const CacheShape& shape, Alloc pool, F&& f) {
-    Cache<score::ObservedAttention, admit::All, evict::PerHead<trigger::Buffered>, Alloc, Backend> cache(
-        shape, std::move(pool),
-        baseline_evictor({.budget = v.integer("budget"), .buffer = v.integer("buffer"), .sinks = v.integer("sinks"), .window = v.integer("window")}), scorer);
-    return f(cache);
+    return detail::make_in_mode<Backend>(v, shape, std::move(pool),
+                                         baseline_evictor({.budget = v.integer("budget"), .buffer = v.integer("buffer"), .sinks = v.integer("sinks"), .window = v.integer("window")}),
+                                         scorer, evict::Aggregate::mean, std::forward<F>(f));
   }
 };
 

@@ -20,6 +20,7 @@
 #include "kvpolicy/parts/admit/write_gate.hpp"
 #include "kvpolicy/parts/evict/evictors.hpp"
 #include "kvpolicy/parts/score/retention.hpp"
+#include "kvpolicy/policies/common/token_level.hpp"
 #include "kvpolicy/registry/policy.hpp"
 
 namespace kvpolicy {
@@ -63,7 +64,8 @@ struct trimkv {
   static constexpr std::string_view name = "trimkv";
   static constexpr std::string_view help = "TRIM-KV: score log_beta*(n+1-p), per-head budget M, evict when a head reaches M+B";
   static constexpr std::array options{registry::option::budget,    registry::option::buffer, registry::option::window,
-                                      registry::option::threshold, registry::option::sinks,  registry::option::gate};
+                                      registry::option::threshold, registry::option::sinks,  registry::option::gate,
+                                      registry::option::mode};
   static constexpr registry::Inputs inputs = registry::Inputs::retention_gate;
 
   template <class Backend, class Alloc, class F>
@@ -72,14 +74,14 @@ struct trimkv {
     const double alpha = v.real("threshold");
     require(alpha >= 0.0 && alpha <= 1.0, "--threshold alpha = ", alpha,
             " must be in (0, 1] for trimkv (its scores are <= log 1: a larger alpha keeps nothing; 0 = off)");
-    Cache<score::RetentionDecay, admit::All, evict::PerHead<trigger::Buffered>, Alloc, Backend> cache(
-        shape, std::move(pool),
-        trimkv_evictor({.budget = v.integer("budget"),
-                        .buffer = v.integer("buffer"),
-                        .sinks = v.integer("sinks"),
-                        .window = v.integer("window"),
-                        .threshold = alpha}));
-    return f(cache);
+    // union (SPEC §8): a token stays while any head's retention would keep it (the max)
+    return detail::make_in_mode<Backend>(v, shape, std::move(pool),
+                                         trimkv_evictor({.budget = v.integer("budget"),
+                                                         .buffer = v.integer("buffer"),
+                                                         .sinks = v.integer("sinks"),
+                                                         .window = v.integer("window"),
+                                                         .threshold = alpha}),
+                                         score::RetentionDecay{}, evict::Aggregate::max, std::forward<F>(f));
   }
 };
 
