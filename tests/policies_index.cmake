@@ -1,13 +1,14 @@
 # A table of policies must name every registered policy once, and nothing else: its rows are
 # "| `name` | ..." between the "## ${SECTION}" heading and the next heading (cmake -P). With
-# READS=ON a row is | `name` | what it keeps | CPU | GPU | Python | `reads` |: CPU and Python are
-# "yes" (every policy runs there), GPU is "yes" where the registry says it runs on the device
-# with its defaults (registry::runs_on) and "no" elsewhere, and `reads` is what it reads,
+# READS=ON a row is | `name` | what it keeps | CPU | GPU | Python | token level | `reads` |: CPU and
+# Python are "yes" (every policy runs there), GPU is "yes" where the registry says it runs on the
+# device with its defaults (registry::runs_on) and "no" elsewhere, token level is "yes" where the
+# policy takes --mode (SPEC §8), and `reads` is what it reads,
 # `registry::Inputs` by name, as the registry states it. docs/policies.md's index (SECTION Index) and the README's table (SECTION
 # Policies, READS ON) are checked so.
 #   -DREPLAY=<kvpolicy-replay> -DDOC=<file.md> [-DSECTION=Index] [-DREADS=ON]
 include(${CMAKE_CURRENT_LIST_DIR}/registered_policies.cmake)
-registered_policies(registered registered_inputs registered_devices)
+registered_policies(registered registered_inputs registered_devices registered_token_level)
 if(NOT SECTION)
   set(SECTION Index)
 endif()
@@ -29,13 +30,14 @@ foreach(row IN LISTS rows)
     if(at GREATER_EQUAL 0)
       list(GET registered_inputs ${at} want)
       list(GET registered_devices ${at} device)
+      list(GET registered_token_level ${at} token)
       set(gpu no)
       if(device STREQUAL "cuda")
         set(gpu yes)
       endif()
-      if(NOT row MATCHES "\\| yes \\| ${gpu} \\| yes \\| `${want}` \\|$")
-        message(FATAL_ERROR "${DOC}: the row of ${name} must end with | yes | ${gpu} | yes | `${want}` | (CPU, "
-                            "GPU with its defaults, Python, and what it reads, as the registry says):${row}")
+      if(NOT row MATCHES "\\| yes \\| ${gpu} \\| yes \\| ${token} \\| `${want}` \\|$")
+        message(FATAL_ERROR "${DOC}: the row of ${name} must end with | yes | ${gpu} | yes | ${token} | `${want}` | (CPU, "
+                            "GPU with its defaults, Python, token level, and what it reads, as the registry says):${row}")
       endif()
     endif()
   endif()

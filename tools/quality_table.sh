@@ -5,17 +5,19 @@
 # decided inside kvpolicy-lm's own loop: a 16-token first step (the prompt), then 16-token steps
 # (SnapKV compresses a prompt: its prompt is the first 1,024 tokens). One thread per run.
 #   tools/quality_table.sh [OUT_DIR] [--budgets "64 128 256 512"] [--append] [--only "epikv hs-var"]
-#                          [--text FILE] [--gates DIR]
+#                          [--text FILE] [--gates DIR] [--mode union] [--sinks "0 4"]
 # (default OUT_DIR build/lm/quality: results.csv, quality.png). --append adds the budgets' rows to an
 # existing results.csv (the full cache is not run again), so a long table can be made in parts;
 # --only runs just the policies it names. The learned policies run with the gates in DIR (default
 # gates/smollm2-135m, tools/train-gates.sh): trimkv and dbtrimkv (its global budget L * Hkv * M, equal
 # total memory) with and without sinks, wgkv with its ring W_local = M (tau 0.1; what it holds
-# beyond the ring is what its gate admits: the entries columns).
+# beyond the ring is what its gate admits: the entries columns). --mode union runs the policies that
+# have a token-level mode in it (SPEC §8; rows named POLICY/union) and skips the others; --sinks
+# names the sink settings run where a policy takes both a buffer and sinks (default both, 0 and 4).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=$root/build/lm/quality budgets="64 128 256 512" append=0 only=""
-text=/usr/share/common-licenses/GPL-3 gates=$root/gates/smollm2-135m
+text=/usr/share/common-licenses/GPL-3 gates=$root/gates/smollm2-135m mode=per-head sink_runs="0 4"
 while [ $# -gt 0 ]; do
   case "$1" in
     --budgets) budgets=$2; shift 2 ;;
@@ -23,6 +25,8 @@ while [ $# -gt 0 ]; do
     --only) only=" $2 "; shift 2 ;;
     --text) text=$2; shift 2 ;;
     --gates) gates=$2; shift 2 ;;
+    --mode) mode=$2; shift 2 ;;
+    --sinks) sink_runs=$2; shift 2 ;;
     *) out=$1; shift ;;
   esac
 done
@@ -47,7 +51,9 @@ run() {  # policy budget sinks extra-args...
   final=$(sed -n 's/^entries held: peak \([0-9]*\), final \([0-9]*\) .*/\2/p' <<<"$log")
   secs=$(sed -n 's/.*; \([0-9.]*\) s, .*/\1/p' <<<"$log")
   mean=$(sed -n 's/^entries held on average: //p' <<<"$log")
-  echo "$p,$m,$s,$ppl,$peak,$final,$secs,$mean" | tee -a "$csv"
+  local name=$p
+  [[ " $* " == *" --mode union "* ]] && name=$p/union
+  echo "$name,$m,$s,$ppl,$peak,$final,$secs,$mean" | tee -a "$csv"
 }
 # Every registered policy (kvpolicy-lm --list-policies: name, options, inputs, prompt, device), with the
 # options it takes: M as --budget (or as the ring --local of a policy without a budget), B = 16
@@ -70,9 +76,14 @@ for m in $budgets; do
       [ -f "$gates/$p.safetensors" ] || continue
       args+=(--gate "$gates/$p.safetensors")
     fi
+    if [ "$mode" = union ]; then has "$opts" mode && args+=(--mode union) || continue; fi
     has "$opts" sinks && args+=(--sinks 0)  # explicit: a policy's default may protect some (StreamingLLM's 4)
-    run "$p" "$m" 0 "${args[@]}"
-    if has "$opts" buffer && has "$opts" sinks; then run "$p" "$m" 4 "${args[@]}" --sinks 4; fi
+    if has "$opts" buffer && has "$opts" sinks; then
+      [[ " $sink_runs " == *" 0 "* ]] && run "$p" "$m" 0 "${args[@]}"
+      [[ " $sink_runs " == *" 4 "* ]] && run "$p" "$m" 4 "${args[@]}" --sinks 4
+    else
+      run "$p" "$m" 0 "${args[@]}"
+    fi
   done <<<"$policies"
 done
 "$root/build/lm/venv/bin/python" -c "import matplotlib" 2>/dev/null ||

@@ -88,7 +88,7 @@ def policy_options(lm):
     return {line.split("\t")[0]: set(line.split("\t")[1].split(",")) for line in out.splitlines() if line}
 
 
-def run_batch(lm, model, prompts, policy, budget, sinks, gate, threads, options, generate=8):
+def run_batch(lm, model, prompts, policy, budget, sinks, gate, threads, options, generate=8, mode="per-head"):
     # F32 K/V and fp32 activations, as docs/quality.md's table was made (before kvpolicy-lm's F16 and
     # Q8 defaults of 0.21.0): the same command gives the same numbers
     args = [lm, "--model", model, "--generate", str(generate), "--prefill", "64", "--chunk", "64", "--threads", str(threads),
@@ -100,6 +100,7 @@ def run_batch(lm, model, prompts, policy, budget, sinks, gate, threads, options,
         args += ["--sinks", str(sinks)] if "sinks" in takes else []
         if "gate" in takes:
             args += ["--gate", gate]
+        args += ["--mode", mode] if "mode" in takes else []
     for p in prompts:
         args += ["--prompt", p]
     p = subprocess.run(args, capture_output=True, text=True)
@@ -140,6 +141,9 @@ def main():
     ap.add_argument("--gates", default=os.path.join(ROOT, "gates/smollm2-135m"))
     ap.add_argument("--batch", type=int, default=20, help="instances per kvpolicy-lm process")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--mode", choices=["per-head", "union"], default="per-head",
+                    help="union: each policy in its token-level mode (SPEC §8; recorded as POLICY/union), the "
+                         "policies without one skipped")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=os.path.join(ROOT, "build/lm/retrieval"))
     ap.add_argument("--gates-label", default="",
@@ -185,8 +189,11 @@ def main():
         for context in [int(c) for c in a.contexts.split()]:
             prompts, needed, generate = task_instances(task, a.instances, context, a.seed)
             for policy in policies:
+                if a.mode == "union" and policy != "full" and "mode" not in options[policy]:
+                    continue  # no token-level mode
                 for budget in ([0] if policy == "full" else [int(b) for b in a.budgets.split()]):
-                    name = label({"policy": policy, "gates": a.gates_label if "gate" in options[policy] else ""})
+                    name = label({"policy": recorded(a, policy, options),
+                                  "gates": a.gates_label if "gate" in options[policy] else ""})
                     if (task, str(context), name, str(budget), str(len(prompts))) in done:
                         continue
                     run_cell(a, options, path, fields, task, context, prompts, needed, generate, policy, budget)
@@ -200,20 +207,25 @@ def run_cell(a, options, path, fields, task, context, prompts, needed, generate,
     t0, hits, wrong_examples, entries = time.time(), 0, [], 0
     for b in range(0, len(prompts), a.batch):
         answers, held = run_batch(a.lm, a.model, prompts[b:b + a.batch], policy, budget, sinks, gate, a.threads,
-                                  options, generate)
+                                  options, generate, a.mode)
         entries += sum(held)
         for need, ans in zip(needed[b:b + a.batch], answers):
             if right(task, ans, need):
                 hits += 1
             elif len(wrong_examples) < 2:
                 wrong_examples.append((need, ans.strip()[:60]))
-    row = {"task": task, "context": context, "policy": policy,
+    row = {"task": task, "context": context, "policy": recorded(a, policy, options),
            "gates": a.gates_label if gate else "", "budget": budget, "sinks": sinks, "correct": hits,
            "instances": len(prompts), "accuracy": f"{hits / len(prompts):.3f}", "seconds": f"{time.time() - t0:.0f}",
            "entries": f"{entries / len(prompts):.0f}"}
     with open(path, "a", newline="") as f:
         csv.DictWriter(f, fieldnames=fields).writerow(row)
     print(row, "e.g. wrong:", wrong_examples, flush=True)
+
+
+def recorded(a, policy, options):
+    """The policy as results.csv names it: POLICY/union in the token-level mode."""
+    return f"{policy}/union" if a.mode == "union" and "mode" in options[policy] else policy
 
 
 def label(r):

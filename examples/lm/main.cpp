@@ -21,6 +21,7 @@
 #endif
 
 #include "../cli.hpp"
+#include "../survivors.hpp"
 #include "evaluate.hpp"
 #include "policies.hpp"
 #include "tensor_parallel.hpp"
@@ -142,14 +143,6 @@ Args parse(int argc, char** argv) {
   return a;
 }
 
-// One hash (FNV-1a) of every (layer, kv head)'s digest (survivor_digest), in hex.
-std::string digest_text(const std::vector<std::int64_t>& digest) {
-  std::uint64_t x = 1469598103934665603ull;
-  for (const std::int64_t d : digest) x = (x ^ static_cast<std::uint64_t>(d)) * 1099511628211ull;
-  char text[17];
-  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(x));
-  return text;
-}
 std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   require(in.good(), "--text: cannot open '", path, "'");
@@ -214,7 +207,7 @@ int perplexity_mode(const Args& a, const Model& model, const Tokenizer& tok) {
       }
     }
   }
-  std::printf("survivors %s\n", digest_text(survivors).c_str());
+  std::printf("survivors %s\n", examples::digest_text(survivors).c_str());
   std::printf("ppl %.6f\n", perplexity(r.nll, a.score_from));
   return status;
 }
@@ -243,7 +236,7 @@ int perplexity_tp(const Args& a, const Model& full, const Tokenizer& tok) {
     std::printf("entries held: final %lld of %lld; %.2f s, %.1f tokens/s\n", static_cast<long long>(held[0]),
                 static_cast<long long>(a.tokens * full.config.cache_shape().heads_total()), r.seconds,
                 static_cast<double>(a.tokens) / r.seconds);
-    std::printf("survivors %s\n", digest_text(survivors).c_str());
+    std::printf("survivors %s\n", examples::digest_text(survivors).c_str());
     std::printf("ppl %.6f\n", perplexity(r.nll, a.score_from));
   }
   return 0;

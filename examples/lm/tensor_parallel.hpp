@@ -17,6 +17,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "../survivors.hpp"
 #include "decoder.hpp"
 #include "kvpolicy/dist/communicator.hpp"
 #include "kvpolicy/dist/sharded.hpp"
@@ -106,14 +107,8 @@ std::vector<std::int64_t> survivor_digest(const CacheT& cache, std::int64_t seq,
   const int local = cache.shape().kv_heads;
   std::vector<std::int64_t> digest(static_cast<std::size_t>(full.layers * full.kv_heads), 0);
   for (int l = 0; l < full.layers; ++l)
-    for (int h = 0; h < local; ++h) {
-      std::uint64_t x = 1469598103934665603ull;  // FNV-1a over the positions
-      for (std::int64_t i = 0; i < cache.length(seq, l, h); ++i) {
-        x ^= static_cast<std::uint64_t>(cache.entry(seq, l, h, i).position);
-        x *= 1099511628211ull;
-      }
-      digest[static_cast<std::size_t>(l * full.kv_heads + rank * local + h)] = static_cast<std::int64_t>(x >> 2);
-    }
+    for (int h = 0; h < local; ++h)
+      digest[static_cast<std::size_t>(l * full.kv_heads + rank * local + h)] = examples::head_digest(cache, seq, l, h);
   return digest;
 }
 

@@ -1,0 +1,483 @@
+// kvpolicy-llama: llama.cpp's own graph and KV cache, bounded by a kvpolicy policy in its
+// token-level (union) mode (SPEC §8). llama.cpp's cache cell holds one token's K/V for every kv head
+// of a layer, so a token leaves every head at once: after every step the policy says which
+// positions go, and they leave llama.cpp's memory through llama_memory_seq_rm. The policy's inputs
+// come from llama.cpp's graph through its evaluation callback: each layer's normed input
+// (`attn_norm-L`, for the retention gates), its keys after RoPE (`Kcur-L`), values (`Vcur-L`) and,
+// for a policy that ranks by attention, its queries (`Qcur-L`). docs/integration.md walks through it.
+#include <llama.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "../cli.hpp"
+#include "../survivors.hpp"
+#include "kvpolicy/inputs/producer.hpp"
+#include "kvpolicy/registry.hpp"
+#include "kvpolicy/trimkv.hpp"
+
+using namespace kvpolicy;
+
+namespace {
+
+const char* kUsage = R"(kvpolicy-llama: a GGUF model through llama.cpp, its KV cache bounded by a kvpolicy policy
+
+  kvpolicy-llama --model GGUF --text FILE [--tokens N] [--score-from K] [--policy P --budget M ...]
+      per-token NLL of the first N tokens of FILE (no BOS added); the last line is `ppl <value>`
+      over positions >= K. `logits <digest>` is an FNV-1a digest of every logit's bits: the same
+      digest is the same logits.
+  kvpolicy-llama --model GGUF --prompt TEXT --generate N [--policy P ...]
+      greedy continuation of the prompt (one step for the prompt, then one token a step)
+  kvpolicy-llama --model GGUF --text FILE --tokens N --generate D [--policy P ...]
+      the first N tokens of FILE in steps of --chunk, then D tokens greedily, one a step: a context of
+      N tokens at any budget. `timing:` gives the context's and the decode's tokens/s apart.
+  Without --policy llama.cpp runs alone (its full cache, no callback). With one, the policy runs
+  in its token-level mode (SPEC §8: M tokens per sequence, L * Hkv * M entries) and llama.cpp's
+  context holds M + B + the largest step's tokens (rounded up as llama.cpp pads it).
+
+model:   --model GGUF      any model llama.cpp loads (the LLaMA family: its graph names the tensors read)
+         --threads N       llama.cpp's threads (default 2)
+steps:   --prefill P       the first step's tokens (default: --chunk)
+         --chunk C         tokens per later step of a text (default 16); generation decodes 1
+policy:  --policy P        a policy with a token-level mode (below); its options as --NAME VALUE
+)";
+
+struct Args {
+  std::string model, text, prompt;
+  std::int64_t tokens = 1024, score_from = 1, prefill = 0, chunk = 16, generate = 0;
+  int threads = 2;
+  registry::Selection selection;
+};
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string f = argv[i];
+    if (f == "-h" || f == "--help") {
+      std::fputs(kUsage, stdout);
+      std::fputs(("\n" + cli::policy_help()).c_str(), stdout);
+      std::exit(0);
+    }
+    require(i + 1 < argc, f, ": needs a value (kvpolicy-llama --help)");
+    const std::string v = argv[++i];
+    if (f == "--model") a.model = v;
+    else if (f == "--text") a.text = v;
+    else if (f == "--prompt") a.prompt = v;
+    else if (f == "--tokens") a.tokens = cli::integer(f, v);
+    else if (f == "--score-from") a.score_from = cli::integer(f, v);
+    else if (f == "--prefill") a.prefill = cli::integer(f, v);
+    else if (f == "--chunk") a.chunk = cli::integer(f, v);
+    else if (f == "--generate") a.generate = cli::integer(f, v);
+    else if (f == "--threads") a.threads = static_cast<int>(cli::integer(f, v));
+    else if (f == "--policy") a.selection.policy = v;
+    else if (f.starts_with("--") && registry::is_option(f.substr(2))) a.selection.set(f.substr(2), v);
+    else fail("unknown flag ", f, " (kvpolicy-llama --help)");
+  }
+  require(!a.model.empty(), "--model GGUF is required (kvpolicy-llama --help)");
+  require(a.text.empty() != a.prompt.empty(), "give --text FILE or --prompt TEXT (kvpolicy-llama --help)");
+  require(a.prompt.empty() || a.generate >= 1, "--prompt needs --generate N >= 1");
+  require(a.tokens >= 2, "--tokens ", a.tokens, " must be >= 2");
+  require(a.chunk >= 1, "--chunk ", a.chunk, " must be >= 1");
+  require(a.prefill >= 0, "--prefill ", a.prefill, " must be >= 1");
+  require(a.threads >= 1, "--threads ", a.threads, " must be >= 1");
+  if (a.prefill == 0) a.prefill = a.chunk;
+  if (!a.selection.policy.empty()) {
+    require(registry::contains(a.selection.policy), "--policy '", a.selection.policy, "' is not registered (known: ",
+            registry::known(), ")");
+    // llama.cpp's cells hold every kv head of a token: only the token-level mode applies
+    require(registry::takes(a.selection.policy, "mode"), "--policy ", a.selection.policy,
+            " has no token-level mode (SPEC §8), which llama.cpp's cache needs (policies with one: ",
+            registry::takers("mode"), ")");
+    require(!a.selection.given.contains("mode") || a.selection.given.at("mode") == "union", "--mode ",
+            a.selection.given.count("mode") ? a.selection.given.at("mode") : "",
+            ": llama.cpp's cells hold every kv head of a token, so kvpolicy-llama runs --mode union only");
+    a.selection.set("mode", "union");
+  }
+  return a;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  require(f.good(), "cannot read ", path);
+  std::ostringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+/// What a step's graph gave the callback, per layer: the normed input [T, D] and the queries,
+/// keys and values after RoPE as llama.cpp lays them out ([T, heads, d]).
+struct Captured {
+  enum Kind { normed, queries, keys, values, kinds };
+  std::vector<std::array<std::vector<float>, kinds>> layer;
+  bool want_queries = false;
+  std::string error;  ///< what the callback could not take (it must not throw through llama.cpp)
+};
+
+/// llama.cpp's evaluation callback (ggml_backend_sched_eval_callback): asked first whether a
+/// tensor is wanted, then called with its data once computed. The LLaMA graph names a layer's
+/// tensors NAME-L exactly (views of them get suffixes); of two tensors named Kcur-L or Qcur-L the
+/// later is the rotated one, which overwrites the other. Nothing may throw through llama.cpp's C
+/// code: a problem is recorded, the computation stopped (return false), and run_steps reports it.
+bool capture(ggml_tensor* t, bool ask, void* user) {
+  auto& c = *static_cast<Captured*>(user);
+  const char* name = ggml_get_name(t);
+  char base[32] = {0};
+  int layer = -1, used = 0;
+  if (std::sscanf(name, "%31[^-]-%d%n", base, &layer, &used) != 2 || name[used] != '\0' || layer < 0 ||
+      layer >= static_cast<int>(c.layer.size()))
+    return !ask;
+  const std::string b(base);
+  int kind = -1;
+  if (b == "attn_norm") kind = Captured::normed;
+  else if (b == "Kcur") kind = Captured::keys;
+  else if (b == "Vcur") kind = Captured::values;
+  else if (b == "Qcur" && c.want_queries) kind = Captured::queries;
+  if (kind < 0) return !ask;
+  if (ask) return true;
+  if (t->type != GGML_TYPE_F32 || t->nb[0] != sizeof(float) || !t->buffer || !ggml_backend_buffer_is_host(t->buffer)) {
+    c.error = std::string(name) + " is not F32 rows in host memory";
+    return false;
+  }
+  // row by row, whatever its strides: [ne0] rows over ne1 x ne2 x ne3, in that order
+  auto& out = c.layer[static_cast<std::size_t>(layer)][static_cast<std::size_t>(kind)];
+  out.resize(static_cast<std::size_t>(ggml_nelements(t)));
+  float* to = out.data();
+  for (std::int64_t i3 = 0; i3 < t->ne[3]; ++i3)
+    for (std::int64_t i2 = 0; i2 < t->ne[2]; ++i2)
+      for (std::int64_t i1 = 0; i1 < t->ne[1]; ++i1, to += t->ne[0])
+        std::memcpy(to, static_cast<const char*>(t->data) + i1 * t->nb[1] + i2 * t->nb[2] + i3 * t->nb[3],
+                    static_cast<std::size_t>(t->ne[0]) * sizeof(float));
+  return true;
+}
+
+/// [T, H, d] (llama.cpp's order) -> [H, T, d] (the Cache's).
+void heads_first(const std::vector<float>& in, std::int64_t T, std::int64_t H, std::int64_t d, std::vector<float>& out) {
+  require(static_cast<std::int64_t>(in.size()) == T * H * d, "a captured tensor holds ", in.size(),
+          " values, not T * H * d = ", T * H * d);
+  out.resize(in.size());
+  for (std::int64_t t = 0; t < T; ++t)
+    for (std::int64_t h = 0; h < H; ++h)
+      std::copy_n(&in[static_cast<std::size_t>((t * H + h) * d)], d, &out[static_cast<std::size_t>((h * T + t) * d)]);
+}
+
+struct Model {
+  llama_model* model = nullptr;
+  llama_context* ctx = nullptr;
+  ~Model() {
+    if (ctx) llama_free(ctx);
+    if (model) llama_model_free(model);
+  }
+};
+
+std::vector<llama_token> tokenize(const llama_vocab* vocab, const std::string& text, std::int64_t limit) {
+  std::vector<llama_token> ids(text.size() + 8);
+  int n = llama_tokenize(vocab, text.data(), static_cast<std::int32_t>(text.size()), ids.data(),
+                         static_cast<std::int32_t>(ids.size()), /*add_special=*/false, /*parse_special=*/false);
+  require(n >= 0, "llama_tokenize failed (", n, ")");
+  ids.resize(static_cast<std::size_t>(std::min<std::int64_t>(n, limit)));
+  return ids;
+}
+
+struct Fnv {
+  std::uint64_t h = 1469598103934665603ull;
+  void add(const float* x, std::size_t n) {
+    const auto* b = reinterpret_cast<const unsigned char*>(x);
+    for (std::size_t i = 0; i < n * sizeof(float); ++i) h = (h ^ b[i]) * 1099511628211ull;
+  }
+};
+
+/// The run: llama.cpp decodes `ids` in steps; after each, the policy (if any) evicts and the
+/// evicted positions leave llama.cpp's memory. on_logits(step_first_position, T, logits of the step).
+template <class Policy, class OnLogits>
+void run_steps(const Args& a, Model& m, const Captured& cap, Policy* policy, const std::vector<llama_token>& ids,
+               std::int64_t prefill, OnLogits&& on_logits) {
+  const auto N = static_cast<std::int64_t>(ids.size());
+  llama_batch batch = llama_batch_init(static_cast<std::int32_t>(std::max(prefill, a.chunk)), 0, 1);
+  std::unique_ptr<llama_batch, void (*)(llama_batch*)> hold(&batch, [](llama_batch* b) { llama_batch_free(*b); });
+  for (std::int64_t n = 0; n < N;) {
+    const std::int64_t T = std::min(n == 0 ? prefill : a.chunk, N - n);
+    batch.n_tokens = static_cast<std::int32_t>(T);
+    for (std::int64_t i = 0; i < T; ++i) {
+      batch.token[i] = ids[static_cast<std::size_t>(n + i)];
+      batch.pos[i] = static_cast<llama_pos>(n + i);
+      batch.n_seq_id[i] = 1;
+      batch.seq_id[i][0] = 0;
+      batch.logits[i] = 1;
+    }
+    const int rc = llama_decode(m.ctx, batch);
+    require(cap.error.empty(), "the evaluation callback at position ", n, ": ", cap.error);
+    require(rc == 0, "llama_decode failed at position ", n, " (", rc,
+            rc == 1 ? ": no free cell in llama.cpp's context" : "", ")");
+    on_logits(n, T);
+    if (policy) (*policy)(n, T);
+    n += T;
+  }
+}
+
+/// The policy's side of a step: its inputs from what the callback captured, appended to a kvpolicy
+/// Cache in token-level mode, committed; the positions it evicts leave llama.cpp's memory.
+template <class CacheT>
+struct Evicting {
+  CacheT& cache;
+  const inputs::Producer& producer;
+  Captured& cap;
+  Model& m;
+  CacheShape shape;
+  int hidden;
+  std::int64_t held_max = 0, evicted_positions = 0;
+  std::vector<float> log_beta{}, keys{}, values{}, queries{}, out{};
+  std::vector<EvictedEntry> evicted{};
+
+  void operator()(std::int64_t n, std::int64_t T) {
+    const std::int64_t H = shape.kv_heads, d = shape.head_dim;
+    for (int l = 0; l < shape.layers; ++l) {
+      auto& c = cap.layer[static_cast<std::size_t>(l)];
+      heads_first(c[Captured::keys], T, H, d, keys);
+      heads_first(c[Captured::values], T, H, d, values);
+      log_beta.assign(static_cast<std::size_t>(H * T), 0.0f);
+      const auto& needs = producer.needs();
+      if (needs.per_layer()) {
+        require(static_cast<std::int64_t>(c[Captured::normed].size()) == T * hidden,
+                "attn_norm-", l, " was not captured for ", T, " tokens");
+        producer.layer(0, l,
+                       {View<const float, 2>(c[Captured::normed].data(), {T, hidden}), {},
+                        View<const float, 3>(keys.data(), {H, T, d}), View<const float, 3>(values.data(), {H, T, d})},
+                       View<float, 2>(log_beta.data(), {H, T}));
+      }
+      cache.append(0, l, View<const float, 3>(keys.data(), {H, T, d}), View<const float, 3>(values.data(), {H, T, d}),
+                   View<const float, 2>(log_beta.data(), {H, T}));
+      if (cap.want_queries) {
+        heads_first(c[Captured::queries], T, shape.q_heads, d, queries);
+        out.resize(queries.size());
+        cache.attend(0, l, View<const float, 3>(queries.data(), {shape.q_heads, T, d}),
+                     View<float, 3>(out.data(), {shape.q_heads, T, d}));
+      }
+    }
+    held_max = std::max(held_max, cache.length(0, 0, 0));
+    evicted.clear();
+    cache.commit(0, &evicted);
+    // SPEC §8: every head lost the same positions; each leaves llama.cpp's cells once
+    std::set<std::int32_t> gone;
+    for (const EvictedEntry& e : evicted) gone.insert(e.position);
+    for (const std::int32_t p : gone)
+      require(llama_memory_seq_rm(llama_get_memory(m.ctx), 0, p, p + 1), "llama_memory_seq_rm(0, ", p,
+              ") failed");
+    evicted_positions += static_cast<std::int64_t>(gone.size());
+    (void)n;
+  }
+};
+
+/// Whether P takes --mode (registry::option::mode): only those are compiled into the run.
+template <registry::Policy P>
+constexpr bool has_token_level_mode() {
+  for (const registry::Option& o : P::options)
+    if (o.name == "mode") return true;
+  return false;
+}
+
+double log_softmax_at(const float* logits, int vocab, int id) {
+  double mx = logits[0];
+  for (int i = 1; i < vocab; ++i) mx = std::max(mx, static_cast<double>(logits[i]));
+  double s = 0.0;
+  for (int i = 0; i < vocab; ++i) s += std::exp(static_cast<double>(logits[i]) - mx);
+  return static_cast<double>(logits[id]) - mx - std::log(s);
+}
+
+int run(const Args& a) {
+  llama_backend_init();
+  llama_log_set([](ggml_log_level level, const char* text, void*) {
+    if (level == GGML_LOG_LEVEL_ERROR) std::fputs(text, stderr);
+  }, nullptr);
+  Model m;
+  llama_model_params mp = llama_model_default_params();
+  m.model = llama_model_load_from_file(a.model.c_str(), mp);
+  require(m.model != nullptr, "llama.cpp cannot load ", a.model);
+  const llama_vocab* vocab = llama_model_get_vocab(m.model);
+  const int layers = llama_model_n_layer(m.model), q_heads = llama_model_n_head(m.model),
+            kv_heads = llama_model_n_head_kv(m.model), hidden = llama_model_n_embd(m.model);
+  const int d = hidden / q_heads;
+  const CacheShape shape{layers, kv_heads, q_heads, d};
+
+  std::vector<llama_token> ids;
+  if (!a.text.empty()) ids = tokenize(vocab, read_file(a.text), a.tokens);
+  else ids = tokenize(vocab, a.prompt, 1 << 30);
+  require(!a.prompt.empty() || static_cast<std::int64_t>(ids.size()) == a.tokens, "--tokens ", a.tokens, ": '", a.text,
+          "' has only ", ids.size(), " tokens");
+  const std::int64_t N = static_cast<std::int64_t>(ids.size());
+  const std::int64_t prefill = a.prompt.empty() ? a.prefill : N;
+  const std::int64_t total = N + a.generate;
+  const std::int64_t largest_step = std::max(prefill, a.chunk);
+
+  Captured cap;
+  cap.layer.resize(static_cast<std::size_t>(layers));
+  const bool with_policy = !a.selection.policy.empty();
+  llama_context_params cp = llama_context_default_params();
+  cp.n_batch = cp.n_ubatch = static_cast<std::uint32_t>(largest_step);
+  cp.n_threads = cp.n_threads_batch = a.threads;
+  cp.no_perf = true;
+  std::int64_t budget = 0, buffer = 0;
+  if (with_policy) {
+    budget = std::stoll(a.selection.value("budget"));
+    buffer = std::stoll(a.selection.value("buffer"));
+    // the most positions held: M + B - 1 between evictions, plus one step's tokens before its commit
+    cp.n_ctx = static_cast<std::uint32_t>(std::min<std::int64_t>(budget + buffer - 1 + largest_step, total + 1));
+    cp.cb_eval = capture;
+    cp.cb_eval_user_data = &cap;
+  } else {
+    cp.n_ctx = static_cast<std::uint32_t>(total + 1);
+  }
+  m.ctx = llama_init_from_model(m.model, cp);
+  require(m.ctx != nullptr, "llama.cpp cannot make a context of ", cp.n_ctx, " cells");
+  const int n_vocab = llama_vocab_n_tokens(vocab);
+  // llama.cpp's K/V: n_ctx cells of L layers x Hkv heads x d, F16 keys and values
+  const double kv_mib = static_cast<double>(llama_n_ctx(m.ctx)) * layers * kv_heads * d * 2 * 2 / (1024.0 * 1024.0);
+
+  double nll_sum = 0.0;
+  std::int64_t scored = 0;
+  Fnv digest;
+  std::vector<llama_token> generated;
+  const auto on_logits = [&](std::int64_t n, std::int64_t T) {
+    for (std::int64_t i = 0; i < T; ++i) {
+      const float* logits = llama_get_logits_ith(m.ctx, static_cast<std::int32_t>(i));
+      digest.add(logits, static_cast<std::size_t>(n_vocab));
+      const std::int64_t next = n + i + 1;
+      if (next < N && next >= a.score_from && a.prompt.empty()) {
+        nll_sum -= log_softmax_at(logits, n_vocab, ids[static_cast<std::size_t>(next)]);
+        ++scored;
+      }
+    }
+  };
+
+  const auto t0 = std::chrono::steady_clock::now();
+  auto t_context = t0;
+  std::int64_t held_max = 0, evicted = 0;
+  std::vector<std::int64_t> survivors;
+  std::string mode_line = "none (llama.cpp alone)";
+  const auto go = [&](auto* policy) {
+    run_steps(a, m, cap, policy, ids, prefill, on_logits);
+    t_context = std::chrono::steady_clock::now();
+    // generation: greedy, one token a step, through the same loop
+    for (std::int64_t g = 0; g < a.generate; ++g) {
+      const float* logits = llama_get_logits_ith(m.ctx, -1);
+      const auto best = static_cast<llama_token>(std::max_element(logits, logits + n_vocab) - logits);
+      if (llama_vocab_is_eog(vocab, best)) break;
+      generated.push_back(best);
+      const std::int64_t at = N + g;
+      llama_batch b = llama_batch_init(1, 0, 1);
+      b.n_tokens = 1;
+      b.token[0] = best;
+      b.pos[0] = static_cast<llama_pos>(at);
+      b.n_seq_id[0] = 1;
+      b.seq_id[0][0] = 0;
+      b.logits[0] = 1;
+      const int rc = llama_decode(m.ctx, b);
+      llama_batch_free(b);
+      require(cap.error.empty(), "the evaluation callback at position ", at, ": ", cap.error);
+      require(rc == 0, "llama_decode failed at position ", at, " (", rc, ")");
+      if (policy) (*policy)(at, 1);
+    }
+  };
+  if (!with_policy) {
+    go(static_cast<std::function<void(std::int64_t, std::int64_t)>*>(nullptr));
+  } else {
+    registry::visit(a.selection.policy, [&]<registry::Policy P>() {
+      if constexpr (!has_token_level_mode<P>()) {
+        fail("--policy ", P::name, " has no token-level mode");  // parse() refused it already
+      } else {
+      // llama.cpp keeps a sequence's positions consecutive with the newest it stores (a batch
+      // must start at its last position + 1), so the newest token must stay: a protected window
+      // w >= 1 (SPEC §8). Where the policy's own window resolves to 0, w = 1 unless given.
+      registry::Selection given = a.selection;
+      std::int64_t window = 0;
+      P::template make<cpu_backend>(registry::values<P>(given.given), shape, memory::Paged<16>(1),
+                                    [&](auto& probe) { window = probe.evictor().window; });
+      if (window == 0) {
+        require(!given.given.contains("window"), "--window 0: llama.cpp needs the newest position kept (a batch ",
+                "starts at the last stored position + 1); give --window w >= 1");
+        given.set("window", "1");
+        window = 1;
+      }
+      const registry::Values v = registry::values<P>(given.given);
+      const inputs::Producer producer = inputs::producer<P>(v, {shape, hidden});
+      require(producer.needs().key_layout != inputs::RopeLayout::half, "policy ", P::name,
+              "'s gate was trained on keys in RoPE's rotate-half layout; llama.cpp's keys pair components adjacently");
+      require(!producer.needs().keys_pre_rope && !producer.needs().per_token(), "policy ", P::name,
+              " reads keys before RoPE or hidden-state bands, which this program does not take from llama.cpp's graph");
+      // every head holds what llama.cpp's context holds: at most M + B - 1 + one step, or the text
+      const std::int64_t pages = pages_for(shape, std::min(budget + buffer - 1 + largest_step, total), 1, 16);
+      P::template make<cpu_backend>(v, shape, memory::Paged<16>(pages), [&](auto& cache) {
+        using C = std::decay_t<decltype(cache)>;
+        cap.want_queries = C::observes_attention;
+        cache.add_sequence(0, std::min(prefill, N));
+        Evicting<C> policy{cache, producer, cap, m, shape, hidden};
+        go(&policy);
+        held_max = policy.held_max;
+        evicted = policy.evicted_positions;
+        survivors = examples::head_digests(cache, 0);
+      });
+      mode_line = std::string(P::name) + " (token level, SPEC §8): M = " + std::to_string(budget) +
+                  " tokens, B = " + std::to_string(buffer) + ", S = " + given.value("sinks") + ", w = " +
+                  std::to_string(window);
+      }
+    });
+  }
+  const auto t_end = std::chrono::steady_clock::now();
+  const double seconds = std::chrono::duration<double>(t_end - t0).count();
+  const double context_s = std::chrono::duration<double>(t_context - t0).count();
+  const double decode_s = std::chrono::duration<double>(t_end - t_context).count();
+
+  std::printf("model: %s: L = %d, Hkv = %d, Hq = %d, d = %d, vocab %d\n", a.model.c_str(), layers, kv_heads, q_heads, d,
+              n_vocab);
+  std::printf("policy: %s\n", mode_line.c_str());
+  std::printf("llama.cpp context: %u cells (%.2f MiB of F16 K/V); positions held at most %lld, %lld evicted\n",
+              llama_n_ctx(m.ctx), kv_mib, static_cast<long long>(with_policy ? held_max : total),
+              static_cast<long long>(evicted));
+  std::printf("timing: %lld tokens in %.3f s, %.1f tokens/s; context %lld tokens, %.1f tokens/s; decode %lld "
+              "tokens, %.1f tokens/s\n",
+              static_cast<long long>(N + static_cast<std::int64_t>(generated.size())), seconds,
+              static_cast<double>(N + static_cast<std::int64_t>(generated.size())) / seconds, static_cast<long long>(N),
+              static_cast<double>(N) / context_s, static_cast<long long>(generated.size()),
+              generated.empty() ? 0.0 : static_cast<double>(generated.size()) / decode_s);
+  if (!generated.empty()) {
+    std::string text;
+    for (const llama_token t : generated) {
+      char piece[256];
+      const int n = llama_token_to_piece(vocab, t, piece, sizeof piece, 0, false);
+      if (n > 0) text.append(piece, static_cast<std::size_t>(n));
+    }
+    std::printf("generated: %s\n", text.c_str());
+  }
+  std::printf("logits %016llx\n", static_cast<unsigned long long>(digest.h));
+  // the same digest as kvpolicy-lm's: the same positions in every (layer, kv head)
+  if (with_policy) std::printf("survivors %s\n", examples::digest_text(survivors).c_str());
+  if (a.prompt.empty()) {
+    require(scored > 0, "no position to score: --score-from ", a.score_from, " is past the ", N, " tokens");
+    std::printf("ppl %.6f\n", std::exp(nll_sum / static_cast<double>(scored)));
+  }
+  llama_backend_free();
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(parse(argc, argv));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,43 @@
+// What a sequence's cache holds at the end of a run, as one digest two runs compare (kvpolicy-lm
+// unsharded against --tp, kvpolicy-llama against kvpolicy-lm --mode union): per (layer, kv head) an
+// FNV-1a hash of its entries' positions in stored order, then one FNV-1a hash of those, in hex.
+// The same digest is the same survivors.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+namespace kvpolicy::examples {
+
+/// The hash of head (l, h)'s positions in stored order (kept to 62 bits: summed over ranks in int64).
+template <class CacheT>
+std::int64_t head_digest(const CacheT& cache, std::int64_t seq, int l, int h) {
+  std::uint64_t x = 1469598103934665603ull;
+  for (std::int64_t i = 0; i < cache.length(seq, l, h); ++i) {
+    x ^= static_cast<std::uint64_t>(cache.entry(seq, l, h, i).position);
+    x *= 1099511628211ull;
+  }
+  return static_cast<std::int64_t>(x >> 2);
+}
+
+/// Every head's digest, (layer, kv head) order.
+template <class CacheT>
+std::vector<std::int64_t> head_digests(const CacheT& cache, std::int64_t seq) {
+  std::vector<std::int64_t> out;
+  for (int l = 0; l < cache.shape().layers; ++l)
+    for (int h = 0; h < cache.shape().kv_heads; ++h) out.push_back(head_digest(cache, seq, l, h));
+  return out;
+}
+
+/// One hash of the heads' digests, in hex: what a run prints as `survivors <digest>`.
+inline std::string digest_text(const std::vector<std::int64_t>& digest) {
+  std::uint64_t x = 1469598103934665603ull;
+  for (const std::int64_t d : digest) x = (x ^ static_cast<std::uint64_t>(d)) * 1099511628211ull;
+  char text[17];
+  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(x));
+  return text;
+}
+
+}  // namespace kvpolicy::examples
