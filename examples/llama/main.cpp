@@ -68,7 +68,8 @@ Args parse(int argc, char** argv) {
     const std::string f = argv[i];
     if (f == "-h" || f == "--help") {
       std::fputs(kUsage, stdout);
-      std::fputs(("\n" + cli::policy_help()).c_str(), stdout);
+      std::fputs("\n", stdout);
+      std::fputs(cli::policy_help().c_str(), stdout);
       std::exit(0);
     }
     require(i + 1 < argc, f, ": needs a value (kvpolicy-llama --help)");
@@ -365,6 +366,7 @@ int run(const Args& a) {
   auto t_context = t0;
   std::int64_t held_max = 0, evicted = 0;
   std::vector<std::int64_t> survivors;
+  double mirror_mib = 0.0;  // the policy's Cache: F32 K/V and metadata of what llama.cpp's cells hold
   std::string mode_line = "none (llama.cpp alone)";
   const auto go = [&](auto* policy) {
     run_steps(a, m, cap, policy, ids, prefill, on_logits);
@@ -418,6 +420,7 @@ int run(const Args& a) {
               " reads keys before RoPE or hidden-state bands, which this program does not take from llama.cpp's graph");
       // every head holds what llama.cpp's context holds: at most M + B - 1 + one step, or the text
       const std::int64_t pages = pages_for(shape, std::min(budget + buffer - 1 + largest_step, total), 1, 16);
+      mirror_mib = static_cast<double>(memory::Paged<16>::bytes_for(shape, pages)) / (1024.0 * 1024.0);
       P::template make<cpu_backend>(v, shape, memory::Paged<16>(pages), [&](auto& cache) {
         using C = std::decay_t<decltype(cache)>;
         cap.want_queries = C::observes_attention;
@@ -445,6 +448,7 @@ int run(const Args& a) {
   std::printf("llama.cpp context: %u cells (%.2f MiB of F16 K/V); positions held at most %lld, %lld evicted\n",
               llama_n_ctx(m.ctx), kv_mib, static_cast<long long>(with_policy ? held_max : total),
               static_cast<long long>(evicted));
+  if (with_policy) std::printf("policy cache (kvpolicy, F32 K/V beside llama.cpp's): %.2f MiB\n", mirror_mib);
   std::printf("timing: %lld tokens in %.3f s, %.1f tokens/s; context %lld tokens, %.1f tokens/s; decode %lld "
               "tokens, %.1f tokens/s\n",
               static_cast<long long>(N + static_cast<std::int64_t>(generated.size())), seconds,
