@@ -4,10 +4,14 @@
 // The same digest is the same survivors.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <fstream>
 #include <string>
 #include <vector>
+
+#include "kvpolicy/core/error.hpp"
 
 namespace kvpolicy::examples {
 
@@ -38,6 +42,25 @@ inline std::string digest_text(const std::vector<std::int64_t>& digest) {
   char text[17];
   std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(x));
   return text;
+}
+
+/// Writes what every (layer, kv head) holds, one line each: `layer head p p ...`, positions sorted
+/// (a run's --survivors FILE: two engines' files compared position by position).
+template <class CacheT>
+void write_positions(const CacheT& cache, std::int64_t seq, const std::string& path) {
+  std::ofstream out(path);
+  require(out.good(), "--survivors: cannot write '", path, "'");
+  std::vector<std::int32_t> p;
+  for (int l = 0; l < cache.shape().layers; ++l)
+    for (int h = 0; h < cache.shape().kv_heads; ++h) {
+      p.clear();
+      for (std::int64_t i = 0; i < cache.length(seq, l, h); ++i) p.push_back(cache.entry(seq, l, h, i).position);
+      std::sort(p.begin(), p.end());
+      out << l << ' ' << h;
+      for (const std::int32_t x : p) out << ' ' << x;
+      out << '\n';
+    }
+  require(out.good(), "--survivors: writing '", path, "' failed");
 }
 
 }  // namespace kvpolicy::examples

@@ -38,7 +38,8 @@ const char* kUsage = R"(kvpolicy-llama: a GGUF model through llama.cpp, its KV c
   kvpolicy-llama --model GGUF --text FILE [--tokens N] [--score-from K] [--policy P --budget M ...]
       per-token NLL of the first N tokens of FILE (no BOS added); the last line is `ppl <value>`
       over positions >= K. `logits <digest>` is an FNV-1a digest of every logit's bits: the same
-      digest is the same logits.
+      digest is the same logits. `survivors <digest>` is kvpolicy-lm's digest of what the policy
+      keeps; --survivors F writes it out, a line `layer head positions...` per (layer, kv head).
   kvpolicy-llama --model GGUF --prompt TEXT --generate N [--policy P ...]
       greedy continuation of the prompt (one step for the prompt, then one token a step)
   kvpolicy-llama --model GGUF --text FILE --tokens N --generate D [--policy P ...]
@@ -56,7 +57,7 @@ policy:  --policy P        a policy with a token-level mode (below); its options
 )";
 
 struct Args {
-  std::string model, text, prompt;
+  std::string model, text, prompt, survivors;
   std::int64_t tokens = 1024, score_from = 1, prefill = 0, chunk = 16, generate = 0;
   int threads = 2;
   registry::Selection selection;
@@ -77,6 +78,7 @@ Args parse(int argc, char** argv) {
     if (f == "--model") a.model = v;
     else if (f == "--text") a.text = v;
     else if (f == "--prompt") a.prompt = v;
+    else if (f == "--survivors") a.survivors = v;
     else if (f == "--tokens") a.tokens = cli::integer(f, v);
     else if (f == "--score-from") a.score_from = cli::integer(f, v);
     else if (f == "--prefill") a.prefill = cli::integer(f, v);
@@ -95,6 +97,7 @@ Args parse(int argc, char** argv) {
   require(a.prefill >= 0, "--prefill ", a.prefill, " must be >= 1");
   require(a.threads >= 1, "--threads ", a.threads, " must be >= 1");
   if (a.prefill == 0) a.prefill = a.chunk;
+  require(a.survivors.empty() || !a.selection.policy.empty(), "--survivors needs --policy (llama.cpp alone keeps every token)");
   if (!a.selection.policy.empty()) {
     require(registry::contains(a.selection.policy), "--policy '", a.selection.policy, "' is not registered (known: ",
             registry::known(), ")");
@@ -430,6 +433,7 @@ int run(const Args& a) {
         held_max = policy.held_max;
         evicted = policy.evicted_positions;
         survivors = examples::head_digests(cache, 0);
+        if (!a.survivors.empty()) examples::write_positions(cache, 0, a.survivors);
       });
       mode_line = std::string(P::name) + " (token level, SPEC §8): M = " + std::to_string(budget) +
                   " tokens, B = " + std::to_string(buffer) + ", S = " + given.value("sinks") + ", w = " +

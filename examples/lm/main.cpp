@@ -39,7 +39,8 @@ const char* kUsage = R"(kvpolicy-lm: a LLaMA-family model on the CPU, its K/V in
       over positions >= K. --golden G also compares with llama.cpp's run (tools/llama_golden.py):
       ppl within 0.5%, top-1 agreement >= 95%, mean |dlogit| <= 0.25 over its top-k. With
       --golden-strict (G made from the F32 weights, tools/gguf_dequantize.py): ppl within 0.01%,
-      top-1 >= 99.5%, mean |dlogit| <= 0.001, max <= 0.01.
+      top-1 >= 99.5%, mean |dlogit| <= 0.001, max <= 0.01. --survivors F writes what each
+      (layer, kv head) holds at the end to F, a line `layer head positions...` each.
   kvpolicy-lm --model DIR --prompt TEXT [--prompt TEXT ...] --generate N [--policy P ...]
       greedy continuation of each prompt; the prompts are sequences of one cache (one pool)
   kvpolicy-lm --model DIR --text FILE --tokens N --generate D [--policy P ...]
@@ -69,7 +70,7 @@ policy:  --policy P        one of the policies below (default full); its options
 )";
 
 struct Args {
-  std::string model, text, golden;
+  std::string model, text, golden, survivors;
   bool golden_strict = false;
   std::vector<std::string> prompts;
   std::int64_t tokens = 1024, score_from = 1, prefill = 0, chunk = 16, generate = 0;
@@ -102,6 +103,7 @@ Args parse(int argc, char** argv) {
     if (f == "--model") a.model = v;
     else if (f == "--text") a.text = v;
     else if (f == "--golden") a.golden = v;
+    else if (f == "--survivors") a.survivors = v;
     else if (f == "--prompt") a.prompts.push_back(v);
     else if (f == "--tokens") a.tokens = cli::integer(f, v);
     else if (f == "--score-from") a.score_from = cli::integer(f, v);
@@ -139,6 +141,8 @@ Args parse(int argc, char** argv) {
   require(a.prompts.empty() || a.generate >= 1, "--prompt needs --generate N >= 1");
   require(!a.golden_strict || !a.golden.empty(), "--golden-strict needs --golden FILE");
   require(a.golden.empty() || a.generate == 0, "--golden compares a perplexity run: not with --generate");
+  require(a.survivors.empty() || (a.generate == 0 && a.tp == 0 && !a.text.empty()),
+          "--survivors writes a perplexity run's survivors: not with --generate or --tp");
   if (a.prefill == 0) a.prefill = a.chunk;
   return a;
 }
@@ -165,7 +169,10 @@ int perplexity_mode(const Args& a, const Model& model, const Tokenizer& tok) {
   const Run r = with_policy(a.selection, a.kv, model.config, 1, a.tokens, [&](auto& cache, const EntryMetadata& meta) {
     using CacheT = std::decay_t<decltype(cache)>;
     return score_text<CacheT>(dec, cache, meta, ids, a.prefill, a.chunk, golden,
-                              [&](const CacheT& c) { survivors = survivor_digest(c, 0, model.config, 0); });
+                              [&](const CacheT& c) {
+                                survivors = survivor_digest(c, 0, model.config, 0);
+                                if (!a.survivors.empty()) examples::write_positions(c, 0, a.survivors);
+                              });
   });
   std::string given;  // the policy's options as given (the registry's defaults for the rest)
   for (const auto& [option, value] : a.selection.given) given += (given.empty() ? " (" : ", ") + option + " " + value;

@@ -8,7 +8,8 @@
 #    positions held never pass M + B - 1 + one step), the survivors are kvpolicy-lm's in union mode
 #    exactly (positions decide alone, no score can near-tie), ppl within 1%.
 # 3. TRIM-KV and DBTrimKV with the committed gates at M = 128 (4 sinks, w = 1): ppl within 1% of
-#    kvpolicy-lm's union mode (their gates read llama.cpp's normed inputs, which differ from
+#    kvpolicy-lm's union mode, every head keeping the same positions in both, and at least 95% of
+#    them the same positions in both (their gates read llama.cpp's normed inputs, which differ from
 #    kvpolicy-lm's in the last bits, so near-tied positions may go either way).
 set -euo pipefail
 llama=$1 lm=$2 model=$3 gates=$4 text=$5
@@ -40,9 +41,20 @@ echo "survivors: kvpolicy-llama $a, kvpolicy-lm --mode union $b"
 within "$(value ppl "$out/stream-llama.txt")" "$(value ppl "$out/stream-lm.txt")" 0.01 "streamingllm ppl"
 
 for p in trimkv dbtrimkv; do
-  "$llama" --model "$gguf" "${common[@]}" --policy $p --gate "$gates/$p.safetensors" --budget 128 >"$out/$p-llama.txt"
+  "$llama" --model "$gguf" "${common[@]}" --policy $p --gate "$gates/$p.safetensors" --budget 128 \
+    --survivors "$out/$p-llama.pos" >"$out/$p-llama.txt"
   "$lm" --model "$model" "${common[@]}" --policy $p --gate "$gates/$p.safetensors" --budget 128 --mode union \
-    --threads 2 >"$out/$p-lm.txt"
+    --threads 2 --survivors "$out/$p-lm.pos" >"$out/$p-lm.txt"
   within "$(value ppl "$out/$p-llama.txt")" "$(value ppl "$out/$p-lm.txt")" 0.01 "$p ppl"
+  python3 - "$out/$p-llama.pos" "$out/$p-lm.pos" "$p" <<'PY'
+import sys
+heads = [[set(map(int, line.split()[2:])) for line in open(f)] for f in sys.argv[1:3]]
+for f, h in zip(sys.argv[1:3], heads):
+    if any(x != h[0] for x in h):
+        sys.exit(f"FAILED: {f}: the heads keep different positions (SPEC 8: one decision per position)")
+a, b = heads[0][0], heads[1][0]
+print(f"{sys.argv[3]} survivors: {len(a & b)} of {len(b)} positions the same in both")
+sys.exit(len(a & b) < 0.95 * len(b))
+PY
 done
 echo "llama checks: passed"
