@@ -203,31 +203,50 @@ struct Fnv {
   }
 };
 
-/// The run: llama.cpp decodes `ids` in steps; after each, the policy (if any) evicts and the
-/// evicted positions leave llama.cpp's memory. on_logits(step_first_position, T, logits of the step).
-template <class Policy, class OnLogits>
+/// One llama.cpp step: tokens at positions first .. first + T - 1 of sequence 0, every position's
+/// logits kept; a refusal of the callback or of llama_decode is an error naming the position.
+void decode_step(Model& m, const Captured& cap, llama_batch& batch, const llama_token* tokens, std::int64_t T,
+                 std::int64_t first) {
+  batch.n_tokens = static_cast<std::int32_t>(T);
+  for (std::int64_t i = 0; i < T; ++i) {
+    batch.token[i] = tokens[i];
+    batch.pos[i] = static_cast<llama_pos>(first + i);
+    batch.n_seq_id[i] = 1;
+    batch.seq_id[i][0] = 0;
+    batch.logits[i] = 1;
+  }
+  const int rc = llama_decode(m.ctx, batch);
+  require(cap.error.empty(), "the evaluation callback at position ", first, ": ", cap.error);
+  require(rc == 0, "llama_decode failed at position ", first, " (", rc,
+          rc == 1 ? ": no free cell in llama.cpp's context" : "", ")");
+}
+
+/// The run: llama.cpp decodes `ids` in steps, then `generate` tokens greedily one a step; after
+/// each step the policy (if any) evicts and the evicted positions leave llama.cpp's memory.
+/// on_logits(first position, T) reads a text step's logits; on_context() marks the text's end.
+template <class Policy, class OnLogits, class OnContext>
 void run_steps(const Args& a, Model& m, const Captured& cap, Policy* policy, const std::vector<llama_token>& ids,
-               std::int64_t prefill, OnLogits&& on_logits) {
+               std::int64_t prefill, int n_vocab, std::vector<llama_token>& generated, OnLogits&& on_logits,
+               OnContext&& on_context) {
   const auto N = static_cast<std::int64_t>(ids.size());
   llama_batch batch = llama_batch_init(static_cast<std::int32_t>(std::max(prefill, a.chunk)), 0, 1);
   std::unique_ptr<llama_batch, void (*)(llama_batch*)> hold(&batch, [](llama_batch* b) { llama_batch_free(*b); });
   for (std::int64_t n = 0; n < N;) {
     const std::int64_t T = std::min(n == 0 ? prefill : a.chunk, N - n);
-    batch.n_tokens = static_cast<std::int32_t>(T);
-    for (std::int64_t i = 0; i < T; ++i) {
-      batch.token[i] = ids[static_cast<std::size_t>(n + i)];
-      batch.pos[i] = static_cast<llama_pos>(n + i);
-      batch.n_seq_id[i] = 1;
-      batch.seq_id[i][0] = 0;
-      batch.logits[i] = 1;
-    }
-    const int rc = llama_decode(m.ctx, batch);
-    require(cap.error.empty(), "the evaluation callback at position ", n, ": ", cap.error);
-    require(rc == 0, "llama_decode failed at position ", n, " (", rc,
-            rc == 1 ? ": no free cell in llama.cpp's context" : "", ")");
+    decode_step(m, cap, batch, &ids[static_cast<std::size_t>(n)], T, n);
     on_logits(n, T);
-    if (policy) (*policy)(n, T);
+    if (policy) (*policy)(T);
     n += T;
+  }
+  on_context();
+  const llama_vocab* vocab = llama_model_get_vocab(m.model);
+  for (std::int64_t at = N; at < N + a.generate; ++at) {
+    const float* logits = llama_get_logits_ith(m.ctx, -1);
+    const auto best = static_cast<llama_token>(std::max_element(logits, logits + n_vocab) - logits);
+    if (llama_vocab_is_eog(vocab, best)) break;
+    generated.push_back(best);
+    decode_step(m, cap, batch, &best, 1, at);
+    if (policy) (*policy)(1);
   }
 }
 
@@ -245,7 +264,7 @@ struct Evicting {
   std::vector<float> log_beta{}, keys{}, values{}, queries{}, out{};
   std::vector<EvictedEntry> evicted{};
 
-  void operator()(std::int64_t n, std::int64_t T) {
+  void operator()(std::int64_t T) {
     const std::int64_t H = shape.kv_heads, d = shape.head_dim;
     for (int l = 0; l < shape.layers; ++l) {
       auto& c = cap.layer[static_cast<std::size_t>(l)];
@@ -280,7 +299,6 @@ struct Evicting {
       require(llama_memory_seq_rm(llama_get_memory(m.ctx), 0, p, p + 1), "llama_memory_seq_rm(0, ", p,
               ") failed");
     evicted_positions += static_cast<std::int64_t>(gone.size());
-    (void)n;
   }
 };
 
@@ -372,31 +390,11 @@ int run(const Args& a) {
   double mirror_mib = 0.0;  // the policy's Cache: F32 K/V and metadata of what llama.cpp's cells hold
   std::string mode_line = "none (llama.cpp alone)";
   const auto go = [&](auto* policy) {
-    run_steps(a, m, cap, policy, ids, prefill, on_logits);
-    t_context = std::chrono::steady_clock::now();
-    // generation: greedy, one token a step, through the same loop
-    for (std::int64_t g = 0; g < a.generate; ++g) {
-      const float* logits = llama_get_logits_ith(m.ctx, -1);
-      const auto best = static_cast<llama_token>(std::max_element(logits, logits + n_vocab) - logits);
-      if (llama_vocab_is_eog(vocab, best)) break;
-      generated.push_back(best);
-      const std::int64_t at = N + g;
-      llama_batch b = llama_batch_init(1, 0, 1);
-      b.n_tokens = 1;
-      b.token[0] = best;
-      b.pos[0] = static_cast<llama_pos>(at);
-      b.n_seq_id[0] = 1;
-      b.seq_id[0][0] = 0;
-      b.logits[0] = 1;
-      const int rc = llama_decode(m.ctx, b);
-      llama_batch_free(b);
-      require(cap.error.empty(), "the evaluation callback at position ", at, ": ", cap.error);
-      require(rc == 0, "llama_decode failed at position ", at, " (", rc, ")");
-      if (policy) (*policy)(at, 1);
-    }
+    run_steps(a, m, cap, policy, ids, prefill, n_vocab, generated, on_logits,
+              [&] { t_context = std::chrono::steady_clock::now(); });
   };
   if (!with_policy) {
-    go(static_cast<std::function<void(std::int64_t, std::int64_t)>*>(nullptr));
+    go(static_cast<std::function<void(std::int64_t)>*>(nullptr));
   } else {
     registry::visit(a.selection.policy, [&]<registry::Policy P>() {
       if constexpr (!has_token_level_mode<P>()) {

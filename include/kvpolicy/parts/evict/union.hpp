@@ -13,7 +13,6 @@
 #include <limits>
 #include <optional>
 #include <span>
-#include <string_view>
 #include <vector>
 
 #include "kvpolicy/core/concepts.hpp"
@@ -28,8 +27,6 @@ enum class Aggregate : std::uint8_t {
   max,   ///< the best head's score: the token stays while any head would keep it
   mean,  ///< the heads' mean (ranks as their sum): attention mass and key statistics add up over heads
 };
-
-constexpr std::string_view name_of(Aggregate a) { return a == Aggregate::max ? "max" : "mean"; }
 
 /// One position's aggregate from the scores of the heads holding it (SPEC §8): max, or the mean
 /// summed in double and rounded to fp32; an infinite score decides alone (+inf if any head
