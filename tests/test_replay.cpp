@@ -7,6 +7,8 @@
 #include <unistd.h>
 #include <filesystem>
 #include <random>
+#include <string>
+#include <utility>
 
 #include "oracle.hpp"
 #include "kvpolicy/gate/load.hpp"
@@ -272,7 +274,7 @@ TEST_CASE("replay: every policy runs on the synthetic trace within its budget, a
 
 // --gate with trimkv and dbtrimkv (SPEC §1-2): the gate runs on the trace's gate_input and its
 // log_beta replaces the trace's; the replay then equals one of the trace with those log_beta.
-TEST_CASE("replay --gate: TRIM-KV's gate and the authors' rg10 on gate_input replace the trace's log_beta") {
+TEST_CASE("replay --gate: TRIM-KV's gate and the authors' rg10 (DBTrimKV's, and TRIM-KV's by choice) on gate_input replace the trace's log_beta") {
   auto tr = replay::synthetic_trace(2, 2, 2, 8, 120);
   const int D = 6, I = 8, H = tr.kv_heads, L = tr.layers;
   std::mt19937_64 rng(5);
@@ -304,12 +306,18 @@ TEST_CASE("replay --gate: TRIM-KV's gate and the authors' rg10 on gate_input rep
   std::filesystem::create_directories(dir);
   trimkv_file.write(dir + "/trimkv.safetensors");
   rg10_file.write(dir + "/rg10.safetensors");
-  for (const std::string policy : {"trimkv", "dbtrimkv"}) {
+  // TRIM-KV runs an rg10 file too (SPEC §1, "Gate kind"): its log_beta by rg10's formula
+  const std::pair<std::string, std::string> runs[] = {{"trimkv", "trimkv"}, {"dbtrimkv", "rg10"}, {"trimkv", "rg10"}};
+  for (const auto& run : runs) {
+    const std::string& policy = run.first;
+    const std::string& file = run.second;
+    CAPTURE(policy);
+    CAPTURE(file);
     replay::Options o;
     o.policy = policy;
     o.set("budget", 12);
     o.set("buffer", 4);
-    o.set("gate", dir + (policy == "trimkv" ? "/trimkv.safetensors" : "/rg10.safetensors"));
+    o.set("gate", dir + "/" + file + ".safetensors");
     const auto gated = replay::replay(tr, o, replay::Reference{nullptr, false});
     // the same log_beta by the library's gate, by hand
     auto expect = tr;
@@ -317,7 +325,7 @@ TEST_CASE("replay --gate: TRIM-KV's gate and the authors' rg10 on gate_input rep
     for (int l = 0; l < L; ++l) {
       const View<const float, 2> x(tr.gate_input.data() + std::int64_t{l} * tr.tokens * D, {tr.tokens, D});
       const View<float, 2> out(expect.log_beta.data() + std::int64_t{l} * H * tr.tokens, {H, tr.tokens});
-      if (policy == "trimkv")
+      if (file == "trimkv")
         gate::RetentionGate::load(f, {L, D, H, I}).forward(l, x, out);
       else
         gate::Rg10Gate::load(f, {L, D, H, I}).forward(l, x, out);

@@ -130,7 +130,7 @@ def right(task, answer, needed):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", required=True)
+    ap.add_argument("--model", help="the converted model directory (tools/fetch-model.sh); not with --show")
     ap.add_argument("--lm", default=os.path.join(ROOT, "build/default/examples/kvpolicy-lm"))
     ap.add_argument("--tasks", default="single", help=f"any of: {' '.join(TASKS)}")
     ap.add_argument("--instances", type=int, default=100)
@@ -150,6 +150,8 @@ def main():
                     help="names the gates in the results (a column), so gates of several trainings share one file")
     ap.add_argument("--append", action="store_true", help="add rows to an existing results.csv; skip cells already there")
     ap.add_argument("--plot", action="store_true")
+    ap.add_argument("--show", type=int, metavar="K",
+                    help="print instance K's prompt of the first task and context (what a cell runs) and exit")
     ap.add_argument("--table", metavar="CONTEXT:BUDGET",
                     help="print OUT/results.csv's markdown table for one context and budget (e.g. 1024:64) and exit")
     a = ap.parse_args()
@@ -157,6 +159,15 @@ def main():
         context, budget = (int(x) for x in a.table.split(":"))
         print(table(os.path.join(a.out, "results.csv"), context, budget))
         return
+    if a.show is not None:
+        if a.show < 0:
+            ap.error(f"--show {a.show} must be >= 0")
+        prompts, needed, _ = task_instances(a.tasks.split()[0], a.show + 1, int(a.contexts.split()[0]), a.seed)
+        print(prompts[a.show], end="")
+        print(f"needed: {' / '.join(needed[a.show])}", file=sys.stderr)
+        return
+    if not a.model:
+        ap.error("--model is needed to run the suite")
     for t in a.tasks.split():
         if t not in TASKS:
             ap.error(f"--tasks: '{t}' is not one of {' '.join(TASKS)}")

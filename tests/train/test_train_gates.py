@@ -9,7 +9,11 @@
     same weights and inputs: |log_beta_cpp - log_beta_torch| <= 1e-5 + 1e-4 |log_beta| (g alike);
   - long-range documents (--data longrange) with M drawn per step resume exactly, and log both;
     --time-budget chooses their step count from timed passes on the first document;
-  - blend_gates.py interpolates two exported gates exactly and refuses mismatched ones.
+  - blend_gates.py interpolates two exported gates exactly and refuses mismatched ones;
+  - --policy trimkv trains an rg10 gate with TRIM-KV's per-head capacity hinge (its metadata says
+    so), and an rg gate for dbtrimkv is refused;
+  - --train-layers trains only the named layers' gate parameters (the others stay as --init gave
+    them, bit for bit) and refuses a layer the model lacks; fact_ranks.py ranks a fact as by hand.
 usage: test_train_gates.py GATE_FORWARD WORK_DIR   (run with the venv of tools/train-venv.sh)
 """
 import csv
@@ -239,6 +243,63 @@ for args in ((src, os.path.join(work, "rg10-whole", "gate.safetensors"), "0.5"),
                        capture_output=True, text=True)
     if p.returncode == 0 or "blend_gates:" not in p.stderr:
         failures.append(f"blend_gates {args[1:]}: not refused with a message")
+
+# --train-layers: from a written gate, training layer 1 alone leaves layer 0's tensors as they were and
+# changes layer 1's; a layer the tiny model (2 layers) lacks, or a malformed list, is refused.
+layered = os.path.join(work, "rg-layer1")
+train("rg", layered, "--init", src, "--train-layers", "1")
+init_t, got = safe_open(src, "pt"), safe_open(os.path.join(layered, "gate.safetensors"), "pt")
+for k in init_t.keys():
+    same = torch.equal(init_t.get_tensor(k), got.get_tensor(k))
+    if same != (".layers.0." in k):
+        failures.append(f"--train-layers 1: {k} {'unchanged' if same else 'changed'}")
+if train_gates.layer_list("0,2-3,2") != [0, 2, 3]:
+    failures.append(f"layer_list('0,2-3,2') = {train_gates.layer_list('0,2-3,2')}")
+for bad in (("--train-layers", "2"), ("--train-layers", "3-1")):
+    p = subprocess.run([sys.executable, os.path.join(root, "tools", "train", "train_gates.py"), "--gate", "rg", "--tiny",
+                        "--text", text, "--out", os.path.join(work, "refused"), "--steps", "1", "--width", str(WIDTH),
+                        "--init", src, *bad], capture_output=True, text=True)
+    if p.returncode == 0 or "--train-layers" not in p.stderr:
+        failures.append(f"{' '.join(bad)}: not refused with a message naming it ({p.stderr[-200:]})")
+
+# --policy: an rg10 gate trained for TRIM-KV's per-head eviction weighs the per-head capacity hinge
+# (objective's global_budget=False) and says so in its metadata; an rg gate for DBTrimKV is refused.
+model, _ = train_gates.tiny_model(0)
+model.requires_grad_(False)
+torch.manual_seed(0)
+gm = GatedModel(model, make_gate("rg10", model.config, WIDTH, bias_init=3.0), LOCAL)
+with torch.no_grad():  # one head forgets (retained mass <= 1 / (1 - sigmoid(0.5)) < M): the two hinges differ
+    gm.gate.bias[0] = 0.5
+ids = torch.tensor(list(open(text, "rb").read()))[:SEQ].unsqueeze(0)
+caps = {}
+for scope in (False, True):
+    _, parts = objectives.objective(gm, ids, MEMORY, 1.0, global_budget=scope)
+    caps[scope] = parts["cap"].item()
+    want = objectives.capacity_loss(gm.biases, MEMORY, scope).item()
+    if caps[scope] != want:
+        failures.append(f"objective(global_budget={scope}): cap {caps[scope]}, capacity_loss {want}")
+if caps[False] == caps[True]:
+    failures.append(f"objective: the per-head and global capacity hinges agree ({caps[False]}): the test shows nothing")
+per_head = os.path.join(work, "rg10-trimkv")
+train("rg10", per_head, "--policy", "trimkv", "--steps", "2")
+if safe_open(os.path.join(per_head, "gate.safetensors"), "pt").metadata().get("policy") != "trimkv":
+    failures.append("--gate rg10 --policy trimkv: the metadata does not say trimkv")
+p = subprocess.run([sys.executable, os.path.join(root, "tools", "train", "train_gates.py"), "--gate", "rg", "--tiny",
+                    "--out", os.path.join(work, "refused"), "--policy", "dbtrimkv"], capture_output=True, text=True)
+if p.returncode == 0 or "--policy dbtrimkv" not in p.stderr:
+    failures.append(f"--gate rg --policy dbtrimkv: not refused with a message naming it ({p.stderr[-200:]})")
+
+# fact_ranks.worst_ranks: scores (T-1-i) log beta at the last of 6 positions, the first token a sink
+# (ranked first). log beta -1 everywhere but the fact token 2's -0.1: scores -inf.. = [inf, -4, -0.3,
+# -2, -1, 0]; the fact (-0.3) is outranked by the sink and the newest token: rank 2. A second fact
+# token, 3 (-2), ranks 4 (sink, 0, -0.3, -1): the worst of the two is 4.
+import fact_ranks  # noqa: E402
+lb = torch.full((1, 6), -1.0)
+lb[0, 2] = -0.1
+for fact, want in (([2], 2), ([2, 3], 4)):
+    r = fact_ranks.worst_ranks(lb, fact, 1).tolist()
+    if r != [want]:
+        failures.append(f"fact_ranks.worst_ranks fact {fact}: {r}, want [{want}]")
 
 if failures:
     print("\n".join("FAIL: " + f for f in failures))

@@ -96,12 +96,13 @@ def rank_loss(log_betas, fact_mask, memory):
 
 
 def objective(gm, ids, memory, lam, answer_mask=None, answer_weight=0.0, fact_mask=None, keep_weight=0.0,
-              rank_weight=0.0):
+              rank_weight=0.0, global_budget=None):
     """The gate's paper objective on one batch of token ids [B, T]: (loss, its parts). With an
     answer mask [B, T] (bool) holding answer tokens and answer_weight > 0, the quality term over the
     positions that predict them is added with that weight (part "answer"); with a fact mask and
     keep_weight > 0 (rg, rg10), keep_weight * L_keep (part "keep"); rank_weight > 0 (rg, rg10),
-    rank_weight * L_rank at M = memory (part "rank")."""
+    rank_weight * L_rank at M = memory (part "rank"). global_budget: the capacity hinge DBTrimKV's
+    (True) or TRIM-KV's per head (False); by default the gate's policy (rg10 global, rg per head)."""
     on_answers = answer_mask is not None and answer_weight > 0 and bool(predicts_answer(answer_mask).any())
     if gm.gate.kind == "wg":
         teacher = gm.teacher(ids, output_hidden_states=True).hidden_states[-1]
@@ -119,7 +120,7 @@ def objective(gm, ids, memory, lam, answer_mask=None, answer_weight=0.0, fact_ma
     student = gm.student(ids).logits
     kl_t, ce_t = quality_terms(student, teacher, ids)
     kl, ce = kl_t.mean(), ce_t.mean()
-    cap = capacity_loss(gm.biases, memory, global_budget=gm.gate.kind == "rg10")
+    cap = capacity_loss(gm.biases, memory, global_budget=gm.gate.kind == "rg10" if global_budget is None else global_budget)
     loss, parts = kl + ce + lam * cap, {"kl": kl, "ce": ce, "cap": cap}
     if on_answers:
         m = predicts_answer(answer_mask)

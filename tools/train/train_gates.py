@@ -71,6 +71,12 @@ def parse():
     ap.add_argument("--init", metavar="CHECKPOINT",
                     help="start from the gate in another run's checkpoint.pt or a committed rg/rg10 .safetensors "
                          "(same gate and width; a fresh optimizer)")
+    ap.add_argument("--policy", choices=["trimkv", "dbtrimkv"],
+                    help="rg10: the eviction the gate is trained for, so its capacity hinge: dbtrimkv's global one "
+                         "(the default) or trimkv's per head (TRIM-KV runs an rg10 file, SPEC §1); rg: trimkv only")
+    ap.add_argument("--train-layers", metavar="LIST",
+                    help="rg, rg10: train only these layers' gate parameters (e.g. 0,25-29; the rest and rg10's shared "
+                         "readout stay as --init gave them): to mend the layers where a gate does not rank facts")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--weight-decay", type=float, default=0.01)
     ap.add_argument("--warmup", type=float, default=0.1, help="fraction of the steps with a linear warm-up")
@@ -98,9 +104,57 @@ def parse():
     if not 0 <= a.prose_fraction <= 1 or a.answer_weight < 0 or a.keep_weight < 0 or a.rank_weight < 0:
         ap.error(f"--prose-fraction {a.prose_fraction} must be in [0, 1], --answer-weight {a.answer_weight}, "
                  f"--keep-weight {a.keep_weight} and --rank-weight {a.rank_weight} >= 0")
+    if a.gate == "wg" and a.policy:
+        ap.error(f"--policy {a.policy}: a write gate is WG-KV's")
+    if a.gate == "rg" and a.policy == "dbtrimkv":
+        ap.error("--policy dbtrimkv: an rg gate is TRIM-KV's (DBTrimKV reads a tied gate: --gate rg10)")
+    a.policy = a.policy or POLICY[a.gate]
+    if a.train_layers is not None:
+        if a.gate == "wg":
+            ap.error("--train-layers is for the retention gates (rg, rg10)")
+        try:
+            a.train_layers = layer_list(a.train_layers)
+        except ValueError as e:
+            ap.error(f"--train-layers {a.train_layers}: {e}")
     if not a.lr > 0 or a.weight_decay < 0 or not 0 <= a.warmup < 1:
         ap.error(f"--lr {a.lr} must be > 0, --weight-decay {a.weight_decay} >= 0, --warmup {a.warmup} in [0, 1)")
     return a
+
+
+def global_budget(a):
+    """Whether the capacity hinge is DBTrimKV's global one (the policy the gate is trained for); None:
+    the gate's own policy decides."""
+    policy = getattr(a, "policy", None)
+    return None if policy is None else policy == "dbtrimkv"
+
+
+def layer_list(text):
+    """'0,25-29' -> [0, 25, 26, 27, 28, 29]; a malformed or empty list raises ValueError naming the part."""
+    out = set()
+    for part in text.split(","):
+        lo, sep, hi = part.strip().partition("-")
+        if not lo.isdigit() or (sep and not hi.isdigit()) or (sep and int(hi) < int(lo)):
+            raise ValueError(f"'{part}' is not a layer or a range LO-HI")
+        out.update(range(int(lo), int(hi if sep else lo) + 1))
+    return sorted(out)
+
+
+def trained_parameters(gate, layers):
+    """The parameters a run trains: every one of the gate's, or with `layers` only those layers' own
+    (linear1, linear2, and rg's per-layer bias); the others are frozen (requires_grad off)."""
+    if layers is None:
+        return list(gate.parameters())
+    n = len(gate.linear1)
+    if layers[-1] >= n:
+        raise SystemExit(f"train_gates: --train-layers names layer {layers[-1]}; the model has {n} (0-{n - 1})")
+    gate.requires_grad_(False)
+    own = [m[l] for m in (gate.linear1, gate.linear2) for l in layers]
+    if gate.kind == "rg":
+        own += [gate.bias[l] for l in layers]
+    params = [p for m in own for p in (m.parameters() if isinstance(m, torch.nn.Module) else [m])]
+    for p in params:
+        p.requires_grad_(True)
+    return params
 
 
 def tiny_model(seed):
@@ -275,7 +329,8 @@ def budgeted_steps(a, gm, gate, x, lam, answers=None, facts=None):
     for _ in range(3):
         t0 = time.time()
         loss, _ = objectives.objective(gm, x, training_memory(a, 0), lam, answers, a.answer_weight, facts,
-                                       getattr(a, "keep_weight", 0.0), getattr(a, "rank_weight", 0.0))
+                                       getattr(a, "keep_weight", 0.0), getattr(a, "rank_weight", 0.0),
+                                       global_budget(a))
         loss.backward()
         loss.item()
         seconds.append(time.time() - t0)
@@ -314,7 +369,8 @@ def main():
                              f"{init['args']['width']}, not {a.gate} of width {a.width}")
         gate.load_state_dict(init["gate"])
     gm = GatedModel(model, gate, a.local_window)
-    opt = torch.optim.AdamW(gate.parameters(), lr=a.lr, weight_decay=a.weight_decay)
+    params = trained_parameters(gate, a.train_layers)
+    opt = torch.optim.AdamW(params, lr=a.lr, weight_decay=a.weight_decay)
 
     T = a.seq_len
     if a.data == "longrange":
@@ -340,8 +396,9 @@ def main():
         if a.time_budget:  # the step count the budgeted run chose
             a.steps = ck["args"]["steps"]
         for key in ("gate", "width", "seq_len", "steps", "seed", "data", "memory_range", "keep_weight", "rank_weight",
-                    "init"):  # not another run's
-            if ck["args"].get(key, {"data": "text", "keep_weight": 0.0, "rank_weight": 0.0}.get(key)) != getattr(a, key):
+                    "init", "train_layers", "policy"):  # not another run's
+            if ck["args"].get(key, {"data": "text", "keep_weight": 0.0, "rank_weight": 0.0,
+                                     "policy": POLICY[a.gate]}.get(key)) != getattr(a, key):
                 raise SystemExit(f"train_gates: {ckpt_path} is a run with --{key.replace('_', '-')} {ck['args'][key]}, "
                                  f"not {getattr(a, key)}: give another --out, or delete it to start again")
         gate.load_state_dict(ck["gate"])
@@ -392,14 +449,14 @@ def main():
         x, answers, facts = batch(step)
         memory = training_memory(a, step)
         loss, parts = objectives.objective(gm, x, memory, lam, answers, a.answer_weight, facts, a.keep_weight,
-                                           a.rank_weight)
+                                           a.rank_weight, global_budget(a))
         for k in ("answer", "keep", "rank"):  # a prose step has none of them (an empty cell)
             if k in fields and k not in parts:
                 parts[k] = None
         tokens_seen += x.shape[1]
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(gate.parameters(), a.grad_clip)
+        torch.nn.utils.clip_grad_norm_(params, a.grad_clip)
         opt.step()
         elapsed += time.time() - t0
         row = {"step": step + 1, "lr": f"{opt.param_groups[0]['lr']:.3g}", "loss": f"{loss.item():.5f}",
@@ -423,7 +480,7 @@ def main():
     row = rows[-1] if rows else row
 
     adjacent = (a.rope_layout or ("half" if a.hf else "adjacent")) == "adjacent"
-    meta = {"kvpolicy_gate": a.gate, "policy": POLICY[a.gate], "steps": a.steps, "seq_len": T,
+    meta = {"kvpolicy_gate": a.gate, "policy": a.policy, "steps": a.steps, "seq_len": T,
             "memory": "%d-%d drawn" % tuple(a.memory_range) if a.memory_range else a.memory, "lambda": lam,
             "data": a.data, **({"prose_fraction": a.prose_fraction, "answer_weight": a.answer_weight,
                                 "keep_weight": a.keep_weight, "rank_weight": a.rank_weight}

@@ -1,7 +1,9 @@
 /// \file
 /// kvpolicy/gate/load.hpp — a retention gate from its file, as one callable per layer: TRIM-KV's
 /// gate (SPEC §1), or DBTrimKV's tied gate (SPEC §2: the authors' rg10 when the file holds it, else
-/// the paper's literal tied gate). The width (I, or the readout's projection) is read from the file.
+/// the paper's literal tied gate). TRIM-KV also runs an rg10 file (SPEC §1, "Gate"): the authors'
+/// code takes the gate's kind from the model's config, apart from the cache that evicts by it. The
+/// width (I, or the readout's projection) is read from the file.
 #pragma once
 
 #include <functional>
@@ -17,7 +19,8 @@ namespace kvpolicy::gate {
 /// input [T, D] of `layer` (its attention input, after the input RMSNorm) -> log_beta [Hkv, T].
 using LayerGate = std::function<void(int layer, View<const float, 2> input, View<float, 2> log_beta)>;
 
-/// tied = false: TRIM-KV's gate; true: DBTrimKV's. Activation: SiLU, as the authors' gates.
+/// tied = false: TRIM-KV's gate, or rg10 when the file holds it; true: DBTrimKV's (rg10 or the paper's
+/// literal tied gate). Activation: SiLU, as the authors' gates.
 inline LayerGate load_retention_gate(const std::string& path, int layers, int hidden, int kv_heads, bool tied) {
   const auto file = safetensors::File::read(path);
   const auto width = [&](const std::string& name) { return static_cast<int>(file.info(name).shape.at(0)); };
@@ -25,7 +28,7 @@ inline LayerGate load_retention_gate(const std::string& path, int layers, int hi
     auto g = std::make_shared<const decltype(gate)>(std::move(gate));
     return [g](int layer, View<const float, 2> input, View<float, 2> out) { g->forward(layer, input, out); };
   };
-  if (!tied)
+  if (!tied && !Rg10Gate::holds(file))
     return wrap(RetentionGate::load(
         file, {layers, hidden, kv_heads, width(RetentionGate::prefix(0) + "linear1.weight"), Activation::silu}));
   if (Rg10Gate::holds(file))

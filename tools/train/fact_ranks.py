@@ -1,0 +1,130 @@
+"""Where a retention gate ranks a stated fact, layer by layer: for each (layer, kv head), the rank of
+the fact's worst-placed token at the prompt's end under the score a top-M eviction ranks by,
+(t - i) * log beta_i (SPEC §1; the S oldest tokens protected, counted as ranked first). A token of
+rank r survives a top-M eviction there when r < M. Retrieval fails when the heads that copy the
+answer lose it; this says which layers' gates do not rank the fact, before any retrieval run.
+
+  python tools/train/fact_ranks.py --gguf build/train/SmolLM2-135M-Instruct.Q4_1.gguf \\
+      --gate gates/smollm2-135m/long-range/dbtrimkv.safetensors [--gate OTHER ...] \\
+      [--source passkey|train] [--instances 4] [--context 1024] [--sinks 4] [--budgets "64 128"]
+
+--source passkey: retrieval.py's pass-key prompts (held-out prose; the fact is the key's digits).
+--source train: longrange.py's training documents, cut before their first question (the fact is
+every stated fact's tokens). A gate is a written .safetensors (its kind from the metadata) or a
+training run's checkpoint.pt. Prints one line per layer: the median over instances of each head's
+worst rank, and for each budget the share of (instance, head) pairs that keep the whole fact.
+"""
+import argparse
+import os
+import random
+import statistics
+import sys
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))
+import longrange  # noqa: E402
+from gated_attention import GatedModel  # noqa: E402
+from gates import load_exported, make_gate  # noqa: E402
+
+
+def load_gate(path, config, head_dim):
+    """(gate, label) from a written gate or a checkpoint.pt; rg and rg10 only."""
+    if path.endswith(".pt"):
+        ck = torch.load(path, map_location="cpu")
+        gate = make_gate(ck["args"]["gate"], config, ck["args"]["width"])
+        gate.load_state_dict(ck["gate"])
+    else:
+        from safetensors import safe_open
+        from safetensors.torch import load_file
+        with safe_open(path, "pt") as f:
+            kind = (f.metadata() or {}).get("kvpolicy_gate")
+        tensors = load_file(path)
+        if kind not in ("rg", "rg10"):
+            raise SystemExit(f"fact_ranks: {path} is not a retention gate (metadata kvpolicy_gate = {kind})")
+        width = tensors["model.layers.0.self_attn.retention_gate.linear1.weight"].shape[0]
+        gate = make_gate(kind, config, width)
+        load_exported(gate, tensors, head_dim)
+    if gate.kind == "wg":
+        raise SystemExit(f"fact_ranks: {path} is a write gate; it admits, it does not rank")
+    return gate.eval()
+
+
+def documents(source, n, context, tok):
+    """[(token ids, fact token indices)] of n instances."""
+    out = []
+    if source == "passkey":
+        import retrieval
+        for prompt, key in retrieval.instances(n, context, 0):
+            enc = tok(prompt, add_special_tokens=False, return_offsets_mapping=True)
+            at = prompt.find(key, prompt.find(f"The pass key is {key}."))
+            fact = [i for i, (a, b) in enumerate(enc["offset_mapping"]) if a < at + len(key) and b > at]
+            out.append((enc["input_ids"], fact))
+        return out
+    for k in range(n):
+        text, _, spans, _ = longrange.train_document(random.Random(1000 + k), int(1.1 * context))
+        enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
+        q = text.find("\nQuestion:")
+        end = next(i for i, (a, _) in enumerate(enc["offset_mapping"]) if a >= q)
+        fact = [i for i, (a, b) in enumerate(enc["offset_mapping"][:end]) if any(a < e and b > s for s, e in spans)]
+        out.append((enc["input_ids"][:end], fact))
+    return out
+
+
+def worst_ranks(log_beta, fact, sinks):
+    """[H] rank of each head's worst-placed fact token among all tokens at the last position."""
+    T = log_beta.shape[-1]
+    score = log_beta * torch.arange(T - 1, -1, -1, dtype=log_beta.dtype)
+    score[:, :sinks] = float("inf")
+    f = score[:, fact]  # [H, F]
+    return (score[:, None, :] > f[:, :, None]).sum(-1).max(-1).values  # [H]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--gguf", required=True)
+    ap.add_argument("--gate", action="append", required=True)
+    ap.add_argument("--source", choices=["passkey", "train"], default="passkey")
+    ap.add_argument("--instances", type=int, default=4)
+    ap.add_argument("--context", type=int, default=1024)
+    ap.add_argument("--sinks", type=int, default=4)
+    ap.add_argument("--budgets", default="64 128")
+    ap.add_argument("--threads", type=int, default=0)
+    a = ap.parse_args()
+    if a.instances < 1 or a.context < 64 or a.sinks < 0:
+        ap.error(f"--instances {a.instances} must be >= 1, --context {a.context} >= 64, --sinks {a.sinks} >= 0")
+    budgets = [int(m) for m in a.budgets.split()]
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    d, f = os.path.dirname(os.path.abspath(a.gguf)), os.path.basename(a.gguf)
+    model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32).eval().requires_grad_(False)
+    tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
+    config = model.config
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    docs = documents(a.source, a.instances, a.context, tok)
+    gm = None
+    for path in a.gate:
+        gate = load_gate(path, config, head_dim)
+        if gm is None:
+            gm = GatedModel(model, gate)
+        gm.gate = gate
+        ranks = {}  # layer -> [instances, H]
+        for ids, fact in docs:
+            with torch.no_grad():
+                gm.student(torch.tensor([ids]))
+            for l, lb in gm.outputs.items():
+                ranks.setdefault(l, []).append(worst_ranks(lb[0], fact, a.sinks))
+        print(f"{path} ({a.source}, {len(docs)} instances, {a.sinks} sinks): worst fact-token rank per head "
+              f"(median over instances); share of (instance, head) keeping the whole fact at M = {budgets}")
+        for l in sorted(ranks):
+            r = torch.stack(ranks[l])  # [N, H]
+            med = [int(statistics.median(r[:, h].tolist())) for h in range(r.shape[1])]
+            kept = " ".join(f"{(r < m).float().mean().item():4.0%}" for m in budgets)
+            print(f"  layer {l:2d}: {' '.join(f'{x:5d}' for x in med)}   kept {kept}")
+
+
+if __name__ == "__main__":
+    main()
