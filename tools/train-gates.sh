@@ -2,7 +2,10 @@
 # Trains the three learned gates for SmolLM2-135M on this machine, each with its paper's objective
 # (tools/train/, docs/training.md), and copies them to gates/smollm2-135m/{trimkv,dbtrimkv,wgkv}.safetensors
 # (the gpu schedule: gates/smollm2-135m/long-range/):
-#   tools/train-gates.sh [--schedule cpu|gpu] [--only "rg rg10 wg"] [--out DIR] [--threads N]
+#   tools/train-gates.sh [--schedule cpu|gpu] [--only "rg rg10 wg rg10t"] [--out DIR] [--threads N]
+# rg10t (not run by default): the tied rg10 gate trained for TRIM-KV's per-head eviction (train_gates
+# --policy trimkv, SPEC §1 "Gate kind"), written as trimkv.safetensors; on the gpu schedule it goes on
+# from the long-range rg10 gate, the one TRIM-KV retrieves best with (docs/quality.md).
 # The data are long-range documents (tools/train/longrange.py: prose from the Debian handbook and
 # reference with facts at random depths and questions at the end, a quarter plain prose), and the
 # capacity loss's M is drawn per step (one gate for every budget); the retention gates add L_keep on
@@ -50,19 +53,25 @@ case $schedule in
        dest=$root/gates/smollm2-135m/long-range out=${out:-$root/build/train/runs-gpu} ;;
   *) echo "train-gates: --schedule $schedule: cpu or gpu" >&2; exit 2 ;;
 esac
-declare -A policy=([rg]=trimkv [rg10]=dbtrimkv [wg]=wgkv)
+declare -A policy=([rg]=trimkv [rg10]=dbtrimkv [rg10t]=trimkv [wg]=wgkv)
+declare -A kind=([rg]=rg [rg10]=rg10 [rg10t]=rg10 [wg]=wg)
+for g in $only; do
+  [ -n "${kind[$g]:-}" ] || { echo "train-gates: --only: '$g' is not one of rg rg10 rg10t wg" >&2; exit 2; }
+done
 # per gate: the bias at the start (the retention gates: TRIM-KV's "e.g. 8.0", beta ~ 1), lambda
-declare -A extra=([rg]="--bias-init 8 --keep-weight 1" [rg10]="--bias-init 8 --keep-weight 1" [wg]="--lam 0.1 --local-window 64")
+declare -A extra=([rg]="--bias-init 8 --keep-weight 1" [rg10]="--bias-init 8 --keep-weight 1"
+                  [rg10t]="--bias-init 8 --keep-weight 1 --policy trimkv" [wg]="--lam 0.1 --local-window 64")
 if [ "$schedule" = gpu ]; then  # a fine-tuning of the committed retention gates
   for g in rg rg10; do
     extra[$g]="--init $root/gates/smollm2-135m/${policy[$g]}.safetensors --keep-weight 1 --rank-weight 1 --prose-fraction 0.5 --lr 3e-4"
   done
+  extra[rg10t]="--init $root/gates/smollm2-135m/long-range/dbtrimkv.safetensors --policy trimkv --keep-weight 1 --rank-weight 1 --prose-fraction 0.5 --lr 3e-4"
 fi
 mkdir -p "$dest"
 train() {
   local g=$1
   # shellcheck disable=SC2086
-  "$python" "$root/tools/train/train_gates.py" --gate "$g" --gguf "$gguf" --out "$out/$g" --steps $steps \
+  "$python" "$root/tools/train/train_gates.py" --gate "${kind[$g]}" --gguf "$gguf" --out "$out/$g" --steps $steps \
     --seq-len $seq --data longrange --memory-range $memory --threads $threads --seed 0 --no-progress ${extra[$g]} \
     >"$out/$g.log" 2>&1 || { echo "train-gates: $g failed (its log: $out/$g.log)" >&2; tail -n 20 "$out/$g.log" >&2; return 1; }
   cp "$out/$g/gate.safetensors" "$dest/${policy[$g]}.safetensors"
