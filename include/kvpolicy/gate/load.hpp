@@ -1,7 +1,7 @@
 /// \file
 /// kvpolicy/gate/load.hpp — a retention gate from its file, as one callable per layer: TRIM-KV's
 /// gate (SPEC §1), or DBTrimKV's tied gate (SPEC §2: the authors' rg10 when the file holds it, else
-/// the paper's literal tied gate). TRIM-KV also runs an rg10 file (SPEC §1, "Gate"): the authors'
+/// the paper's literal tied gate). TRIM-KV also runs an rg10 file (SPEC §1, "Gate kind"): the authors'
 /// code takes the gate's kind from the model's config, apart from the cache that evicts by it. The
 /// width (I, or the readout's projection) is read from the file.
 #pragma once
@@ -28,11 +28,11 @@ inline LayerGate load_retention_gate(const std::string& path, int layers, int hi
     auto g = std::make_shared<const decltype(gate)>(std::move(gate));
     return [g](int layer, View<const float, 2> input, View<float, 2> out) { g->forward(layer, input, out); };
   };
-  if (!tied && !Rg10Gate::holds(file))
-    return wrap(RetentionGate::load(
-        file, {layers, hidden, kv_heads, width(RetentionGate::prefix(0) + "linear1.weight"), Activation::silu}));
   if (Rg10Gate::holds(file))
     return wrap(Rg10Gate::load(file, {layers, hidden, kv_heads, width(Rg10Gate::prefix(0) + "linear1.weight"), Activation::silu}));
+  if (!tied)
+    return wrap(RetentionGate::load(
+        file, {layers, hidden, kv_heads, width(RetentionGate::prefix(0) + "linear1.weight"), Activation::silu}));
   return wrap(TiedGate::load(file, {layers, hidden, kv_heads, width(TiedGate::readout_weight), Activation::silu}));
 }
 
