@@ -5,7 +5,7 @@
 # decided inside kvpolicy-lm's own loop: a 16-token first step (the prompt), then 16-token steps
 # (SnapKV compresses a prompt: its prompt is the first 1,024 tokens). One thread per run.
 #   tools/quality_table.sh [OUT_DIR] [--budgets "64 128 256 512"] [--append] [--only "epikv hs-var"]
-#                          [--text FILE] [--gates DIR] [--mode union] [--sinks "0 4"]
+#                          [--text FILE] [--gates DIR] [--mode union] [--sinks "0 4"] [--window W]
 # (default OUT_DIR build/lm/quality: results.csv, quality.png). --append adds the budgets' rows to an
 # existing results.csv (the full cache is not run again), so a long table can be made in parts;
 # --only runs just the policies it names. The learned policies run with the gates in DIR (default
@@ -14,10 +14,12 @@
 # beyond the ring is what its gate admits: the entries columns). --mode union runs the policies that
 # have a token-level mode in it (SPEC §8; rows named POLICY/union) and skips the others; --sinks
 # names the sink settings run where a policy takes both a buffer and sinks (default both, 0 and 4).
+# --window W protects the W newest entries of every head (SPEC §1, sliding-window protection) in the
+# policies that take a window (rows named POLICY/wW) and skips the others.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=$root/build/lm/quality budgets="64 128 256 512" append=0 only=""
-text=/usr/share/common-licenses/GPL-3 gates=$root/gates/smollm2-135m mode=per-head sink_runs="0 4"
+text=/usr/share/common-licenses/GPL-3 gates=$root/gates/smollm2-135m mode=per-head sink_runs="0 4" window=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --budgets) budgets=$2; shift 2 ;;
@@ -27,9 +29,11 @@ while [ $# -gt 0 ]; do
     --gates) gates=$2; shift 2 ;;
     --mode) mode=$2; shift 2 ;;
     --sinks) sink_runs=$2; shift 2 ;;
+    --window) window=$2; shift 2 ;;
     *) out=$1; shift ;;
   esac
 done
+[[ "$window" =~ ^[0-9]+$ ]] || { echo "quality_table: --window '$window' is not a count of entries" >&2; exit 2; }
 mkdir -p "$out"
 lm=$root/build/default/examples/kvpolicy-lm
 [ -x "$lm" ] || { echo "quality_table: build kvpolicy-lm first (cmake --build --preset default)" >&2; exit 1; }
@@ -53,6 +57,7 @@ run() {  # policy budget sinks extra-args...
   mean=$(sed -n 's/^entries held on average: //p' <<<"$log")
   local name=$p
   [[ " $* " == *" --mode union "* ]] && name=$p/union
+  [[ " $* " == *" --window "* ]] && name=$name/w$window
   echo "$name,$m,$s,$ppl,$peak,$final,$secs,$mean" | tee -a "$csv"
 }
 # Every registered policy (kvpolicy-lm --list-policies: name, options, inputs, prompt, device), with the
@@ -77,6 +82,7 @@ for m in $budgets; do
       args+=(--gate "$gates/$p.safetensors")
     fi
     if [ "$mode" = union ]; then has "$opts" mode && args+=(--mode union) || continue; fi
+    if [ "$window" -gt 0 ]; then has "$opts" window && args+=(--window "$window") || continue; fi
     has "$opts" sinks && args+=(--sinks 0)  # explicit: a policy's default may protect some (StreamingLLM's 4)
     if has "$opts" buffer && has "$opts" sinks; then
       [[ " $sink_runs " == *" 0 "* ]] && run "$p" "$m" 0 "${args[@]}"

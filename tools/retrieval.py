@@ -88,7 +88,7 @@ def policy_options(lm):
     return {line.split("\t")[0]: set(line.split("\t")[1].split(",")) for line in out.splitlines() if line}
 
 
-def run_batch(lm, model, prompts, policy, budget, sinks, gate, threads, options, generate=8, mode="per-head"):
+def run_batch(lm, model, prompts, policy, budget, sinks, gate, threads, options, generate=8, mode="per-head", window=0):
     # F32 K/V and fp32 activations, as docs/quality.md's table was made (before kvpolicy-lm's F16 and
     # Q8 defaults of 0.21.0): the same command gives the same numbers
     args = [lm, "--model", model, "--generate", str(generate), "--prefill", "64", "--chunk", "64", "--threads", str(threads),
@@ -98,6 +98,7 @@ def run_batch(lm, model, prompts, policy, budget, sinks, gate, threads, options,
         args += ["--budget" if "budget" in takes else "--local", str(budget)]
         args += ["--buffer", "16"] if "buffer" in takes else []
         args += ["--sinks", str(sinks)] if "sinks" in takes else []
+        args += ["--window", str(window)] if window and "window" in takes else []
         if "gate" in takes:
             args += ["--gate", gate]
         args += ["--mode", mode] if "mode" in takes else []
@@ -144,6 +145,9 @@ def main():
     ap.add_argument("--mode", choices=["per-head", "union"], default="per-head",
                     help="union: each policy in its token-level mode (SPEC §8; recorded as POLICY/union), the "
                          "policies without one skipped")
+    ap.add_argument("--window", type=int, default=0,
+                    help="protected newest entries per head (SPEC §1, sliding-window protection; recorded as "
+                         "POLICY/wW), the policies without a window skipped")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=os.path.join(ROOT, "build/lm/retrieval"))
     ap.add_argument("--gates-label", default="",
@@ -168,6 +172,8 @@ def main():
         return
     if not a.model:
         ap.error("--model is needed to run the suite")
+    if a.window < 0:
+        ap.error(f"--window {a.window} must be >= 0")
     for t in a.tasks.split():
         if t not in TASKS:
             ap.error(f"--tasks: '{t}' is not one of {' '.join(TASKS)}")
@@ -202,6 +208,8 @@ def main():
             for policy in policies:
                 if a.mode == "union" and policy != "full" and "mode" not in options[policy]:
                     continue  # no token-level mode
+                if a.window and policy != "full" and "window" not in options[policy]:
+                    continue  # nothing to protect the newest entries with
                 for budget in ([0] if policy == "full" else [int(b) for b in a.budgets.split()]):
                     name = label({"policy": recorded(a, policy, options),
                                   "gates": a.gates_label if "gate" in options[policy] else ""})
@@ -218,7 +226,7 @@ def run_cell(a, options, path, fields, task, context, prompts, needed, generate,
     t0, hits, wrong_examples, entries = time.time(), 0, [], 0
     for b in range(0, len(prompts), a.batch):
         answers, held = run_batch(a.lm, a.model, prompts[b:b + a.batch], policy, budget, sinks, gate, a.threads,
-                                  options, generate, a.mode)
+                                  options, generate, a.mode, a.window)
         entries += sum(held)
         for need, ans in zip(needed[b:b + a.batch], answers):
             if right(task, ans, need):
@@ -235,8 +243,10 @@ def run_cell(a, options, path, fields, task, context, prompts, needed, generate,
 
 
 def recorded(a, policy, options):
-    """The policy as results.csv names it: POLICY/union in the token-level mode."""
-    return f"{policy}/union" if a.mode == "union" and "mode" in options[policy] else policy
+    """The policy as results.csv names it: POLICY/union in the token-level mode, POLICY/wW with the
+    W newest entries protected."""
+    name = f"{policy}/union" if a.mode == "union" and "mode" in options[policy] else policy
+    return f"{name}/w{a.window}" if a.window and "window" in options[policy] else name
 
 
 def label(r):

@@ -13,7 +13,8 @@
   - --policy trimkv trains an rg10 gate with TRIM-KV's per-head capacity hinge (its metadata says
     so), and an rg gate for dbtrimkv is refused;
   - --train-layers trains only the named layers' gate parameters (the others stay as --init gave
-    them, bit for bit) and refuses a layer the model lacks; fact_ranks.py ranks a fact as by hand.
+    them, bit for bit) and refuses a layer the model lacks; fact_ranks.py ranks a fact as by hand;
+  - gates.gate_file reads a written gate's kind and width, and --init refuses a gate of another kind.
 usage: test_train_gates.py GATE_FORWARD WORK_DIR   (run with the venv of tools/train-venv.sh)
 """
 import csv
@@ -31,7 +32,7 @@ sys.path.insert(0, os.path.join(root, "tools", "train"))
 import objectives  # noqa: E402
 import train_gates  # noqa: E402
 from gated_attention import GatedModel  # noqa: E402
-from gates import make_gate  # noqa: E402
+from gates import gate_file, make_gate  # noqa: E402
 
 gate_forward, work = sys.argv[1], sys.argv[2]
 shutil.rmtree(work, ignore_errors=True)
@@ -300,6 +301,24 @@ for fact, want in (([2], 2), ([2, 3], 4)):
     r = fact_ranks.worst_ranks(lb, fact, 1).tolist()
     if r != [want]:
         failures.append(f"fact_ranks.worst_ranks fact {fact}: {r}, want [{want}]")
+
+# gates.gate_file: a written gate's kind (rg10 by its tied readout) and width from its tensors, and
+# fact_ranks.load_gate gives back the tensors written; --init with a gate of another kind is refused,
+# naming both kinds.
+rg10_file = os.path.join(work, "rg10-whole", "gate.safetensors")
+head_dim = getattr(model.config, "head_dim", None) or model.config.hidden_size // model.config.num_attention_heads
+for path, want in ((src, "rg"), (rg10_file, "rg10")):
+    kind, width, _ = gate_file(path)
+    if (kind, width) != (want, WIDTH):
+        failures.append(f"gate_file({path}): {kind} of width {width}, want {want} of width {WIDTH}")
+    written, loaded = safe_open(path, "pt"), fact_ranks.load_gate(path, model.config, head_dim).export(head_dim)
+    if any(not torch.equal(written.get_tensor(k), loaded[k]) for k in written.keys()):
+        failures.append(f"fact_ranks.load_gate({path}): not the tensors written")
+p = subprocess.run([sys.executable, os.path.join(root, "tools", "train", "train_gates.py"), "--gate", "rg", "--tiny",
+                    "--text", text, "--out", os.path.join(work, "refused"), "--steps", "1", "--width", str(WIDTH),
+                    "--init", rg10_file], capture_output=True, text=True)
+if p.returncode == 0 or f"kind rg10 and width {WIDTH}, not rg and {WIDTH}" not in p.stderr:
+    failures.append(f"--gate rg --init (an rg10 gate): not refused with a message naming both ({p.stderr[-200:]})")
 
 if failures:
     print("\n".join("FAIL: " + f for f in failures))

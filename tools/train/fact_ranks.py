@@ -10,7 +10,7 @@ answer lose it; this says which layers' gates do not rank the fact, before any r
 
 --source passkey: retrieval.py's pass-key prompts (held-out prose; the fact is the key's digits).
 --source train: longrange.py's training documents, cut before their first question (the fact is
-every stated fact's tokens). A gate is a written .safetensors (its kind from the metadata) or a
+every stated fact's tokens). A gate is a written .safetensors (its kind from its tensors) or a
 training run's checkpoint.pt. Prints one line per layer: the median over instances of each head's
 worst rank, and for each budget the share of (instance, head) pairs that keep the whole fact.
 """
@@ -27,28 +27,19 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 import longrange  # noqa: E402
 from gated_attention import GatedModel  # noqa: E402
-from gates import load_exported, make_gate  # noqa: E402
+from gates import gate_file, make_gate  # noqa: E402
 
 
 def load_gate(path, config, head_dim):
-    """(gate, label) from a written gate or a checkpoint.pt; rg and rg10 only."""
-    if path.endswith(".pt"):
-        ck = torch.load(path, map_location="cpu")
-        gate = make_gate(ck["args"]["gate"], config, ck["args"]["width"])
-        gate.load_state_dict(ck["gate"])
-    else:
-        from safetensors import safe_open
-        from safetensors.torch import load_file
-        with safe_open(path, "pt") as f:
-            kind = (f.metadata() or {}).get("kvpolicy_gate")
-        tensors = load_file(path)
-        if kind not in ("rg", "rg10"):
-            raise SystemExit(f"fact_ranks: {path} is not a retention gate (metadata kvpolicy_gate = {kind})")
-        width = tensors["model.layers.0.self_attn.retention_gate.linear1.weight"].shape[0]
-        gate = make_gate(kind, config, width)
-        load_exported(gate, tensors, head_dim)
-    if gate.kind == "wg":
+    """A retention gate (rg, rg10) from a written gate or a checkpoint.pt (gates.gate_file)."""
+    try:
+        kind, width, load = gate_file(path)
+    except ValueError as e:
+        raise SystemExit(f"fact_ranks: {e}")
+    if kind == "wg":
         raise SystemExit(f"fact_ranks: {path} is a write gate; it admits, it does not rank")
+    gate = make_gate(kind, config, width)
+    load(gate, head_dim)
     return gate.eval()
 
 

@@ -163,6 +163,24 @@ def load_exported(gate, tensors, head_dim):
             param.copy_(tensors[name])
 
 
+def gate_file(path, device="cpu"):
+    """(kind, width) of the gate a file training wrote holds, and a function that loads it into a
+    gate of that kind and width: a run's checkpoint.pt (any kind, as its args say) or a retention
+    gate's `.safetensors` export (rg or rg10, as its tensors say: the tied readout `linear3` is
+    rg10's). ValueError naming the file when it is neither, or a write gate's export."""
+    if path.endswith(".pt"):
+        ck = torch.load(path, map_location=device)
+        return ck["args"]["gate"], ck["args"]["width"], lambda gate, head_dim: gate.load_state_dict(ck["gate"])
+    from safetensors.torch import load_file
+    tensors = load_file(path, device=str(device))
+    first = "model.layers.0.self_attn.retention_gate."
+    if first + "linear1.weight" not in tensors:
+        raise ValueError(f"{path} is not a retention gate's export (no {first}linear1.weight); "
+                         "a write gate starts from its checkpoint.pt")
+    kind = "rg10" if first + "linear3.weight" in tensors else "rg"
+    return kind, tensors[first + "linear1.weight"].shape[0], lambda gate, head_dim: load_exported(gate, tensors, head_dim)
+
+
 def make_gate(kind, config, width, activation=None, bias_init=None):
     """The gate `kind` (rg, rg10, wg) for a transformers LLaMA-family config."""
     L, D, H = config.num_hidden_layers, config.hidden_size, config.num_key_value_heads

@@ -32,7 +32,7 @@ import corpus  # noqa: E402
 import longrange  # noqa: E402
 import objectives  # noqa: E402
 from gated_attention import GatedModel  # noqa: E402
-from gates import load_exported, make_gate  # noqa: E402
+from gates import gate_file, make_gate  # noqa: E402
 
 POLICY = {"rg": "trimkv", "rg10": "dbtrimkv", "wg": "wgkv"}
 
@@ -356,18 +356,14 @@ def main():
     lam = a.lam if a.lam is not None else (0.1 if a.gate == "wg" else 1.0)
     torch.manual_seed(a.seed)
     gate = make_gate(a.gate, config, a.width, bias_init=a.bias_init).to(device)
-    if a.init and a.init.endswith(".safetensors"):
-        from safetensors.torch import load_file
+    if a.init:
         try:
-            load_exported(gate, load_file(a.init, device=str(device)), head_dim)
+            kind, width, load = gate_file(a.init, device)
+            if (kind, width) != (a.gate, a.width):
+                raise ValueError(f"holds a gate of kind {kind} and width {width}, not {a.gate} and {a.width}")
+            load(gate, head_dim)
         except ValueError as e:
-            raise SystemExit(f"train_gates: --init {a.init}: {e} (a {a.gate} gate of width {a.width}?)")
-    elif a.init:
-        init = torch.load(a.init, map_location=device)
-        if init["args"]["gate"] != a.gate or init["args"]["width"] != a.width:
-            raise SystemExit(f"train_gates: --init {a.init} is a {init['args']['gate']} gate of width "
-                             f"{init['args']['width']}, not {a.gate} of width {a.width}")
-        gate.load_state_dict(init["gate"])
+            raise SystemExit(f"train_gates: --init {a.init}: {e}")
     gm = GatedModel(model, gate, a.local_window)
     params = trained_parameters(gate, a.train_layers)
     opt = torch.optim.AdamW(params, lr=a.lr, weight_decay=a.weight_decay)
