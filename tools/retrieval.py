@@ -82,6 +82,11 @@ def instances(n, context, seed):
     return out
 
 
+class Refused(Exception):
+    """kvpolicy-lm refused a cell's configuration (its message says which value, e.g. sinks that do not
+    fit beside a prompt policy's observation window at a small M)."""
+
+
 def policy_options(lm):
     """name -> the options it takes, from kvpolicy-lm --list-policies (the registry)."""
     out = subprocess.run([lm, "--list-policies"], capture_output=True, text=True, check=True).stdout
@@ -105,6 +110,8 @@ def run_batch(lm, model, prompts, policy, budget, sinks, gate, threads, options,
     for p in prompts:
         args += ["--prompt", p]
     p = subprocess.run(args, capture_output=True, text=True)
+    if p.returncode == 2 and "kvpolicy:" in p.stderr:  # the policy refused this configuration: a cell, not the run
+        raise Refused(p.stderr.strip().splitlines()[-1])
     if p.returncode != 0:
         raise SystemExit(f"retrieval: kvpolicy-lm failed ({p.returncode}): {p.stderr[-2000:]}")
     answers, held = [], []
@@ -215,7 +222,10 @@ def main():
                                   "gates": a.gates_label if "gate" in options[policy] else ""})
                     if (task, str(context), name, str(budget), str(len(prompts))) in done:
                         continue
-                    run_cell(a, options, path, fields, task, context, prompts, needed, generate, policy, budget)
+                    try:
+                        run_cell(a, options, path, fields, task, context, prompts, needed, generate, policy, budget)
+                    except Refused as e:
+                        print(f"retrieval: skipped {task} {context} {name} M = {budget}: {e}", file=sys.stderr, flush=True)
     if a.plot:
         plot(path, os.path.join(a.out, "retrieval.png"))
 

@@ -14,7 +14,8 @@
     so), and an rg gate for dbtrimkv is refused;
   - --train-layers trains only the named layers' gate parameters (the others stay as --init gave
     them, bit for bit) and refuses a layer the model lacks; fact_ranks.py ranks a fact as by hand;
-  - gates.gate_file reads a written gate's kind and width, and --init refuses a gate of another kind.
+  - gates.gate_file reads a written gate's kind and width, and --init refuses a gate of another kind;
+  - scale_gate.py scales a retention gate's logit (log beta = logsigmoid(S z)) and refuses S <= 0.
 usage: test_train_gates.py GATE_FORWARD WORK_DIR   (run with the venv of tools/train-venv.sh)
 """
 import csv
@@ -319,6 +320,25 @@ p = subprocess.run([sys.executable, os.path.join(root, "tools", "train", "train_
                     "--init", rg10_file], capture_output=True, text=True)
 if p.returncode == 0 or f"kind rg10 and width {WIDTH}, not rg and {WIDTH}" not in p.stderr:
     failures.append(f"--gate rg --init (an rg10 gate): not refused with a message naming both ({p.stderr[-200:]})")
+
+# scale_gate.py: the scaled gate's log beta is logsigmoid(S z) where the gate's is logsigmoid(z), on the
+# same inputs, for rg and rg10; S <= 0 and a write gate are refused.
+import scale_gate  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+x = torch.randn(1, 5, model.config.hidden_size)
+for path in (src, rg10_file):
+    scaled = os.path.join(work, "scaled-" + os.path.basename(os.path.dirname(path)) + ".safetensors")
+    scale_gate.scale(path, 0.5, scaled)
+    with torch.no_grad():
+        lb, lb_s = (fact_ranks.load_gate(f, model.config, head_dim)(1, x).double() for f in (path, scaled))
+    want = F.logsigmoid(0.5 * torch.logit(lb.exp()))
+    if not torch.allclose(lb_s, want, rtol=1e-4, atol=1e-6):
+        failures.append(f"scale_gate {path}: log beta off by {(lb_s - want).abs().max().item()}")
+for args in ((src, "0"), (os.path.join(work, "wg-whole", "gate.safetensors"), "0.5")):
+    p = subprocess.run([sys.executable, os.path.join(root, "tools", "train", "scale_gate.py"), *args,
+                        os.path.join(work, "refused.safetensors")], capture_output=True, text=True)
+    if p.returncode == 0 or "scale_gate:" not in p.stderr:
+        failures.append(f"scale_gate {args}: not refused with a message ({p.stderr[-200:]})")
 
 if failures:
     print("\n".join("FAIL: " + f for f in failures))

@@ -167,7 +167,8 @@ def gate_file(path, device="cpu"):
     """(kind, width) of the gate a file training wrote holds, and a function that loads it into a
     gate of that kind and width: a run's checkpoint.pt (any kind, as its args say) or a retention
     gate's `.safetensors` export (rg or rg10, as its tensors say: the tied readout `linear3` is
-    rg10's). ValueError naming the file when it is neither, or a write gate's export."""
+    rg10's). ValueError naming the file when it is neither (a write gate's export included: it is
+    reordered for RoPE, so a write gate is read from its checkpoint.pt)."""
     if path.endswith(".pt"):
         ck = torch.load(path, map_location=device)
         return ck["args"]["gate"], ck["args"]["width"], lambda gate, head_dim: gate.load_state_dict(ck["gate"])
@@ -175,8 +176,7 @@ def gate_file(path, device="cpu"):
     tensors = load_file(path, device=str(device))
     first = "model.layers.0.self_attn.retention_gate."
     if first + "linear1.weight" not in tensors:
-        raise ValueError(f"{path} is not a retention gate's export (no {first}linear1.weight); "
-                         "a write gate starts from its checkpoint.pt")
+        raise ValueError(f"{path} is not a retention gate's export (no {first}linear1.weight)")
     kind = "rg10" if first + "linear3.weight" in tensors else "rg"
     return kind, tensors[first + "linear1.weight"].shape[0], lambda gate, head_dim: load_exported(gate, tensors, head_dim)
 
