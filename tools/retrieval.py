@@ -160,7 +160,12 @@ def main():
     ap.add_argument("--gates-label", default="",
                     help="names the gates in the results (a column), so gates of several trainings share one file")
     ap.add_argument("--append", action="store_true", help="add rows to an existing results.csv; skip cells already there")
-    ap.add_argument("--plot", action="store_true")
+    ap.add_argument("--plot", action="store_true",
+                    help="draw OUT/retrieval.png (accuracy against M, a panel per task); without --model, only that")
+    ap.add_argument("--plot-gated", metavar="LABELS",
+                    help="with --plot: the gated rows to draw, as the table names them, comma-separated (e.g. "
+                         "'trimkv (long-range),wgkv (committed)'); the rows without gates are always drawn")
+    ap.add_argument("--plot-context", type=int, default=1024, help="with --plot: the context drawn")
     ap.add_argument("--show", type=int, metavar="K",
                     help="print instance K's prompt of the first task and context (what a cell runs) and exit")
     ap.add_argument("--table", metavar="CONTEXT:BUDGET",
@@ -176,6 +181,10 @@ def main():
         prompts, needed, _ = task_instances(a.tasks.split()[0], a.show + 1, int(a.contexts.split()[0]), a.seed)
         print(prompts[a.show], end="")
         print(f"needed: {' / '.join(needed[a.show])}", file=sys.stderr)
+        return
+    if a.plot and not a.model:
+        plot(os.path.join(a.out, "results.csv"), os.path.join(a.out, "retrieval.png"), a.plot_context, a.plot_gated,
+             a.tasks.split(), a.mode)
         return
     if not a.model:
         ap.error("--model is needed to run the suite")
@@ -227,7 +236,7 @@ def main():
                     except Refused as e:
                         print(f"retrieval: skipped {task} {context} {name} M = {budget}: {e}", file=sys.stderr, flush=True)
     if a.plot:
-        plot(path, os.path.join(a.out, "retrieval.png"))
+        plot(path, os.path.join(a.out, "retrieval.png"), a.plot_context, a.plot_gated, a.tasks.split(), a.mode)
 
 
 def run_cell(a, options, path, fields, task, context, prompts, needed, generate, policy, budget):
@@ -279,32 +288,46 @@ def table(path, context, budget):
     return "\n".join(out)
 
 
-def plot(path, png, context=1024):
-    """Accuracy against M at one context, a panel per task."""
+def plot(path, png, context=1024, gated=None, tasks=None, mode="per-head"):
+    """Accuracy against M at one context, a panel per task (`tasks`, or every one in the file); of the
+    gated rows only those `gated` names (comma-separated labels; None: every one); the rows of `mode`
+    (POLICY/union in the token-level one). A series keeps its colour in every panel; one legend beside
+    them."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [r for r in csv.DictReader(open(path)) if int(r.get("context", context)) == context]
+    keep = None if gated is None else {g.strip() for g in gated.split(",")}
+    rows = [r for r in csv.DictReader(open(path)) if int(r.get("context", context)) == context
+            and (keep is None or not r.get("gates") or label(r) in keep)
+            and (tasks is None or r.get("task", "single") in tasks)
+            and (r["policy"] == "full" or ("union" in r["policy"].split("/")[1:]) == (mode == "union"))]
+    if not rows:
+        raise SystemExit(f"retrieval: no rows of context {context} to plot in {path}")
     tasks = list(dict.fromkeys(r.get("task", "single") for r in rows))
-    fig, axes = plt.subplots(1, len(tasks), figsize=(4 * len(tasks), 3.6), squeeze=False)
+    names = list(dict.fromkeys(label(r) for r in rows if r["policy"] != "full"))
+    colours = {n: plt.cm.tab20(k % 20) for k, n in enumerate(names)}
+    fig, axes = plt.subplots(1, len(tasks), figsize=(4.2 * len(tasks) + 2.2, 3.8), squeeze=False)
+    handles = {}
     for ax, task in zip(axes[0], tasks):
         cell = [r for r in rows if r.get("task", "single") == task]
         full = [float(r["accuracy"]) for r in cell if r["policy"] == "full"]
-        for name in dict.fromkeys(label(r) for r in cell if r["policy"] != "full"):
+        for name in names:
             pts = sorted((int(r["budget"]), float(r["accuracy"])) for r in cell if label(r) == name)
-            style = "-o" if name.split()[0] in LEARNED else "--."
-            ax.plot([b for b, _ in pts], [100 * v for _, v in pts], style, label=name)
+            if pts:
+                style = "-o" if name.split()[0].split("/")[0] in LEARNED else "--."
+                handles[name], = ax.plot([b for b, _ in pts], [100 * v for _, v in pts], style,
+                                         color=colours[name], label=name)
         if full:
-            ax.axhline(100 * full[0], color="k", lw=0.8, label="full cache")
+            handles["full cache"] = ax.axhline(100 * full[0], color="k", lw=0.8, label="full cache")
         ax.set_xscale("log", base=2)
         ax.set_title(f"{task}, {context} tokens")
         ax.set_xlabel("M (entries per layer and kv head)")
         ax.set_ylabel("accuracy (%)")
         ax.set_ylim(-3, 103)
         ax.grid(alpha=0.3)
-    axes[0][-1].legend(fontsize=7)
-    fig.tight_layout()
+    fig.legend(handles.values(), handles.keys(), loc="center right", fontsize=7)
+    fig.tight_layout(rect=(0, 0, 1 - 2.2 / (4.2 * len(tasks) + 2.2), 1))
     fig.savefig(png, dpi=110)
 
 
