@@ -47,8 +47,15 @@ run() {  # policy budget sinks extra-args...
   local p=$1 m=$2 s=$3; shift 3
   [ -z "$only" ] || [[ "$only" == *" $p "* ]] || return 0
   # F32 K/V, as docs/quality.md's table was made (kvpolicy-lm's default is F16 since 0.21.0)
-  local log; log=$("$lm" --model "$model" --text "$text" --tokens 2048 --score-from 1 --chunk 16 --threads 1 \
-                   --kv f32 --policy "$p" "$@")
+  local log rc=0
+  log=$("$lm" --model "$model" --text "$text" --tokens 2048 --score-from 1 --chunk 16 --threads 1 \
+        --kv f32 --policy "$p" "$@" 2>/tmp/quality_table.$$.err) || rc=$?
+  if [ $rc -ne 0 ]; then  # 2: the policy refused this configuration (e.g. sinks and window over M): skip the row
+    cat /tmp/quality_table.$$.err >&2; rm -f /tmp/quality_table.$$.err
+    [ $rc -eq 2 ] && { echo "quality_table: skipped $p M = $m" >&2; return 0; }
+    exit $rc
+  fi
+  rm -f /tmp/quality_table.$$.err
   local ppl peak final secs mean
   ppl=$(grep '^ppl ' <<<"$log" | cut -d' ' -f2)
   peak=$(sed -n 's/^entries held: peak \([0-9]*\), final \([0-9]*\) .*/\1/p' <<<"$log")

@@ -169,11 +169,15 @@ def main():
     ap.add_argument("--show", type=int, metavar="K",
                     help="print instance K's prompt of the first task and context (what a cell runs) and exit")
     ap.add_argument("--table", metavar="CONTEXT:BUDGET",
-                    help="print OUT/results.csv's markdown table for one context and budget (e.g. 1024:64) and exit")
+                    help="print OUT/results.csv's markdown table for one context and budget (a column per task, "
+                         "e.g. 1024:64), or for one context and task (a column per budget, e.g. 1024:single), and exit")
     a = ap.parse_args()
     if a.table:
-        context, budget = (int(x) for x in a.table.split(":"))
-        print(table(os.path.join(a.out, "results.csv"), context, budget))
+        context, what = a.table.split(":", 1) if ":" in a.table else (a.table, "")
+        if not context.isdigit() or not (what.isdigit() or what in TASKS):
+            ap.error(f"--table {a.table}: CONTEXT:BUDGET or CONTEXT:TASK (e.g. 1024:64, 1024:single)")
+        path = os.path.join(a.out, "results.csv")
+        print(table(path, int(context), int(what)) if what.isdigit() else budgets_table(path, int(context), what))
         return
     if a.show is not None:
         if a.show < 0:
@@ -285,6 +289,23 @@ def table(path, context, budget):
                if t in cells else "—" for t in tasks]
         held = max(int(r["entries"]) for r in cells.values())
         out.append(f"| {name} | {any_row['sinks']} | " + " | ".join(acc) + f" | {held:,} |")
+    return "\n".join(out)
+
+
+def budgets_table(path, context, task):
+    """A markdown table of one context and task: a row per policy, a column per budget M (accuracy,
+    correct of instances), the full cache's row first."""
+    rows = [r for r in csv.DictReader(open(path)) if int(r["context"]) == context and r["task"] == task]
+    budgets = sorted({int(r["budget"]) for r in rows if r["policy"] != "full"})
+    out = ["| policy | sinks | " + " | ".join(f"M = {m}" for m in budgets) + " |", "| --- | ---: |" + " ---: |" * len(budgets)]
+    for name in sorted(dict.fromkeys(label(r) for r in rows), key=lambda n: n != "full"):
+        cells = {int(r["budget"]): r for r in rows if label(r) == name}
+        acc = [f"{100 * float(cells[m]['accuracy']):.0f}% ({cells[m]['correct']}/{cells[m]['instances']})"
+               if m in cells else "—" for m in budgets]
+        if name == "full":
+            acc = [f"{100 * float(cells[0]['accuracy']):.0f}% ({cells[0]['correct']}/{cells[0]['instances']}), every entry"]
+            acc += [""] * (len(budgets) - 1)
+        out.append(f"| {name} | {next(iter(cells.values()))['sinks']} | " + " | ".join(acc) + " |")
     return "\n".join(out)
 
 
