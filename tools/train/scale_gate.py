@@ -12,7 +12,8 @@ long-range gate learned to keep) stay old. S trades what a long-range gate retri
 perplexity of prose, without training (docs/training.md, "Trading retrieval for prose").
 
 Each tensor is scaled in fp32 and stored in GATE's dtype. OUT's metadata is GATE's, with `scale`
-saying by how much. Refuses S <= 0 and a file that is not a retention gate (a write gate included).
+saying by how much. Refuses S <= 0 and a file that is not a written retention gate (a write gate or a checkpoint.pt
+included).
 """
 import argparse
 import os
@@ -30,6 +31,8 @@ READOUT = {"rg": ("linear2.weight", "bias"), "rg10": ("linear3.weight", "bias")}
 def scale(src, s, out):
     if not s > 0.0:
         raise SystemExit(f"scale_gate: S {s} must be > 0 (S = 0 leaves recency alone to rank; S < 0 inverts the ranking)")
+    if not src.endswith(".safetensors"):  # a checkpoint.pt is exported first (train_gates writes gate.safetensors)
+        raise SystemExit(f"scale_gate: {src} is not a written gate (.safetensors)")
     try:
         kind, _, _ = gate_file(src)
     except ValueError as e:
