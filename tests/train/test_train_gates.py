@@ -15,7 +15,10 @@
   - --train-layers trains only the named layers' gate parameters (the others stay as --init gave
     them, bit for bit) and refuses a layer the model lacks; fact_ranks.py ranks a fact as by hand;
   - gates.gate_file reads a written gate's kind and width, and --init refuses a gate of another kind;
-  - scale_gate.py scales a retention gate's logit (log beta = logsigmoid(S z)) and refuses S <= 0.
+  - scale_gate.py scales a retention gate's logit (log beta = logsigmoid(S z)) and refuses S <= 0;
+  - L_anchor (--anchor) is the mean squared difference of log(-log beta) from the reference gate's
+    over the tokens that are not facts: by hand, zero against the gate itself, a run logs it and
+    writes its anchor into the metadata, a write gate as anchor is refused.
 usage: test_train_gates.py GATE_FORWARD WORK_DIR   (run with the venv of tools/train-venv.sh)
 """
 import csv
@@ -339,6 +342,32 @@ for args in ((src, "0"), (os.path.join(work, "wg-whole", "gate.safetensors"), "0
                         os.path.join(work, "refused.safetensors")], capture_output=True, text=True)
     if p.returncode == 0 or "scale_gate:" not in p.stderr:
         failures.append(f"scale_gate {args}: not refused with a message ({p.stderr[-200:]})")
+
+# L_anchor: log beta -0.01 against the reference's -0.1 on token 0 (a term of log(10)^2), equal on
+# token 1, and -1 against -0.001 on token 2, a fact (left out): the mean of the two others, log(10)^2 / 2.
+lb = {0: torch.tensor([[[-0.01, -0.5, -1.0]]])}
+ref = {0: torch.tensor([[[-0.1, -0.5, -0.001]]])}
+got = objectives.anchor_loss(lb, ref, torch.tensor([[False, False, True]])).item()
+if not math.isclose(got, math.log(10) ** 2 / 2, rel_tol=1e-5):
+    failures.append(f"anchor_loss: {got}, want {math.log(10) ** 2 / 2}")
+torch.manual_seed(1)
+gm = GatedModel(model, make_gate("rg10", model.config, WIDTH, bias_init=3.0), LOCAL)
+for anchor, nonzero in ((gm.gate, False), (fact_ranks.load_gate(src, model.config, head_dim), True)):
+    _, parts = objectives.objective(gm, ids, MEMORY, 1.0, anchor=anchor, anchor_weight=1.0)
+    if (parts["anchor"].item() > 0) != nonzero:
+        failures.append(f"objective(anchor={'another gate' if nonzero else 'the gate itself'}): L_anchor {parts['anchor'].item()}")
+anchored = os.path.join(work, "rg10-anchored")
+train("rg10", anchored, "--anchor", src, "--anchor-weight", "0.5", "--steps", "2")
+with open(os.path.join(anchored, "log.csv")) as f:
+    if any(r.get("anchor", "") == "" for r in csv.DictReader(f)):
+        failures.append("--anchor: log.csv has no L_anchor on some step")
+if safe_open(os.path.join(anchored, "gate.safetensors"), "pt").metadata().get("anchor") != src:
+    failures.append("--anchor: the metadata does not name the anchor")
+p = subprocess.run([sys.executable, os.path.join(root, "tools", "train", "train_gates.py"), "--gate", "rg10", "--tiny",
+                    "--text", text, "--out", os.path.join(work, "refused"), "--steps", "1", "--width", str(WIDTH),
+                    "--anchor", os.path.join(work, "wg-whole", "gate.safetensors")], capture_output=True, text=True)
+if p.returncode == 0 or "--anchor" not in p.stderr:
+    failures.append(f"--anchor (a write gate): not refused with a message naming it ({p.stderr[-200:]})")
 
 if failures:
     print("\n".join("FAIL: " + f for f in failures))

@@ -24,6 +24,12 @@
   other tokens: zero exactly when every fact token would survive a top-M eviction there. L_keep
   raises the facts' scores alone; this term also lowers the prose that outranks them. Not in the
   papers.
+- Anchoring the rest (rg, rg10; --anchor): L_anchor = mean over (layer, kv head, token that is not a
+  stated fact) of (log(-log beta_i) - log(-log beta_ref_i))^2, beta_ref from a reference gate
+  reading the same hidden states. Top-M eviction ranks by (t - i) log beta_i, so the order of two
+  tokens is that of log(-log beta_i) + log(t - i): this term holds that axis where the reference
+  gate put it (a gate whose prose ranking keeps perplexity) while L_keep and L_rank lift the facts.
+  Not in the papers.
 """
 import torch
 import torch.nn.functional as F
@@ -95,14 +101,32 @@ def rank_loss(log_betas, fact_mask, memory):
     return torch.stack(terms).mean() if terms else lb.sum() * 0.0
 
 
+def log_decay_rate(log_beta):
+    """log(-log beta): the axis eviction ranks tokens on (see L_anchor); a beta that rounds to 1 is held at
+    -log beta = 1e-20 rather than sent to -inf."""
+    return (-log_beta).clamp(min=1e-20).log()
+
+
+def anchor_loss(log_betas, reference, fact_mask=None):
+    """L_anchor over every layer's log beta [B, H, T] against the reference gate's (same keys), the
+    tokens of a [B, T] fact mask left out; zero when every token is a fact."""
+    lb = torch.stack([log_betas[l] for l in sorted(log_betas)])  # [L, B, H, T]
+    ref = torch.stack([reference[l] for l in sorted(log_betas)])
+    sq = (log_decay_rate(lb) - log_decay_rate(ref)).pow(2).permute(0, 2, 1, 3)  # [L, H, B, T]
+    rest = torch.ones(sq.shape[2:], dtype=torch.bool, device=sq.device) if fact_mask is None else ~fact_mask
+    return sq[:, :, rest].mean() if bool(rest.any()) else lb.sum() * 0.0
+
+
 def objective(gm, ids, memory, lam, answer_mask=None, answer_weight=0.0, fact_mask=None, keep_weight=0.0,
-              rank_weight=0.0, global_budget=None):
+              rank_weight=0.0, global_budget=None, anchor=None, anchor_weight=0.0):
     """The gate's paper objective on one batch of token ids [B, T]: (loss, its parts). With an
     answer mask [B, T] (bool) holding answer tokens and answer_weight > 0, the quality term over the
     positions that predict them is added with that weight (part "answer"); with a fact mask and
     keep_weight > 0 (rg, rg10), keep_weight * L_keep (part "keep"); rank_weight > 0 (rg, rg10),
     rank_weight * L_rank at M = memory (part "rank"). global_budget: the capacity hinge DBTrimKV's
-    (True) or TRIM-KV's per head (False); by default the gate's policy (rg10 global, rg per head)."""
+    (True) or TRIM-KV's per head (False); by default the gate's policy (rg10 global, rg per head).
+    anchor (a retention gate, frozen) and anchor_weight > 0: anchor_weight * L_anchor against it on
+    the same layer inputs (part "anchor")."""
     on_answers = answer_mask is not None and answer_weight > 0 and bool(predicts_answer(answer_mask).any())
     if gm.gate.kind == "wg":
         teacher = gm.teacher(ids, output_hidden_states=True).hidden_states[-1]
@@ -132,4 +156,9 @@ def objective(gm, ids, memory, lam, answer_mask=None, answer_weight=0.0, fact_ma
     if fact_mask is not None and rank_weight > 0 and bool(fact_mask.any()):
         parts["rank"] = rank_loss(gm.outputs, fact_mask, memory)
         loss = loss + rank_weight * parts["rank"]
+    if anchor is not None and anchor_weight > 0:
+        with torch.no_grad():  # the reference reads what the gate read: this run's layer inputs
+            reference = {l: anchor(l, gm.normed[l]) for l in gm.outputs}
+        parts["anchor"] = anchor_loss(gm.outputs, reference, fact_mask)
+        loss = loss + anchor_weight * parts["anchor"]
     return loss, parts

@@ -77,6 +77,11 @@ def parse():
     ap.add_argument("--train-layers", metavar="LIST",
                     help="rg, rg10: train only these layers' gate parameters (e.g. 0,25-29; the rest and rg10's shared "
                          "readout stay as --init gave them): to mend the layers where a gate does not rank facts")
+    ap.add_argument("--anchor", metavar="GATE",
+                    help="rg, rg10: a written retention gate (.safetensors) whose ranking of the tokens that are not "
+                         "stated facts the trained gate keeps (L_anchor, objectives.py): e.g. the committed handbook "
+                         "gate, whose prose ranking keeps perplexity, while L_keep and L_rank lift the facts")
+    ap.add_argument("--anchor-weight", type=float, default=1.0, help="the weight of L_anchor (with --anchor)")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--weight-decay", type=float, default=0.01)
     ap.add_argument("--warmup", type=float, default=0.1, help="fraction of the steps with a linear warm-up")
@@ -109,6 +114,9 @@ def parse():
     if a.gate == "rg" and a.policy == "dbtrimkv":
         ap.error("--policy dbtrimkv: an rg gate is TRIM-KV's (DBTrimKV reads a tied gate: --gate rg10)")
     a.policy = a.policy or POLICY[a.gate]
+    if a.anchor is not None and (a.gate == "wg" or not a.anchor_weight > 0):
+        ap.error(f"--anchor {a.anchor} --anchor-weight {a.anchor_weight}: an anchor is for the retention gates "
+                 "(rg, rg10), with a weight > 0")
     if a.train_layers is not None:
         if a.gate == "wg":
             ap.error("--train-layers is for the retention gates (rg, rg10)")
@@ -321,7 +329,7 @@ def plot(log_path, png):
     plt.close(fig)
 
 
-def budgeted_steps(a, gm, gate, x, lam, answers=None, facts=None):
+def budgeted_steps(a, gm, gate, x, lam, answers=None, facts=None, anchor=None):
     """The steps that fit a.time_budget: three forward-backward passes on the first window, timed
     after the first (allocation, kernel selection), then the gradients dropped; the optimizer never
     steps, so the run that follows is the run `--steps N` gives."""
@@ -330,7 +338,7 @@ def budgeted_steps(a, gm, gate, x, lam, answers=None, facts=None):
         t0 = time.time()
         loss, _ = objectives.objective(gm, x, training_memory(a, 0), lam, answers, a.answer_weight, facts,
                                        getattr(a, "keep_weight", 0.0), getattr(a, "rank_weight", 0.0),
-                                       global_budget(a))
+                                       global_budget(a), anchor, getattr(a, "anchor_weight", 0.0))
         loss.backward()
         loss.item()
         seconds.append(time.time() - t0)
@@ -364,6 +372,17 @@ def main():
             load(gate, head_dim)
         except ValueError as e:
             raise SystemExit(f"train_gates: --init {a.init}: {e}")
+    anchor = None
+    if a.anchor:
+        try:
+            kind, width, load = gate_file(a.anchor, device)
+            if kind == "wg" or a.anchor.endswith(".pt"):
+                raise ValueError(f"holds a gate of kind {kind}; an anchor is a written retention gate (.safetensors)")
+            anchor = make_gate(kind, config, width).to(device)
+            load(anchor, head_dim)
+            anchor.requires_grad_(False)
+        except ValueError as e:
+            raise SystemExit(f"train_gates: --anchor {a.anchor}: {e}")
     gm = GatedModel(model, gate, a.local_window)
     params = trained_parameters(gate, a.train_layers)
     opt = torch.optim.AdamW(params, lr=a.lr, weight_decay=a.weight_decay)
@@ -392,8 +411,8 @@ def main():
         if a.time_budget:  # the step count the budgeted run chose
             a.steps = ck["args"]["steps"]
         for key in ("gate", "width", "seq_len", "steps", "seed", "data", "memory_range", "keep_weight", "rank_weight",
-                    "init", "train_layers", "policy"):  # not another run's
-            if ck["args"].get(key, {"data": "text", "keep_weight": 0.0, "rank_weight": 0.0,
+                    "init", "train_layers", "policy", "anchor", "anchor_weight"):  # not another run's
+            if ck["args"].get(key, {"data": "text", "keep_weight": 0.0, "rank_weight": 0.0, "anchor_weight": 1.0,
                                      "policy": POLICY[a.gate]}.get(key)) != getattr(a, key):
                 raise SystemExit(f"train_gates: {ckpt_path} is a run with --{key.replace('_', '-')} {ck['args'][key]}, "
                                  f"not {getattr(a, key)}: give another --out, or delete it to start again")
@@ -413,11 +432,12 @@ def main():
             os.remove(log_path)
         if a.time_budget:
             x, answers, facts = batch(0)
-            a.steps = budgeted_steps(a, gm, gate, x, lam, answers, facts)
+            a.steps = budgeted_steps(a, gm, gate, x, lam, answers, facts, anchor)
             print(f"train_gates: {a.steps} steps fit --time-budget {a.time_budget:g} s")
     fields = ["step", "lr", "loss", "kl", "ce", "cap"] if a.gate != "wg" else ["step", "lr", "loss", "distill", "sparsity", "admitted"]
     fields += (["answer"] + (["keep"] if a.keep_weight > 0 and a.gate != "wg" else [])
                + (["rank"] if a.rank_weight > 0 and a.gate != "wg" else [])) if a.data == "longrange" else []
+    fields += ["anchor"] if anchor is not None else []
     fields += ["memory"] if a.memory_range else []
     fields += ["seconds", "tokens"]
     new_log = not os.path.exists(log_path)
@@ -445,7 +465,7 @@ def main():
         x, answers, facts = batch(step)
         memory = training_memory(a, step)
         loss, parts = objectives.objective(gm, x, memory, lam, answers, a.answer_weight, facts, a.keep_weight,
-                                           a.rank_weight, global_budget(a))
+                                           a.rank_weight, global_budget(a), anchor, a.anchor_weight)
         for k in ("answer", "keep", "rank"):  # a prose step has none of them (an empty cell)
             if k in fields and k not in parts:
                 parts[k] = None
@@ -483,6 +503,7 @@ def main():
                                if a.data == "longrange" else {}), "lr": a.lr, "seed": a.seed, "width": a.width,
             "local_window": a.local_window, "rope_layout": "adjacent" if adjacent else "half",
             **({"init": a.init} if a.init else {}),
+            **({"anchor": a.anchor, "anchor_weight": a.anchor_weight} if a.anchor else {}),
             "model": os.path.basename(a.gguf or a.hf or "tiny")}
     export(gate, os.path.join(a.out, "gate.safetensors"), head_dim, adjacent, meta)
     done = truncated or a.steps
