@@ -375,9 +375,11 @@ def main():
     anchor = None
     if a.anchor:
         try:
+            if not a.anchor.endswith(".safetensors"):  # as scale_gate.py: a checkpoint.pt is exported first
+                raise ValueError("not a written gate (.safetensors)")
             kind, width, load = gate_file(a.anchor, device)
-            if kind == "wg" or a.anchor.endswith(".pt"):
-                raise ValueError(f"holds a gate of kind {kind}; an anchor is a written retention gate (.safetensors)")
+            if kind == "wg":
+                raise ValueError("holds a write gate; an anchor is a retention gate (rg, rg10)")
             anchor = make_gate(kind, config, width).to(device)
             load(anchor, head_dim)
             anchor.requires_grad_(False)
