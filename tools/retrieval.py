@@ -19,9 +19,11 @@ of instances as sequences of one cache.
                      [--out build/lm/retrieval] [--append]
 
 Writes OUT/results.csv (task, context, policy, budget, sinks, correct, instances, accuracy,
-seconds, and the entries a sequence held after its answer, averaged over the instances); with
---append, rows are added and cells already there are skipped, so a long run goes in parts. --plot
-draws OUT/retrieval.png. Instances are fixed by --seed.
+seconds, the entries a sequence held after its answer, averaged over the instances, and the seed);
+with --append, rows are added and cells already there are skipped, so a long run goes in parts. A
+cell there with fewer instances of the same seed is extended: only the instances it lacks run, and
+a row of the whole cell is added beside the shorter one (the tables read the longest). --plot draws
+OUT/retrieval.png. Instances are fixed by --seed, and n instances are the first n of any larger count.
 """
 import argparse
 import csv
@@ -205,20 +207,22 @@ def main():
             ap.error(f"--policies: '{policy}' is not registered in kvpolicy-lm (--list-policies)")
     path = os.path.join(a.out, "results.csv")
     fields = ["task", "context", "policy", "gates", "budget", "sinks", "correct", "instances", "accuracy", "seconds",
-              "entries"]
-    done = set()
+              "entries", "seed"]
+    have = {}  # cell -> its row of the most instances
     if a.append and os.path.exists(path):
         with open(path) as f:
             rows = list(csv.DictReader(f))
         if rows and "task" not in rows[0]:
             raise SystemExit(f"retrieval: {path} is from before the task column: give another --out")
-        if rows and "gates" not in rows[0]:  # a file from before the gates column: rewritten with it empty
+        if rows and ("gates" not in rows[0] or "seed" not in rows[0]):
+            # a file from before the gates or the seed column: rewritten with gates empty and the seed the
+            # default one, which every run before that column used
+            rows = [{**r, "gates": r.get("gates", ""), "seed": r.get("seed", "0")} for r in rows]
             with open(path, "w", newline="") as f:
                 w = csv.DictWriter(f, fieldnames=fields)
                 w.writeheader()
-                w.writerows({**r, "gates": ""} for r in rows)
-        done = {(r["task"], r["context"], label({**r, "gates": r.get("gates", "")}), r["budget"], r["instances"])
-                for r in rows}
+                w.writerows(rows)
+        have = {cell_key(r): r for r in longest(rows)}
     else:
         with open(path, "w", newline="") as f:
             csv.DictWriter(f, fieldnames=fields).writeheader()
@@ -233,21 +237,28 @@ def main():
                 for budget in ([0] if policy == "full" else [int(b) for b in a.budgets.split()]):
                     name = label({"policy": recorded(a, policy, options),
                                   "gates": a.gates_label if "gate" in options[policy] else ""})
-                    if (task, str(context), name, str(budget), str(len(prompts))) in done:
+                    before = have.get((task, str(context), name, str(budget), str(a.seed)))
+                    if before and int(before["instances"]) >= len(prompts):
                         continue
                     try:
-                        run_cell(a, options, path, fields, task, context, prompts, needed, generate, policy, budget)
+                        run_cell(a, options, path, fields, task, context, prompts, needed, generate, policy, budget,
+                                 before)
                     except Refused as e:
                         print(f"retrieval: skipped {task} {context} {name} M = {budget}: {e}", file=sys.stderr, flush=True)
     if a.plot:
         plot(path, os.path.join(a.out, "retrieval.png"), a.plot_context, a.plot_gated, a.tasks.split(), a.mode)
 
 
-def run_cell(a, options, path, fields, task, context, prompts, needed, generate, policy, budget):
+def run_cell(a, options, path, fields, task, context, prompts, needed, generate, policy, budget, before=None):
+    """Runs one cell and appends its row; `before`, the cell's row of fewer instances of the same seed:
+    only the instances after its count run, and the row counts them all."""
     gate = os.path.join(a.gates, policy + ".safetensors") if "gate" in options[policy] else None
     sinks = 0 if policy in ("full", "wgkv") else a.sinks
-    t0, hits, wrong_examples, entries = time.time(), 0, [], 0
-    for b in range(0, len(prompts), a.batch):
+    first = int(before["instances"]) if before else 0
+    t0, wrong_examples = time.time() - (float(before["seconds"]) if before else 0), []
+    hits = int(before["correct"]) if before else 0
+    entries = float(before["entries"]) * first if before else 0
+    for b in range(first, len(prompts), a.batch):
         answers, held = run_batch(a.lm, a.model, prompts[b:b + a.batch], policy, budget, sinks, gate, a.threads,
                                   options, generate, a.mode, a.window)
         entries += sum(held)
@@ -259,10 +270,27 @@ def run_cell(a, options, path, fields, task, context, prompts, needed, generate,
     row = {"task": task, "context": context, "policy": recorded(a, policy, options),
            "gates": a.gates_label if gate else "", "budget": budget, "sinks": sinks, "correct": hits,
            "instances": len(prompts), "accuracy": f"{hits / len(prompts):.3f}", "seconds": f"{time.time() - t0:.0f}",
-           "entries": f"{entries / len(prompts):.0f}"}
+           "entries": f"{entries / len(prompts):.0f}", "seed": a.seed}
     with open(path, "a", newline="") as f:
         csv.DictWriter(f, fieldnames=fields).writerow(row)
-    print(row, "e.g. wrong:", wrong_examples, flush=True)
+    print(row, f"(instances {first}-{len(prompts) - 1} run now)" if first else "", "e.g. wrong:", wrong_examples,
+          flush=True)
+
+
+def cell_key(r):
+    """What makes a cell of results.csv: task, context, policy with its gates, budget, seed."""
+    return (r.get("task", "single"), r.get("context", ""), label(r), r["budget"], r.get("seed") or "0")
+
+
+def longest(rows):
+    """Each cell's row of the most instances, in the order the cells first appear (a cell extended by
+    --append keeps its shorter row in the file)."""
+    best = {}
+    for r in rows:
+        k = cell_key(r)
+        if k not in best or int(r["instances"]) > int(best[k]["instances"]):
+            best[k] = r
+    return list(best.values())
 
 
 def recorded(a, policy, options):
@@ -279,7 +307,7 @@ def label(r):
 def table(path, context, budget):
     """A markdown table of one context and budget: a row per policy, a column per task (accuracy,
     correct of instances), and the entries held on average."""
-    rows = [r for r in csv.DictReader(open(path)) if int(r["context"]) == context and int(r["budget"]) in (0, budget)]
+    rows = [r for r in longest(csv.DictReader(open(path))) if int(r["context"]) == context and int(r["budget"]) in (0, budget)]
     tasks = list(dict.fromkeys(r["task"] for r in rows))
     out = ["| policy | sinks | " + " | ".join(tasks) + " | entries held |", "| --- | ---: |" + " ---: |" * (len(tasks) + 1)]
     for name in dict.fromkeys(label(r) for r in rows):
@@ -295,7 +323,7 @@ def table(path, context, budget):
 def budgets_table(path, context, task):
     """A markdown table of one context and task: a row per policy, a column per budget M (accuracy,
     correct of instances), the full cache's row first."""
-    rows = [r for r in csv.DictReader(open(path)) if int(r["context"]) == context and r["task"] == task]
+    rows = [r for r in longest(csv.DictReader(open(path))) if int(r["context"]) == context and r["task"] == task]
     budgets = sorted({int(r["budget"]) for r in rows if r["policy"] != "full"})
     out = ["| policy | sinks | " + " | ".join(f"M = {m}" for m in budgets) + " |", "| --- | ---: |" + " ---: |" * len(budgets)]
     for name in sorted(dict.fromkeys(label(r) for r in rows), key=lambda n: n != "full"):
@@ -319,7 +347,7 @@ def plot(path, png, context=1024, gated=None, tasks=None, mode="per-head"):
     import matplotlib.pyplot as plt
 
     keep = None if gated is None else {g.strip() for g in gated.split(",")}
-    rows = [r for r in csv.DictReader(open(path)) if int(r.get("context", context)) == context
+    rows = [r for r in longest(csv.DictReader(open(path))) if int(r.get("context", context)) == context
             and (keep is None or not r.get("gates") or label(r) in keep)
             and (tasks is None or r.get("task", "single") in tasks)
             and (r["policy"] == "full" or ("union" in r["policy"].split("/")[1:]) == (mode == "union"))]

@@ -1,0 +1,132 @@
+#!/usr/bin/env python3
+"""tools/retrieval.py's results file across runs, with a scripted engine in kvpolicy-lm's place (no model,
+no Debian text package: the prose is the project's docs):
+  - --append skips a cell already there with as many instances;
+  - --append with more instances extends a cell: only the instances it lacks run, and the new row counts
+    them all (correct, accuracy, entries averaged over every instance, seconds summed), the shorter row kept;
+  - the tables read each cell's longest row; another seed is another cell;
+  - a file from before the seed column is rewritten with seed 0 and extended.
+usage: test_retrieval_append.py   (any python3)
+"""
+import csv
+import os
+import re
+import shutil
+import sys
+import tempfile
+
+root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, os.path.join(root, "tools"))
+import retrieval  # noqa: E402
+
+# the engine: answers a pass key right unless it is a multiple of 3, holds (key mod 7) + 100 entries, and
+# logs how many prompts each call ran
+ENGINE = r'''#!{python}
+import re, sys
+args = sys.argv[1:]
+if "--list-policies" in args:
+    print("full\t\nstreamingllm\tbudget,sinks")
+    sys.exit(0)
+prompts = [args[i + 1] for i, a in enumerate(args) if a == "--prompt"]
+with open({log!r}, "a") as f:
+    f.write(f"{{len(prompts)}}\n")
+for s, p in enumerate(prompts):
+    key = re.search(r"The pass key is (\d+)\.", p).group(1)
+    answer = " 00000." if int(key) % 3 == 0 else f" {{key}}."
+    print(f"[{{s}}] {{p}}{{answer}}\n[{{s}}] policy streamingllm: 10 tokens, {{int(key) % 7 + 100}} entries held")
+'''
+
+failures = []
+
+
+def check(cond, what):
+    if not cond:
+        failures.append(what)
+
+
+tmp = tempfile.mkdtemp()
+try:
+    pages = os.path.join(tmp, "tutorial")
+    os.makedirs(pages)
+    for name in ("architecture.md", "api.md", "quality.md"):
+        with open(os.path.join(root, "docs", name), encoding="utf-8") as f:
+            body = "".join(f"<p>{line}</p>\n" for line in f.read().replace("<", " ").splitlines() if line.strip())
+        with open(os.path.join(pages, name + ".html"), "w", encoding="utf-8") as f:
+            f.write(f"<html><body>{body}</body></html>")
+    retrieval.TUTORIAL = pages
+    log = os.path.join(tmp, "calls.log")
+    engine = os.path.join(tmp, "engine")
+    with open(engine, "w") as f:
+        f.write(ENGINE.format(python=sys.executable, log=log))
+    os.chmod(engine, 0o755)
+    out = os.path.join(tmp, "out")
+    path = os.path.join(out, "results.csv")
+
+    def run(*extra):
+        sys.argv = ["retrieval.py", "--model", tmp, "--lm", engine, "--tasks", "single", "--budgets", "64",
+                    "--policies", "streamingllm", "--batch", "2", "--out", out, *extra]
+        retrieval.main()
+
+    def calls():
+        if not os.path.exists(log):
+            return []
+        with open(log) as f:
+            got = [int(n) for n in f.read().split()]
+        os.remove(log)
+        return got
+
+    def rows():
+        with open(path) as f:
+            return list(csv.DictReader(f))
+
+    def expected(n, seed=0):
+        keys = [k for _, k in retrieval.instances(n, 1024, seed)]
+        return sum(int(k) % 3 != 0 for k in keys), sum(int(k) % 7 + 100 for k in keys) / n
+
+    run("--instances", "5")
+    check(calls() == [2, 2, 1], "5 instances in batches of 2")
+    run("--instances", "5", "--append")
+    check(calls() == [], "--append ran a cell already there")
+    run("--instances", "9", "--append")
+    check(calls() == [2, 2], "extending 5 to 9 instances did not run just the 4 it lacked")
+    r = rows()
+    hits, held = expected(9)
+    check(len(r) == 2 and r[1]["instances"] == "9" and r[0]["instances"] == "5", f"rows after the extension: {r}")
+    check(int(r[1]["correct"]) == hits, f"extended cell: {r[1]['correct']} correct, by hand {hits}")
+    check(r[1]["accuracy"] == f"{hits / 9:.3f}", f"extended accuracy {r[1]['accuracy']}")
+    check(abs(float(r[1]["entries"]) - held) <= 1, f"extended entries {r[1]['entries']}, by hand {held:.1f}")
+    check(float(r[1]["seconds"]) >= float(r[0]["seconds"]), "the extended row's seconds do not include the first part's")
+    with open(path, "w", newline="") as f:  # the shorter row last, as a file merged by hand may have it
+        w = csv.DictWriter(f, fieldnames=list(r[0]))
+        w.writeheader()
+        w.writerows([r[1], r[0]])
+    table = retrieval.table(path, 1024, 64)
+    check(f"({hits}/9)" in table and "/5)" not in table, f"the table does not read the longest row:\n{table}")
+    check(f"({hits}/9)" in retrieval.budgets_table(path, 1024, "single"), "the budgets table does not read the longest row")
+    run("--instances", "3", "--append")
+    check(calls() == [], "--append ran a cell already there with more instances")
+    run("--instances", "3", "--append", "--seed", "1")
+    check(calls() == [2, 1], "another seed is another cell")
+    hits1, _ = expected(3, seed=1)
+    check(rows()[-1]["seed"] == "1" and int(rows()[-1]["correct"]) == hits1, f"seed 1's row: {rows()[-1]}")
+
+    # a file from before the seed column: the first 5 instances of seed 0 as that version wrote them
+    old_fields = ["task", "context", "policy", "gates", "budget", "sinks", "correct", "instances", "accuracy", "seconds",
+                  "entries"]
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=old_fields)
+        w.writeheader()
+        w.writerow({**{k: rows_k for k, rows_k in r[0].items() if k in old_fields}})
+    run("--instances", "9", "--append")
+    check(calls() == [2, 2], "a file without the seed column: the cell was not extended")
+    r = rows()
+    check(all(x["seed"] == "0" for x in r) and len(r) == 2 and int(r[1]["correct"]) == hits,
+          f"a file without the seed column, after the extension: {r}")
+    check(re.match(r"task,.*,entries,seed$", open(path).readline().strip()), "the header lacks the seed column")
+finally:
+    shutil.rmtree(tmp)
+
+if failures:
+    print("FAILED:\n  " + "\n  ".join(failures))
+    sys.exit(1)
+print("retrieval --append: skips, extends and reads the longest row of each cell")
