@@ -211,18 +211,20 @@ def main():
     have = {}  # cell -> its row of the most instances
     if a.append and os.path.exists(path):
         with open(path) as f:
-            rows = list(csv.DictReader(f))
+            reader = csv.DictReader(f)
+            rows, header = list(reader), reader.fieldnames or []
         if rows and "task" not in rows[0]:
             raise SystemExit(f"retrieval: {path} is from before the task column: give another --out")
-        if rows and ("gates" not in rows[0] or "seed" not in rows[0]):
+        if header != fields:
             # a file from before the gates or the seed column: rewritten with gates empty and the seed the
             # default one, which every run before that column used
-            rows = [{**r, "gates": r.get("gates", ""), "seed": r.get("seed", "0")} for r in rows]
+            rows = [{**{k: v for k, v in r.items() if k in fields}, "gates": r.get("gates", ""),
+                     "seed": r.get("seed") or "0"} for r in rows]
             with open(path, "w", newline="") as f:
                 w = csv.DictWriter(f, fieldnames=fields)
                 w.writeheader()
                 w.writerows(rows)
-        have = {cell_key(r): r for r in longest(rows)}
+        have = {cell_key(r): r for r in longest(rows, cell_key)}
     else:
         with open(path, "w", newline="") as f:
             csv.DictWriter(f, fieldnames=fields).writeheader()
@@ -239,6 +241,10 @@ def main():
                                   "gates": a.gates_label if "gate" in options[policy] else ""})
                     before = have.get((task, str(context), name, str(budget), str(a.seed)))
                     if before and int(before["instances"]) >= len(prompts):
+                        continue
+                    if before and before["sinks"] != str(0 if policy in ("full", "wgkv") else a.sinks):
+                        print(f"retrieval: skipped {task} {context} {name} M = {budget}: results.csv has it with "
+                              f"{before['sinks']} sinks; give another --out", file=sys.stderr, flush=True)
                         continue
                     try:
                         run_cell(a, options, path, fields, task, context, prompts, needed, generate, policy, budget,
@@ -282,12 +288,12 @@ def cell_key(r):
     return (r.get("task", "single"), r.get("context", ""), label(r), r["budget"], r.get("seed") or "0")
 
 
-def longest(rows):
+def longest(rows, key=lambda r: cell_key(r)[:4]):
     """Each cell's row of the most instances, in the order the cells first appear (a cell extended by
-    --append keeps its shorter row in the file)."""
+    --append keeps its shorter row in the file); by default over every seed, as the tables show a cell."""
     best = {}
     for r in rows:
-        k = cell_key(r)
+        k = key(r)
         if k not in best or int(r["instances"]) > int(best[k]["instances"]):
             best[k] = r
     return list(best.values())

@@ -19,7 +19,7 @@ root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.join(root, "tools"))
 import retrieval  # noqa: E402
 
-# the engine: answers a pass key right unless it is a multiple of 3, holds (key mod 7) + 100 entries, and
+# the engine: answers a pass key right unless it is a multiple of 3, holds (key mod 97) * 10 entries, and
 # logs how many prompts each call ran
 ENGINE = r'''#!{python}
 import re, sys
@@ -33,7 +33,7 @@ with open({log!r}, "a") as f:
 for s, p in enumerate(prompts):
     key = re.search(r"The pass key is (\d+)\.", p).group(1)
     answer = " 00000." if int(key) % 3 == 0 else f" {{key}}."
-    print(f"[{{s}}] {{p}}{{answer}}\n[{{s}}] policy streamingllm: 10 tokens, {{int(key) % 7 + 100}} entries held")
+    print(f"[{{s}}] {{p}}{{answer}}\n[{{s}}] policy streamingllm: 10 tokens, {{int(key) % 97 * 10}} entries held")
 '''
 
 failures = []
@@ -81,12 +81,19 @@ try:
 
     def expected(n, seed=0):
         keys = [k for _, k in retrieval.instances(n, 1024, seed)]
-        return sum(int(k) % 3 != 0 for k in keys), sum(int(k) % 7 + 100 for k in keys) / n
+        return sum(int(k) % 3 != 0 for k in keys), sum(int(k) % 97 * 10 for k in keys) / n
 
     run("--instances", "5")
     check(calls() == [2, 2, 1], "5 instances in batches of 2")
     run("--instances", "5", "--append")
     check(calls() == [], "--append ran a cell already there")
+    first = rows()
+    with open(path, "w", newline="") as f:  # the first part took 500 s
+        w = csv.DictWriter(f, fieldnames=list(first[0]))
+        w.writeheader()
+        w.writerow({**first[0], "seconds": "500"})
+    run("--instances", "9", "--append", "--sinks", "8")
+    check(calls() == [], "a cell extended with other sinks than its rows'")
     run("--instances", "9", "--append")
     check(calls() == [2, 2], "extending 5 to 9 instances did not run just the 4 it lacked")
     r = rows()
@@ -95,7 +102,7 @@ try:
     check(int(r[1]["correct"]) == hits, f"extended cell: {r[1]['correct']} correct, by hand {hits}")
     check(r[1]["accuracy"] == f"{hits / 9:.3f}", f"extended accuracy {r[1]['accuracy']}")
     check(abs(float(r[1]["entries"]) - held) <= 1, f"extended entries {r[1]['entries']}, by hand {held:.1f}")
-    check(float(r[1]["seconds"]) >= float(r[0]["seconds"]), "the extended row's seconds do not include the first part's")
+    check(float(r[1]["seconds"]) >= 500, "the extended row's seconds do not include the first part's")
     with open(path, "w", newline="") as f:  # the shorter row last, as a file merged by hand may have it
         w = csv.DictWriter(f, fieldnames=list(r[0]))
         w.writeheader()
@@ -109,6 +116,7 @@ try:
     check(calls() == [2, 1], "another seed is another cell")
     hits1, _ = expected(3, seed=1)
     check(rows()[-1]["seed"] == "1" and int(rows()[-1]["correct"]) == hits1, f"seed 1's row: {rows()[-1]}")
+    check(f"({hits}/9)" in retrieval.table(path, 1024, 64), "after another seed, the table does not read the longest row")
 
     # a file from before the seed column: the first 5 instances of seed 0 as that version wrote them
     old_fields = ["task", "context", "policy", "gates", "budget", "sinks", "correct", "instances", "accuracy", "seconds",
