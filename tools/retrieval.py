@@ -216,8 +216,9 @@ def main():
         if rows and "task" not in rows[0]:
             raise SystemExit(f"retrieval: {path} is from before the task column: give another --out")
         if header != fields:
-            # a file from before the gates or the seed column: rewritten with gates empty and the seed the
-            # default one, which every run before that column used
+            # a file from before the gates or the seed column, or with its columns in another order: rewritten
+            # in this order, gates empty and the seed the default one where missing (every run before that
+            # column used it)
             rows = [{**{k: v for k, v in r.items() if k in fields}, "gates": r.get("gates", ""),
                      "seed": r.get("seed") or "0"} for r in rows]
             with open(path, "w", newline="") as f:
@@ -242,7 +243,7 @@ def main():
                     before = have.get((task, str(context), name, str(budget), str(a.seed)))
                     if before and int(before["instances"]) >= len(prompts):
                         continue
-                    if before and before["sinks"] != str(0 if policy in ("full", "wgkv") else a.sinks):
+                    if before and before["sinks"] != str(cell_sinks(a, policy)):
                         print(f"retrieval: skipped {task} {context} {name} M = {budget}: results.csv has it with "
                               f"{before['sinks']} sinks; give another --out", file=sys.stderr, flush=True)
                         continue
@@ -259,7 +260,7 @@ def run_cell(a, options, path, fields, task, context, prompts, needed, generate,
     """Runs one cell and appends its row; `before`, the cell's row of fewer instances of the same seed:
     only the instances after its count run, and the row counts them all."""
     gate = os.path.join(a.gates, policy + ".safetensors") if "gate" in options[policy] else None
-    sinks = 0 if policy in ("full", "wgkv") else a.sinks
+    sinks = cell_sinks(a, policy)
     first = int(before["instances"]) if before else 0
     t0, wrong_examples = time.time() - (float(before["seconds"]) if before else 0), []
     hits = int(before["correct"]) if before else 0
@@ -281,6 +282,11 @@ def run_cell(a, options, path, fields, task, context, prompts, needed, generate,
         csv.DictWriter(f, fieldnames=fields).writerow(row)
     print(row, f"(instances {first}-{len(prompts) - 1} run now)" if first else "", "e.g. wrong:", wrong_examples,
           flush=True)
+
+
+def cell_sinks(a, policy):
+    """The sinks a cell runs with: none for the full cache and for WG-KV, which takes none."""
+    return 0 if policy in ("full", "wgkv") else a.sinks
 
 
 def cell_key(r):
