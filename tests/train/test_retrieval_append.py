@@ -6,6 +6,7 @@ no Debian text package: the prose is the project's docs):
     them all (correct, accuracy, entries averaged over every instance, seconds summed), the shorter row kept;
   - the tables read each cell's longest row; another seed is another cell;
   - a file from before the seed column is rewritten with seed 0 and extended.
+  - an answer that ends inside a multi-byte character (a generated token's partial UTF-8) is scored.
 usage: test_retrieval_append.py   (any python3)
 """
 import csv
@@ -19,7 +20,7 @@ root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.join(root, "tools"))
 import retrieval  # noqa: E402
 
-# the engine: answers a pass key right unless it is a multiple of 3, holds (key mod 97) * 10 entries, and
+# the engine: answers a pass key right unless it is a multiple of 3 (each answer's last bytes a partial character), holds (key mod 97) * 10 entries, and
 # logs how many prompts each call ran
 ENGINE = r'''#!{python}
 import re, sys
@@ -33,7 +34,9 @@ with open({log!r}, "a") as f:
 for s, p in enumerate(prompts):
     key = re.search(r"The pass key is (\d+)\.", p).group(1)
     answer = " 00000." if int(key) % 3 == 0 else f" {{key}}."
-    print(f"[{{s}}] {{p}}{{answer}}\n[{{s}}] policy streamingllm: 10 tokens, {{int(key) % 97 * 10}} entries held")
+    # each answer ends inside a multi-byte character, as a generated token may
+    sys.stdout.buffer.write(f"[{{s}}] {{p}}{{answer}}".encode() + b"\xe2\x80" +
+                            f"\n[{{s}}] policy streamingllm: 10 tokens, {{int(key) % 97 * 10}} entries held\n".encode())
 '''
 
 failures = []
