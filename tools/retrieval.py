@@ -111,7 +111,8 @@ def run_batch(lm, model, prompts, policy, budget, sinks, gate, threads, options,
         args += ["--mode", mode] if "mode" in takes else []
     for p in prompts:
         args += ["--prompt", p]
-    # a generated token may end inside a multi-byte character; U+FFFD stands in for it (the answer is scored on digits)
+    # the byte-level tokens generated may stop inside a multi-byte character; U+FFFD stands in for the
+    # partial character (the answer is scored on its digits)
     p = subprocess.run(args, capture_output=True, text=True, errors="replace")
     if p.returncode == 2 and "kvpolicy:" in p.stderr:  # the policy refused this configuration: a cell, not the run
         raise Refused(p.stderr.strip().splitlines()[-1])

@@ -34,7 +34,7 @@ with open({log!r}, "a") as f:
 for s, p in enumerate(prompts):
     key = re.search(r"The pass key is (\d+)\.", p).group(1)
     answer = " 00000." if int(key) % 3 == 0 else f" {{key}}."
-    # each answer ends inside a multi-byte character, as a generated token may
+    # each answer ends inside a multi-byte character, as byte-level tokens may
     sys.stdout.buffer.write(f"[{{s}}] {{p}}{{answer}}".encode() + b"\xe2\x80" +
                             f"\n[{{s}}] policy streamingllm: 10 tokens, {{int(key) % 97 * 10}} entries held\n".encode())
 '''
