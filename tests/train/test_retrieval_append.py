@@ -20,7 +20,7 @@ root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, os.path.join(root, "tools"))
 import retrieval  # noqa: E402
 
-# the engine: answers a pass key right unless it is a multiple of 3 (each answer's last bytes a partial character), holds (key mod 97) * 10 entries, and
+# the engine: answers a pass key right unless it is a multiple of 3, holds (key mod 97) * 10 entries, and
 # logs how many prompts each call ran
 ENGINE = r'''#!{python}
 import re, sys
