@@ -19,7 +19,10 @@ of instances as sequences of one cache.
                      [--out build/lm/retrieval] [--append]
 
 Writes OUT/results.csv (task, context, policy, budget, sinks, correct, instances, accuracy,
-seconds, the entries a sequence held after its answer, averaged over the instances, and the seed);
+seconds, the entries a sequence held after its answer, averaged over the instances, and the seed),
+and OUT/instances.csv, a row per instance run (right or not, and its answer's start; both files
+begin again without --append); --by-digits reads the second: a cell's pass keys by how many digits
+the prose around them holds;
 with --append, rows are added and cells already there are skipped, so a long run goes in parts. A
 cell there with fewer instances of the same seed is extended: only the instances it lacks run, and
 a row of the whole cell is added beside the shorter one (the tables read the longest). --plot draws
@@ -172,10 +175,20 @@ def main():
     ap.add_argument("--plot-context", type=int, default=1024, help="with --plot: the context drawn")
     ap.add_argument("--show", type=int, metavar="K",
                     help="print instance K's prompt of the first task and context (what a cell runs) and exit")
+    ap.add_argument("--by-digits", metavar="CONTEXT:BUDGET",
+                    help="print a markdown table of OUT/instances.csv's pass keys (task single) at one context and "
+                         "budget: a row per policy, a column per quarter of the instances by the digits in their "
+                         "prose (the key's own not counted), and exit")
     ap.add_argument("--table", metavar="CONTEXT:BUDGET",
                     help="print OUT/results.csv's markdown table for one context and budget (a column per task, "
                          "e.g. 1024:64), or for one context and task (a column per budget, e.g. 1024:single), and exit")
     a = ap.parse_args()
+    if a.by_digits:
+        context, budget = a.by_digits.split(":", 1) if ":" in a.by_digits else (a.by_digits, "")
+        if not context.isdigit() or not budget.isdigit():
+            ap.error(f"--by-digits {a.by_digits}: CONTEXT:BUDGET (e.g. 1024:64)")
+        print(digits_table(os.path.join(a.out, "instances.csv"), int(context), int(budget), a.seed))
+        return
     if a.table:
         context, what = a.table.split(":", 1) if ":" in a.table else (a.table, "")
         if not context.isdigit() or not (what.isdigit() or what in TASKS):
@@ -228,9 +241,11 @@ def main():
                 w.writeheader()
                 w.writerows(rows)
         have = {cell_key(r): r for r in longest(rows, cell_key)}
-    else:
+    else:  # a new results file, and a new instances file beside it
         with open(path, "w", newline="") as f:
             csv.DictWriter(f, fieldnames=fields).writeheader()
+        if os.path.exists(os.path.join(a.out, "instances.csv")):
+            os.remove(os.path.join(a.out, "instances.csv"))
     for task in a.tasks.split():
         for context in [int(c) for c in a.contexts.split()]:
             prompts, needed, generate = task_instances(task, a.instances, context, a.seed)
@@ -267,23 +282,81 @@ def run_cell(a, options, path, fields, task, context, prompts, needed, generate,
     t0, wrong_examples = time.time() - (float(before["seconds"]) if before else 0), []
     hits = int(before["correct"]) if before else 0
     entries = float(before["entries"]) * first if before else 0
+    cell = {"task": task, "context": context, "policy": recorded(a, policy, options),
+            "gates": a.gates_label if gate else "", "budget": budget, "sinks": sinks, "seed": a.seed}
     for b in range(first, len(prompts), a.batch):
         answers, held = run_batch(a.lm, a.model, prompts[b:b + a.batch], policy, budget, sinks, gate, a.threads,
                                   options, generate, a.mode, a.window)
         entries += sum(held)
-        for need, ans in zip(needed[b:b + a.batch], answers):
-            if right(task, ans, need):
-                hits += 1
-            elif len(wrong_examples) < 2:
+        outcomes = []
+        for k, (need, ans) in enumerate(zip(needed[b:b + a.batch], answers)):
+            ok = right(task, ans, need)
+            hits += ok
+            if not ok and len(wrong_examples) < 2:
                 wrong_examples.append((need, ans.strip()[:60]))
-    row = {"task": task, "context": context, "policy": recorded(a, policy, options),
-           "gates": a.gates_label if gate else "", "budget": budget, "sinks": sinks, "correct": hits,
+            outcomes.append({**cell, "instance": b + k, "right": int(ok), "answer": " ".join(ans.split())[:40]})
+        record_instances(os.path.join(os.path.dirname(path), "instances.csv"), outcomes)
+    row = {**cell, "correct": hits,
            "instances": len(prompts), "accuracy": f"{hits / len(prompts):.3f}", "seconds": f"{time.time() - t0:.0f}",
-           "entries": f"{entries / len(prompts):.0f}", "seed": a.seed}
+           "entries": f"{entries / len(prompts):.0f}"}
     with open(path, "a", newline="") as f:
         csv.DictWriter(f, fieldnames=fields).writerow(row)
     print(row, f"(instances {first}-{len(prompts) - 1} run now)" if first else "", "e.g. wrong:", wrong_examples,
           flush=True)
+
+
+INSTANCE_FIELDS = ["task", "context", "policy", "gates", "budget", "sinks", "seed", "instance", "right", "answer"]
+
+
+def record_instances(path, outcomes):
+    """Appends a batch's instances to OUT/instances.csv (its header written with the first)."""
+    new = not os.path.exists(path)
+    with open(path, "a", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=INSTANCE_FIELDS)
+        if new:
+            w.writeheader()
+        w.writerows(outcomes)
+
+
+def haystack_digits(prompt, key):
+    """The digits of a pass-key prompt's prose: all of its digits but the key's, which it states twice."""
+    return sum(c.isdigit() for c in prompt) - 2 * len(key)
+
+
+def digit_parts(digits, parts=4):
+    """The instances (indices into `digits`, each one's prose digits) sorted by their digits, ties by
+    index, cut into `parts` parts of equal size (the last ones one larger where it does not divide)."""
+    n = len(digits)
+    order = sorted(range(n), key=lambda i: (digits[i], i))
+    return [order[n * q // parts:n * (q + 1) // parts] for q in range(parts)]
+
+
+def digits_table(path, context, budget, seed=0, parts=4):
+    """A markdown table of one context and budget's pass keys from OUT/instances.csv: the instances
+    sorted by the digits of their prose (numbers in the text, doctests' output) and cut into `parts`
+    equal parts, a column each; a row per policy (the full cache's first), right of run in each part.
+    An instance run twice for a policy counts once, its last run."""
+    if not os.path.exists(path):
+        raise SystemExit(f"retrieval: no {path}: run cells with this --out first")
+    runs = {}
+    for r in csv.DictReader(open(path)):
+        if (r["task"] == "single" and int(r["context"]) == context and int(r["budget"]) in (0, budget)
+                and int(r["seed"]) == seed):
+            runs[(label(r), int(r["instance"]))] = r
+    if not runs:
+        raise SystemExit(f"retrieval: {path} has no pass-key instances at context {context}, M = {budget}, seed {seed}")
+    n = 1 + max(i for _, i in runs)
+    digits = [haystack_digits(p, k) for p, k in instances(n, context, seed)]
+    cuts = digit_parts(digits, parts)
+    head = [f"digits {digits[part[0]]}–{digits[part[-1]]}" for part in cuts if part]
+    out = ["| policy | " + " | ".join(head) + " | all |", "| --- |" + " ---: |" * (len(head) + 1)]
+    for name in sorted(dict.fromkeys(name for name, _ in runs), key=lambda x: x != "full"):
+        cells = []
+        for part in [p for p in cuts if p] + [range(n)]:
+            ran = [runs[(name, i)] for i in part if (name, i) in runs]
+            cells.append(f"{sum(int(r['right']) for r in ran)}/{len(ran)}")
+        out.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
 
 
 def cell_sinks(a, policy):

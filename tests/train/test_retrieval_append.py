@@ -6,7 +6,9 @@ no Debian text package: the prose is the project's docs):
     them all (correct, accuracy, entries averaged over every instance, seconds summed), the shorter row kept;
   - the tables read each cell's longest row; another seed is another cell;
   - a file from before the seed column is rewritten with seed 0 and extended.
-  - an answer that ends inside a multi-byte character (a generated token's partial UTF-8) is scored.
+  - an answer that ends inside a multi-byte character (a generated token's partial UTF-8) is scored;
+  - OUT/instances.csv holds every instance run once, right or not (a run without --append begins it
+    again), and --by-digits' table counts them in quarters of the instances sorted by their prose's digits.
 usage: test_retrieval_append.py   (any python3)
 """
 import csv
@@ -106,6 +108,25 @@ try:
     check(r[1]["accuracy"] == f"{hits / 9:.3f}", f"extended accuracy {r[1]['accuracy']}")
     check(abs(float(r[1]["entries"]) - held) <= 1, f"extended entries {r[1]['entries']}, by hand {held:.1f}")
     check(float(r[1]["seconds"]) >= 500, "the extended row's seconds do not include the first part's")
+    with open(os.path.join(out, "instances.csv")) as f:
+        ran = list(csv.DictReader(f))
+    keys = [k for _, k in retrieval.instances(9, 1024, 0)]
+    check([int(x["instance"]) for x in ran] == list(range(9)), f"instances.csv after 5 and 4 more: {ran}")
+    check([x["right"] for x in ran] == [str(int(int(k) % 3 != 0)) for k in keys], "instances.csv's right column")
+    check(all(x["policy"] == "streamingllm" and x["budget"] == "64" and x["seed"] == "0" for x in ran),
+          "instances.csv's cell columns")
+    # by hand: the 9 instances by their prose's digits (ties by instance), cut 2, 2, 2, 3
+    prompts = retrieval.instances(9, 1024, 0)
+    digits = [sum(c.isdigit() for c in p.replace(f"The pass key is {k}.", "").replace(f"{k} is the pass key", ""))
+              for p, k in prompts]
+    order = sorted(range(9), key=lambda i: (digits[i], i))
+    parts = [order[0:2], order[2:4], order[4:6], order[6:9]]
+    want = [f"{sum(int(keys[i]) % 3 != 0 for i in q)}/{len(q)}" for q in parts] + [f"{hits}/9"]
+    quarters = retrieval.digits_table(os.path.join(out, "instances.csv"), 1024, 64)
+    check(quarters.splitlines()[2] == "| streamingllm | " + " | ".join(want) + " |",
+          f"--by-digits, by hand {want}:\n{quarters}")
+    check(f"digits {digits[order[0]]}–{digits[order[1]]} |" in quarters.splitlines()[0],
+          f"--by-digits' first quarter's range:\n{quarters}")
     with open(path, "w", newline="") as f:  # the shorter row last, as a file merged by hand may have it
         w = csv.DictWriter(f, fieldnames=list(r[0]))
         w.writeheader()
@@ -134,6 +155,11 @@ try:
     check(all(x["seed"] == "0" for x in r) and len(r) == 2 and int(r[1]["correct"]) == hits,
           f"a file without the seed column, after the extension: {r}")
     check(re.match(r"task,.*,entries,seed$", open(path).readline().strip()), "the header lacks the seed column")
+    run("--instances", "2")  # without --append: both files begin again
+    with open(os.path.join(out, "instances.csv")) as f:
+        ran = list(csv.DictReader(f))
+    check([x["instance"] for x in ran] == ["0", "1"] and len(rows()) == 1,
+          f"a run without --append kept earlier instances: {len(ran)} rows in instances.csv")
 finally:
     shutil.rmtree(tmp)
 

@@ -305,6 +305,13 @@ for fact, want in (([2], 2), ([2, 3], 4)):
     r = fact_ranks.worst_ranks(lb, fact, 1).tolist()
     if r != [want]:
         failures.append(f"fact_ranks.worst_ranks fact {fact}: {r}, want [{want}]")
+# fact_ranks.digit_slots on the same scores, positions 2 and 4 marked: the top 3 (sink, 5, 2) hold one of
+# them, the top 4 (and 4's -1) both; the top 2 (sink, 5) none
+marked = torch.tensor([False, False, True, False, True, False])
+for budget, want in ((2, 0), (3, 1), (4, 2)):
+    got = fact_ranks.digit_slots(lb, marked, 1, budget).tolist()
+    if got != [want]:
+        failures.append(f"fact_ranks.digit_slots top {budget}: {got}, want [{want}]")
 
 # gates.gate_file: a written gate's kind (rg10 by its tied readout) and width from its tensors, and
 # fact_ranks.load_gate gives back the tensors written; --init with a gate of another kind is refused,

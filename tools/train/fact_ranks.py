@@ -12,7 +12,10 @@ answer lose it; this says which layers' gates do not rank the fact, before any r
 --source train: longrange.py's training documents, cut before their first question (the fact is
 every stated fact's tokens). A gate is a written .safetensors (its kind from its tensors) or a
 training run's checkpoint.pt. Prints one line per layer: the median over instances of each head's
-worst rank, and for each budget the share of (instance, head) pairs that keep the whole fact.
+worst rank, and for each budget the share of (instance, head) pairs that keep the whole fact; then,
+with --source passkey, one line per instance, fewest digits in its prose first: those digits, the
+share of the top-M slots of all (layer, head) pairs that the prose's digit tokens hold (the key's
+own not counted), and the share of pairs that keep the whole key, at the first budget.
 """
 import argparse
 import os
@@ -44,7 +47,7 @@ def load_gate(path, config, head_dim):
 
 
 def documents(source, n, context, tok):
-    """[(token ids, fact token indices)] of n instances."""
+    """[(token ids, fact token indices, the prose's digits or None)] of n instances."""
     out = []
     if source == "passkey":
         import retrieval
@@ -52,7 +55,7 @@ def documents(source, n, context, tok):
             enc = tok(prompt, add_special_tokens=False, return_offsets_mapping=True)
             at = prompt.find(key, prompt.find(f"The pass key is {key}."))
             fact = [i for i, (a, b) in enumerate(enc["offset_mapping"]) if a < at + len(key) and b > at]
-            out.append((enc["input_ids"], fact))
+            out.append((enc["input_ids"], fact, retrieval.haystack_digits(prompt, key)))
         return out
     for k in range(n):
         text, _, spans, _ = longrange.train_document(random.Random(1000 + k), int(1.1 * context))
@@ -60,7 +63,7 @@ def documents(source, n, context, tok):
         q = text.find("\nQuestion:")
         end = next(i for i, (a, _) in enumerate(enc["offset_mapping"]) if a >= q)
         fact = [i for i, (a, b) in enumerate(enc["offset_mapping"][:end]) if any(a < e and b > s for s, e in spans)]
-        out.append((enc["input_ids"][:end], fact))
+        out.append((enc["input_ids"][:end], fact, None))
     return out
 
 
@@ -71,6 +74,16 @@ def worst_ranks(log_beta, fact, sinks):
     score[:, :sinks] = float("inf")
     f = score[:, fact]  # [H, F]
     return (score[:, None, :] > f[:, :, None]).sum(-1).max(-1).values  # [H]
+
+
+def digit_slots(log_beta, digit, sinks, budget):
+    """[H] how many of each head's top-`budget` slots at the last position go to the tokens `digit`
+    marks (a bool per position), under the score worst_ranks ranks by."""
+    T = log_beta.shape[-1]
+    score = log_beta * torch.arange(T - 1, -1, -1, dtype=log_beta.dtype)
+    score[:, :sinks] = float("inf")
+    top = score.topk(min(budget, T), dim=-1).indices  # [H, budget]
+    return digit[top].sum(-1)
 
 
 def main():
@@ -103,11 +116,21 @@ def main():
             gm = GatedModel(model, gate)
         gm.gate = gate
         ranks = {}  # layer -> [instances, H]
-        for ids, fact in docs:
+        per_instance = []  # (the prose's digits, share of slots its digit tokens hold, share of pairs keeping the fact)
+        for ids, fact, prose_digits in docs:
             with torch.no_grad():
                 gm.student(torch.tensor([ids]))
+            # the prose's digit tokens: a token whose text is digits (SmolLM2 writes a number a digit a token)
+            digit = torch.tensor([t.lstrip("Ġ").isdigit() for t in tok.convert_ids_to_tokens(ids)])
+            digit[fact] = False
+            held = kept = pairs = 0
             for l, lb in gm.outputs.items():
-                ranks.setdefault(l, []).append(worst_ranks(lb[0], fact, a.sinks))
+                worst = worst_ranks(lb[0], fact, a.sinks)
+                ranks.setdefault(l, []).append(worst)
+                held += digit_slots(lb[0], digit, a.sinks, budgets[0]).sum().item()
+                kept += (worst < budgets[0]).sum().item()
+                pairs += worst.numel()
+            per_instance.append((prose_digits, held / (pairs * budgets[0]), kept / pairs))
         print(f"{path} ({a.source}, {len(docs)} instances, {a.sinks} sinks): worst fact-token rank per head "
               f"(median over instances); share of (instance, head) keeping the whole fact at M = {budgets}")
         for l in sorted(ranks):
@@ -115,6 +138,20 @@ def main():
             med = [int(statistics.median(r[:, h].tolist())) for h in range(r.shape[1])]
             kept = " ".join(f"{(r < m).float().mean().item():4.0%}" for m in budgets)
             print(f"  layer {l:2d}: {' '.join(f'{x:5d}' for x in med)}   kept {kept}")
+        if a.source == "passkey":
+            print(f"  per instance at M = {budgets[0]}, fewest digits in the prose first: the prose's digits; the share of "
+                  "the top-M slots (all layers and heads) its digit tokens hold; the share of (layer, head) keeping the key")
+            for k, (n, held, kept) in sorted(enumerate(per_instance), key=lambda x: (x[1][0], x[0])):
+                print(f"  instance {k:3d}: {n:4d} digits   digit slots {held:5.1%}   key kept {kept:5.1%}")
+            # the quarters retrieval.py --by-digits counts answers in, over the same instances
+            import retrieval
+            print("  by quarter of the prose's digits (means):")
+            for part in retrieval.digit_parts([n for n, _, _ in per_instance]):
+                if part:
+                    held = statistics.mean(per_instance[i][1] for i in part)
+                    kept = statistics.mean(per_instance[i][2] for i in part)
+                    print(f"  digits {per_instance[part[0]][0]}–{per_instance[part[-1]][0]} ({len(part)} instances): "
+                          f"digit slots {held:5.1%}   key kept {kept:5.1%}")
 
 
 if __name__ == "__main__":
