@@ -6,6 +6,8 @@ without torch:
   - 500 training documents pass it; each answer span holds the answer of a fact stated earlier in
     the document, the fact spans are the inserted statements, and the facts sit inside the prose,
     not after the questions;
+  - with numerals, every document with facts holds 2-6 lines of numbers (no letters) at random depths
+    before its questions, outside every fact span; without, the documents are those of a run before them;
   - every held-out retrieval instance states what its answer needs before the question, which ends it;
   - answers are graded by whole numbers (4821 is not in 48213) and every needed string.
 usage: test_longrange.py   (any python3; the prose comes from docs/, so no Debian text package is needed)
@@ -73,6 +75,24 @@ for n in range(500):
                 failures.append(f"document {n}: the fact '{line}' sits after the questions")
 if kinds_asked < 500:
     failures.append(f"only {kinds_asked} answers in 400 documents with facts")
+
+for n in range(200):
+    text, spans, facts, inserted = longrange.train_document(random.Random(n), 400, haystack_text=prose_a, numerals=1.0)
+    longrange.check_train_document(inserted)
+    if not facts:
+        continue
+    first_question = text.find("\nQuestion: ")
+    noise = [line for line in inserted if not re.search(r"[A-Za-z]", line)]
+    where = [("\n" + text).find("\n" + line + "\n") for line in noise]  # where each line begins in text
+    if not 2 <= len(noise) <= 6 or any(w < 0 or w > first_question for w in where):
+        failures.append(f"numerals, document {n}: numeral lines {noise} at {where}, the first question at {first_question}")
+    if any(s < w + len(line) and w < e for line, w in zip(noise, where) for s, e in facts):
+        failures.append(f"numerals, document {n}: a numeral line inside a fact span")
+    if longrange.train_document(random.Random(n), 400, haystack_text=prose_a) != \
+            longrange.train_document(random.Random(n), 400, haystack_text=prose_a, numerals=0.0):
+        failures.append(f"numerals 0, document {n}: not the document of a run without numerals")
+    if n == 0 and longrange.train_document(random.Random(n), 400, haystack_text=prose_a)[0] == text:
+        failures.append("numerals 1: the document is the one without numerals")
 
 for task in longrange.TASKS:
     rng = random.Random(task)

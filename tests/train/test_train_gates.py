@@ -293,6 +293,10 @@ p = subprocess.run([sys.executable, os.path.join(root, "tools", "train", "train_
                     "--out", os.path.join(work, "refused"), "--policy", "dbtrimkv"], capture_output=True, text=True)
 if p.returncode == 0 or "--policy dbtrimkv" not in p.stderr:
     failures.append(f"--gate rg --policy dbtrimkv: not refused with a message naming it ({p.stderr[-200:]})")
+p = subprocess.run([sys.executable, os.path.join(root, "tools", "train", "train_gates.py"), "--gate", "rg", "--tiny",
+                    "--out", os.path.join(work, "refused-numerals"), "--numerals", "1.5"], capture_output=True, text=True)
+if p.returncode == 0 or "--numerals 1.5" not in p.stderr or os.path.exists(os.path.join(work, "refused-numerals")):
+    failures.append(f"--numerals 1.5: not refused with a message naming it, or an output left ({p.stderr[-200:]})")
 
 # fact_ranks.worst_ranks: scores (T-1-i) log beta at the last of 6 positions, the first token a sink
 # (ranked first). log beta -1 everywhere but the fact token 2's -0.1: scores -inf.. = [inf, -4, -0.3,

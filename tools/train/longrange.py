@@ -264,12 +264,29 @@ def _prose(rng, split, chars, text=None):
 KINDS = ("number", "keyvalue", "multivalue", "name", "date", "place", "list", "chain", "variable")
 
 
-def train_document(rng, tokens, prose_only=False, haystack_text=None):
+def numeral_line(rng):
+    """A line of numbers that states nothing: a long integer, a fraction of two, a long decimal or a
+    list, as listings, tables and worked arithmetic print them. Their digits are prose to the gate:
+    neither a fact nor asked about."""
+    digits = lambda lo, hi: str(rng.randrange(1, 10)) + "".join(str(rng.randrange(10)) for _ in range(rng.randrange(lo, hi) - 1))
+    form = rng.randrange(4)
+    if form == 0:
+        return digits(8, 21)
+    if form == 1:
+        return f"{digits(8, 18)}/{digits(8, 18)}"
+    if form == 2:
+        return "0." + "".join(str(rng.randrange(10)) for _ in range(rng.randrange(10, 25)))
+    return ", ".join(digits(2, 7) for _ in range(rng.randrange(3, 7)))
+
+
+def train_document(rng, tokens, prose_only=False, haystack_text=None, numerals=0.0):
     """(text, answer spans, fact spans, the inserted lines) of about `tokens` tokens: prose from the
     train haystack, 1-4 facts (and same-form distractors) at random depths, then 1-3 questions with
     their answers. Spans are character ranges: the answers after the questions, and every fact
     statement in the prose (asked or not: a gate cannot know which will be). prose_only: plain
-    prose, no spans. haystack_text: another training haystack (tests)."""
+    prose, no spans. haystack_text: another training haystack (tests). numerals: the chance that a
+    document with facts also holds 2-6 numeral lines (numeral_line) at random depths, numbers a gate
+    must not take for facts; 0 draws nothing, so documents are those of a run without them."""
     split = "train"
     if prose_only:
         return _prose(rng, split, int(tokens * CHARS_PER_TOKEN), haystack_text), [], [], []
@@ -282,8 +299,11 @@ def train_document(rng, tokens, prose_only=False, haystack_text=None):
             facts.append(make_fact(kind, rng, split))
     asked = rng.sample(facts, min(len(facts), rng.randrange(1, 4)))
     tail = "".join(f"\nQuestion: {f.question}\nAnswer: {f.prefix} {f.answer}." for f in asked)
-    fact_chars = sum(len(s) + 1 for f in facts for s in f.statements) + len(tail)
+    noise = [numeral_line(rng) for _ in range(rng.randrange(2, 7))] if numerals and rng.random() < numerals else []
+    fact_chars = sum(len(s) + 1 for f in facts for s in f.statements) + len(tail) + sum(len(x) + 1 for x in noise)
     body = _prose(rng, split, max(200, int(tokens * CHARS_PER_TOKEN) - fact_chars), haystack_text)
+    if noise:
+        body = _insert(rng, body, noise, 0.0, 1.0)
     statements = _merge(rng, [f.statements for f in facts])
     text = _insert(rng, body, statements) + "\n"
     fact_spans, at = [], 0
@@ -291,7 +311,7 @@ def train_document(rng, tokens, prose_only=False, haystack_text=None):
         at = text.index(st + "\n", at)
         fact_spans.append((at, at + len(st)))
         at += len(st)
-    spans, inserted = [], list(statements)
+    spans, inserted = [], list(statements) + noise
     for f in asked:
         text += f"\nQuestion: {f.question}\nAnswer: {f.prefix}"
         spans.append((len(text), len(text) + len(f.answer) + 2))  # " answer."

@@ -51,6 +51,9 @@ def parse():
     ap.add_argument("--text", help="text: train on this file instead of the Debian handbook (corpus.py); "
                                    "longrange: the prose to insert facts into, instead of longrange.py's train haystack")
     ap.add_argument("--prose-fraction", type=float, default=0.25, help="longrange: the share of steps on plain prose")
+    ap.add_argument("--numerals", type=float, default=0.0,
+                    help="longrange: the share of documents with facts that also hold lines of long numbers that "
+                         "are not facts (longrange.numeral_line)")
     ap.add_argument("--answer-weight", type=float, default=1.0,
                     help="longrange: weight of the quality term over the answer tokens (objectives.py)")
     ap.add_argument("--keep-weight", type=float, default=0.0,
@@ -106,6 +109,8 @@ def parse():
             ap.error(f"--{name.replace('_', '-')} {getattr(a, name)} must be >= {low}")
     if a.memory_range and not 1 <= a.memory_range[0] <= a.memory_range[1]:
         ap.error(f"--memory-range {a.memory_range[0]} {a.memory_range[1]}: need 1 <= LO <= HI")
+    if not 0 <= a.numerals <= 1:
+        ap.error(f"--numerals {a.numerals} must be in [0, 1]")
     if not 0 <= a.prose_fraction <= 1 or a.answer_weight < 0 or a.keep_weight < 0 or a.rank_weight < 0:
         ap.error(f"--prose-fraction {a.prose_fraction} must be in [0, 1], --answer-weight {a.answer_weight}, "
                  f"--keep-weight {a.keep_weight} and --rank-weight {a.rank_weight} >= 0")
@@ -251,7 +256,7 @@ class LongRangeData:
             target = int(a.seq_len / longrange.CHARS_PER_TOKEN)  # byte tokens: one a character
         for _ in range(4):  # shrink the document until it fits T tokens
             text, spans, facts, inserted = longrange.train_document(rng, target, prose_only=prose,
-                                                                    haystack_text=self.haystack)
+                                                                    haystack_text=self.haystack, numerals=a.numerals)
             longrange.check_train_document(inserted)
             ids, answers, stated = encode(self.tok, text, spans, facts)
             if ids.numel() <= a.seq_len:
@@ -500,7 +505,7 @@ def main():
     adjacent = (a.rope_layout or ("half" if a.hf else "adjacent")) == "adjacent"
     meta = {"kvpolicy_gate": a.gate, "policy": a.policy, "steps": a.steps, "seq_len": T,
             "memory": "%d-%d drawn" % tuple(a.memory_range) if a.memory_range else a.memory, "lambda": lam,
-            "data": a.data, **({"prose_fraction": a.prose_fraction, "answer_weight": a.answer_weight,
+            "data": a.data, **({"prose_fraction": a.prose_fraction, "numerals": a.numerals, "answer_weight": a.answer_weight,
                                 "keep_weight": a.keep_weight, "rank_weight": a.rank_weight}
                                if a.data == "longrange" else {}), "lr": a.lr, "seed": a.seed, "width": a.width,
             "local_window": a.local_window, "rope_layout": "adjacent" if adjacent else "half",
