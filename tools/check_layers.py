@@ -28,7 +28,8 @@ import os
 import re
 import sys
 
-INCLUDE = re.compile(r'^\s*#\s*include\s+"(kvpolicy/[^"]+)"')
+# quoted or angle-bracketed: either form reaches the same header
+INCLUDE = re.compile(r'^\s*#\s*include\s+(?:"(kvpolicy/[^"]+)"|<(kvpolicy/[^>]+)>)')
 
 ALLOWED = {
     "core": set(),
@@ -71,7 +72,7 @@ def main():
                     m = INCLUDE.match(line)
                     if not m:
                         continue
-                    target = m.group(1)
+                    target = m.group(1) or m.group(2)
                     count += 1
                     targets.append(target)
                     if not os.path.exists(os.path.join(include, target)) and not target.endswith(".inc"):
