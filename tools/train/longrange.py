@@ -328,6 +328,12 @@ def heldout_task(task, rng, tokens, haystack_text=None):
     tokens, entirely from held-out material: prose from the held-out haystack, the held-out
     phrasings and entities. The fact sits after 5-50% of the prose; the question ends the prompt
     with its answer prefix, and the model continues. haystack_text: another held-out prose (tests)."""
+    return heldout_instance(task, rng, tokens, haystack_text)[:3]
+
+
+def heldout_instance(task, rng, tokens, haystack_text=None):
+    """heldout_task's instance and, fourth, the statements of the fact it asks about (the lines that
+    state the answer; tests check the answer is in them, not merely somewhere in the prose)."""
     split = "heldout"
     f_forms = {k: forms(k, split) for k in FORMS}
     if task == "multikey":  # four keys of the same form; one is asked
@@ -365,7 +371,7 @@ def heldout_task(task, rng, tokens, haystack_text=None):
     intro = "There is important information hidden in the text below. Remember it.\n\n"
     prompt = intro + _insert(rng, body, statements, 0.05, 0.5) + ask
     generate = 24 if task == "multivalue" else 12
-    return prompt, fact.needed, generate
+    return prompt, fact.needed, generate, fact.statements
 
 
 def answered(answer, needed):
