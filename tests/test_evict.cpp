@@ -123,6 +123,67 @@ TEST_CASE("EvictorHooks: an undeclared hook is its default, a declared one is ca
   CHECK(EvictorHooks<evict::Generated>::counts_prompt_by_length);
 }
 
+namespace {
+
+// Plain's rule with its own selection: keeps each active head's oldest entry only.
+struct Selecting : Plain {
+  void select(const CacheShape&, StepContext, const SegmentedScores& s, std::span<std::uint8_t> keep) const {
+    for (std::size_t h = 0; h + 1 < s.offsets.size(); ++h)
+      for (auto i = s.offsets[h]; i < s.offsets[h + 1]; ++i) keep[static_cast<std::size_t>(i)] = i == s.offsets[h];
+  }
+};
+
+// One step of five tokens (positions 0..4, equal scores) through a Cache with evictor E; what each
+// of the two heads then holds, by position.
+template <class E>
+std::vector<std::vector<std::int32_t>> held_after_step(const E& evictor, int* validated = nullptr, int* agreed = nullptr) {
+  const CacheShape shape{1, 2, 2, 4};
+  Cache<score::RetentionDecay, admit::All, E, memory::Paged<4>, cpu_backend> cache(shape, memory::Paged<4>(16), evictor);
+  cache.add_sequence(0, 5);
+  std::vector<float> kv(2 * 5 * 4, 0.5f), log_beta(2 * 5, -0.1f);
+  cache.step(0, View<const float, 4>(kv.data(), {1, 2, 5, 4}), View<const float, 4>(kv.data(), {1, 2, 5, 4}),
+             View<const float, 3>(log_beta.data(), {1, 2, 5}));
+  if constexpr (requires { evictor.agreed; }) {
+    *validated = cache.evictor().checked;
+    *agreed = cache.evictor().agreed;
+  }
+  std::vector<std::vector<std::int32_t>> held(2);
+  for (int h = 0; h < 2; ++h)
+    for (std::int64_t i = 0; i < cache.length(0, 0, h); ++i) held[static_cast<std::size_t>(h)].push_back(cache.entry(0, 0, h, i).position);
+  for (auto& p : held) std::sort(p.begin(), p.end());
+  return held;
+}
+
+}  // namespace
+
+TEST_CASE("EvictorHooks through a Cache: the defaults and the declared hooks decide a real step") {
+  using Held = std::vector<std::vector<std::int32_t>>;
+  // no hook declared: fires() fires both heads (5 > 3), selection() keeps the newest 2 of equal scores
+  CHECK(held_after_step(Plain{}) == Held{{3, 4}, {3, 4}});
+  // the declared trigger fires head 1 only, whatever fires() says; the Scorer was validated once
+  // and the scoring agreed on once
+  int validated = 0, agreed = 0;
+  CHECK(held_after_step(Hooked{}, &validated, &agreed) == Held{{0, 1, 2, 3, 4}, {3, 4}});
+  CHECK(validated == 1);
+  CHECK(agreed == 1);
+  // a declared select() replaces the stated selection
+  CHECK(held_after_step(Selecting{}) == Held{{0}, {0}});
+  // the select hook's default is the stated selection; with select() declared it is that
+  const CacheShape shape{1, 2, 2, 4};
+  const std::vector<float> score{-1.0f, -3.0f, -2.0f};
+  const std::vector<std::int32_t> position{0, 1, 2};
+  const std::vector<std::int64_t> offsets{0, 3};
+  std::vector<std::uint8_t> keep(3, 1);
+  EvictorHooks<Plain>::select(Plain{}, shape, {}, SegmentedScores{score, position, offsets}, keep);
+  CHECK(keep == std::vector<std::uint8_t>{1, 0, 1});
+  EvictorHooks<Selecting>::select(Selecting{}, shape, {}, SegmentedScores{score, position, offsets}, keep);
+  CHECK(keep == std::vector<std::uint8_t>{1, 0, 0});
+  // needs_every_token: false unless declared; token-level eviction declares it
+  CHECK_FALSE(EvictorHooks<Plain>::needs_every_token);
+  CHECK_FALSE(EvictorHooks<Hooked>::needs_every_token);
+  CHECK(EvictorHooks<evict::Union>::needs_every_token);
+}
+
 TEST_CASE("ties go to the larger position, across heads to the lower (layer, head) (SPEC, Ties)") {
   const CacheShape shape{1, 2, 2, 4};
   // all scores equal: per head the newest M survive
@@ -400,9 +461,10 @@ TEST_CASE("oracle: token-level (union) eviction, max and mean over heads, random
 }
 
 TEST_CASE("token-level eviction by hand: one decision per position, max against mean (SPEC §8)") {
-  // two heads, three positions; M = 2, B = 1 fires at three positions
-  const std::vector<float> score{-1.0f, -5.0f, -2.0f,   // head 0: positions 0, 1, 2
-                                 -9.0f, -1.5f, -9.0f};  // head 1
+  // two heads, three positions; M = 2, B = 1 fires at three positions. The scores make max, mean and
+  // mean with a sink keep three different pairs, so each setting is seen to act.
+  const std::vector<float> score{-2.0f, -1.0f, -3.0f,     // head 0: positions 0, 1, 2
+                                 -30.0f, -20.0f, -3.0f};  // head 1
   const std::vector<std::int32_t> position{0, 1, 2, 0, 1, 2};
   const std::vector<std::int64_t> offsets{0, 3, 6};
   const SegmentedScores s{score, position, offsets};
@@ -411,15 +473,15 @@ TEST_CASE("token-level eviction by hand: one decision per position, max against 
   evict::Union u{.budget = 2, .buffer = 1};
   CHECK(u.fires(6, 2, StepContext{}));
   CHECK_FALSE(u.fires(5, 2, StepContext{}));
-  u.select(shape, StepContext{}, s, keep);  // max: 0 -> -1, 1 -> -1.5, 2 -> -2
+  u.select(shape, StepContext{}, s, keep);  // max: 0 -> -2, 1 -> -1, 2 -> -3
   CHECK(keep == std::vector<std::uint8_t>{1, 1, 0, 1, 1, 0});
-  u.aggregate = evict::Aggregate::mean;  // mean: 0 -> -5, 1 -> -3.25, 2 -> -5.5
+  u.aggregate = evict::Aggregate::mean;  // mean: 0 -> -16, 1 -> -10.5, 2 -> -3
   u.select(shape, StepContext{}, s, keep);
-  CHECK(keep == std::vector<std::uint8_t>{1, 1, 0, 1, 1, 0});
-  u.sinks = 1;  // position 0 protected either way; then 1 over 2
+  CHECK(keep == std::vector<std::uint8_t>{0, 1, 1, 0, 1, 1});
+  u.sinks = 1;  // position 0 protected; then 2 over 1 by the mean
   u.select(shape, StepContext{}, s, keep);
-  CHECK(keep == std::vector<std::uint8_t>{1, 1, 0, 1, 1, 0});
-  u = evict::Union{.budget = 1, .buffer = 1, .window = 1};  // the newest position stays whatever its score
+  CHECK(keep == std::vector<std::uint8_t>{1, 0, 1, 1, 0, 1});
+  u = evict::Union{.budget = 1, .buffer = 1, .window = 1};  // the newest position stays, though 1's max is best
   u.select(shape, StepContext{}, s, keep);
   CHECK(keep == std::vector<std::uint8_t>{0, 0, 1, 0, 0, 1});
   // an equal aggregate goes to the newer position (SPEC, Ties)
