@@ -19,6 +19,7 @@
 #include "kvpolicy/policies/pyramidkv.hpp"
 #include "kvpolicy/registry.hpp"
 #include "prompt_stream.hpp"
+#include "replay.hpp"
 
 using namespace kvpolicy;
 
@@ -114,6 +115,46 @@ TEST_CASE("oracle: PyramidKV keeps each layer's budget M_l by SnapKV's score whe
   CHECK(uniform > 100);   // kvpress's fallback to SnapKV's uniform M
   CHECK(tied > 50);       // the boundary fell between equal scores: the tie-break decided
   CHECK(halves > 10);     // a budget at x.5: rounding half to even decided
+}
+
+TEST_CASE("PyramidKV equals kvpress's PyramidKVPress, layer budgets and survivors (a committed fixture)") {
+  // tests/policies/make_pyramidkv_fixture.py ran kvpress 0.5.5 once on a tiny random LLaMA and kept
+  // the trace it compressed, its layer budgets and its survivors: no PyPI is needed here. kvpolicy
+  // compresses the same prompt in one step (kvpolicy-replay's engine, as tools/kvpress_survivors.py).
+  const auto f = safetensors::File::read(std::string(KVPOLICY_SOURCE_DIR) + "/tests/policies/fixtures/pyramidkv_kvpress.safetensors");
+  const replay::Trace trace = replay::parse_trace(f);
+  const std::int64_t L = trace.layers, H = trace.kv_heads, T = trace.tokens;
+  const auto configs = f.int64s("configs");
+  const auto C = static_cast<std::int64_t>(configs.size() / 3);
+  REQUIRE(C == 3);
+  const auto budgets = f.int64s("kvpress_budget", {C, L});
+  const auto kept = f.int64s("kvpress_kept", {C, L, H, T});
+  std::int64_t pyramids = 0;
+  for (std::int64_t c = 0; c < C; ++c) {
+    const std::int64_t M = configs[static_cast<std::size_t>(3 * c)], W = configs[static_cast<std::size_t>(3 * c + 1)],
+                       beta = configs[static_cast<std::size_t>(3 * c + 2)];
+    const evict::Pyramid e = pyramidkv_evictor(trace.shape(), {.budget = M, .window = W, .beta = beta});
+    for (int l = 0; l < L; ++l)
+      CHECK_MESSAGE(e.layer_budget(T, l) == budgets[static_cast<std::size_t>(c * L + l)], "M ", M, " layer ", l);
+    pyramids += budgets[static_cast<std::size_t>(c * L)] != budgets[static_cast<std::size_t>(c * L + L - 1)];
+    replay::Options opt;
+    opt.policy = "pyramidkv";
+    opt.prefill = T;
+    opt.set("budget", std::to_string(M));
+    opt.set("window", std::to_string(W));
+    opt.set("beta", std::to_string(beta));
+    const replay::Result r = replay::replay(trace, opt);
+    for (std::int64_t i = 0; i < L * H; ++i) {
+      std::int64_t differ = 0;
+      for (std::int64_t t = 0; t < T; ++t) {
+        const auto at = static_cast<std::size_t>(i * T + t);
+        differ += (r.evicted_at[at] == -1) != (kept[static_cast<std::size_t>(c * L * H * T) + at] == 1);
+      }
+      CHECK_MESSAGE(differ == 0, "M ", M, " W_obs ", W, ": layer ", i / H, " kv head ", i % H, ": ", differ,
+                    " positions kept by one of kvpolicy and kvpress only");
+    }
+  }
+  CHECK(pyramids == 2);  // two configurations build a pyramid; the third is kvpress's uniform fallback
 }
 
 TEST_CASE("PyramidKV's budgets fall with depth and average M") {
