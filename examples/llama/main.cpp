@@ -39,7 +39,10 @@ const char* kUsage = R"(kvpolicy-llama: a GGUF model through llama.cpp, its KV c
       per-token NLL of the first N tokens of FILE (no BOS added); the last line is `ppl <value>`
       over positions >= K. `logits <digest>` is an FNV-1a digest of every logit's bits: the same
       digest is the same logits. `survivors <digest>` is kvpolicy-lm's digest of what the policy
-      keeps; --survivors F writes it out, a line `layer head positions...` per (layer, kv head).
+      keeps. --survivors F writes the positions llama.cpp's memory holds at the end, a line
+      `layer head positions...` per (layer, kv head) (a cell holds every head: the lines agree).
+      --check-memory reads llama.cpp's memory after every step and requires it to hold exactly
+      the positions the policy keeps.
   kvpolicy-llama --model GGUF --prompt TEXT --generate N [--policy P ...]
       greedy continuation of the prompt (one step for the prompt, then one token a step)
   kvpolicy-llama --model GGUF --text FILE --tokens N --generate D [--policy P ...]
@@ -60,6 +63,7 @@ struct Args {
   std::string model, text, prompt, survivors;
   std::int64_t tokens = 1024, score_from = 1, prefill = 0, chunk = 16, generate = 0;
   int threads = 2;
+  bool check_memory = false;
   registry::Selection selection;
 };
 
@@ -72,6 +76,10 @@ Args parse(int argc, char** argv) {
       std::fputs("\n", stdout);
       std::fputs(cli::policy_help().c_str(), stdout);
       std::exit(0);
+    }
+    if (f == "--check-memory") {
+      a.check_memory = true;
+      continue;
     }
     require(i + 1 < argc, f, ": needs a value (kvpolicy-llama --help)");
     const std::string v = argv[++i];
@@ -98,6 +106,7 @@ Args parse(int argc, char** argv) {
   require(a.threads >= 1, "--threads ", a.threads, " must be >= 1");
   if (a.prefill == 0) a.prefill = a.chunk;
   require(a.survivors.empty() || !a.selection.policy.empty(), "--survivors needs --policy (llama.cpp alone keeps every token)");
+  require(!a.check_memory || !a.selection.policy.empty(), "--check-memory needs --policy (llama.cpp alone removes nothing)");
   if (!a.selection.policy.empty()) {
     require(registry::contains(a.selection.policy), "--policy '", a.selection.policy, "' is not registered (known: ",
             registry::known(), ")");
@@ -195,6 +204,59 @@ std::vector<llama_token> tokenize(const llama_vocab* vocab, const std::string& t
   return ids;
 }
 
+/// The positions llama.cpp's memory holds for sequence 0, ascending, read from llama.cpp itself:
+/// llama_state_seq_get_data writes a magic number and the sequence id (llama-context.cpp), then the
+/// KV cache's stream count and per stream its cell count and, per cell, the position and sequence
+/// ids before the cells' K/V (llama-kv-cache.cpp, state_write_meta), in the pinned release; a LLaMA
+/// model has no per-cell extension. What does not parse so is an error, never a guess.
+std::vector<std::int32_t> memory_positions(llama_context* ctx, std::vector<std::uint8_t>& state) {
+  state.resize(llama_state_seq_get_size(ctx, 0));
+  require(llama_state_seq_get_data(ctx, state.data(), state.size(), 0) == state.size(),
+          "llama_state_seq_get_data wrote less than llama_state_seq_get_size said");
+  std::size_t at = 0;
+  const auto read = [&](auto& x) {
+    require(at + sizeof x <= state.size(), "llama.cpp's sequence state ends inside its cell list (", state.size(),
+            " bytes)");
+    std::memcpy(&x, state.data() + at, sizeof x);
+    at += sizeof x;
+  };
+  std::uint32_t magic = 0, streams = 0, cells = 0, seqs = 0;
+  std::int32_t seq = -1;
+  read(magic);
+  require(magic == 0xaf143cd8u, "llama.cpp's sequence state begins with ", magic, ", not the pinned release's magic");
+  read(seq);
+  require(seq == 0, "llama.cpp's sequence state is sequence ", seq, "'s, not 0's");
+  read(streams);
+  require(streams == 1, "llama.cpp's memory has ", streams, " streams; this program reads one");
+  read(cells);
+  std::vector<std::int32_t> held(cells);
+  for (std::int32_t& p : held) {
+    read(p);
+    read(seqs);
+    require(seqs == 1, "a cell of sequence 0 names ", seqs, " sequences in llama.cpp's state; expected 1");
+    read(seq);
+    require(seq == 0, "a cell of sequence 0 names sequence ", seq, " in llama.cpp's state");
+  }
+  std::sort(held.begin(), held.end());
+  require(std::adjacent_find(held.begin(), held.end()) == held.end(), "llama.cpp's memory holds a position twice");
+  return held;
+}
+
+/// --survivors F from llama.cpp's memory: `layer head positions...` per (layer, kv head), as
+/// kvpolicy-lm writes its own (examples/survivors.hpp); a llama.cpp cell holds every head's K/V,
+/// so every line lists the same positions.
+void write_memory_positions(const std::vector<std::int32_t>& held, const CacheShape& shape, const std::string& path) {
+  std::ofstream out(path);
+  require(out.good(), "--survivors: cannot write '", path, "'");
+  for (int l = 0; l < shape.layers; ++l)
+    for (int h = 0; h < shape.kv_heads; ++h) {
+      out << l << ' ' << h;
+      for (const std::int32_t p : held) out << ' ' << p;
+      out << '\n';
+    }
+  require(out.good(), "--survivors: writing '", path, "' failed");
+}
+
 struct Fnv {
   std::uint64_t h = 1469598103934665603ull;
   void add(const float* x, std::size_t n) {
@@ -260,11 +322,39 @@ struct Evicting {
   Model& m;
   CacheShape shape;
   int hidden;
-  std::int64_t held_max = 0, evicted_positions = 0;
+  bool check_memory;
+  std::int64_t held_max = 0, evicted_positions = 0, steps_checked = 0, next_position = 0;
   std::vector<float> log_beta{}, keys{}, values{}, queries{}, out{};
   std::vector<EvictedEntry> evicted{};
+  std::vector<std::uint8_t> state{};
+  std::vector<std::int32_t> kept{};
+
+  /// --check-memory: llama.cpp's memory holds exactly the positions every (layer, kv head) of the
+  /// policy keeps (SPEC §8: one decision per position), and its own min and max say the same.
+  void check() {
+    const std::vector<std::int32_t> held = memory_positions(m.ctx, state);
+    for (int l = 0; l < shape.layers; ++l)
+      for (int h = 0; h < shape.kv_heads; ++h) {
+        kept.clear();
+        for (std::int64_t i = 0; i < cache.length(0, l, h); ++i) kept.push_back(cache.entry(0, l, h, i).position);
+        std::sort(kept.begin(), kept.end());
+        if (kept == held) continue;
+        const auto diff = std::mismatch(held.begin(), held.end(), kept.begin(), kept.end());
+        fail("after the step ending at position ", next_position - 1, " llama.cpp holds ", held.size(),
+             " positions and head (", l, ", ", h, ") of the policy keeps ", kept.size(), "; the first difference: ",
+             diff.first == held.end() ? std::string("none in llama.cpp") : std::to_string(*diff.first),
+             " against ", diff.second == kept.end() ? std::string("none in the policy") : std::to_string(*diff.second));
+      }
+    llama_memory_t memory = llama_get_memory(m.ctx);
+    require(!held.empty() && llama_memory_seq_pos_min(memory, 0) == held.front() &&
+                llama_memory_seq_pos_max(memory, 0) == held.back(),
+            "llama_memory_seq_pos_min/max (", llama_memory_seq_pos_min(memory, 0), ", ",
+            llama_memory_seq_pos_max(memory, 0), ") disagree with the positions llama.cpp's state lists");
+    ++steps_checked;
+  }
 
   void operator()(std::int64_t T) {
+    next_position += T;
     const std::int64_t H = shape.kv_heads, d = shape.head_dim;
     for (int l = 0; l < shape.layers; ++l) {
       auto& c = cap.layer[static_cast<std::size_t>(l)];
@@ -289,7 +379,9 @@ struct Evicting {
                      View<float, 3>(out.data(), {shape.q_heads, T, d}));
       }
     }
-    held_max = std::max(held_max, cache.length(0, 0, 0));
+    // what llama.cpp holds before the step's eviction: its own count where checked
+    held_max = std::max<std::int64_t>(held_max, check_memory ? static_cast<std::int64_t>(memory_positions(m.ctx, state).size())
+                                                             : cache.length(0, 0, 0));
     evicted.clear();
     cache.commit(0, &evicted);
     // SPEC §8: every head lost the same positions; each leaves llama.cpp's cells once
@@ -299,6 +391,7 @@ struct Evicting {
       require(llama_memory_seq_rm(llama_get_memory(m.ctx), 0, p, p + 1), "llama_memory_seq_rm(0, ", p,
               ") failed");
     evicted_positions += static_cast<std::int64_t>(gone.size());
+    if (check_memory) check();
   }
 };
 
@@ -385,7 +478,7 @@ int run(const Args& a) {
 
   const auto t0 = std::chrono::steady_clock::now();
   auto t_context = t0;
-  std::int64_t held_max = 0, evicted = 0;
+  std::int64_t held_max = 0, evicted = 0, steps_checked = 0;
   std::vector<std::int64_t> survivors;
   double mirror_mib = 0.0;  // the policy's Cache: F32 K/V and metadata of what llama.cpp's cells hold
   std::string mode_line = "none (llama.cpp alone)";
@@ -426,12 +519,13 @@ int run(const Args& a) {
         using C = std::decay_t<decltype(cache)>;
         cap.want_queries = C::observes_attention;
         cache.add_sequence(0, std::min(prefill, N));
-        Evicting<C> policy{cache, producer, cap, m, shape, hidden};
+        Evicting<C> policy{cache, producer, cap, m, shape, hidden, a.check_memory};
         go(&policy);
         held_max = policy.held_max;
         evicted = policy.evicted_positions;
+        steps_checked = policy.steps_checked;
         survivors = examples::head_digests(cache, 0);
-        if (!a.survivors.empty()) examples::write_positions(cache, 0, a.survivors);
+        if (!a.survivors.empty()) write_memory_positions(memory_positions(m.ctx, policy.state), shape, a.survivors);
       });
       mode_line = std::string(P::name) + " (token level, SPEC §8): M = " + std::to_string(budget) +
                   " tokens, B = " + std::to_string(buffer) + ", S = " + given.value("sinks") + ", w = " +
@@ -447,10 +541,13 @@ int run(const Args& a) {
   std::printf("model: %s: L = %d, Hkv = %d, Hq = %d, d = %d, vocab %d\n", a.model.c_str(), layers, kv_heads, q_heads, d,
               n_vocab);
   std::printf("policy: %s\n", mode_line.c_str());
-  std::printf("llama.cpp context: %u cells (%.2f MiB of F16 K/V); positions held at most %lld, %lld evicted\n",
+  std::printf("llama.cpp context: %u cells (%.2f MiB of F16 K/V); positions held at most %lld, %lld evicted%s\n",
               llama_n_ctx(m.ctx), kv_mib, static_cast<long long>(with_policy ? held_max : total),
-              static_cast<long long>(evicted));
+              static_cast<long long>(evicted), a.check_memory ? " (counted in llama.cpp's memory)" : "");
   if (with_policy) std::printf("policy cache (kvpolicy, F32 K/V beside llama.cpp's): %.2f MiB\n", mirror_mib);
+  if (a.check_memory)
+    std::printf("llama.cpp memory: after each of %lld steps, exactly the positions the policy keeps\n",
+                static_cast<long long>(steps_checked));
   std::printf("timing: %lld tokens in %.3f s, %.1f tokens/s; context %lld tokens, %.1f tokens/s; decode %lld "
               "tokens, %.1f tokens/s\n",
               static_cast<long long>(N + static_cast<std::int64_t>(generated.size())), seconds,
