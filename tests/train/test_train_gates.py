@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The gate-training tool (tools/train/) on a tiny random LLaMA built in code, for each gate
 (TRIM-KV rg, DBTrimKV rg10, WG-KV write gate):
-  - a short run lowers the paper's objective on the training windows (initial gate vs trained);
+  - a short run lowers the paper's objective on the training windows (initial gate vs trained) by at
+    least about half what the trainer achieves (0.3% for rg and rg10, 10% for wg);
   - a run stopped halfway and resumed from its checkpoint writes the same gate (equal tensors and
     metadata) as one uninterrupted run; the log, the curves and the summary are written;
   - --time-budget's timed passes leave the gate untouched (the budgeted run is a --steps N run);
@@ -131,8 +132,11 @@ for kind in ("rg", "rg10", "wg"):
     state = torch.load(os.path.join(whole, "checkpoint.pt"))["gate"]
     before, after = mean_objective(kind, None), mean_objective(kind, state)
     print(f"{kind}: objective over the first 4 windows {before:.5f} -> {after:.5f} after {STEPS} steps")
-    if not after < before:
-        failures.append(f"{kind}: the objective did not fall ({before:.5f} -> {after:.5f})")
+    # 16 steps at lr 1e-2 lower it by 0.68% (rg), 0.66% (rg10) and 25% (wg) on this tiny model: a
+    # trainer that moves the gate far less (a lost gradient, a tiny step) falls short of half that
+    least = {"rg": 0.003, "rg10": 0.003, "wg": 0.10}[kind]
+    if not after < before * (1 - least):
+        failures.append(f"{kind}: the objective fell less than {100 * least:.1f}% ({before:.5f} -> {after:.5f})")
 
     model, _ = train_gates.tiny_model(0)
     gate = make_gate(kind, model.config, WIDTH, bias_init=None if kind == "wg" else 3.0)
