@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kvpolicy/core/error.hpp"
+#include "kvpolicy/core/shape.hpp"
 
 namespace kvpolicy::examples {
 
@@ -44,23 +45,35 @@ inline std::string digest_text(const std::vector<std::int64_t>& digest) {
   return text;
 }
 
-/// Writes what every (layer, kv head) holds, one line each: `layer head p p ...`, positions sorted
-/// (a run's --survivors FILE: two engines' files compared position by position).
-template <class CacheT>
-void write_positions(const CacheT& cache, std::int64_t seq, const std::string& path) {
+/// Writes one line per (layer, kv head) of `shape`: `layer head p p ...`, the positions
+/// `positions(l, h)` gives, sorted (a run's --survivors FILE: two engines' files compared position by
+/// position).
+template <class Positions>
+void write_position_lines(const CacheShape& shape, Positions&& positions, const std::string& path) {
   std::ofstream out(path);
   require(out.good(), "--survivors: cannot write '", path, "'");
-  std::vector<std::int32_t> p;
-  for (int l = 0; l < cache.shape().layers; ++l)
-    for (int h = 0; h < cache.shape().kv_heads; ++h) {
-      p.clear();
-      for (std::int64_t i = 0; i < cache.length(seq, l, h); ++i) p.push_back(cache.entry(seq, l, h, i).position);
+  for (int l = 0; l < shape.layers; ++l)
+    for (int h = 0; h < shape.kv_heads; ++h) {
+      std::vector<std::int32_t> p = positions(l, h);
       std::sort(p.begin(), p.end());
       out << l << ' ' << h;
       for (const std::int32_t x : p) out << ' ' << x;
       out << '\n';
     }
   require(out.good(), "--survivors: writing '", path, "' failed");
+}
+
+/// What every (layer, kv head) of the cache holds, as write_position_lines writes it.
+template <class CacheT>
+void write_positions(const CacheT& cache, std::int64_t seq, const std::string& path) {
+  write_position_lines(
+      cache.shape(),
+      [&](int l, int h) {
+        std::vector<std::int32_t> p;
+        for (std::int64_t i = 0; i < cache.length(seq, l, h); ++i) p.push_back(cache.entry(seq, l, h, i).position);
+        return p;
+      },
+      path);
 }
 
 }  // namespace kvpolicy::examples

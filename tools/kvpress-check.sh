@@ -28,7 +28,7 @@ if ! { [ -x "$venv/bin/python" ] && [ -f "$venv/requirements.ok" ] && [ "$(cat "
   python3 -m venv "$venv"
   # --no-compile: Python byte-compiles what it imports; compiling every file of torch up front took a
   # quarter of the install's time
-: >"$root/build/kvpress/pip.log"
+  : >"$root/build/kvpress/pip.log"
   pypi_install kvpress-check "$root/build/kvpress/pip.log" \
     "$venv/bin/pip" install -q --no-compile --disable-pip-version-check "${requirements[@]}"
   echo "$stamp" >"$venv/requirements.ok"

@@ -6,19 +6,27 @@
 #
 #   pypi_install WHO LOG COMMAND...   runs COMMAND (a pip call) with its output in LOG (appended)
 
-# The index pip reads (PIP_INDEX_URL, else pip's configuration, else PyPI's), answered within 20 s.
+# The index pip reads (PIP_INDEX_URL, else index-url from pip's configuration files, in pip's order,
+# else PyPI's), answered within 20 s. The files are read here, not through `python3 -m pip config`:
+# a fresh Debian has pip only inside the venvs these scripts make.
 pypi_reachable() {
-  local index=${PIP_INDEX_URL:-}
-  if [ -z "$index" ]; then
-    index=$(python3 -m pip config get global.index-url 2>/dev/null || true)
-  fi
-  index=${index:-https://pypi.org/simple}
-  python3 - "$index" <<'PY'
-import sys, urllib.request
+  python3 - <<'PY'
+import configparser, os, sys, urllib.request
+index = os.environ.get("PIP_INDEX_URL")
+if not index:
+    files = ["/etc/pip.conf", "/etc/xdg/pip/pip.conf", os.path.expanduser("~/.pip/pip.conf"),
+             os.path.join(os.environ.get("XDG_CONFIG_HOME", os.path.expanduser("~/.config")), "pip", "pip.conf")]
+    if os.environ.get("PIP_CONFIG_FILE"):
+        files.append(os.environ["PIP_CONFIG_FILE"])
+    config = configparser.ConfigParser()
+    config.read(files)
+    for section in ("global", "install", "download"):
+        index = config.get(section, "index-url", fallback=index)
+index = index or "https://pypi.org/simple"
 try:
-    urllib.request.urlopen(sys.argv[1].rstrip("/") + "/pip/", timeout=20).read(1)
+    urllib.request.urlopen(index.rstrip("/") + "/pip/", timeout=20).read(1)
 except Exception as e:  # DNS, refused, TLS, timeout, HTTP error: not reachable
-    print(f"{sys.argv[1]}: {e}", file=sys.stderr)
+    print(f"{index}: {e}", file=sys.stderr)
     sys.exit(1)
 PY
 }
@@ -29,8 +37,10 @@ pypi_install() {
   if "$@" >>"$log" 2>&1; then
     return 0
   fi
-  if ! pypi_reachable 2>>"$log"; then
-    echo "$who: SKIPPED: PyPI cannot be reached (the probe's answer is the last line of $log)" >&2
+  # pip's own connection errors say its index (a mirror, a proxy) did not answer; else one probe
+  if grep -qE "connection broken by|Failed to establish a new connection|Could not fetch URL" "$log" ||
+     ! pypi_reachable 2>>"$log"; then
+    echo "$who: SKIPPED: PyPI cannot be reached (pip's log, then the probe's answer: $log)" >&2
     exit 77
   fi
   echo "$who: FAILED: PyPI answers, but this install failed: $*" >&2

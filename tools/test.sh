@@ -86,10 +86,12 @@ phase llama.cpp or_skipped llama.cpp tools/fetch-llama-cpp.sh
 phase build configure_build default
 phase ctest ctest --preset default --output-junit "$results/default.xml"
 # The CUDA path under GPGPU-Sim's functional mode, where the simulator is installed (docs/gpusim.md).
-if [ -f /opt/kvpolicy-gpusim/env.sh ] && command -v nvcc >/dev/null 2>&1; then
-  phase gpusim tools/gpusim-check.sh /opt/kvpolicy-gpusim
+if ! command -v nvcc >/dev/null 2>&1; then
+  skipped_phase gpusim "no nvcc: the CUDA path is not compiled"
+elif [ ! -f /opt/kvpolicy-gpusim/env.sh ]; then
+  skipped_phase gpusim "no GPU simulator installed at /opt/kvpolicy-gpusim (docs/gpusim.md)"
 else
-  skipped_phase gpusim "no GPU simulator installed at /opt/kvpolicy-gpusim, or no nvcc; docs/gpusim.md"
+  phase gpusim tools/gpusim-check.sh /opt/kvpolicy-gpusim
 fi
 phase conan or_skipped conan tools/conan-test.sh
 # The concurrency contract under ThreadSanitizer: threads stepping different sequences of one cache.

@@ -242,21 +242,6 @@ std::vector<std::int32_t> memory_positions(llama_context* ctx, std::vector<std::
   return held;
 }
 
-/// --survivors F from llama.cpp's memory: `layer head positions...` per (layer, kv head), as
-/// kvpolicy-lm writes its own (examples/survivors.hpp); a llama.cpp cell holds every head's K/V,
-/// so every line lists the same positions.
-void write_memory_positions(const std::vector<std::int32_t>& held, const CacheShape& shape, const std::string& path) {
-  std::ofstream out(path);
-  require(out.good(), "--survivors: cannot write '", path, "'");
-  for (int l = 0; l < shape.layers; ++l)
-    for (int h = 0; h < shape.kv_heads; ++h) {
-      out << l << ' ' << h;
-      for (const std::int32_t p : held) out << ' ' << p;
-      out << '\n';
-    }
-  require(out.good(), "--survivors: writing '", path, "' failed");
-}
-
 struct Fnv {
   std::uint64_t h = 1469598103934665603ull;
   void add(const float* x, std::size_t n) {
@@ -525,7 +510,11 @@ int run(const Args& a) {
         evicted = policy.evicted_positions;
         steps_checked = policy.steps_checked;
         survivors = examples::head_digests(cache, 0);
-        if (!a.survivors.empty()) write_memory_positions(memory_positions(m.ctx, policy.state), shape, a.survivors);
+        // a llama.cpp cell holds every head's K/V: each (layer, kv head) holds what its memory lists
+        if (!a.survivors.empty()) {
+          const std::vector<std::int32_t> held = memory_positions(m.ctx, policy.state);
+          examples::write_position_lines(shape, [&](int, int) { return held; }, a.survivors);
+        }
       });
       mode_line = std::string(P::name) + " (token level, SPEC §8): M = " + std::to_string(budget) +
                   " tokens, B = " + std::to_string(buffer) + ", S = " + given.value("sinks") + ", w = " +

@@ -406,7 +406,7 @@ TEST_CASE("decode steps from the blocks agree with decode steps from F32") {
 
 int main(int argc, char** argv) {
   if (model_dir().empty()) {
-    std::fprintf(stderr, "test_lm: KVPOLICY_LM_MODEL is not set (tests/lm/with_model.sh sets it)\n");
+    std::fprintf(stderr, "test_lm: SKIPPED: KVPOLICY_LM_MODEL is not set (tests/lm/with_model.sh sets it)\n");
     return 77;
   }
   doctest::Context ctx(argc, argv);

@@ -63,6 +63,6 @@ rc=${PIPESTATUS[0]}
 set -e
 [ "$rc" -ne 0 ] && exit "$rc"
 if grep -q "^SKIPPED" "$log"; then
-  echo "python: SKIPPED: $(grep -c '^SKIPPED' "$log") pytest line(s) above say what did not run" >&2
+  echo "python: SKIPPED: $(grep -c '^SKIPPED' "$log") pytest case(s) did not run, the first: $(grep -m 1 '^SKIPPED' "$log")" >&2
   exit 77
 fi

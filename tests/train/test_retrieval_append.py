@@ -111,8 +111,9 @@ try:
     check(r[1]["accuracy"] == f"{hits / 9:.3f}", f"extended accuracy {r[1]['accuracy']}")
     check(abs(float(r[1]["entries"]) - held) <= 1, f"extended entries {r[1]['entries']}, by hand {held:.1f}")
     # the first part's 500 s plus what the extension's engine calls took, within that run's wall time
-    check(500 <= float(r[1]["seconds"]) <= 500 + took, f"the extended row's seconds {r[1]['seconds']} are not the "
-          f"first part's 500 plus the extension's (at most {took:.2f} s)")
+    # (written rounded to a whole second: half a second more may be the rounding)
+    check(500 <= float(r[1]["seconds"]) <= 500 + took + 0.5, f"the extended row's seconds {r[1]['seconds']} are not "
+          f"the first part's 500 plus the extension's (at most {took:.2f} s)")
     with open(os.path.join(out, "instances.csv")) as f:
         ran = list(csv.DictReader(f))
     keys = [k for _, k in retrieval.instances(9, 1024, 0)]
