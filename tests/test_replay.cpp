@@ -272,6 +272,40 @@ TEST_CASE("replay: every policy runs on the synthetic trace within its budget, a
                        Error);
 }
 
+// docs/replay.md: hidden_states is [L', T, D] with any L'; the bands index the trace's L' hidden
+// states, not the model's L + 1. A band past L (here a copy of band 2 at index L + 2) replays as the
+// band it copies, and a band past L' is refused naming L'.
+TEST_CASE("replay: hidden-state bands index the trace's L' hidden states, whatever the model's L") {
+  replay::Trace tr = replay::synthetic_trace(2, 2, 2, 16, 120);
+  const int L = tr.layers;
+  REQUIRE(tr.hidden_layers == L + 1);
+  const auto band_size = static_cast<std::size_t>(tr.tokens * tr.hidden_size);
+  std::vector<float> band2(tr.hidden.begin() + static_cast<std::ptrdiff_t>(2 * band_size),
+                           tr.hidden.begin() + static_cast<std::ptrdiff_t>(3 * band_size));
+  tr.hidden.insert(tr.hidden.end(), band_size, 0.0f);  // band L + 1: zeros
+  tr.hidden.insert(tr.hidden.end(), band2.begin(), band2.end());  // band L + 2: band 2 again
+  tr.hidden_layers = L + 3;
+  for (const std::string policy : {"epikv", "hs-var"}) {
+    CAPTURE(policy);
+    replay::Options o;
+    o.policy = policy;
+    o.prefill = 40;
+    o.offer("budget", 24).offer("band-a", 2).offer("band-b", 1);
+    const auto in_model = replay::replay(tr, o);
+    o.given["band-a"] = std::to_string(L + 2);
+    const auto past_model = replay::replay(tr, o);
+    CHECK(past_model.evicted_at == in_model.evicted_at);
+    CHECK(std::count(past_model.evicted_at.begin(), past_model.evicted_at.end(), -1) <
+          static_cast<std::ptrdiff_t>(past_model.evicted_at.size()));  // the budget evicted something
+    o.given["band-a"] = std::to_string(L + 3);
+    CHECK_THROWS_WITH_AS(replay::replay(tr, o),
+                         doctest::Contains(("must be hidden-state indices in [0, " + std::to_string(L + 2) + "] of the L' = " +
+                                            std::to_string(L + 3))
+                                               .c_str()),
+                         Error);
+  }
+}
+
 // --gate with trimkv and dbtrimkv (SPEC §1-2): the gate runs on the trace's gate_input and its
 // log_beta replaces the trace's; the replay then equals one of the trace with those log_beta.
 TEST_CASE("replay --gate: TRIM-KV's gate and the authors' rg10 (DBTrimKV's, and TRIM-KV's by choice) on gate_input replace the trace's log_beta") {

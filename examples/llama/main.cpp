@@ -18,7 +18,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
-#include <set>
+#include <type_traits>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -298,7 +298,10 @@ void run_steps(const Args& a, Model& m, const Captured& cap, Policy* policy, con
 }
 
 /// The policy's side of a step: its inputs from what the callback captured, appended to a kvpolicy
-/// Cache in token-level mode, committed; the positions it evicts leave llama.cpp's memory.
+/// Cache in token-level mode, committed; the positions it evicts leave llama.cpp's memory, a run of
+/// consecutive positions per llama_memory_seq_rm. Over llama.cpp's own K/V (the Cache's storage
+/// engine_owned) the Cache keeps each entry's metadata only and takes no values; a policy that reads
+/// stored keys or the attention over them keeps its own copy of the K/V it ranks by.
 template <class CacheT>
 struct Evicting {
   CacheT& cache;
@@ -310,6 +313,7 @@ struct Evicting {
   bool check_memory;
   std::int64_t held_max = 0, evicted_positions = 0, steps_checked = 0, next_position = 0;
   std::vector<float> log_beta{}, keys{}, values{}, queries{}, out{};
+  double policy_seconds = 0.0;  ///< the policy's per-step work: inputs, gate, append, scores, selection, removal
   std::vector<EvictedEntry> evicted{};
   std::vector<std::uint8_t> state{};
   std::vector<std::int32_t> kept{};
@@ -339,12 +343,14 @@ struct Evicting {
   }
 
   void operator()(std::int64_t T) {
+    const auto t0 = std::chrono::steady_clock::now();
     next_position += T;
     const std::int64_t H = shape.kv_heads, d = shape.head_dim;
+    const bool with_values = CacheT::stores_kv || producer.needs().values;
     for (int l = 0; l < shape.layers; ++l) {
       auto& c = cap.layer[static_cast<std::size_t>(l)];
       heads_first(c[Captured::keys], T, H, d, keys);
-      heads_first(c[Captured::values], T, H, d, values);
+      if (with_values) heads_first(c[Captured::values], T, H, d, values);
       log_beta.assign(static_cast<std::size_t>(H * T), 0.0f);
       const auto& needs = producer.needs();
       if (needs.per_layer()) {
@@ -352,12 +358,14 @@ struct Evicting {
                 "attn_norm-", l, " was not captured for ", T, " tokens");
         producer.layer(0, l,
                        {View<const float, 2>(c[Captured::normed].data(), {T, hidden}), {},
-                        View<const float, 3>(keys.data(), {H, T, d}), View<const float, 3>(values.data(), {H, T, d})},
+                        View<const float, 3>(keys.data(), {H, T, d}),
+                        with_values ? View<const float, 3>(values.data(), {H, T, d}) : View<const float, 3>{}},
                        View<float, 2>(log_beta.data(), {H, T}));
       }
-      cache.append(0, l, View<const float, 3>(keys.data(), {H, T, d}), View<const float, 3>(values.data(), {H, T, d}),
+      cache.append(0, l, View<const float, 3>(keys.data(), {H, T, d}),
+                   with_values ? View<const float, 3>(values.data(), {H, T, d}) : View<const float, 3>{},
                    View<const float, 2>(log_beta.data(), {H, T}));
-      if (cap.want_queries) {
+      if constexpr (CacheT::stores_kv) if (cap.want_queries) {
         heads_first(c[Captured::queries], T, shape.q_heads, d, queries);
         out.resize(queries.size());
         cache.attend(0, l, View<const float, 3>(queries.data(), {shape.q_heads, T, d}),
@@ -369,13 +377,13 @@ struct Evicting {
                                                              : cache.length(0, 0, 0));
     evicted.clear();
     cache.commit(0, &evicted);
-    // SPEC §8: every head lost the same positions; each leaves llama.cpp's cells once
-    std::set<std::int32_t> gone;
-    for (const EvictedEntry& e : evicted) gone.insert(e.position);
-    for (const std::int32_t p : gone)
-      require(llama_memory_seq_rm(llama_get_memory(m.ctx), 0, p, p + 1), "llama_memory_seq_rm(0, ", p,
-              ") failed");
-    evicted_positions += static_cast<std::int64_t>(gone.size());
+    // SPEC §8: every head lost the same positions; each run leaves llama.cpp's cells at once
+    for (const PositionRun& r : token_runs(evicted)) {
+      require(llama_memory_seq_rm(llama_get_memory(m.ctx), 0, r.first, r.end), "llama_memory_seq_rm(0, ", r.first,
+              ", ", r.end, ") failed");
+      evicted_positions += r.end - r.first;
+    }
+    policy_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (check_memory) check();
   }
 };
@@ -465,7 +473,8 @@ int run(const Args& a) {
   auto t_context = t0;
   std::int64_t held_max = 0, evicted = 0, steps_checked = 0;
   std::vector<std::int64_t> survivors;
-  double mirror_mib = 0.0;  // the policy's Cache: F32 K/V and metadata of what llama.cpp's cells hold
+  double policy_mib = 0.0, policy_seconds = 0.0;  // the policy's Cache, and its per-step work
+  std::string policy_holds;
   std::string mode_line = "none (llama.cpp alone)";
   const auto go = [&](auto* policy) {
     run_steps(a, m, cap, policy, ids, prefill, n_vocab, generated, on_logits,
@@ -497,16 +506,22 @@ int run(const Args& a) {
               "'s gate was trained on keys in RoPE's rotate-half layout; llama.cpp's keys pair components adjacently");
       require(!producer.needs().keys_pre_rope && !producer.needs().per_token(), "policy ", P::name,
               " reads keys before RoPE or hidden-state bands, which this program does not take from llama.cpp's graph");
-      // every head holds what llama.cpp's context holds: at most M + B - 1 + one step, or the text
+      // every head holds what llama.cpp's context holds: at most M + B - 1 + one step, or the text.
+      // Over llama.cpp's own K/V where the policy allows it (its Scorer reads metadata only):
+      // the Cache keeps each entry's metadata; else it keeps an F32 copy of the K/V it ranks by.
       const std::int64_t pages = pages_for(shape, std::min(budget + buffer - 1 + largest_step, total), 1, 16);
-      mirror_mib = static_cast<double>(memory::Paged<16>::bytes_for(shape, pages)) / (1024.0 * 1024.0);
-      P::template make<cpu_backend>(v, shape, memory::Paged<16>(pages), [&](auto& cache) {
+      using Pool = std::conditional_t<registry::over_engine_storage<P>(), memory::Paged<16, engine_owned>, memory::Paged<16>>;
+      policy_mib = static_cast<double>(Pool::bytes_for(shape, pages)) / (1024.0 * 1024.0);
+      policy_holds = registry::over_engine_storage<P>() ? "metadata only, over llama.cpp's K/V"
+                                                        : "an F32 copy of the K/V it ranks by, beside llama.cpp's";
+      P::template make<cpu_backend>(v, shape, Pool(pages), [&](auto& cache) {
         using C = std::decay_t<decltype(cache)>;
         cap.want_queries = C::observes_attention;
         cache.add_sequence(0, std::min(prefill, N));
         Evicting<C> policy{cache, producer, cap, m, shape, hidden, a.check_memory};
         go(&policy);
         held_max = policy.held_max;
+        policy_seconds = policy.policy_seconds;
         evicted = policy.evicted_positions;
         steps_checked = policy.steps_checked;
         survivors = examples::head_digests(cache, 0);
@@ -533,7 +548,12 @@ int run(const Args& a) {
   std::printf("llama.cpp context: %u cells (%.2f MiB of F16 K/V); positions held at most %lld, %lld evicted%s\n",
               llama_n_ctx(m.ctx), kv_mib, static_cast<long long>(with_policy ? held_max : total),
               static_cast<long long>(evicted), a.check_memory ? " (counted in llama.cpp's memory)" : "");
-  if (with_policy) std::printf("policy cache (kvpolicy, F32 K/V beside llama.cpp's): %.2f MiB\n", mirror_mib);
+  if (with_policy) {
+    std::printf("policy state (%s): %.2f MiB, %.1f%% of llama.cpp's K/V\n", policy_holds.c_str(), policy_mib,
+                100.0 * policy_mib / kv_mib);
+    std::printf("policy time: %.3f s of %.3f s (inputs, gate, scores, selection, removal)\n", policy_seconds,
+                std::chrono::duration<double>(t_end - t0).count());
+  }
   if (a.check_memory)
     std::printf("llama.cpp memory: after each of %lld steps, exactly the positions the policy keeps\n",
                 static_cast<long long>(steps_checked));

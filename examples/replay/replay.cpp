@@ -156,12 +156,9 @@ Metadata step_scores(const Trace& tr, const registry::Values& v, const CacheShap
   lacks(needs.keys_pre_rope && tr.keys_pre_rope.empty(), "keys_pre_rope [L, Hkv, T, d] (the keys before RoPE) for --gate");
   lacks((needs.keys || needs.values) && !tr.has_attention(), "keys and values [L, Hkv, T, d]");
   lacks(needs.per_token() && !tr.has_hidden(), "hidden_states [L', T, D]");
-  if (needs.per_token())
-    for (const int band : *needs.bands)
-      require(band < tr.hidden_layers, "replay: policy ", P::name, " reads hidden-state band ", band,
-              "; the trace holds ", tr.hidden_layers, " (hidden_states [L', T, D])");
   const int D = needs.normed_input ? tr.gate_input_size : tr.hidden_size;
-  const inputs::Producer producer = inputs::producer<P>(v, {shape, D});
+  // the bands are checked against the trace's L' hidden states, whatever the model's L
+  const inputs::Producer producer = inputs::producer<P>(v, {shape, D, tr.hidden_layers});
   return [&tr, producer, needs, shape, D](std::int64_t n, std::int64_t len, const std::vector<float>& k,
                                           const std::vector<float>& val, std::vector<float>& out) {
     const int L = shape.layers, H = shape.kv_heads;

@@ -29,6 +29,7 @@
 #include "kvpolicy/core/shape.hpp"
 #include "kvpolicy/core/view.hpp"
 #include "kvpolicy/engine/evictor_hooks.hpp"
+#include "kvpolicy/engine/position_runs.hpp"
 #include "kvpolicy/engine/scorer_inputs.hpp"
 #include "kvpolicy/engine/step_state.hpp"
 
@@ -96,6 +97,13 @@ class Cache {
   /// Whether the Scorer reads the attention (H2O's mass, TOVA's and SnapKV's window, Expected
   /// Attention's query moments; engine/scorer_inputs.hpp): then every step must attend() every layer.
   static constexpr bool observes_attention = Inputs::observes_attention;
+  /// Whether the cache holds its entries' K/V (false: storage_type is engine_owned, the engine
+  /// holds them and the cache keeps each entry's metadata only; SPEC §9).
+  static constexpr bool stores_kv = stores_kv_v<storage_type>;
+  /// Whether the Scorer reads what only stored K/V give: the keys of stored entries (KeyDiff) or
+  /// the attention over them (H2O, TOVA, SnapKV, Expected Attention). Such a composition cannot
+  /// run over engine-owned K/V; the constructor refuses it.
+  static constexpr bool reads_stored_kv = scorer_reads_stored_kv<S>;
 
   /// Checks every part (each its own settings, the Evictor the Scorer it is given), then lets the
   /// Backend take its memory: a refused composition allocates nothing.
@@ -151,7 +159,8 @@ class Cache {
     for (const std::int64_t len : executor_.lengths(seq, state_of(seq).memory)) total += len;
     return total;
   }
-  /// Every entry of a head, in storage order: metadata, K and V (for tests and tools; O(length x d)).
+  /// Every entry of a head, in storage order: metadata, K and V (for tests and tools; O(length x d));
+  /// over engine-owned K/V, the metadata alone (keys and values empty).
   HeadContents head_contents(std::int64_t seq, int layer, int head) const {
     const SequenceState& st = state_of(seq);
     checks_.layer(layer, "head_contents");
@@ -170,7 +179,8 @@ class Cache {
 
   /// ---- one step, layer by layer ----------------------------------------------------------------
   /// keys/values [Hkv, T, d] post-RoPE, log_beta [Hkv, T] in [-inf, 0]. Every layer of a step appends
-  /// the same T, once.
+  /// the same T, once. Over engine-owned K/V (stores_kv false) the keys are read for what an entry's
+  /// metadata takes from them (its key norm) and not kept, and values may be left empty.
   /// gate [Hkv, T]: WG-KV's write gate g of each token (SPEC §3), for an Admitter that decides by
   /// it (admit::WriteGate); optional otherwise (every entry's g is then 1).
   void append(std::int64_t seq, int layer, View<const float, 3> keys, View<const float, 3> values,
@@ -204,7 +214,10 @@ class Cache {
   /// queries [Hq, T, d] of this step's T tokens at `layer` (appended already) -> out [Hq, T, d].
   /// For a Scorer that ranks by attention mass (H2O) it also adds each key's attention probability
   /// from these queries to the key's metadata (abort_step takes it back).
-  void attend(std::int64_t seq, int layer, View<const float, 3> queries, View<float, 3> out) {
+  /// Over engine-owned K/V (stores_kv false) the engine attends itself: there is no attend().
+  void attend(std::int64_t seq, int layer, View<const float, 3> queries, View<float, 3> out)
+    requires stores_kv
+  {
     SequenceState& st = state_of(seq);
     checks_.layer(layer, "attend");
     require(st.appended[static_cast<std::size_t>(layer)], "Cache::attend: layer ", layer, " of sequence ", seq,
@@ -305,6 +318,10 @@ class Cache {
 
   /// The composition's own checks, before the Backend takes any memory.
   static const CacheShape& validated(const CacheShape& shape, const E& evictor, const S& scorer, const A& admitter) {
+    if constexpr (!stores_kv && reads_stored_kv)
+      fail("kvpolicy::Cache: this policy's Scorer reads the keys of stored entries or the attention over them, "
+           "which a cache over engine-owned K/V (storage engine_owned) does not hold; give it a storage type that "
+           "keeps K/V (float, half, bfloat16)");
     evictor.validate(shape);
     scorer.validate();
     Inputs::validate(scorer, shape);
@@ -335,7 +352,9 @@ class Cache {
         [&](int l, auto keys, auto values, auto log_beta, auto gate) {
           write_layer(st, s.seq, l, T, keys, values, log_beta, gate);
         },
-        [&](int l, auto queries, auto out) { attend_layer(st, s.seq, l, queries, out); });
+        [&](int l, auto queries, auto out) {
+          if constexpr (stores_kv) attend_layer(st, s.seq, l, queries, out);  // else refused by the checks
+        });
   }
 
   /// Closes the open steps of `seqs` (every layer appended): plans every eviction first (it may

@@ -14,6 +14,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "kvpolicy/core/concepts.hpp"
 #include "kvpolicy/registry/policy.hpp"
 
 #if __has_include("kvpolicy/policies/registered.inc")
@@ -142,6 +143,37 @@ inline bool needs_prompt_length(std::string_view name) {
   bool found = false;
   for_each([&]<Policy P>() { found = found || (P::name == name && requires { P::needs_prompt_length; }); });
   return found;
+}
+
+namespace detail {
+template <class... S>
+constexpr bool metadata_scorers(scorers<S...>) {
+  return (!scorer_reads_stored_kv<S> && ...);
+}
+}  // namespace detail
+
+/// Whether policy P runs over K/V the engine owns (storage engine_owned: the cache keeps metadata
+/// only): every Scorer it may build reads its entries' metadata alone, never stored keys or the
+/// attention over them. Read from the Scorer types P declares; nothing is built.
+template <Policy P>
+constexpr bool over_engine_storage() {
+  return detail::metadata_scorers(typename P::scorers{});
+}
+/// The same by name (false for an unknown name).
+inline bool over_engine_storage(std::string_view name) {
+  bool yes = false;
+  for_each([&]<Policy P>() { yes = yes || (P::name == name && over_engine_storage<P>()); });
+  return yes;
+}
+/// The policies that run over K/V the engine owns, as "a, b".
+inline std::string over_engine_storage_policies() {
+  std::string out;
+  for_each([&]<Policy P>() {
+    if (!over_engine_storage<P>()) return;
+    if (!out.empty()) out += ", ";
+    out += P::name;
+  });
+  return out;
 }
 
 /// A policy chosen by its name and the options a user gave it (--name value), as text: what a tool

@@ -206,6 +206,11 @@ template <class S>
 constexpr bool scorer_needs_attention_mass = reads_field<S>(Field::attention_mass);
 template <class S>
 constexpr bool scorer_needs_head_keys = HeadScorer<S>;
+/// A Scorer that reads what only stored K/V give: stored keys (HeadScorer), or the attention over
+/// them (the mass, a window of queries, query moments). It cannot run over K/V the engine owns.
+template <class S>
+constexpr bool scorer_reads_stored_kv =
+    scorer_needs_attention_mass<S> || HeadScorer<S> || WindowScorer<S> || MomentsScorer<S>;
 /// Backend: where a Cache's entries live, how its attention runs and how its evictions are planned
 /// and applied, named by the fifth argument of Cache — cpu_backend (the Allocator's host pool,
 /// cpu/backend.hpp) or cuda_backend (device memory and the CUDA kernels, cuda/backend.cuh). A

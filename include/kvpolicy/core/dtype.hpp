@@ -19,6 +19,10 @@ struct half {
 struct bfloat16 {
   std::uint16_t bits = 0;
 };
+/// The storage "type" of a cache that keeps no K/V: the engine owns them (its cells, blocks or
+/// pools) and the cache keeps each entry's metadata only (docs/integration.md, "Over the engine's
+/// own K/V"). memory::Paged<16, engine_owned> is such a cache's allocator.
+struct engine_owned {};
 
 namespace dtype {
 
@@ -98,9 +102,14 @@ template <class T>
 inline constexpr bool is_storage_type_v =
     std::is_same_v<T, float> || std::is_same_v<T, half> || std::is_same_v<T, bfloat16>;
 
+/// Whether a cache whose storage type is T holds the entries' K/V (false: the engine holds them).
+template <class T>
+inline constexpr bool stores_kv_v = !std::is_same_v<T, engine_owned>;
+
 template <class T>
 constexpr std::string_view dtype_name() {
-  if constexpr (std::is_same_v<T, float>) return "float32";
+  if constexpr (std::is_same_v<T, engine_owned>) return "engine-owned";
+  else if constexpr (std::is_same_v<T, float>) return "float32";
   else if constexpr (std::is_same_v<T, half>) return "float16";
   else return "bfloat16";
 }

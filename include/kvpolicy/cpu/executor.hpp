@@ -83,11 +83,14 @@ class Executor {
     for (std::int64_t i = 0; i < head_layout.length; ++i) {
       const std::int64_t slot = head_layout.slot(i);
       c.meta.push_back(alloc_.pool().meta(slot));
+      if constexpr (!stores_kv_v<storage_type>) continue;  // the engine holds K/V
+      else {
       const storage_type* k = alloc_.pool().key(slot);
       const storage_type* v = alloc_.pool().value(slot);
       for (std::size_t j = 0; j < d; ++j) {
         c.keys.push_back(to_float(k[j]));
         c.values.push_back(to_float(v[j]));
+      }
       }
     }
     return c;
@@ -222,7 +225,7 @@ class Executor {
         meta.push_back(m);
       }
       if (!dropped) {  // the common case: the head's [T, d] rows go straight from the caller's buffers
-        alloc_.append(seq, layer, h, T, &keys(h, 0, 0), &values(h, 0, 0), meta.data());
+        alloc_.append(seq, layer, h, T, &keys(h, 0, 0), values.data != nullptr ? &values(h, 0, 0) : nullptr, meta.data());
         continue;
       }
       k_kept.clear();
@@ -230,9 +233,10 @@ class Executor {
       for (const EntryMeta& m : meta) {
         const std::int64_t t = m.position - n;
         k_kept.insert(k_kept.end(), &keys(h, t, 0), &keys(h, t, 0) + d);
-        v_kept.insert(v_kept.end(), &values(h, t, 0), &values(h, t, 0) + d);
+        if (values.data != nullptr) v_kept.insert(v_kept.end(), &values(h, t, 0), &values(h, t, 0) + d);
       }
-      alloc_.append(seq, layer, h, static_cast<std::int64_t>(meta.size()), k_kept.data(), v_kept.data(), meta.data());
+      alloc_.append(seq, layer, h, static_cast<std::int64_t>(meta.size()), k_kept.data(),
+                    values.data != nullptr ? v_kept.data() : nullptr, meta.data());
     }
   }
 

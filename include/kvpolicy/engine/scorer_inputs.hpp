@@ -112,7 +112,13 @@ class ScorerInputs {
         return;
       }
     }
-    if constexpr (scorer_needs_head_keys<S> || WindowScorer<S> || MomentsScorer<S>) {
+    if constexpr (!requires(const Pool& p) { p.key(0); }) {
+      // a pool without K/V (engine_owned): the Cache refused every Scorer that would get here
+      if constexpr (scorer_needs_head_keys<S> || WindowScorer<S> || MomentsScorer<S>)
+        fail("score_head: this Scorer reads stored keys, and the pool holds none (engine-owned K/V)");
+      else
+        for (std::size_t j = 0; j < len; ++j) out[j] = scorer(pool.meta(head.slot(stored[j])), ctx);
+    } else if constexpr (scorer_needs_head_keys<S> || WindowScorer<S> || MomentsScorer<S>) {
       const auto d = static_cast<std::size_t>(pool.head_dim());
       meta_.resize(len);
       keys_.resize(len * d);

@@ -221,7 +221,9 @@ struct StepChecks {
   void layer_inputs(int l, std::int64_t T, std::int64_t first_position, View<const float, 3> keys,
                     View<const float, 3> values, View<const float, 2> log_beta, View<const float, 2> gate) const {
     require_shape(keys, {shape.kv_heads, T, shape.head_dim}, "Cache::append: keys");
-    require_shape(values, {shape.kv_heads, T, shape.head_dim}, "Cache::append: values");
+    // over engine-owned K/V nothing reads the values: they may be left empty
+    if (stores_kv_v<Storage> || values.data != nullptr)
+      require_shape(values, {shape.kv_heads, T, shape.head_dim}, "Cache::append: values");
     require_shape(log_beta, {shape.kv_heads, T}, "Cache::append: log_beta");
     if constexpr (admitter_reads_gate<A>)
       require(gate.data != nullptr, "Cache: layer ", l,
@@ -236,7 +238,7 @@ struct StepChecks {
                   " is not in [0, 1]");
     }
     check_log_beta<S>(l, first_position, log_beta);
-    check_storage_finite<Storage>(l, keys, values);
+    if constexpr (stores_kv_v<Storage>) check_storage_finite<Storage>(l, keys, values);
     if constexpr (reads_field<S>(Field::key_norm))  // SPEC §1 knorm: log ||k|| must be finite for the score to be
       for (std::int64_t h = 0; h < shape.kv_heads; ++h)
         for (std::int64_t t = 0; t < T; ++t)
@@ -254,9 +256,13 @@ struct StepChecks {
     const std::int64_t T = s.keys.dim(2);
     step_tokens(s.seq, st, T);
     require_shape(s.keys, {shape.layers, shape.kv_heads, T, shape.head_dim}, "Cache::step: keys");
-    require_shape(s.values, {shape.layers, shape.kv_heads, T, shape.head_dim}, "Cache::step: values");
+    if (stores_kv_v<Storage> || s.values.data != nullptr)
+      require_shape(s.values, {shape.layers, shape.kv_heads, T, shape.head_dim}, "Cache::step: values");
     require_shape(s.log_beta, {shape.layers, shape.kv_heads, T}, "Cache::step: log_beta");
     if (s.gate.data != nullptr) require_shape(s.gate, {shape.layers, shape.kv_heads, T}, "Cache::step: gate");
+    if constexpr (!stores_kv_v<Storage>)
+      require(s.queries.data == nullptr && s.out.data == nullptr, "Cache::step: sequence ", s.seq,
+              ": this cache keeps no K/V (storage engine_owned), so the engine attends itself: pass no queries or out");
     if (needs_queries)
       require(s.queries.data != nullptr, "Cache::step: sequence ", s.seq,
               ": this policy ranks by attention; a step needs queries and out");

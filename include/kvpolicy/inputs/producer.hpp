@@ -36,10 +36,13 @@
 
 namespace kvpolicy::inputs {
 
-/// The model a producer scores for: the cache's shape and the hidden size D.
+/// The model a producer scores for: the cache's shape, the hidden size D and, for a policy that reads
+/// hidden-state bands (SPEC §4), how many hidden states L' the caller gives ([L', T, D], HF
+/// output_hidden_states indexing); 0 means L + 1 (the embeddings and every layer's output).
 struct ModelShape {
   CacheShape cache;
   int hidden = 0;  ///< D, the width of the normed input and of the hidden states
+  int hidden_states = 0;  ///< L'; 0 = L + 1
 };
 
 /// The RoPE layout a producer expects its keys in (core/rope.hpp).
@@ -220,9 +223,13 @@ Producer producer(const registry::Values& v, const ModelShape& model) {
             },
             {}, [trackers](std::int64_t seq) { trackers->drop(seq); }};
   } else if constexpr (P::inputs == Inputs::hidden_states) {  // SPEC §4: one signal per sequence
+    // the bands index the hidden states the caller gives, not the model's layers: a trace may hold
+    // more or fewer than L + 1 of them (docs/replay.md, hidden_states [L', T, D])
     const auto [a, b] = *n.bands;
-    require(a >= 0 && a <= L && b >= 0 && b <= L, "policy ", P::name, ": --band-a ", a, " and --band-b ", b,
-            " must be hidden-state indices in [0, ", L, "] (0 = the embeddings, ", L, " = the final norm's output)");
+    const int given = model.hidden_states > 0 ? model.hidden_states : L + 1;
+    require(a >= 0 && a < given && b >= 0 && b < given, "policy ", P::name, ": --band-a ", a, " and --band-b ", b,
+            " must be hidden-state indices in [0, ", given - 1, "] of the L' = ", given,
+            " hidden states given (0 = the embeddings)");
     epiphany::SignalConfig config;
     config.band_a = a;
     config.band_b = b;

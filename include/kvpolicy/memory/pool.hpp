@@ -45,7 +45,8 @@ struct CacheLineAllocator {
 
 template <class Storage>
 class EntryPool {
-  static_assert(is_storage_type_v<Storage>, "K/V storage must be float, kvpolicy::half or kvpolicy::bfloat16");
+  static_assert(is_storage_type_v<Storage>,
+                "K/V storage must be float, kvpolicy::half or kvpolicy::bfloat16 (kvpolicy::engine_owned: none, the engine keeps them)");
 
  public:
   /// Allocates the pool; a pool the machine cannot hold is a kvpolicy::Error naming its size, not
@@ -107,6 +108,45 @@ class EntryPool {
  private:
   int head_dim_ = 0;
   std::vector<Storage, CacheLineAllocator<Storage>> keys_, values_;  // 64-byte aligned: each row's loads stay in its lines
+  std::vector<EntryMeta> meta_;
+};
+
+/// The pool of a cache over K/V the engine owns (engine_owned): each slot holds its entry's
+/// metadata only, never K or V, so the cache costs sizeof(EntryMeta) bytes per entry. Nothing
+/// reads K/V from it: the Cache refuses a Scorer that reads stored keys or attention over this
+/// storage (cache.hpp, reads_stored_kv).
+template <>
+class EntryPool<engine_owned> {
+ public:
+  void resize(std::int64_t slots, int head_dim) {
+    std::vector<EntryMeta> meta;
+    try {
+      meta.assign(static_cast<std::size_t>(slots), EntryMeta{});
+    } catch (const std::bad_alloc&) {
+      fail("memory pool: cannot allocate the metadata of ", slots, " slots (", pool_bytes(slots, head_dim),
+           " bytes): out of host memory");
+    } catch (const std::length_error&) {
+      fail("memory pool: ", slots, " slots exceed what one allocation can hold");
+    }
+    meta_.swap(meta);
+    head_dim_ = head_dim;
+  }
+  /// Host bytes of a pool of `slots` entries: each entry's EntryMeta, no K/V.
+  static std::int64_t pool_bytes(std::int64_t slots, int) { return slots * static_cast<std::int64_t>(sizeof(EntryMeta)); }
+  int head_dim() const { return head_dim_; }
+  std::int64_t slots() const { return static_cast<std::int64_t>(meta_.size()); }
+
+  const EntryMeta& meta(std::int64_t slot) const { return meta_[static_cast<std::size_t>(slot)]; }
+  void add_to_field(std::int64_t slot, Field f, float value) { field_of(meta_[static_cast<std::size_t>(slot)], f) += value; }
+  void set_field(std::int64_t slot, Field f, float value) { field_of(meta_[static_cast<std::size_t>(slot)], f) = value; }
+  void set_write_score(std::int64_t slot, float score) { meta_[static_cast<std::size_t>(slot)].write_score = score; }
+
+  /// Stores one entry's metadata; its K/V stay where the engine keeps them.
+  void write(std::int64_t slot, const float*, const float*, const EntryMeta& m) { meta_[static_cast<std::size_t>(slot)] = m; }
+  void move(std::int64_t dst, std::int64_t src) { meta_[static_cast<std::size_t>(dst)] = meta_[static_cast<std::size_t>(src)]; }
+
+ private:
+  int head_dim_ = 0;
   std::vector<EntryMeta> meta_;
 };
 

@@ -29,6 +29,7 @@ struct adakv {
       registry::Option{"safeguard", registry::Kind::real, 0.2,
                        "alpha in [0, 1]: each head keeps at least its floor(alpha*M) best"}};
   static constexpr registry::Inputs inputs = registry::Inputs::none;
+  using scorers = registry::scorers<score::ObservedAttention>;
   /// It compresses the prompt the engine declares (Cache::add_sequence's prompt_tokens).
   static constexpr bool needs_prompt_length = true;
 

@@ -91,6 +91,7 @@ struct dbtrimkv {
       registry::option::gate,
       registry::option::mode};
   static constexpr registry::Inputs inputs = registry::Inputs::tied_retention_gate;
+  using scorers = registry::scorers<score::Lookahead>;
 
   template <class Backend, class Alloc, class F>
   static decltype(auto) make(const registry::Values& v, const CacheShape& shape, Alloc pool, F&& f) {

@@ -61,6 +61,7 @@ struct expected_attention {
       registry::Option{"epsilon", registry::Kind::real, 0, "added to the score before the value norm"}.at_least(0, "epsilon"),
       registry::option::rope_theta, registry::option::rope_layout};
   static constexpr registry::Inputs inputs = registry::Inputs::none;
+  using scorers = registry::scorers<score::ExpectedAttention>;
   /// It compresses the prompt the engine declares (Cache::add_sequence's prompt_tokens).
   static constexpr bool needs_prompt_length = true;
 

@@ -22,6 +22,7 @@ struct full {
   static constexpr std::string_view help = "the full cache: every token stays";
   static constexpr std::array<registry::Option, 0> options{};
   static constexpr registry::Inputs inputs = registry::Inputs::none;
+  using scorers = registry::scorers<score::Recency>;
 
   template <class Backend, class Alloc, class F>
   static decltype(auto) make(const registry::Values&, const CacheShape& shape, Alloc pool, F&& f) {

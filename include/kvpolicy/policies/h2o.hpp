@@ -31,6 +31,7 @@ struct h2o {
                                       registry::option::window.with_help("w, the newest entries protected (0: M/2)"),
                                       registry::option::mode};
   static constexpr registry::Inputs inputs = registry::Inputs::none;
+  using scorers = registry::scorers<score::AttentionMass>;
 
   template <class Backend, class Alloc, class F>
   static decltype(auto) make(const registry::Values& v, const CacheShape& shape, Alloc pool, F&& f) {

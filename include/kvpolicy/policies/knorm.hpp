@@ -22,6 +22,7 @@ struct knorm {
   static constexpr std::array options{registry::option::budget, registry::option::buffer, registry::option::sinks,
                                       registry::option::window, registry::option::mode};
   static constexpr registry::Inputs inputs = registry::Inputs::none;
+  using scorers = registry::scorers<score::NegKeyNorm>;
 
   template <class Backend, class Alloc, class F>
   static decltype(auto) make(const registry::Values& v, const CacheShape& shape, Alloc pool, F&& f) {

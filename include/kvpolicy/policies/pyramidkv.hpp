@@ -151,6 +151,7 @@ struct pyramidkv {
       registry::Option{"beta", registry::Kind::integer, 20, "the pyramid's steepness: the last layer keeps about M/beta, the first 2M - M/beta"}
           .at_least(1, "beta")};
   static constexpr registry::Inputs inputs = registry::Inputs::none;
+  using scorers = registry::scorers<score::ObservedAttention>;
   /// It compresses the prompt the engine declares (Cache::add_sequence's prompt_tokens).
   static constexpr bool needs_prompt_length = true;
 

@@ -26,6 +26,7 @@ struct random {
                                       registry::Option{"seed", registry::Kind::integer, 0, "the seed of the scores"},
                                       registry::option::mode};
   static constexpr registry::Inputs inputs = registry::Inputs::none;
+  using scorers = registry::scorers<score::SeededRandom>;
 
   template <class Backend, class Alloc, class F>
   static decltype(auto) make(const registry::Values& v, const CacheShape& shape, Alloc pool, F&& f) {

@@ -55,6 +55,7 @@ struct snapkv {
       registry::Option{"pool-kernel", registry::Kind::integer, 5, "the pooling kernel, odd (1: none)"},
       registry::Option{"gqa", registry::Kind::choice, 0, "reduction over a kv head's query heads", {"mean", "max"}}};
   static constexpr registry::Inputs inputs = registry::Inputs::none;
+  using scorers = registry::scorers<score::ObservedAttention>;
   /// It compresses the prompt the engine declares (Cache::add_sequence's prompt_tokens).
   static constexpr bool needs_prompt_length = true;
 

@@ -27,6 +27,7 @@ struct streamingllm {
   static constexpr std::array options{registry::option::budget, registry::option::buffer,
                                       registry::option::sinks.with_default(4), registry::option::window, registry::option::mode};
   static constexpr registry::Inputs inputs = registry::Inputs::none;
+  using scorers = registry::scorers<score::Recency>;
 
   template <class Backend, class Alloc, class F>
   static decltype(auto) make(const registry::Values& v, const CacheShape& shape, Alloc pool, F&& f) {

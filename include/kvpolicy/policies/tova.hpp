@@ -33,6 +33,7 @@ struct tova {
   static constexpr std::array options{registry::option::budget, registry::option::buffer.with_default(1),
                                       registry::option::sinks, registry::option::window, registry::option::mode};
   static constexpr registry::Inputs inputs = registry::Inputs::none;
+  using scorers = registry::scorers<score::ObservedAttention>;
 
   /// The attention of the last query alone, unpooled, averaged over the group.
   static constexpr score::ObservedAttention scorer{1, 1, score::Pooling::avg, score::GroupReduce::mean};

@@ -67,6 +67,7 @@ struct trimkv {
                                       registry::option::threshold, registry::option::sinks,  registry::option::gate,
                                       registry::option::mode};
   static constexpr registry::Inputs inputs = registry::Inputs::retention_gate;
+  using scorers = registry::scorers<score::RetentionDecay>;
 
   template <class Backend, class Alloc, class F>
   static decltype(auto) make(const registry::Values& v, const CacheShape& shape, Alloc pool, F&& f) {

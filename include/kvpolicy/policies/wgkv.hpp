@@ -108,6 +108,7 @@ struct wgkv {
                        "M_avg: a hard budget of L*Hkv*M_avg global entries, by observed attention (0: none)"}
           .recorded_as("average_budget")};
   static constexpr registry::Inputs inputs = registry::Inputs::write_gate;
+  using scorers = registry::scorers<score::Frozen, score::GatedObservedAttention>;
 
   template <class Backend, class Alloc, class F>
   static decltype(auto) make(const registry::Values& v, const CacheShape& shape, Alloc pool, F&& f) {

@@ -237,6 +237,13 @@ class Values {
 template <class... P>
 struct family {};
 
+/// The Scorer types a policy's make() may build (`using scorers = registry::scorers<...>;`): what
+/// the registry reads a policy's capabilities from without building it (registry.hpp,
+/// over_engine_storage). tests/test_engine_owned.cpp builds every policy and checks that its
+/// Scorer is one of these.
+template <class... S>
+struct scorers {};
+
 /// A registered policy (kvpolicy/policies/NAME.hpp).
 template <class P>
 concept Policy = requires {
@@ -244,6 +251,7 @@ concept Policy = requires {
   { P::help } -> std::convertible_to<std::string_view>;
   { std::span<const Option>(P::options) };
   { P::inputs } -> std::convertible_to<Inputs>;
+  typename P::scorers;
 };
 
 }  // namespace kvpolicy::registry

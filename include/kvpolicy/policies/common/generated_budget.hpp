@@ -70,6 +70,7 @@ struct generated_budget {
       registry::option::budget.with_help("K, generated tokens kept per (layer, kv head)"),
       registry::Option{"recency", registry::Kind::integer, -1, "R, the newest generated tokens kept (-1: min(128, K/4))"},
       registry::option::sinks, registry::option::window};
+  using scorers = registry::scorers<score::Frozen>;
 
   template <class Backend, class Alloc, class F>
   static decltype(auto) make(const registry::Values& v, const CacheShape& shape, Alloc pool, F&& f) {

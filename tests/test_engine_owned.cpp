@@ -1,0 +1,180 @@
+// A cache over K/V the engine owns (storage engine_owned, SPEC §9): for every registered policy the
+// registry says runs so (registry::over_engine_storage), a metadata-only cache keeps, evicts and
+// reports exactly what the owning cache does on the same steps (random chunks, tie-prone scores,
+// both modes), values left empty; every other policy is refused at construction with a message;
+// every policy's Scorer is one it declares (registry::scorers); the runs an engine frees.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <random>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "oracle.hpp"
+#include "kvpolicy/registry.hpp"
+#include "kvpolicy/trimkv.hpp"
+
+using namespace kvpolicy;
+
+namespace {
+
+template <class S, class... L>
+constexpr bool declared(registry::scorers<L...>) {
+  return (std::is_same_v<S, L> || ...);
+}
+
+// Every (layer, head)'s entries, metadata only, in storage order.
+template <class C>
+std::vector<EntryMeta> entries(const C& cache, const CacheShape& shape) {
+  std::vector<EntryMeta> out;
+  for (int l = 0; l < shape.layers; ++l)
+    for (int h = 0; h < shape.kv_heads; ++h)
+      for (std::int64_t i = 0; i < cache.length(0, l, h); ++i) out.push_back(cache.entry(0, l, h, i));
+  return out;
+}
+
+bool same(const std::vector<EntryMeta>& a, const std::vector<EntryMeta>& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (a[i].position != b[i].position || a[i].write_score != b[i].write_score || a[i].key_norm != b[i].key_norm ||
+        a[i].gate != b[i].gate)
+      return false;
+  return true;
+}
+
+bool same(const std::vector<EvictedEntry>& a, const std::vector<EvictedEntry>& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (a[i].layer != b[i].layer || a[i].head != b[i].head || a[i].position != b[i].position) return false;
+  return true;
+}
+
+const CacheShape kShape{3, 2, 4, 8};
+
+// The same random steps through an owning and an engine-owned cache of P; returns how many
+// entries the engine-owned one evicted.
+template <registry::Policy P>
+std::int64_t run_both(const registry::Values& v, std::mt19937_64& rng) {
+  const std::int64_t pages = memory::Paged<16>::pages_for(kShape, 400);
+  std::int64_t evicted_total = 0;
+  P::template make<cpu_backend>(v, kShape, memory::Paged<16>(pages), [&](auto& owning) {
+    P::template make<cpu_backend>(v, kShape, memory::Paged<16, engine_owned>(pages), [&](auto& owned) {
+      using C = std::decay_t<decltype(owned)>;
+      static_assert(!C::stores_kv);
+      const std::int64_t prompt = std::uniform_int_distribution<std::int64_t>(1, 30)(rng);
+      owning.add_sequence(0, prompt);
+      owned.add_sequence(0, prompt);
+      const std::int64_t H = kShape.kv_heads, d = kShape.head_dim, L = kShape.layers;
+      std::normal_distribution<float> normal;
+      for (std::int64_t n = 0; n < 160;) {
+        const std::int64_t T = n == 0 ? prompt : std::uniform_int_distribution<std::int64_t>(1, 3)(rng);
+        std::vector<float> k(static_cast<std::size_t>(L * H * T * d)), val(k.size()), lb(static_cast<std::size_t>(L * H * T)),
+            g(lb.size());
+        for (float& x : k) x = normal(rng);
+        for (float& x : val) x = normal(rng);
+        for (float& x : lb) x = oracle::tie_prone_log_beta(rng);
+        for (float& x : g) x = std::uniform_real_distribution<float>(0.0f, 1.0f)(rng);
+        std::vector<EvictedEntry> e_owning, e_owned;
+        const View<const float, 4> keys(k.data(), {L, H, T, d});
+        const View<const float, 3> log_beta(lb.data(), {L, H, T}), gate(g.data(), {L, H, T});
+        const auto r1 = owning.step(SequenceStep{0, keys, View<const float, 4>(val.data(), {L, H, T, d}), log_beta, {}, {}, gate},
+                                    &e_owning);
+        const auto r2 = owned.step(SequenceStep{0, keys, {}, log_beta, {}, {}, gate}, &e_owned);  // no values
+        REQUIRE(r1.triggered == r2.triggered);
+        REQUIRE(r1.evicted == r2.evicted);
+        REQUIRE(same(e_owning, e_owned));
+        REQUIRE(same(entries(owning, kShape), entries(owned, kShape)));
+        evicted_total += r2.evicted;
+        n += T;
+      }
+      CHECK(owned.head_contents(0, 0, 0).keys.empty());
+      // the engine attends itself: a step that brings queries is refused, and changes nothing
+      const std::int64_t T = 1;
+      std::vector<float> k(static_cast<std::size_t>(L * H * T * d), 0.5f), lb(static_cast<std::size_t>(L * H * T), 0.0f),
+          q(static_cast<std::size_t>(L * kShape.q_heads * T * d), 0.5f), o(q.size());
+      const auto before = entries(owned, kShape);
+      CHECK_THROWS_WITH_AS(owned.step(SequenceStep{0, View<const float, 4>(k.data(), {L, H, T, d}), {},
+                                                   View<const float, 3>(lb.data(), {L, H, T}),
+                                                   View<const float, 4>(q.data(), {L, kShape.q_heads, T, d}),
+                                                   View<float, 4>(o.data(), {L, kShape.q_heads, T, d})}),
+                           doctest::Contains("the engine attends itself"), Error);
+      CHECK(same(before, entries(owned, kShape)));
+      CHECK(owned.head_contents(0, 0, 0).meta.size() == static_cast<std::size_t>(owned.length(0, 0, 0)));
+    });
+  });
+  return evicted_total;
+}
+
+}  // namespace
+
+TEST_CASE("engine-owned K/V: each policy that runs over it keeps and evicts what the owning cache does, and the rest are refused") {
+  std::mt19937_64 rng(2026);
+  int over = 0, refused = 0;
+  registry::for_each([&]<registry::Policy P>() {
+    CAPTURE(std::string(P::name));
+    std::vector<std::string> modes{""};
+    if (registry::takes(P::name, "mode")) modes.push_back("union");
+    for (const std::string& mode : modes) {
+      registry::Selection sel{std::string(P::name), {}};
+      sel.offer("budget", 12).offer("buffer", 4).offer("window", 2).offer("sinks", 1).offer("recency", 3);
+      if (!mode.empty()) sel.set("mode", mode);
+      if (sel.policy == "wgkv") sel.set("local", "6");
+      const registry::Values v = registry::values<P>(sel.given);
+      // the Scorer it builds is one it declares
+      bool reads = false;
+      P::template make<cpu_backend>(v, kShape, memory::Paged<16>(8), [&](auto& c) {
+        using S = typename std::decay_t<decltype(c)>::scorer_type;
+        CHECK(declared<S>(typename P::scorers{}));
+        reads = std::decay_t<decltype(c)>::reads_stored_kv;
+      });
+      if (registry::over_engine_storage<P>()) CHECK(!reads);
+      if constexpr (registry::over_engine_storage<P>()) {
+        for (int round = 0; round < 12; ++round) {
+          const std::int64_t evicted = run_both<P>(v, rng);
+          if (sel.policy != "full") CHECK(evicted > 0);  // the budget binds: the comparison covers evictions
+        }
+        ++over;
+      } else if (reads) {
+        CHECK_THROWS_WITH_AS(P::template make<cpu_backend>(v, kShape, memory::Paged<16, engine_owned>(8), [](auto&) {}),
+                             doctest::Contains("reads the keys of stored entries or the attention over them"), Error);
+        ++refused;
+      } else {  // a policy whose other options build a Scorer that reads stored K/V (wgkv's budget): not listed
+        CHECK_NOTHROW(P::template make<cpu_backend>(v, kShape, memory::Paged<16, engine_owned>(8), [](auto&) {}));
+      }
+    }
+  });
+  // the retention policies and the metadata-only baselines run over it; the attention and key readers do not
+  for (const char* name : {"trimkv", "dbtrimkv", "streamingllm", "knorm", "random", "full", "epikv", "hs-var"})
+    CHECK_MESSAGE(registry::over_engine_storage(name), name);
+  for (const char* name : {"tova", "h2o", "keydiff", "snapkv", "adakv", "pyramidkv", "expected-attention"})
+    CHECK_MESSAGE(!registry::over_engine_storage(name), name);
+  CHECK(over > 0);
+  CHECK(refused > 0);
+}
+
+template <class C>
+constexpr bool can_attend = requires(C& c, View<const float, 3> q, View<float, 3> o) { c.attend(0, 0, q, o); };
+
+TEST_CASE("engine-owned K/V: the pool holds metadata only, and a Cache over it has no attend()") {
+  using Owned = TrimKVCache<cpu_backend, engine_owned>;
+  static_assert(!Owned::stores_kv);
+  static_assert(!can_attend<Owned>);
+  static_assert(can_attend<TrimKVCache<>>);
+  const CacheShape shape{30, 3, 9, 64};
+  const std::int64_t pages = memory::Paged<16>::pages_for(shape, 160);
+  // each slot's metadata (20 bytes) and the free list, against 2 x 64 F16 values of K/V per slot
+  CHECK(sizeof(EntryMeta) == 20);
+  CHECK(memory::Paged<16, engine_owned>::bytes_for(shape, pages) ==
+        pages * 16 * static_cast<std::int64_t>(sizeof(EntryMeta)) + pages * 4);
+  CHECK(memory::Paged<16, engine_owned>::bytes_for(shape, pages) * 10 < memory::Paged<16, half>::bytes_for(shape, pages));
+}
+
+TEST_CASE("position runs: a commit's evictions as the runs an engine frees") {
+  const std::vector<EvictedEntry> e{{0, 1, 7}, {0, 0, 3}, {0, 0, 4}, {1, 0, 4}, {0, 0, 9}, {0, 1, 8}, {0, 0, 5}};
+  const std::vector<PositionRun> heads{{0, 0, 3, 6}, {0, 0, 9, 10}, {0, 1, 7, 9}, {1, 0, 4, 5}};
+  CHECK(head_runs(e) == heads);
+  const std::vector<PositionRun> tokens{{-1, -1, 3, 6}, {-1, -1, 7, 10}};
+  CHECK(token_runs(e) == tokens);
+  CHECK(token_runs({}).empty());
+}
