@@ -2,8 +2,9 @@
 // engine's own K/V"). The engine writes each token's K/V into slots of its own pool and attends over
 // them; the policy's Cache (storage engine_owned) keeps only each entry's metadata and, at every
 // commit, names the (layer, kv head, position) entries to drop, which the engine frees by runs.
-// Checked each step: the engine's slots hold exactly what the policy keeps, and its pool never
-// needs more than M + B - 1 + T slots per head. Exit status 0 when every check holds.
+// Checked each step: every head of the engine holds exactly the positions the policy keeps, and
+// its pool, sized for M + B - 1 + the prompt per head, never runs out. The engine's attention here
+// is one query of kv head 0 a layer: a stand-in for its kernel. Exit status 0 when every check holds.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>

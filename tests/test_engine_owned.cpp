@@ -1,12 +1,14 @@
 // A cache over K/V the engine owns (storage engine_owned, SPEC §9): for every registered policy the
 // registry says runs so (registry::over_engine_storage), a metadata-only cache keeps, evicts and
 // reports exactly what the owning cache does on the same steps (random chunks, tie-prone scores,
-// both modes), values left empty; every other policy is refused at construction with a message;
+// both modes, by step(), append() and commit(), and step_batch(); the paged and the contiguous
+// allocators), values left empty; every other policy is refused at construction with a message;
 // every policy's Scorer is one it declares (registry::scorers); the runs an engine frees.
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <random>
+#include <span>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -52,10 +54,11 @@ bool same(const std::vector<EvictedEntry>& a, const std::vector<EvictedEntry>& b
 
 const CacheShape kShape{3, 2, 4, 8};
 
-// The same random steps through an owning and an engine-owned cache of P; returns how many
-// entries the engine-owned one evicted.
+// The same random steps through an owning and an engine-owned cache of P, each step by step()
+// (way 0), by append() per layer then commit() (way 1) or by step_batch() (way 2, which lists no
+// evicted entries); returns how many entries the engine-owned one evicted.
 template <registry::Policy P>
-std::int64_t run_both(const registry::Values& v, std::mt19937_64& rng) {
+std::int64_t run_both(const registry::Values& v, std::mt19937_64& rng, int way) {
   const std::int64_t pages = memory::Paged<16>::pages_for(kShape, 400);
   std::int64_t evicted_total = 0;
   P::template make<cpu_backend>(v, kShape, memory::Paged<16>(pages), [&](auto& owning) {
@@ -78,9 +81,27 @@ std::int64_t run_both(const registry::Values& v, std::mt19937_64& rng) {
         std::vector<EvictedEntry> e_owning, e_owned;
         const View<const float, 4> keys(k.data(), {L, H, T, d});
         const View<const float, 3> log_beta(lb.data(), {L, H, T}), gate(g.data(), {L, H, T});
-        const auto r1 = owning.step(SequenceStep{0, keys, View<const float, 4>(val.data(), {L, H, T, d}), log_beta, {}, {}, gate},
-                                    &e_owning);
-        const auto r2 = owned.step(SequenceStep{0, keys, {}, log_beta, {}, {}, gate}, &e_owned);  // no values
+        const SequenceStep s1{0, keys, View<const float, 4>(val.data(), {L, H, T, d}), log_beta, {}, {}, gate};
+        const SequenceStep s2{0, keys, {}, log_beta, {}, {}, gate};  // no values
+        EvictionReport r1, r2;
+        if (way == 0) {
+          r1 = owning.step(s1, &e_owning);
+          r2 = owned.step(s2, &e_owned);
+        } else if (way == 1) {
+          for (int l = 0; l < L; ++l) {
+            const auto at = static_cast<std::size_t>(l * H * T);
+            owning.append(0, l, View<const float, 3>(k.data() + at * d, {H, T, d}),
+                          View<const float, 3>(val.data() + at * d, {H, T, d}), View<const float, 2>(lb.data() + at, {H, T}),
+                          View<const float, 2>(g.data() + at, {H, T}));
+            owned.append(0, l, View<const float, 3>(k.data() + at * d, {H, T, d}), {},
+                         View<const float, 2>(lb.data() + at, {H, T}), View<const float, 2>(g.data() + at, {H, T}));
+          }
+          r1 = owning.commit(0, &e_owning);
+          r2 = owned.commit(0, &e_owned);
+        } else {
+          r1 = owning.step_batch(std::span<const SequenceStep>(&s1, 1)).front();
+          r2 = owned.step_batch(std::span<const SequenceStep>(&s2, 1)).front();
+        }
         REQUIRE(r1.triggered == r2.triggered);
         REQUIRE(r1.evicted == r2.evicted);
         REQUIRE(same(e_owning, e_owned));
@@ -131,7 +152,7 @@ TEST_CASE("engine-owned K/V: each policy that runs over it keeps and evicts what
       if (registry::over_engine_storage<P>()) CHECK(!reads);
       if constexpr (registry::over_engine_storage<P>()) {
         for (int round = 0; round < 12; ++round) {
-          const std::int64_t evicted = run_both<P>(v, rng);
+          const std::int64_t evicted = run_both<P>(v, rng, round % 3);
           if (sel.policy != "full") CHECK(evicted > 0);  // the budget binds: the comparison covers evictions
         }
         ++over;
@@ -139,8 +160,10 @@ TEST_CASE("engine-owned K/V: each policy that runs over it keeps and evicts what
         CHECK_THROWS_WITH_AS(P::template make<cpu_backend>(v, kShape, memory::Paged<16, engine_owned>(8), [](auto&) {}),
                              doctest::Contains("reads the keys of stored entries or the attention over them"), Error);
         ++refused;
-      } else {  // a policy whose other options build a Scorer that reads stored K/V (wgkv's budget): not listed
-        CHECK_NOTHROW(P::template make<cpu_backend>(v, kShape, memory::Paged<16, engine_owned>(8), [](auto&) {}));
+      } else {  // WG-KV's default: a metadata Scorer, but a ring that masks the attention (SPEC §9)
+        CHECK_THROWS_WITH_AS(P::template make<cpu_backend>(v, kShape, memory::Paged<16, engine_owned>(8), [](auto&) {}),
+                             doctest::Contains("masks the attention"), Error);
+        ++refused;
       }
     }
   });
@@ -168,6 +191,37 @@ TEST_CASE("engine-owned K/V: the pool holds metadata only, and a Cache over it h
   CHECK(memory::Paged<16, engine_owned>::bytes_for(shape, pages) ==
         pages * 16 * static_cast<std::int64_t>(sizeof(EntryMeta)) + pages * 4);
   CHECK(memory::Paged<16, engine_owned>::bytes_for(shape, pages) * 10 < memory::Paged<16, half>::bytes_for(shape, pages));
+}
+
+TEST_CASE("engine-owned K/V: the contiguous allocator keeps what its owning twin keeps") {
+  using Owning = Cache<score::RetentionDecay, admit::All, evict::PerHead<trigger::Buffered>, memory::Contiguous<float>, cpu_backend>;
+  using Owned = Cache<score::RetentionDecay, admit::All, evict::PerHead<trigger::Buffered>, memory::Contiguous<engine_owned>, cpu_backend>;
+  const auto evictor = trimkv_evictor({.budget = 10, .buffer = 3, .sinks = 1});
+  Owning owning(kShape, memory::Contiguous<float>(40, 1), evictor);
+  Owned owned(kShape, memory::Contiguous<engine_owned>(40, 1), evictor);
+  owning.add_sequence(0);
+  owned.add_sequence(0);
+  std::mt19937_64 rng(5);
+  std::normal_distribution<float> normal;
+  const std::int64_t H = kShape.kv_heads, d = kShape.head_dim, L = kShape.layers;
+  std::int64_t evicted = 0;
+  for (std::int64_t n = 0; n < 120;) {
+    const std::int64_t T = n == 0 ? 20 : 1;
+    std::vector<float> k(static_cast<std::size_t>(L * H * T * d)), val(k.size()), lb(static_cast<std::size_t>(L * H * T));
+    for (float& x : k) x = normal(rng);
+    for (float& x : val) x = normal(rng);
+    for (float& x : lb) x = oracle::tie_prone_log_beta(rng);
+    std::vector<EvictedEntry> e1, e2;
+    owning.step(SequenceStep{0, View<const float, 4>(k.data(), {L, H, T, d}), View<const float, 4>(val.data(), {L, H, T, d}),
+                             View<const float, 3>(lb.data(), {L, H, T})},
+                &e1);
+    evicted += owned.step(SequenceStep{0, View<const float, 4>(k.data(), {L, H, T, d}), {}, View<const float, 3>(lb.data(), {L, H, T})},
+                          &e2).evicted;
+    REQUIRE(same(e1, e2));
+    REQUIRE(same(entries(owning, kShape), entries(owned, kShape)));
+    n += T;
+  }
+  CHECK(evicted > 0);
 }
 
 TEST_CASE("position runs: a commit's evictions as the runs an engine frees") {

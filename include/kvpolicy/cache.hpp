@@ -102,7 +102,8 @@ class Cache {
   static constexpr bool stores_kv = stores_kv_v<storage_type>;
   /// Whether the Scorer reads what only stored K/V give: the keys of stored entries (KeyDiff) or
   /// the attention over them (H2O, TOVA, SnapKV, Expected Attention). Such a composition cannot
-  /// run over engine-owned K/V; the constructor refuses it.
+  /// run over engine-owned K/V; the constructor refuses it, and one that masks the attention or
+  /// whose Admitter may drop a token (SPEC §9). cpu_backend only.
   static constexpr bool reads_stored_kv = scorer_reads_stored_kv<S>;
 
   /// Checks every part (each its own settings, the Evictor the Scorer it is given), then lets the
@@ -318,10 +319,19 @@ class Cache {
 
   /// The composition's own checks, before the Backend takes any memory.
   static const CacheShape& validated(const CacheShape& shape, const E& evictor, const S& scorer, const A& admitter) {
+    // SPEC §9: over engine-owned K/V only what the metadata decides, and nothing the engine's own
+    // attention or memory would have to be told besides the evicted entries
     if constexpr (!stores_kv && reads_stored_kv)
       fail("kvpolicy::Cache: this policy's Scorer reads the keys of stored entries or the attention over them, "
            "which a cache over engine-owned K/V (storage engine_owned) does not hold; give it a storage type that "
            "keeps K/V (float, half, bfloat16)");
+    else if constexpr (!stores_kv && (masks_attention<E> || masks_attention<A>))
+      fail("kvpolicy::Cache: this composition masks the attention (WG-KV's local ring), which the engine's own "
+           "attention over engine-owned K/V (storage engine_owned) would not apply; give it a storage type that "
+           "keeps K/V");
+    else if constexpr (!stores_kv && admitter_may_skip<A>)
+      fail("kvpolicy::Cache: this Admitter may drop a token at write time, which an engine that owns the K/V "
+           "(storage engine_owned) would never be told to free; give it a storage type that keeps K/V");
     evictor.validate(shape);
     scorer.validate();
     Inputs::validate(scorer, shape);

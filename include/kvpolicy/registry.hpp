@@ -154,7 +154,9 @@ constexpr bool metadata_scorers(scorers<S...>) {
 
 /// Whether policy P runs over K/V the engine owns (storage engine_owned: the cache keeps metadata
 /// only): every Scorer it may build reads its entries' metadata alone, never stored keys or the
-/// attention over them. Read from the Scorer types P declares; nothing is built.
+/// attention over them. Read from the Scorer types P declares; nothing is built. (The Cache also
+/// refuses, over engine-owned K/V, a composition that masks the attention or may drop a token at
+/// write time: WG-KV's, which its Scorers already exclude here.)
 template <Policy P>
 constexpr bool over_engine_storage() {
   return detail::metadata_scorers(typename P::scorers{});

@@ -172,7 +172,9 @@ template <class Storage>
 void write_entries(EntryPool<Storage>& pool, const HeadLayout& head, std::int64_t first, std::int64_t tokens,
                    const float* keys, const float* values, const EntryMeta* meta) {
   const int d = pool.head_dim();
-  for (std::int64_t i = 0; i < tokens; ++i) pool.write(head.slot(first + i), keys + i * d, values + i * d, meta[i]);
+  // values is null over engine-owned K/V (the engine keeps them): no row of it is addressed
+  for (std::int64_t i = 0; i < tokens; ++i)
+    pool.write(head.slot(first + i), keys + i * d, values != nullptr ? values + i * d : nullptr, meta[i]);
 }
 
 /// ||k||_2 of a key as the engine handed it (fp32), for the KNorm scores (SPEC §1).

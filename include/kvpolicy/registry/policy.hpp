@@ -242,7 +242,9 @@ struct family {};
 /// over_engine_storage). tests/test_engine_owned.cpp builds every policy and checks that its
 /// Scorer is one of these.
 template <class... S>
-struct scorers {};
+struct scorers {
+  static_assert(sizeof...(S) > 0, "registry::scorers: name the Scorer types the policy's make() builds");
+};
 
 /// A registered policy (kvpolicy/policies/NAME.hpp).
 template <class P>
