@@ -14,42 +14,19 @@
 #include <vector>
 
 #include "oracle.hpp"
+#include "same_entries.hpp"
 #include "kvpolicy/registry.hpp"
 #include "kvpolicy/trimkv.hpp"
 
 using namespace kvpolicy;
+using kvpolicy::testing::entries;
+using kvpolicy::testing::same;
 
 namespace {
 
 template <class S, class... L>
 constexpr bool declared(registry::scorers<L...>) {
   return (std::is_same_v<S, L> || ...);
-}
-
-// Every (layer, head)'s entries, metadata only, in storage order.
-template <class C>
-std::vector<EntryMeta> entries(const C& cache, const CacheShape& shape) {
-  std::vector<EntryMeta> out;
-  for (int l = 0; l < shape.layers; ++l)
-    for (int h = 0; h < shape.kv_heads; ++h)
-      for (std::int64_t i = 0; i < cache.length(0, l, h); ++i) out.push_back(cache.entry(0, l, h, i));
-  return out;
-}
-
-bool same(const std::vector<EntryMeta>& a, const std::vector<EntryMeta>& b) {
-  if (a.size() != b.size()) return false;
-  for (std::size_t i = 0; i < a.size(); ++i)
-    if (a[i].position != b[i].position || a[i].write_score != b[i].write_score || a[i].key_norm != b[i].key_norm ||
-        a[i].gate != b[i].gate)
-      return false;
-  return true;
-}
-
-bool same(const std::vector<EvictedEntry>& a, const std::vector<EvictedEntry>& b) {
-  if (a.size() != b.size()) return false;
-  for (std::size_t i = 0; i < a.size(); ++i)
-    if (a[i].layer != b[i].layer || a[i].head != b[i].head || a[i].position != b[i].position) return false;
-  return true;
 }
 
 const CacheShape kShape{3, 2, 4, 8};
@@ -105,7 +82,7 @@ std::int64_t run_both(const registry::Values& v, std::mt19937_64& rng, int way) 
         REQUIRE(r1.triggered == r2.triggered);
         REQUIRE(r1.evicted == r2.evicted);
         REQUIRE(same(e_owning, e_owned));
-        REQUIRE(same(entries(owning, kShape), entries(owned, kShape)));
+        REQUIRE(same(entries(owning), entries(owned)));
         evicted_total += r2.evicted;
         n += T;
       }
@@ -114,13 +91,13 @@ std::int64_t run_both(const registry::Values& v, std::mt19937_64& rng, int way) 
       const std::int64_t T = 1;
       std::vector<float> k(static_cast<std::size_t>(L * H * T * d), 0.5f), lb(static_cast<std::size_t>(L * H * T), 0.0f),
           q(static_cast<std::size_t>(L * kShape.q_heads * T * d), 0.5f), o(q.size());
-      const auto before = entries(owned, kShape);
+      const auto before = entries(owned);
       CHECK_THROWS_WITH_AS(owned.step(SequenceStep{0, View<const float, 4>(k.data(), {L, H, T, d}), {},
                                                    View<const float, 3>(lb.data(), {L, H, T}),
                                                    View<const float, 4>(q.data(), {L, kShape.q_heads, T, d}),
                                                    View<float, 4>(o.data(), {L, kShape.q_heads, T, d})}),
                            doctest::Contains("the engine attends itself"), Error);
-      CHECK(same(before, entries(owned, kShape)));
+      CHECK(same(before, entries(owned)));
       CHECK(owned.head_contents(0, 0, 0).meta.size() == static_cast<std::size_t>(owned.length(0, 0, 0)));
     });
   });
@@ -218,7 +195,7 @@ TEST_CASE("engine-owned K/V: the contiguous allocator keeps what its owning twin
     evicted += owned.step(SequenceStep{0, View<const float, 4>(k.data(), {L, H, T, d}), {}, View<const float, 3>(lb.data(), {L, H, T})},
                           &e2).evicted;
     REQUIRE(same(e1, e2));
-    REQUIRE(same(entries(owning, kShape), entries(owned, kShape)));
+    REQUIRE(same(entries(owning), entries(owned)));
     n += T;
   }
   CHECK(evicted > 0);

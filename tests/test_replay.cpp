@@ -267,6 +267,16 @@ TEST_CASE("replay: every policy runs on the synthetic trace within its budget, a
   bare.queries.clear();
   o.policy = "h2o";
   CHECK_THROWS_WITH_AS(replay::replay(bare, o), doctest::Contains("needs the trace's keys, values and queries"), Error);
+  {  // docs/replay.md: WG-KV needs write_gate; its Scorer reads the attention only under a hard budget
+    replay::Trace gates_only = bare;  // as read from a file without K/V: no head_dim either
+    gates_only.head_dim = 0;
+    replay::Options w;
+    w.policy = "wgkv";
+    w.set("local", 2);
+    CHECK(replay::replay(gates_only, w).step_end.back() == gates_only.tokens);
+    w.set("avg-budget", 3);
+    CHECK_THROWS_WITH_AS(replay::replay(gates_only, w), doctest::Contains("needs the trace's keys, values and queries"), Error);
+  }
   o.policy = "lru";
   CHECK_THROWS_WITH_AS(replay::replay(bare, o), doctest::Contains(("unknown policy 'lru' (known: " + registry::known() + ")").c_str()),
                        Error);

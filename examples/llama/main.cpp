@@ -25,9 +25,7 @@
 
 #include "../cli.hpp"
 #include "../survivors.hpp"
-#include "kvpolicy/inputs/producer.hpp"
-#include "kvpolicy/registry.hpp"
-#include "kvpolicy/trimkv.hpp"
+#include "kvpolicy/open.hpp"
 
 using namespace kvpolicy;
 
@@ -302,9 +300,8 @@ void run_steps(const Args& a, Model& m, const Captured& cap, Policy* policy, con
 /// consecutive positions per llama_memory_seq_rm. Over llama.cpp's own K/V (the Cache's storage
 /// engine_owned) the Cache keeps each entry's metadata only and takes no values; a policy that reads
 /// stored keys or the attention over them keeps its own copy of the K/V it ranks by.
-template <class CacheT>
 struct Evicting {
-  CacheT& cache;
+  AnyCache& cache;
   const inputs::Producer& producer;
   Captured& cap;
   Model& m;
@@ -346,7 +343,7 @@ struct Evicting {
     const auto t0 = std::chrono::steady_clock::now();
     next_position += T;
     const std::int64_t H = shape.kv_heads, d = shape.head_dim;
-    const bool with_values = CacheT::stores_kv || producer.needs().values;
+    const bool with_values = cache.stores_kv() || producer.needs().values;
     for (int l = 0; l < shape.layers; ++l) {
       auto& c = cap.layer[static_cast<std::size_t>(l)];
       heads_first(c[Captured::keys], T, H, d, keys);
@@ -365,7 +362,7 @@ struct Evicting {
       cache.append(0, l, View<const float, 3>(keys.data(), {H, T, d}),
                    with_values ? View<const float, 3>(values.data(), {H, T, d}) : View<const float, 3>{},
                    View<const float, 2>(log_beta.data(), {H, T}));
-      if constexpr (CacheT::stores_kv) if (cap.want_queries) {
+      if (cap.want_queries) {
         heads_first(c[Captured::queries], T, shape.q_heads, d, queries);
         out.resize(queries.size());
         cache.attend(0, l, View<const float, 3>(queries.data(), {shape.q_heads, T, d}),
@@ -387,14 +384,6 @@ struct Evicting {
     if (check_memory) check();
   }
 };
-
-/// Whether P takes --mode (registry::option::mode): only those are compiled into the run.
-template <registry::Policy P>
-constexpr bool has_token_level_mode() {
-  for (const registry::Option& o : P::options)
-    if (o.name == "mode") return true;
-  return false;
-}
 
 double log_softmax_at(const float* logits, int vocab, int id) {
   double mx = logits[0];
@@ -483,59 +472,53 @@ int run(const Args& a) {
   if (!with_policy) {
     go(static_cast<std::function<void(std::int64_t)>*>(nullptr));
   } else {
-    registry::visit(a.selection.policy, [&]<registry::Policy P>() {
-      if constexpr (!has_token_level_mode<P>()) {
-        fail("--policy ", P::name, " has no token-level mode");  // parse() refused it already
-      } else {
-      // llama.cpp keeps a sequence's positions consecutive with the newest it stores (a batch
-      // must start at its last position + 1), so the newest token must stay: a protected window
-      // w >= 1 (SPEC §8). Where the policy's own window resolves to 0, w = 1 unless given.
-      registry::Selection given = a.selection;
-      std::int64_t window = 0;
-      P::template make<cpu_backend>(registry::values<P>(given.given), shape, memory::Paged<16>(1),
-                                    [&](auto& probe) { window = probe.evictor().window; });
-      if (window == 0) {
-        require(!given.given.contains("window"), "--window 0: llama.cpp needs the newest position kept (a batch ",
-                "starts at the last stored position + 1); give --window w >= 1");
-        given.set("window", "1");
-        window = 1;
-      }
-      const registry::Values v = registry::values<P>(given.given);
-      const inputs::Producer producer = inputs::producer<P>(v, {shape, hidden});
-      require(producer.needs().key_layout != inputs::RopeLayout::half, "policy ", P::name,
-              "'s gate was trained on keys in RoPE's rotate-half layout; llama.cpp's keys pair components adjacently");
-      require(!producer.needs().keys_pre_rope && !producer.needs().per_token(), "policy ", P::name,
-              " reads keys before RoPE or hidden-state bands, which this program does not take from llama.cpp's graph");
-      // every head holds what llama.cpp's context holds: at most M + B - 1 + one step, or the text.
-      // Over llama.cpp's own K/V where the policy allows it (its Scorer reads metadata only):
-      // the Cache keeps each entry's metadata; else it keeps an F32 copy of the K/V it ranks by.
-      const std::int64_t pages = pages_for(shape, std::min(budget + buffer - 1 + largest_step, total), 1, 16);
-      using Pool = std::conditional_t<registry::over_engine_storage<P>(), memory::Paged<16, engine_owned>, memory::Paged<16>>;
-      policy_mib = static_cast<double>(Pool::bytes_for(shape, pages)) / (1024.0 * 1024.0);
-      policy_holds = registry::over_engine_storage<P>() ? "metadata only, over llama.cpp's K/V"
-                                                        : "an F32 copy of the K/V it ranks by, beside llama.cpp's";
-      P::template make<cpu_backend>(v, shape, Pool(pages), [&](auto& cache) {
-        using C = std::decay_t<decltype(cache)>;
-        cap.want_queries = C::observes_attention;
-        cache.add_sequence(0, std::min(prefill, N));
-        Evicting<C> policy{cache, producer, cap, m, shape, hidden, a.check_memory};
-        go(&policy);
-        held_max = policy.held_max;
-        policy_seconds = policy.policy_seconds;
-        evicted = policy.evicted_positions;
-        steps_checked = policy.steps_checked;
-        survivors = examples::head_digests(cache, 0);
-        // a llama.cpp cell holds every head's K/V: each (layer, kv head) holds what its memory lists
-        if (!a.survivors.empty()) {
-          const std::vector<std::int32_t> held = memory_positions(m.ctx, policy.state);
-          examples::write_position_lines(shape, [&](int, int) { return held; }, a.survivors);
-        }
-      });
-      mode_line = std::string(P::name) + " (token level, SPEC §8): M = " + std::to_string(budget) +
-                  " tokens, B = " + std::to_string(buffer) + ", S = " + given.value("sinks") + ", w = " +
-                  std::to_string(window);
-      }
-    });
+    registry::Selection given = a.selection;
+    require(registry::takes(given.policy, "mode"), "--policy ", given.policy, " has no token-level mode");
+    // every head holds what llama.cpp's context holds: at most M + B - 1 + one step, or the text.
+    // Over llama.cpp's own K/V where the policy allows it (its Scorers read metadata only): the
+    // Cache keeps each entry's metadata; else it keeps an F32 copy of the K/V it ranks by.
+    const std::int64_t pages = pages_for(shape, std::min(budget + buffer - 1 + largest_step, total), 1,
+                                         registry::page_entries);
+    const inputs::Producer producer = registry::open_inputs(given, {shape, hidden});
+    require(producer.needs().key_layout != inputs::RopeLayout::half, "policy ", given.policy,
+            "'s gate was trained on keys in RoPE's rotate-half layout; llama.cpp's keys pair components adjacently");
+    require(!producer.needs().keys_pre_rope && !producer.needs().per_token(), "policy ", given.policy,
+            " reads keys before RoPE or hidden-state bands, which this program does not take from llama.cpp's graph");
+    const bool over_llama = registry::over_engine_storage(given.policy);
+    const auto open = [&] {
+      return over_llama ? registry::open_cache<engine_owned>(given, shape, pages) : registry::open_cache<float>(given, shape, pages);
+    };
+    std::unique_ptr<AnyCache> cache = open();
+    // llama.cpp keeps a sequence's positions consecutive with the newest it stores (a batch must
+    // start at its last position + 1), so the newest token must stay: a protected window w >= 1
+    // (SPEC §8). Where the policy's own window resolves to 0, w = 1 unless given.
+    std::int64_t window = cache->protected_window();
+    if (window == 0) {
+      require(!given.given.contains("window"), "--window 0: llama.cpp needs the newest position kept (a batch ",
+              "starts at the last stored position + 1); give --window w >= 1");
+      given.set("window", "1");
+      cache.reset();  // its pool goes before the next one is taken
+      cache = open();
+      window = 1;
+    }
+    policy_mib = static_cast<double>(cache->pool_bytes()) / (1024.0 * 1024.0);
+    policy_holds = over_llama ? "metadata only, over llama.cpp's K/V" : "an F32 copy of the K/V it ranks by, beside llama.cpp's";
+    cap.want_queries = cache->observes_attention();
+    cache->add_sequence(0, std::min(prefill, N));
+    Evicting policy{*cache, producer, cap, m, shape, hidden, a.check_memory};
+    go(&policy);
+    held_max = policy.held_max;
+    policy_seconds = policy.policy_seconds;
+    evicted = policy.evicted_positions;
+    steps_checked = policy.steps_checked;
+    survivors = examples::head_digests(*cache, 0);
+    // a llama.cpp cell holds every head's K/V: each (layer, kv head) holds what its memory lists
+    if (!a.survivors.empty()) {
+      const std::vector<std::int32_t> held = memory_positions(m.ctx, policy.state);
+      examples::write_position_lines(shape, [&](int, int) { return held; }, a.survivors);
+    }
+    mode_line = given.policy + " (token level, SPEC §8): M = " + std::to_string(budget) + " tokens, B = " +
+                std::to_string(buffer) + ", S = " + given.value("sinks") + ", w = " + std::to_string(window);
   }
   const auto t_end = std::chrono::steady_clock::now();
   const double seconds = std::chrono::duration<double>(t_end - t0).count();

@@ -77,7 +77,7 @@ struct Args {
   int threads = 0, tp = 0;
   DecodeWeights decode_weights = DecodeWeights::gguf;
   DecodeActivations activations = DecodeActivations::q8;
-  KvDtype kv = KvDtype::f16;
+  KvStorage kv = KvStorage::float16;
   PolicyOptions selection;
 };
 
@@ -122,7 +122,7 @@ Args parse(int argc, char** argv) {
     }
     else if (f == "--kv") {
       require(v == "f16" || v == "f32", "--kv '", v, "' must be f16 or f32");
-      a.kv = v == "f16" ? KvDtype::f16 : KvDtype::f32;
+      a.kv = v == "f16" ? KvStorage::float16 : KvStorage::float32;
     }
     else if (f == "--policy") a.selection.policy = v;
     else if (f.starts_with("--") && registry::is_option(f.substr(2))) a.selection.set(f.substr(2), v);
@@ -179,7 +179,7 @@ int perplexity_mode(const Args& a, const Model& model, const Tokenizer& tok) {
   std::printf("model %s, text %s: %lld tokens, policy %s%s, prefill %lld, chunk %lld, K/V %s\n",
               model.config.name.c_str(), a.text.c_str(), static_cast<long long>(a.tokens), a.selection.policy.c_str(),
               (given.empty() ? given : given + ")").c_str(), static_cast<long long>(a.prefill),
-              static_cast<long long>(a.chunk), a.kv == KvDtype::f16 ? "f16" : "f32");
+              static_cast<long long>(a.chunk), a.kv == KvStorage::float16 ? "f16" : "f32");
   std::printf("entries held: peak %lld, final %lld of %lld (%lld evictions); %.2f s, %.1f tokens/s\n",
               static_cast<long long>(r.peak_entries), static_cast<long long>(r.final_entries),
               static_cast<long long>(a.tokens * model.config.cache_shape().heads_total()), static_cast<long long>(r.evictions),

@@ -1,5 +1,6 @@
-// kvpolicy-lm's policies by name: each name makes its kvpolicy Cache (one pool for every sequence)
-// and the metadata its entries need from the forward pass, then hands both to the caller.
+// kvpolicy-lm's policies by name: registry::open makes the Cache (one pool for every sequence) and
+// the producer of what its entries need from the forward pass, handed to the caller as the decoder
+// feeds it.
 #pragma once
 
 #include <cstdint>
@@ -11,9 +12,7 @@
 #include <vector>
 
 #include "decoder.hpp"
-#include "kvpolicy/inputs/producer.hpp"
-#include "kvpolicy/registry.hpp"
-#include "kvpolicy/trimkv.hpp"
+#include "kvpolicy/open.hpp"
 
 namespace kvpolicy::lm {
 
@@ -24,22 +23,19 @@ struct PolicyOptions : registry::Selection {
 
 /// The options as given, with the model's RoPE described to a policy that takes it (registry
 /// option::model_options): this decoder rotates adjacent pairs by θ = the model's rope_base.
-template <registry::Policy P>
-registry::Values values_for_model(registry::Selection given, const Config& c) {
+inline registry::Selection for_model(registry::Selection given, const Config& c) {
   given.describe_model("rope-theta", c.rope_base).describe_model("rope-layout", "adjacent");
-  require(!registry::takes(P::name, "rope-theta") || c.rope_dim == c.head_dim, "kvpolicy-lm: policy ", P::name,
-          " undoes RoPE on every component; this model rotates ", c.rope_dim, " of its ", c.head_dim);
-  return registry::values<P>(given.given);
+  require(!registry::takes(given.policy, "rope-theta") || c.rope_dim == c.head_dim, "kvpolicy-lm: policy ",
+          given.policy, " undoes RoPE on every component; this model rotates ", c.rope_dim, " of its ", c.head_dim);
+  return given;
 }
 
-/// What policy P's entries need from the forward pass: the library's producer of its inputs
-/// (kvpolicy/inputs/producer.hpp), handed what this decoder computes.
-template <registry::Policy P>
-EntryMetadata entry_metadata(const registry::Values& v, const Config& c) {
+/// What the policy's entries need from the forward pass: its producer of inputs (registry::open),
+/// handed what this decoder computes.
+inline EntryMetadata entry_metadata(const inputs::Producer& p, const std::string& policy, const Config& c) {
   const CacheShape shape = c.cache_shape();
-  const inputs::Producer p = inputs::producer<P>(v, {shape, c.hidden});
   const inputs::Needs& needs = p.needs();
-  require(needs.key_layout != inputs::RopeLayout::half, "kvpolicy-lm: policy ", P::name,
+  require(needs.key_layout != inputs::RopeLayout::half, "kvpolicy-lm: policy ", policy,
           "'s gate was trained on keys in RoPE's rotate-half layout; this decoder's keys pair components adjacently");
   EntryMetadata m;
   if (needs.per_layer())
@@ -62,34 +58,29 @@ EntryMetadata entry_metadata(const registry::Values& v, const Config& c) {
   return m;
 }
 
-/// The dtype the cache stores K and V in: fp16 (llama.cpp's default cache type; half the bytes a
-/// decode step reads) or fp32. Attention widens each entry to fp32 as it reads it.
-enum class KvDtype { f16, f32 };
-
-/// f(std::type_identity<Storage>{}) with the Storage type `kv` names.
+/// The K/V storage kvpolicy-lm offers (--kv): fp16 (llama.cpp's default cache type; half the bytes
+/// a decode step reads) or fp32. Attention widens each entry to fp32 as it reads it.
 template <class F>
-decltype(auto) with_kv_storage(KvDtype kv, F&& f) {
-  if (kv == KvDtype::f16) return f(std::type_identity<half>{});
+decltype(auto) with_lm_storage(KvStorage kv, F&& f) {
+  require(kv == KvStorage::float16 || kv == KvStorage::float32, "kvpolicy-lm: K/V stored as f16 or f32");
+  if (kv == KvStorage::float16) return f(std::type_identity<half>{});
   return f(std::type_identity<float>{});
 }
 
-/// Makes the Cache `o` names for `sequences` sequences of up to `max_tokens` tokens each (steps of
-/// up to `chunk` tokens), its K/V stored as `kv`, and calls f(cache, metadata). The pool holds every
-/// token in every head: the policy, not the pool, bounds what stays (docs/quality.md reports the
-/// entries held).
+/// Opens the policy `o` names (registry::open) for `sequences` sequences of up to `max_tokens`
+/// tokens each, its K/V stored as `kv`, and calls f(cache, metadata). The pool holds every token
+/// in every head: the policy, not the pool, bounds what stays (docs/quality.md reports the entries
+/// held).
 template <class F>
-decltype(auto) with_policy(const PolicyOptions& o, KvDtype kv, const Config& c, std::int64_t sequences,
+decltype(auto) with_policy(const PolicyOptions& o, KvStorage kv, const Config& c, std::int64_t sequences,
                            std::int64_t max_tokens, F&& f) {
   const CacheShape shape = c.cache_shape();
-  const std::int64_t pages = pages_for(shape, max_tokens + 16, sequences, 16);
-  return with_kv_storage(kv, [&]<class Storage>(std::type_identity<Storage>) -> decltype(auto) {
-    return registry::visit(o.policy, [&]<registry::Policy P>() -> decltype(auto) {
-      const registry::Values v = values_for_model<P>(o, c);
-      const EntryMetadata meta = entry_metadata<P>(v, c);
-      return P::template make<cpu_backend>(v, shape, memory::Paged<16, Storage>(pages),
-                                           [&](auto& cache) -> decltype(auto) { return f(cache, meta); });
-    });
+  const registry::Selection sel = for_model(o, c);
+  const std::int64_t pages = pages_for(shape, max_tokens + 16, sequences, registry::page_entries);
+  const registry::Opened p = with_lm_storage(kv, [&]<class Storage>(std::type_identity<Storage>) {
+    return registry::open<Storage>(sel, {shape, c.hidden}, pages);
   });
+  return f(*p.cache, entry_metadata(p.inputs, sel.policy, c));
 }
 
 }  // namespace kvpolicy::lm

@@ -6,9 +6,8 @@
 //     the ranks by one all-reduce after the attention and one after the MLP of every layer
 //     (Decoder's reduce);
 //   - embeddings, norms and the output head are every rank's, so every rank computes the logits.
-// A rank's Cache is the registered policy's, built from the unsharded Cache's parts with
-// dist::with_sharded_evictor: per-head policies need nothing from other ranks, and DBTrimKV's and
-// WG-KV's budgets are summed over them. The policy's per-head metadata (gates, K/V statistics) is
+// A rank's Cache is the registered policy's, opened for this rank (registry::open_sharded): per-head
+// policies need nothing from other ranks, and DBTrimKV's and WG-KV's budgets are summed over them. The policy's per-head metadata (gates, K/V statistics) is
 // computed by the unsharded gate on this rank's heads (shard_metadata).
 #pragma once
 
@@ -20,7 +19,7 @@
 #include "../survivors.hpp"
 #include "decoder.hpp"
 #include "kvpolicy/dist/communicator.hpp"
-#include "kvpolicy/dist/sharded.hpp"
+#include "kvpolicy/open_sharded.hpp"
 #include "model.hpp"
 #include "policies.hpp"
 
@@ -73,30 +72,18 @@ inline EntryMetadata shard_metadata(EntryMetadata meta, const Config& full, int 
 }
 
 /// with_policy for one rank of `comm`: calls f(cache, metadata) with this rank's Cache of the policy
-/// `o` names (its share of the kv heads of every layer, K/V stored as `kv`) and the metadata for its
-/// heads.
+/// `o` names (registry::open_sharded: its share of the kv heads of every layer, K/V stored as `kv`)
+/// and the metadata for its heads.
 template <dist::Communicator C, class F>
-decltype(auto) with_sharded_policy(const PolicyOptions& o, KvDtype kv, const Config& full, C& comm, std::int64_t sequences,
+decltype(auto) with_sharded_policy(const PolicyOptions& o, KvStorage kv, const Config& full, C& comm, std::int64_t sequences,
                                    std::int64_t max_tokens, F&& f) {
   const CacheShape shape = full.cache_shape();
-  const CacheShape local{shape.layers, shape.kv_heads / comm.size(), shape.q_heads / comm.size(), shape.head_dim};
-  const std::int64_t pages = pages_for(local, max_tokens + 16, sequences, 16);
-  return with_kv_storage(kv, [&]<class Storage>(std::type_identity<Storage>) -> decltype(auto) {
-    using Pool = memory::Paged<16, Storage>;
-    return registry::visit(o.policy, [&]<registry::Policy P>() -> decltype(auto) {
-      const registry::Values v = values_for_model<P>(o, full);
-      const EntryMetadata meta = shard_metadata(entry_metadata<P>(v, full), full, comm.rank(), comm.size());
-      // the unsharded Cache (one page: its parts are what is wanted), then this rank's from its parts
-      return P::template make<cpu_backend>(v, shape, Pool(1), [&](auto& whole) -> decltype(auto) {
-        using Whole = std::decay_t<decltype(whole)>;
-        return dist::with_sharded_evictor(whole.evictor(), &comm, shape, [&](auto evictor) -> decltype(auto) {
-          Cache<typename Whole::scorer_type, typename Whole::admitter_type, decltype(evictor), Pool, cpu_backend> mine(
-              local, Pool(pages), evictor, whole.scorer(), whole.admitter());
-          return f(mine, meta);
-        });
-      });
-    });
+  const registry::Selection sel = for_model(o, full);
+  const std::int64_t pages = pages_for(registry::rank_shape(shape, comm), max_tokens + 16, sequences, registry::page_entries);
+  const registry::Opened p = with_lm_storage(kv, [&]<class Storage>(std::type_identity<Storage>) {
+    return registry::open_sharded<Storage>(sel, {shape, full.hidden}, pages, comm);
   });
+  return f(*p.cache, shard_metadata(entry_metadata(p.inputs, sel.policy, full), full, comm.rank(), comm.size()));
 }
 
 /// A digest of what sequence `seq` holds: per (layer, kv head of the full model) a hash of its

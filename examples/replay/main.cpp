@@ -16,6 +16,7 @@
 
 #include "../cli.hpp"
 #include "heatmap.hpp"
+#include "kvpolicy/open.hpp"
 #include "replay.hpp"
 
 using namespace kvpolicy;
@@ -236,7 +237,7 @@ int main(int argc, char** argv) {
       require(!same && !fs::equivalent(out, trace, same_ec), "--out '", out, "' is the trace itself: it would overwrite the input");
     }
     // the policy and its options (the registry refuses an option the policy does not take)
-    registry::visit(o.policy, [&]<registry::Policy P>() { (void)registry::values<P>(o.given); });
+    registry::check_options(o);
     require(png.empty() ? layers.empty() && heads.empty() : true, "--layers and --heads choose heatmaps: give --png DIR");
     const auto tr = replay::read_trace(trace);
     // replay() takes a prompt past the trace as the whole trace; from the command line it is a mistake

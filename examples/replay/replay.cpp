@@ -8,8 +8,7 @@
 #include <string>
 
 #include "kvpolicy/cpu/attention.hpp"
-#include "kvpolicy/inputs/producer.hpp"
-#include "kvpolicy/trimkv.hpp"
+#include "kvpolicy/open.hpp"
 
 namespace kvpolicy::replay {
 
@@ -51,8 +50,7 @@ std::vector<float> slice(const std::vector<float>& src, int L, int H, std::int64
 using Metadata = std::function<void(std::int64_t n, std::int64_t len, const std::vector<float>& keys,
                                     const std::vector<float>& values, std::vector<float>& out)>;
 
-template <class C>
-Result run(C& cache, const Trace& tr, const Options& opt, const Reference& reference, const Metadata& metadata = {}) {
+Result run(AnyCache& cache, const Trace& tr, const Options& opt, const Reference& reference, const Metadata& metadata = {}) {
   const int L = tr.layers, H = tr.kv_heads, Hq = tr.q_heads;
   const std::int64_t T = tr.tokens, d = std::max(tr.head_dim, 1);
   const bool attend = tr.has_attention();
@@ -93,10 +91,11 @@ Result run(C& cache, const Trace& tr, const Options& opt, const Reference& refer
     r.peak_entries_total = std::max(r.peak_entries_total, total_before);
     evicted.clear();
     const auto t0 = std::chrono::steady_clock::now();
-    cache.step(0, View<const float, 4>(k.data(), {L, H, len, d}), View<const float, 4>(v.data(), {L, H, len, d}),
-               View<const float, 3>(lb.data(), {L, H, len}),
-               attend ? View<const float, 4>(q.data(), {L, Hq, len, d}) : View<const float, 4>{},
-               attend ? View<float, 4>(out.data(), {L, Hq, len, d}) : View<float, 4>{}, &evicted);
+    cache.step({0, View<const float, 4>(k.data(), {L, H, len, d}), View<const float, 4>(v.data(), {L, H, len, d}),
+                View<const float, 3>(lb.data(), {L, H, len}),
+                attend ? View<const float, 4>(q.data(), {L, Hq, len, d}) : View<const float, 4>{},
+                attend ? View<float, 4>(out.data(), {L, Hq, len, d}) : View<float, 4>{}},
+               &evicted);
     seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     n += len;
     r.step_end.push_back(n);
@@ -136,21 +135,21 @@ const std::vector<float>& recorded_scores(const Trace& tr, registry::Inputs kind
   return tr.write_gate;
 }
 
-/// The write score of policy P's entries for each step of the trace: the library's producer of its
-/// inputs (kvpolicy/inputs/producer.hpp) run on the trace's tensors; the trace's recorded scores
-/// for a gated policy given no --gate; the trace's log_beta for a policy that reads nothing.
-template <registry::Policy P>
-Metadata step_scores(const Trace& tr, const registry::Values& v, const CacheShape& shape) {
-  if (registry::takes(P::name, "gate") && v.text("gate").empty()) {
-    const std::vector<float>& recorded = recorded_scores(tr, P::inputs, P::name);
+/// The write score of the entries of the policy `sel` names, for each step of the trace: the
+/// library's producer of its inputs (registry::open_inputs) run on the trace's tensors; the
+/// trace's recorded scores for a gated policy given no --gate; the trace's log_beta for a policy
+/// that reads nothing.
+Metadata step_scores(const Trace& tr, const registry::Selection& sel, const CacheShape& shape) {
+  if (registry::takes(sel.policy, "gate") && sel.value("gate").empty()) {
+    const std::vector<float>& recorded = recorded_scores(tr, registry::inputs_of(sel.policy), sel.policy);
     if (&recorded == &tr.log_beta) return {};
     return [&tr, &recorded](std::int64_t n, std::int64_t len, const std::vector<float>&, const std::vector<float>&,
                             std::vector<float>& out) { out = slice(recorded, tr.layers, tr.kv_heads, tr.tokens, 1, n, len); };
   }
-  const inputs::Needs needs = inputs::needs<P>(v);
+  const inputs::Needs needs = registry::input_needs(sel);
   if (!needs.any()) return {};
   const auto lacks = [&](bool missing, std::string_view what) {
-    require(!missing, "replay: policy ", P::name, " needs the trace's ", what);
+    require(!missing, "replay: policy ", sel.policy, " needs the trace's ", what);
   };
   lacks(needs.normed_input && tr.gate_input.empty(), "gate_input [L, T, D] (each layer's attention input after its input RMSNorm)");
   lacks(needs.keys_pre_rope && tr.keys_pre_rope.empty(), "keys_pre_rope [L, Hkv, T, d] (the keys before RoPE) for --gate");
@@ -158,7 +157,7 @@ Metadata step_scores(const Trace& tr, const registry::Values& v, const CacheShap
   lacks(needs.per_token() && !tr.has_hidden(), "hidden_states [L', T, D]");
   const int D = needs.normed_input ? tr.gate_input_size : tr.hidden_size;
   // the bands are checked against the trace's L' hidden states, whatever the model's L
-  const inputs::Producer producer = inputs::producer<P>(v, {shape, D, tr.hidden_layers});
+  const inputs::Producer producer = registry::open_inputs(sel, {shape, D, tr.hidden_layers});
   return [&tr, producer, needs, shape, D](std::int64_t n, std::int64_t len, const std::vector<float>& k,
                                           const std::vector<float>& val, std::vector<float>& out) {
     const int L = shape.layers, H = shape.kv_heads;
@@ -182,32 +181,27 @@ Metadata step_scores(const Trace& tr, const registry::Values& v, const CacheShap
   };
 }
 
-/// Replays `trace` through policy P with the option values `v`.
-template <registry::Policy P>
-Result replay_policy(const Trace& trace, const Options& opt, const registry::Values& v, const Reference& full) {
-  if constexpr (requires { P::needs_prompt_length; })
-    require(opt.prefill > 0, "replay: ", P::name, " compresses the prompt: give its length with --prefill P");
-  const Trace& tr = trace;
+/// Replays `trace` through the policy `opt` names (registry::open_cache).
+Result replay_policy(const Trace& tr, const Options& opt, const Reference& full) {
+  registry::check_options(opt);  // first: an option the policy does not take is the answer
+  require(!registry::needs_prompt_length(opt.policy) || opt.prefill > 0, "replay: ", opt.policy,
+          " compresses the prompt: give its length with --prefill P");
   CacheShape shape = tr.shape();
   if (!tr.has_attention()) shape = CacheShape{tr.layers, tr.kv_heads, tr.kv_heads, 1};
-  const Metadata metadata = step_scores<P>(tr, v, shape);
-  return P::template make<cpu_backend>(v, shape, memory::Paged<16>(pool_pages(tr)), [&](auto& cache) {
-    using S = typename std::remove_reference_t<decltype(cache)>::scorer_type;
-    // what the scorer reads beyond the metadata: the attention (H2O, SnapKV), the keys (KeyDiff)
-    constexpr bool needs_kv = kvpolicy::detail::ScorerInputs<S>::observes_attention || scorer_needs_head_keys<S>;
-    require(!needs_kv || tr.has_attention(), "replay: policy ", P::name,
-            " needs the trace's keys, values and queries, and this trace has none");
-    return run(cache, tr, opt, full, metadata);
-  });
+  Metadata metadata = step_scores(tr, opt, shape);
+  const std::unique_ptr<AnyCache> cache = registry::open_cache(opt, shape, pool_pages(tr));
+  // what the Scorer these options build reads beyond the metadata: the attention (H2O, SnapKV),
+  // the keys (KeyDiff)
+  require(!cache->reads_stored_kv() || tr.has_attention(), "replay: policy ", opt.policy,
+          " needs the trace's keys, values and queries, and this trace has none");
+  return run(*cache, tr, opt, full, metadata);
 }
 
 }  // namespace
 
 Result replay(const Trace& trace, const Options& opt, const Reference& full) {
   require(opt.prefill >= 0, "replay: --prefill P = ", opt.prefill, " must be >= 0");
-  return registry::visit(opt.policy, [&]<registry::Policy P>() {
-    return replay_policy<P>(trace, opt, registry::values<P>(opt.given), full);
-  });
+  return replay_policy(trace, opt, full);
 }
 
 }  // namespace kvpolicy::replay

@@ -145,6 +145,20 @@ inline bool needs_prompt_length(std::string_view name) {
   return found;
 }
 
+/// What the policy named `name` reads from the forward pass (its registry::Inputs; an unknown name
+/// is an error that lists the known ones).
+inline Inputs inputs_of(std::string_view name) {
+  Inputs kind = Inputs::none;
+  bool found = false;
+  for_each([&]<Policy P>() {
+    if (P::name != name) return;
+    kind = P::inputs;
+    found = true;
+  });
+  require(found, "unknown policy '", name, "' (known: ", known(), ")");
+  return kind;
+}
+
 namespace detail {
 template <class... S>
 constexpr bool metadata_scorers(scorers<S...>) {
@@ -152,21 +166,30 @@ constexpr bool metadata_scorers(scorers<S...>) {
 }
 }  // namespace detail
 
-/// Whether policy P runs over K/V the engine owns (storage engine_owned: the cache keeps metadata
-/// only): every Scorer it may build reads its entries' metadata alone, never stored keys or the
-/// attention over them. Read from the Scorer types P declares; nothing is built. (The Cache also
-/// refuses, over engine-owned K/V, a composition that masks the attention or may drop a token at
-/// write time: WG-KV's, which its Scorers already exclude here.)
+/// Whether a Scorer policy P may build reads what only stored K/V give: the keys of stored entries
+/// (KeyDiff) or the attention over them (H2O, TOVA, SnapKV, Expected Attention). Read from the
+/// Scorer types P declares; nothing is built.
 template <Policy P>
-constexpr bool over_engine_storage() {
-  return detail::metadata_scorers(typename P::scorers{});
+constexpr bool reads_stored_kv() {
+  return !detail::metadata_scorers(typename P::scorers{});
 }
 /// The same by name (false for an unknown name).
-inline bool over_engine_storage(std::string_view name) {
+inline bool reads_stored_kv(std::string_view name) {
   bool yes = false;
-  for_each([&]<Policy P>() { yes = yes || (P::name == name && over_engine_storage<P>()); });
+  for_each([&]<Policy P>() { yes = yes || (P::name == name && reads_stored_kv<P>()); });
   return yes;
 }
+
+/// Whether policy P runs over K/V the engine owns (storage engine_owned: the cache keeps metadata
+/// only): every Scorer it may build reads its entries' metadata alone. (The Cache also refuses,
+/// over engine-owned K/V, a composition that masks the attention or may drop a token at write
+/// time: WG-KV's, which its Scorers already exclude here.)
+template <Policy P>
+constexpr bool over_engine_storage() {
+  return !reads_stored_kv<P>();
+}
+/// The same by name (false for an unknown name).
+inline bool over_engine_storage(std::string_view name) { return contains(name) && !reads_stored_kv(name); }
 /// The policies that run over K/V the engine owns, as "a, b".
 inline std::string over_engine_storage_policies() {
   std::string out;

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "any_cache.hpp"
+#include "make_cache.hpp"
 #include "kvpolicy/epikv.hpp"
 #include "kvpolicy/inputs/producer.hpp"
 
@@ -158,16 +158,14 @@ class PyCache {
     require(max_tokens >= 1, "Cache: max_tokens = ", max_tokens, " must be >= 1");
     require(max_sequences >= 1, "Cache: max_sequences = ", max_sequences, " must be >= 1");
     shape.validate();
-    const Storage s = storage == "float32"    ? Storage::float32
-                      : storage == "float16"  ? Storage::float16
-                      : storage == "bfloat16" ? Storage::bfloat16
-                                              : (fail("Cache: storage '", storage, "' must be float32, float16 or bfloat16"),
-                                                 Storage::float32);
+    const KvStorage s = storage == "float32"    ? KvStorage::float32
+                        : storage == "float16"  ? KvStorage::float16
+                        : storage == "bfloat16" ? KvStorage::bfloat16
+                                                : (fail("Cache: storage '", storage, "' must be float32, float16 or bfloat16"),
+                                                   KvStorage::float32);
     // every token in every head by default: the policy, not the pool, bounds what stays
     if (pages <= 0) pages = pages_for(shape, max_tokens + 16, max_sequences, 16);
-    registry::visit(selection_.policy, [&]<registry::Policy P>() {
-      inputs_ = P::inputs;
-    });
+    inputs_ = registry::inputs_of(selection_.policy);
     cache_ = make_cache(selection_, shape, pages, s);
     storage_ = storage;
   }
@@ -303,11 +301,12 @@ nb::dict policy_info() {
 }  // namespace
 
 std::unique_ptr<AnyCache> make_cache(const registry::Selection& selection, const CacheShape& shape, std::int64_t pages,
-                                     Storage storage) {
+                                     KvStorage storage) {
   switch (storage) {
-    case Storage::float16: return detail::make_float16(selection, shape, pages);
-    case Storage::bfloat16: return detail::make_bfloat16(selection, shape, pages);
-    case Storage::float32: break;
+    case KvStorage::float16: return detail::make_float16(selection, shape, pages);
+    case KvStorage::bfloat16: return detail::make_bfloat16(selection, shape, pages);
+    case KvStorage::engine_owned: fail("Cache: storage engine-owned is not offered to Python (it has no attend())");
+    case KvStorage::float32: break;
   }
   return detail::make_float32(selection, shape, pages);
 }
@@ -516,19 +515,14 @@ NB_MODULE(_core, m) {
              const nb::kwargs& options) {
             const registry::Selection sel = selection_of(policy, options);
             const inputs::ModelShape model{{layers, kv_heads, q_heads, head_dim}, hidden};
-            inputs::Producer p;
-            registry::visit(sel.policy, [&]<registry::Policy P>() { p = inputs::producer<P>(registry::values<P>(sel.given), model); });
-            new (self) PyProducer{std::move(p), model};
+            new (self) PyProducer{registry::open_inputs(sel, model), model};
           },
           "policy"_a, nb::kw_only(), "layers"_a, "hidden"_a, "kv_heads"_a, "q_heads"_a, "head_dim"_a, "options"_a,
           "the policy and its options (as Cache takes them: gate=, band_a=, ...), and the model's shape")
       .def_static(
           "needs_of",
           [](const std::string& policy, const nb::kwargs& options) {
-            const registry::Selection sel = selection_of(policy, options);
-            inputs::Needs n;
-            registry::visit(sel.policy, [&]<registry::Policy P>() { n = inputs::needs<P>(registry::values<P>(sel.given)); });
-            return needs_dict(n);
+            return needs_dict(registry::input_needs(selection_of(policy, options)));
           },
           "policy"_a, "options"_a, "what the policy reads, from its options alone (before a model is known)")
       .def_prop_ro("needs", [](const PyProducer& p) { return needs_dict(p.producer.needs()); },

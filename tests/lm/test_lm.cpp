@@ -59,11 +59,7 @@ std::vector<int> text_tokens(std::size_t n) {
 
 // Gate files of the right shapes for this model (SPEC §1-3 tensor names), random weights; `bias`
 // sets the readouts' bias (large: every g and beta near 1).
-// What a registered policy's entries need from the forward pass (registry::Inputs), and whether it
-// takes any option (the full cache takes none: it has no budget a text could reach).
-registry::Inputs inputs_of(std::string_view name) {
-  return registry::visit(name, []<registry::Policy P>() { return P::inputs; });
-}
+// Whether a registered policy takes any option (the full cache takes none: it has no budget a text could reach).
 bool without_options(std::string_view name) {
   return registry::visit(name, []<registry::Policy P>() { return std::size(P::options) == 0; });
 }
@@ -121,7 +117,7 @@ std::string write_gate(registry::Inputs kind, float bias) {
 
 Run run_policy(const PolicyOptions& o, const std::vector<int>& ids, std::int64_t chunk, std::int64_t prefill = 0) {
   Decoder dec(model());
-  return with_policy(o, KvDtype::f32, model().config, 1, static_cast<std::int64_t>(ids.size()), [&](auto& cache, const EntryMetadata& meta) {
+  return with_policy(o, KvStorage::float32, model().config, 1, static_cast<std::int64_t>(ids.size()), [&](auto& cache, const EntryMetadata& meta) {
     return score_text(dec, cache, meta, ids, prefill > 0 ? prefill : chunk, chunk, true);
   });
 }
@@ -153,7 +149,7 @@ TEST_CASE("every policy at a budget the text never reaches gives the full cache'
     const std::string name(policy_name);
     if (without_options(name)) continue;  // the full cache itself
     CAPTURE(name);
-    const registry::Inputs in = inputs_of(name);
+    const registry::Inputs in = registry::inputs_of(name);
     PolicyOptions o;
     o.policy = name;
     o.offer("budget", 128).offer("buffer", 16);  // > 96 tokens: nothing is ever evicted
@@ -178,7 +174,7 @@ TEST_CASE("at a small budget every policy evicts, holds what its rule allows, an
     const std::string name(policy_name);
     if (without_options(name)) continue;  // the full cache itself
     CAPTURE(name);
-    const registry::Inputs in = inputs_of(name);
+    const registry::Inputs in = registry::inputs_of(name);
     PolicyOptions o;
     o.policy = name;
     o.offer("budget", M).offer("buffer", B).offer("recency", 8);
@@ -223,7 +219,7 @@ TEST_CASE("epikv and hs-var score each token once from the two bands: every head
     o.set("band-a", a);
     o.set("band-b", b);
     Decoder dec(model());
-    with_policy(o, KvDtype::f32, model().config, 1, 160, [&](auto& cache, const EntryMetadata& meta) {
+    with_policy(o, KvStorage::float32, model().config, 1, 160, [&](auto& cache, const EntryMetadata& meta) {
       cache.add_sequence(0, chunk);
       for (std::size_t n = 0; n < ids.size(); n += chunk)
         dec.step(cache, 0, std::span<const int>(ids).subspan(n, chunk), meta, nullptr);
@@ -356,7 +352,7 @@ std::pair<float, int> blocks_against_f32(DecodeActivations activations) {
   for (int which = 0; which < 2; ++which) {
     Decoder dec(which == 0 ? model() : f32, {}, activations);
     PolicyOptions full;
-    with_policy(full, KvDtype::f32, model().config, 1, 40, [&](auto& cache, const EntryMetadata& meta) {
+    with_policy(full, KvStorage::float32, model().config, 1, 40, [&](auto& cache, const EntryMetadata& meta) {
       cache.add_sequence(0, 16);
       Matrix out;
       for (std::size_t n = 0; n < ids.size(); n += n == 0 ? 16 : 1) {

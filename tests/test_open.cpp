@@ -1,0 +1,197 @@
+// The run-time door (kvpolicy/open.hpp, open_sharded.hpp): for every registered policy, in both modes,
+// the Cache registry::open_cache builds from a name keeps, evicts and reports exactly what the
+// policy's own P::make builds on the same random steps (tie-prone scores, queries where the policy
+// reads the attention), over K/V it stores and, where the registry allows, over K/V the engine
+// owns; AnyCache reports the Cache's capabilities; a refused name, option, storage or call is an
+// error that names it; one rank's open_sharded_cache is the unsharded Cache.
+#include <doctest/doctest.h>
+
+#include <random>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "oracle.hpp"
+#include "same_entries.hpp"
+#include "kvpolicy/open_sharded.hpp"
+#include "kvpolicy/open.hpp"
+
+using namespace kvpolicy;
+using kvpolicy::testing::entries;
+using kvpolicy::testing::same;
+
+namespace {
+
+const CacheShape kShape{2, 2, 4, 8};
+
+// The same random steps through `direct` (P::make's Cache) and `door` (AnyCache); returns the
+// entries the door evicted. Queries go with every step of a cache that stores its K/V.
+template <class C>
+std::int64_t run_both(C& direct, AnyCache& door, std::mt19937_64& rng) {
+  const std::int64_t H = kShape.kv_heads, Hq = kShape.q_heads, d = kShape.head_dim, L = kShape.layers;
+  const std::int64_t prompt = std::uniform_int_distribution<std::int64_t>(1, 24)(rng);
+  direct.add_sequence(0, prompt);
+  door.add_sequence(0, prompt);
+  std::normal_distribution<float> normal;
+  std::int64_t evicted = 0;
+  for (std::int64_t n = 0; n < 120;) {
+    const std::int64_t T = n == 0 ? prompt : std::uniform_int_distribution<std::int64_t>(1, 3)(rng);
+    std::vector<float> k(static_cast<std::size_t>(L * H * T * d)), val(k.size()), q(static_cast<std::size_t>(L * Hq * T * d)),
+        o1(q.size()), o2(q.size()), lb(static_cast<std::size_t>(L * H * T)), g(lb.size());
+    for (float& x : k) x = normal(rng);
+    for (float& x : val) x = normal(rng);
+    for (float& x : q) x = normal(rng);
+    for (float& x : lb) x = oracle::tie_prone_log_beta(rng);
+    for (float& x : g) x = std::uniform_real_distribution<float>(0.0f, 1.0f)(rng);
+    const View<const float, 4> keys(k.data(), {L, H, T, d}), values(val.data(), {L, H, T, d});
+    const View<const float, 3> log_beta(lb.data(), {L, H, T}), gate(g.data(), {L, H, T});
+    const bool attends = C::stores_kv;
+    const View<const float, 4> queries = attends ? View<const float, 4>(q.data(), {L, Hq, T, d}) : View<const float, 4>{};
+    std::vector<EvictedEntry> e1, e2;
+    const EvictionReport r1 = direct.step({0, keys, values, log_beta, queries,
+                                           attends ? View<float, 4>(o1.data(), {L, Hq, T, d}) : View<float, 4>{}, gate},
+                                          &e1);
+    const EvictionReport r2 = door.step({0, keys, values, log_beta, queries,
+                                         attends ? View<float, 4>(o2.data(), {L, Hq, T, d}) : View<float, 4>{}, gate},
+                                        &e2);
+    REQUIRE(r1.triggered == r2.triggered);
+    REQUIRE(r1.evicted == r2.evicted);
+    REQUIRE(same(e1, e2));
+    REQUIRE(same(entries(direct), entries(door)));
+    REQUIRE(o1 == o2);
+    evicted += r2.evicted;
+    n += T;
+  }
+  CHECK(door.tokens(0) == direct.tokens(0));
+  CHECK(door.total_length(0) == direct.total_length(0));
+  return evicted;
+}
+
+// A communicator that says it has four ranks (rank_shape reads its size alone).
+struct FourRanks : dist::Local {
+  int size() const { return 4; }
+};
+
+registry::Selection selection_for(std::string_view name, const std::string& mode) {
+  registry::Selection sel{std::string(name), {}};
+  sel.offer("budget", 10).offer("buffer", 3).offer("window", 2).offer("sinks", 1).offer("recency", 3);
+  if (!mode.empty()) sel.set("mode", mode);
+  if (sel.policy == "wgkv") sel.set("local", "6");
+  return sel;
+}
+
+}  // namespace
+
+TEST_CASE("registry::open_cache: every policy by name keeps and evicts what its own make builds, over stored and engine-owned K/V") {
+  std::mt19937_64 rng(73);
+  const std::int64_t pages = memory::Paged<16>::pages_for(kShape, 200);
+  registry::for_each([&]<registry::Policy P>() {
+    CAPTURE(std::string(P::name));
+    std::vector<std::string> modes{""};
+    if (registry::takes(P::name, "mode")) modes.push_back("union");
+    for (const std::string& mode : modes) {
+      CAPTURE(mode);
+      const registry::Selection sel = selection_for(P::name, mode);
+      const registry::Values v = registry::values<P>(sel.given);
+      std::int64_t evicted = 0;
+      for (int round = 0; round < 4; ++round) {
+        P::template make<cpu_backend>(v, kShape, memory::Paged<16>(pages), [&](auto& direct) {
+          using C = std::decay_t<decltype(direct)>;
+          const std::unique_ptr<AnyCache> door = registry::open_cache<float>(sel, kShape, pages);
+          CHECK(door->stores_kv());
+          CHECK(door->observes_attention() == C::observes_attention);
+          CHECK(door->reads_stored_kv() == C::reads_stored_kv);
+          if constexpr (requires { direct.evictor().window; }) CHECK(door->protected_window() == direct.evictor().window);
+          else CHECK(door->protected_window() == 0);
+          CHECK(door->pages_total() == direct.pages_total());
+          CHECK(door->pool_bytes() == memory::Paged<16>::bytes_for(kShape, pages));
+          evicted += run_both(direct, *door, rng);
+        });
+        if constexpr (registry::over_engine_storage<P>()) {
+          P::template make<cpu_backend>(v, kShape, memory::Paged<16, engine_owned>(pages), [&](auto& direct) {
+            const std::unique_ptr<AnyCache> door = registry::open_cache<engine_owned>(sel, kShape, pages);
+            CHECK(!door->stores_kv());
+            CHECK(door->pool_bytes() == memory::Paged<16, engine_owned>::bytes_for(kShape, pages));
+            run_both(direct, *door, rng);
+          });
+        }
+      }
+      if (sel.policy != "full") CHECK(evicted > 0);  // the budget binds: the comparison covers evictions
+    }
+  });
+}
+
+TEST_CASE("registry::open_cache: a refused name, option, value or storage is an error that names it") {
+  const std::int64_t pages = 8;
+  CHECK_THROWS_WITH_AS(registry::open_cache({"no-such-policy", {}}, kShape, pages),
+                       doctest::Contains("unknown policy 'no-such-policy' (known: "), Error);
+  CHECK_THROWS_WITH_AS(registry::open_cache(registry::Selection{"streamingllm", {}}.set("gate", "g.safetensors"), kShape,
+                                            pages),
+                       doctest::Contains("--gate does not apply to policy streamingllm"), Error);
+  CHECK_THROWS_WITH_AS(registry::open_cache(registry::Selection{"streamingllm", {}}.set("budget", "0"), kShape, pages),
+                       doctest::Contains("budget"), Error);
+  for (const char* name : {"tova", "h2o", "keydiff", "snapkv", "expected-attention"})
+    CHECK_THROWS_WITH_AS(registry::open_cache<engine_owned>({name, {}}, kShape, pages),
+                         doctest::Contains((std::string("policy ") + name + " reads stored keys or the attention").c_str()), Error);
+  for (const char* name : {"trimkv", "streamingllm", "knorm"})
+    CHECK_NOTHROW(registry::open_cache<engine_owned>({name, {}}, kShape, pages));
+  // with_kv_storage: the type a run-time choice names
+  for (const KvStorage kv : {KvStorage::float32, KvStorage::float16, KvStorage::bfloat16, KvStorage::engine_owned}) {
+    const bool as_named = with_kv_storage(kv, [&]<class T>(std::type_identity<T>) {
+      const std::unique_ptr<AnyCache> c = registry::open_cache<T>({"knorm", {}}, kShape, pages);
+      return c->pool_bytes() == memory::Paged<16, T>::bytes_for(kShape, pages) && c->stores_kv() == stores_kv_v<T>;
+    });
+    CHECK(as_named);
+  }
+}
+
+TEST_CASE("AnyCache: a call the wrapped Cache does not have is refused, naming why") {
+  const std::int64_t pages = 8;
+  const auto owned = registry::open_cache<engine_owned>({"streamingllm", {}}, kShape, pages);
+  owned->add_sequence(0);
+  std::vector<float> k(static_cast<std::size_t>(kShape.kv_heads * kShape.head_dim), 1.0f), lb(2, 0.0f),
+      q(static_cast<std::size_t>(kShape.q_heads * kShape.head_dim), 1.0f), o(q.size());
+  owned->append(0, 0, View<const float, 3>(k.data(), {kShape.kv_heads, 1, kShape.head_dim}), {},
+                View<const float, 2>(lb.data(), {kShape.kv_heads, 1}));
+  CHECK_THROWS_WITH_AS(owned->attend(0, 0, View<const float, 3>(q.data(), {kShape.q_heads, 1, kShape.head_dim}),
+                                     View<float, 3>(o.data(), {kShape.q_heads, 1, kShape.head_dim})),
+                       doctest::Contains("keeps no K/V (engine-owned, SPEC §9)"), Error);
+  CHECK(!owned->takes_step_scores());
+  CHECK_THROWS_WITH_AS(owned->set_step_scores(0, 0, View<const float, 2>(lb.data(), {kShape.kv_heads, 1})),
+                       doctest::Contains("takes no frozen scores"), Error);
+  CHECK(registry::open_cache({"epikv", {}}, kShape, pages)->takes_step_scores());
+}
+
+TEST_CASE("registry::open: the Cache and the producer of its inputs for the model") {
+  const inputs::ModelShape model{kShape, 16, 0};
+  const registry::Opened streaming = registry::open({"streamingllm", {}}, model, 8);
+  CHECK(streaming.cache->shape().layers == kShape.layers);
+  CHECK(!streaming.inputs.needs().per_layer());
+  CHECK(!streaming.inputs.needs().per_token());
+  // EpiKV's default bands (10, 21) index a deeper model's hidden states: 22 of them
+  const registry::Opened epikv = registry::open<engine_owned>({"epikv", {}}, {kShape, 16, 22}, 8);
+  CHECK(!epikv.cache->stores_kv());
+  CHECK(epikv.inputs.needs().per_token());
+  const registry::Opened kv = registry::open({"kv-key", {}}, model, 8);
+  CHECK(kv.inputs.needs().per_layer());
+  CHECK_THROWS_WITH_AS(registry::open({"epikv", {}}, model, 8), doctest::Contains("--band-a 10 and --band-b 21"), Error);
+  CHECK_THROWS_WITH_AS(registry::open({"trimkv", {}}, model, 8), doctest::Contains("gate"), Error);
+}
+
+TEST_CASE("registry::open_sharded_cache: one rank's Cache is the unsharded Cache, and the ranks must divide the heads") {
+  std::mt19937_64 rng(7);
+  const std::int64_t pages = memory::Paged<16>::pages_for(kShape, 200);
+  dist::Local one;
+  for (const char* name : {"trimkv", "dbtrimkv", "h2o", "streamingllm"}) {
+    CAPTURE(name);
+    const registry::Selection sel = selection_for(name, "");
+    registry::visit(name, [&]<registry::Policy P>() {
+      P::template make<cpu_backend>(registry::values<P>(sel.given), kShape, memory::Paged<16>(pages), [&](auto& direct) {
+        const std::unique_ptr<AnyCache> rank = registry::open_sharded_cache(sel, kShape, pages, one);
+        CHECK(run_both(direct, *rank, rng) > 0);
+      });
+    });
+  }
+  CHECK_THROWS_WITH_AS(registry::rank_shape(kShape, FourRanks{}), doctest::Contains("4 ranks must divide the 2 kv heads"),
+                       Error);
+}
