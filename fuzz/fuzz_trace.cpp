@@ -1,4 +1,4 @@
-// libFuzzer target: the trace reader of kvpolicy-replay (examples/replay/trace.hpp, format in
+// libFuzzer target: the trace reader of kvpolicy-replay (apps/replay/trace.hpp, format in
 // docs/replay.md). Any byte string is a trace or a kvpolicy::Error. A small trace that parses is
 // replayed through both policies with a tiny budget: a trace whose values the cache accepts must
 // replay without error, within the budget (TRIM-KV: at most M + B entries per head while a step

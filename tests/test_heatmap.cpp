@@ -1,4 +1,4 @@
-// kvpolicy-replay's heatmaps (examples/replay/heatmap.hpp): the map is the TRIM-KV paper's Figure 4,
+// kvpolicy-replay's heatmaps (apps/replay/heatmap.hpp): the map is the TRIM-KV paper's Figure 4,
 // and the legend under it names the colours and the axes, so a PNG explains itself.
 #include <doctest/doctest.h>
 

@@ -20,7 +20,7 @@ while [ $# -gt 0 ]; do
     *) echo "usage: tools/bench_llama_engine.sh [--contexts LIST] [--threads N] [--budget M] [--repeats R]" >&2; exit 2 ;;
   esac
 done
-llama=$root/build/default/examples/kvpolicy-llama
+llama=$root/build/default/apps/kvpolicy-llama
 [ -x "$llama" ] || { echo "bench_llama_engine: build kvpolicy-llama first (tools/fetch-llama-cpp.sh, cmake --build --preset default)" >&2; exit 1; }
 model=$("$root/tools/fetch-model.sh" | tail -n 1)
 text=$(mktemp)

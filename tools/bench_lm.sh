@@ -4,7 +4,7 @@
 # StreamingLLM at M = 256 (4 sinks, B = 32); llama.cpp runs its full cache (tools/llama_bench.py).
 # Each engine runs as a user would: llama.cpp the wheel's Q4_1 file with its default F16 K/V cache
 # (Q4_1 x Q8_1 integer dot products); kvpolicy-lm its defaults: the same file's blocks for decode
-# steps with the activations rounded to Q8 (integer dot products, examples/lm/quant.hpp), F32
+# steps with the activations rounded to Q8 (integer dot products, apps/lm/quant.hpp), F32
 # weights for prefill, F16 K/V, flash-decoding on the threads.
 #   tools/bench_lm.sh [--threads T] [--decode D] [--contexts 1024,4096,8192] [--llama-python PY]
 # PY is a Python with llama-cpp-python (it builds llama.cpp from source: about 30 minutes on 2
@@ -23,7 +23,7 @@ while [ $# -gt 0 ]; do
     *) echo "bench_lm: unknown argument $1" >&2; exit 2 ;;
   esac
 done
-lm=$root/build/default/examples/kvpolicy-lm
+lm=$root/build/default/apps/kvpolicy-lm
 [ -x "$lm" ] || { echo "bench_lm: build kvpolicy-lm first ($lm)" >&2; exit 2; }
 model=$("$root/tools/fetch-model.sh" | tail -n 1)
 out=$root/build/lm/bench

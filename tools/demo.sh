@@ -6,4 +6,4 @@ cd "$(dirname "$0")/.."
 tools/install-deps.sh
 cmake --preset default >/dev/null
 cmake --build --preset default --target kvpolicy-replay
-build/default/examples/kvpolicy-replay --demo --png demo-out
+build/default/apps/kvpolicy-replay --demo --png demo-out

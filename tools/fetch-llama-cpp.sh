@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds llama.cpp (CPU only, static libraries) from a pinned source release for kvpolicy-llama
-# (examples/llama/): the llama.cpp tree that llama-cpp-python 0.3.36's source distribution on PyPI
+# (apps/llama/): the llama.cpp tree that llama-cpp-python 0.3.36's source distribution on PyPI
 # vendors (llama.cpp commit 0c1e57098), checked by its SHA-256. Everything lives under a cache
 # directory that later runs reuse:
 #   tools/fetch-llama-cpp.sh [CACHE]      (default build/llama.cpp; installs into CACHE/install)

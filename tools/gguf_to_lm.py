@@ -130,7 +130,7 @@ def weights_of(reader, cfg):
     return out
 
 
-# ggml block formats kvpolicy-lm decodes (examples/lm/quant.hpp): bytes per block of 32 weights
+# ggml block formats kvpolicy-lm decodes (apps/lm/quant.hpp): bytes per block of 32 weights
 BLOCK_BYTES = {GGMLQuantizationType.Q4_1: 20, GGMLQuantizationType.Q8_0: 34}
 
 

@@ -170,7 +170,7 @@ def explain(score, ours, theirs):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gguf", default=os.path.join(ROOT, "build/train/SmolLM2-135M-Instruct.Q4_1.gguf"))
-    ap.add_argument("--replay", default=os.path.join(ROOT, "build/default/examples/kvpolicy-replay"))
+    ap.add_argument("--replay", default=os.path.join(ROOT, "build/default/apps/kvpolicy-replay"))
     ap.add_argument("--text", default="/usr/share/common-licenses/GPL-3")
     ap.add_argument("--tokens", type=int, default=1024)
     ap.add_argument("--keep", type=int, default=256, help="n_kept of kvpress, M of kvpolicy")

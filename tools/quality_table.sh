@@ -35,7 +35,7 @@ while [ $# -gt 0 ]; do
 done
 [[ "$window" =~ ^[0-9]+$ ]] || { echo "quality_table: --window '$window' is not a count of entries" >&2; exit 2; }
 mkdir -p "$out"
-lm=$root/build/default/examples/kvpolicy-lm
+lm=$root/build/default/apps/kvpolicy-lm
 [ -x "$lm" ] || { echo "quality_table: build kvpolicy-lm first (cmake --build --preset default)" >&2; exit 1; }
 model=$("$root/tools/fetch-model.sh" | tail -n 1)
 csv=$out/results.csv

@@ -146,7 +146,7 @@ def right(task, answer, needed):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", help="the converted model directory (tools/fetch-model.sh); not with --show")
-    ap.add_argument("--lm", default=os.path.join(ROOT, "build/default/examples/kvpolicy-lm"))
+    ap.add_argument("--lm", default=os.path.join(ROOT, "build/default/apps/kvpolicy-lm"))
     ap.add_argument("--tasks", default="single", help=f"any of: {' '.join(TASKS)}")
     ap.add_argument("--instances", type=int, default=100)
     ap.add_argument("--contexts", "--context", default="1024", help="approximate tokens of text per instance")

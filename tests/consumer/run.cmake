@@ -11,7 +11,7 @@ endfunction()
 step(${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${WORK_DIR}/prefix)
 set(installed include/kvpolicy/trimkv.hpp include/kvpolicy/core/concepts.hpp share/kvpolicy/kvpolicyConfig.cmake
               share/kvpolicy/kvpolicyConfigVersion.cmake share/doc/kvpolicy/LICENSE bin/kvpolicy-replay)
-if(EXPECT_LM)  # kvpolicy-lm is not built under the sanitizers (examples/CMakeLists.txt)
+if(EXPECT_LM)  # kvpolicy-lm is not built under the sanitizers (apps/CMakeLists.txt)
   list(APPEND installed bin/kvpolicy-lm)
 endif()
 foreach(f ${installed})

@@ -115,7 +115,7 @@ std::string write_gate(registry::Inputs kind, float bias) {
   return path;
 }
 
-Run run_policy(const PolicyOptions& o, const std::vector<int>& ids, std::int64_t chunk, std::int64_t prefill = 0) {
+Run run_policy(const registry::Selection& o, const std::vector<int>& ids, std::int64_t chunk, std::int64_t prefill = 0) {
   Decoder dec(model());
   return with_policy(o, KvStorage::float32, model().config, 1, static_cast<std::int64_t>(ids.size()), [&](auto& cache, const EntryMetadata& meta) {
     return score_text(dec, cache, meta, ids, prefill > 0 ? prefill : chunk, chunk, true);
@@ -142,7 +142,8 @@ TEST_CASE("the tokenizer gives back every byte of a text") {
 TEST_CASE("every policy at a budget the text never reaches gives the full cache's logits, bit for bit") {
   const auto ids = text_tokens(96);
   const std::int64_t chunk = 16;
-  PolicyOptions full;
+  registry::Selection full;
+  full.policy = "full";
   const Run want = run_policy(full, ids, chunk);
   CHECK(want.evictions == 0);
   for (const auto policy_name : registry::names()) {
@@ -150,7 +151,7 @@ TEST_CASE("every policy at a budget the text never reaches gives the full cache'
     if (without_options(name)) continue;  // the full cache itself
     CAPTURE(name);
     const registry::Inputs in = registry::inputs_of(name);
-    PolicyOptions o;
+    registry::Selection o;
     o.policy = name;
     o.offer("budget", 128).offer("buffer", 16);  // > 96 tokens: nothing is ever evicted
     if (in == registry::Inputs::retention_gate || in == registry::Inputs::tied_retention_gate)
@@ -168,14 +169,15 @@ TEST_CASE("at a small budget every policy evicts, holds what its rule allows, an
   const auto ids = text_tokens(160);
   const Config& c = model().config;
   const std::int64_t heads = c.cache_shape().heads_total(), chunk = 8, M = 32, B = 8;
-  PolicyOptions full;
+  registry::Selection full;
+  full.policy = "full";
   const double full_ppl = perplexity(run_policy(full, ids, chunk).nll, 1);
   for (const auto policy_name : registry::names()) {
     const std::string name(policy_name);
     if (without_options(name)) continue;  // the full cache itself
     CAPTURE(name);
     const registry::Inputs in = registry::inputs_of(name);
-    PolicyOptions o;
+    registry::Selection o;
     o.policy = name;
     o.offer("budget", M).offer("buffer", B).offer("recency", 8);
     if (in == registry::Inputs::retention_gate || in == registry::Inputs::tied_retention_gate)
@@ -212,7 +214,7 @@ TEST_CASE("epikv and hs-var score each token once from the two bands: every head
   for (const auto& [name, a, b] : {std::tuple{"epikv", 10, 21}, std::tuple{"hs-var", 10, 21}, std::tuple{"epikv", 2, 28}}) {
     const std::string label = std::string(name) + " " + std::to_string(a) + "," + std::to_string(b);
     CAPTURE(label);
-    PolicyOptions o;
+    registry::Selection o;
     o.policy = name;
     o.set("budget", K);
     o.set("recency", 8);
@@ -246,7 +248,7 @@ TEST_CASE("epikv and hs-var score each token once from the two bands: every head
   for (std::int32_t p = 0; p < chunk; ++p) newest.insert(p);
   for (std::int32_t p = 160 - K; p < 160; ++p) newest.insert(p);
   for (const auto& [label, kept] : kept_by) CHECK(kept != newest);
-  PolicyOptions bad;
+  registry::Selection bad;
   bad.policy = "epikv";
   bad.set("band-b", 31);
   CHECK_THROWS_WITH(run_policy(bad, ids, chunk), doctest::Contains("--band-b 31 must be hidden-state indices in [0, 30]"));
@@ -351,7 +353,8 @@ std::pair<float, int> blocks_against_f32(DecodeActivations activations) {
   std::vector<Matrix> logits[2];
   for (int which = 0; which < 2; ++which) {
     Decoder dec(which == 0 ? model() : f32, {}, activations);
-    PolicyOptions full;
+    registry::Selection full;
+  full.policy = "full";
     with_policy(full, KvStorage::float32, model().config, 1, 40, [&](auto& cache, const EntryMetadata& meta) {
       cache.add_sequence(0, 16);
       Matrix out;

@@ -1,7 +1,7 @@
 /// \file
 /// kvpolicy/dist/communicator.hpp — what a sharded cache needs from the engine's tensor-parallel
 /// group: its rank, its size, an all-reduce (sum) of small int64 arrays (the selection's counts)
-/// and of float arrays (a Megatron-split model's partial products, examples/lm), and a broadcast of
+/// and of float arrays (a Megatron-split model's partial products, apps/lm), and a broadcast of
 /// either from one rank (a refusing rank's message, dist/agree.hpp). The engine hands in
 /// the communicator of the group it already has (dist/mpi.hpp wraps an MPI communicator); kvpolicy
 /// never creates processes or transports. A failed collective throws kvpolicy::Error naming the rank.

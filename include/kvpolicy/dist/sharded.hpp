@@ -167,7 +167,7 @@ struct ShardedWriteGatedBudget {
 /// The Evictor a rank's Cache takes where the unsharded Cache takes `e`, handed to f: a per-head
 /// Evictor as it is (its heads need nothing from other ranks; so one that selects each head alone), a pooled one as Sharded, WG-KV's hard
 /// budget as ShardedWriteGatedBudget. So a registered policy's Cache shards without a word of its
-/// own (examples/lm's --tp builds each rank's Cache from the unsharded one's parts).
+/// own (apps/lm's --tp builds each rank's Cache from the unsharded one's parts).
 template <Evictor E, Communicator C, class F>
 decltype(auto) with_sharded_evictor(const E& e, C* comm, const CacheShape& full, F&& f) {
   if constexpr (std::is_same_v<E, evict::WriteGatedBudget>) {

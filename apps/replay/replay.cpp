@@ -8,6 +8,7 @@
 #include <string>
 
 #include "kvpolicy/cpu/attention.hpp"
+#include "../common/layer_inputs.hpp"
 #include "kvpolicy/open.hpp"
 
 namespace kvpolicy::replay {
@@ -124,7 +125,7 @@ Result run(AnyCache& cache, const Trace& tr, const Options& opt, const Reference
 std::int64_t pool_pages(const Trace& tr) {
   // no head ever holds more than the trace's T tokens, whatever the budget and buffer: enough for
   // every head to hold all of them (the budget bounds use; the pool bounds nothing here)
-  return pages_for(CacheShape{tr.layers, tr.kv_heads, 1, 1}, tr.tokens, 1, 16);
+  return pages_for(CacheShape{tr.layers, tr.kv_heads, 1, 1}, tr.tokens, 1, registry::page_entries);
 }
 
 /// The scores the trace recorded from the run it was taken from, for a policy of input kind `kind`
@@ -171,12 +172,12 @@ Metadata step_scores(const Trace& tr, const registry::Selection& sel, const Cach
     }
     const std::vector<float> pre = needs.keys_pre_rope ? slice(tr.keys_pre_rope, L, H, T, d, n, len) : std::vector<float>{};
     for (int l = 0; l < L; ++l) {
-      inputs::LayerActivations a;
-      if (needs.normed_input) a.normed_input = View<const float, 2>(tr.gate_input.data() + (l * T + n) * D, {len, D});
-      if (needs.keys_pre_rope) a.keys_pre_rope = View<const float, 3>(pre.data() + l * layer_kv, {H, len, d});
-      if (needs.keys) a.keys = View<const float, 3>(k.data() + l * layer_kv, {H, len, d});
-      if (needs.values) a.values = View<const float, 3>(val.data() + l * layer_kv, {H, len, d});
-      producer.layer(0, l, a, View<float, 2>(out.data() + std::int64_t{l} * H * len, {H, len}));
+      apps::LayerBuffers b;
+      if (needs.normed_input) b.normed_input = tr.gate_input.data() + (l * T + n) * D;
+      if (needs.keys_pre_rope) b.keys_pre_rope = pre.data() + l * layer_kv;
+      if (needs.keys) b.keys = k.data() + l * layer_kv;
+      if (needs.values) b.values = val.data() + l * layer_kv;
+      apps::layer_inputs(producer, 0, l, b, shape, D, len, out.data() + std::int64_t{l} * H * len);
     }
   };
 }

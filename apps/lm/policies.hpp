@@ -11,15 +11,11 @@
 #include <type_traits>
 #include <vector>
 
+#include "../common/layer_inputs.hpp"
 #include "decoder.hpp"
 #include "kvpolicy/open.hpp"
 
 namespace kvpolicy::lm {
-
-/// A policy by its registry name and the options given to it (registry::Selection); full by default.
-struct PolicyOptions : registry::Selection {
-  PolicyOptions() { policy = "full"; }
-};
 
 /// The options as given, with the model's RoPE described to a policy that takes it (registry
 /// option::model_options): this decoder rotates adjacent pairs by θ = the model's rope_base.
@@ -42,11 +38,8 @@ inline EntryMetadata entry_metadata(const inputs::Producer& p, const std::string
     m.layer = [p, shape, D = c.hidden](std::int64_t seq, int l, const Matrix& h, const std::vector<float>& k_pre,
                                       const std::vector<float>& k, const std::vector<float>& val, std::int64_t T,
                                       float* out) {
-      const auto kv = [&](const std::vector<float>& x) {
-        return View<const float, 3>(x.empty() ? nullptr : x.data(), {shape.kv_heads, T, shape.head_dim});
-      };
-      p.layer(seq, l, {View<const float, 2>(h.data(), {T, D}), kv(k_pre), kv(k), kv(val)},
-              View<float, 2>(out, {shape.kv_heads, T}));
+      const auto data = [](const std::vector<float>& x) { return x.empty() ? nullptr : x.data(); };
+      apps::layer_inputs(p, seq, l, {h.data(), data(k_pre), data(k), data(val)}, shape, D, T, out);
     };
   if (needs.per_token())
     m.hidden = {(*needs.bands)[0], (*needs.bands)[1],
@@ -72,7 +65,7 @@ decltype(auto) with_lm_storage(KvStorage kv, F&& f) {
 /// in every head: the policy, not the pool, bounds what stays (docs/quality.md reports the entries
 /// held).
 template <class F>
-decltype(auto) with_policy(const PolicyOptions& o, KvStorage kv, const Config& c, std::int64_t sequences,
+decltype(auto) with_policy(const registry::Selection& o, KvStorage kv, const Config& c, std::int64_t sequences,
                            std::int64_t max_tokens, F&& f) {
   const CacheShape shape = c.cache_shape();
   const registry::Selection sel = for_model(o, c);

@@ -1,6 +1,6 @@
-// Command-line values of the example tools (kvpolicy-replay, kvpolicy-lm): a flag's value is a
-// number only if all of it parses, and an integer only if that number is whole; anything else is an
-// error that names the flag and the value.
+// Command-line values of the applications (kvpolicy-lm, kvpolicy-llama, kvpolicy-replay): a flag's
+// value is a number only if all of it parses, and an integer only if that number is whole; anything
+// else is an error that names the flag and the value.
 #pragma once
 
 #include <algorithm>

@@ -4,9 +4,6 @@
 #include <array>
 #include <chrono>
 #include <cstdio>
-#include <fstream>
-#include <iterator>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -20,8 +17,8 @@
 #include "kvpolicy/dist/mpi.hpp"
 #endif
 
-#include "../cli.hpp"
-#include "../survivors.hpp"
+#include "../common/run_flags.hpp"
+#include "../common/survivors.hpp"
 #include "evaluate.hpp"
 #include "policies.hpp"
 #include "tensor_parallel.hpp"
@@ -69,48 +66,27 @@ policy:  --policy P        one of the policies below (default full); its options
          --list-policies   the registered policies, one per line: name, options, inputs, prompt, device
 )";
 
-struct Args {
-  std::string model, text, golden, survivors;
+struct Args : apps::RunFlags {
+  std::string golden;
   bool golden_strict = false;
-  std::vector<std::string> prompts;
-  std::int64_t tokens = 1024, score_from = 1, prefill = 0, chunk = 16, generate = 0;
-  int threads = 0, tp = 0;
+  int tp = 0;
   DecodeWeights decode_weights = DecodeWeights::gguf;
   DecodeActivations activations = DecodeActivations::q8;
   KvStorage kv = KvStorage::float16;
-  PolicyOptions selection;
 };
 
 Args parse(int argc, char** argv) {
   Args a;
   for (int i = 1; i < argc; ++i) {
     const std::string f = argv[i];
-    if (f == "-h" || f == "--help") {
-      std::fputs(kUsage, stdout);
-      std::fputs(("\n" + cli::policy_help()).c_str(), stdout);
-      std::exit(0);
-    }
-    if (f == "--list-policies") {
-      std::fputs(cli::policy_list().c_str(), stdout);
-      std::exit(0);
-    }
+    apps::answer_info_flag(f, kUsage);
     if (f == "--golden-strict") {
       a.golden_strict = true;
       continue;
     }
     require(i + 1 < argc, f, ": needs a value (kvpolicy-lm --help)");
     const std::string v = argv[++i];
-    if (f == "--model") a.model = v;
-    else if (f == "--text") a.text = v;
-    else if (f == "--golden") a.golden = v;
-    else if (f == "--survivors") a.survivors = v;
-    else if (f == "--prompt") a.prompts.push_back(v);
-    else if (f == "--tokens") a.tokens = cli::integer(f, v);
-    else if (f == "--score-from") a.score_from = cli::integer(f, v);
-    else if (f == "--prefill") a.prefill = cli::integer(f, v);
-    else if (f == "--chunk") a.chunk = cli::integer(f, v);
-    else if (f == "--generate") a.generate = cli::integer(f, v);
-    else if (f == "--threads") a.threads = static_cast<int>(cli::integer(f, v));
+    if (f == "--golden") a.golden = v;
     else if (f == "--tp") a.tp = static_cast<int>(cli::integer(f, v));
     else if (f == "--decode-weights") {
       require(v == "gguf" || v == "f32", "--decode-weights '", v, "' must be gguf or f32");
@@ -124,38 +100,21 @@ Args parse(int argc, char** argv) {
       require(v == "f16" || v == "f32", "--kv '", v, "' must be f16 or f32");
       a.kv = v == "f16" ? KvStorage::float16 : KvStorage::float32;
     }
-    else if (f == "--policy") a.selection.policy = v;
-    else if (f.starts_with("--") && registry::is_option(f.substr(2))) a.selection.set(f.substr(2), v);
-    else fail("unknown option ", f, " (kvpolicy-lm --help)");
+    else if (!a.take(f, v)) fail("unknown option ", f, " (kvpolicy-lm --help)");
   }
-  require(!a.model.empty(), "--model DIR is required (kvpolicy-lm --help)");
-  require(a.text.empty() != a.prompts.empty(), "give either --text FILE or --prompt TEXT (kvpolicy-lm --help)");
-  require(a.tokens >= 2, "--tokens ", a.tokens, " must be >= 2");
-  require(a.score_from >= 1 && a.score_from < a.tokens, "--score-from ", a.score_from, " must be in [1, --tokens ", a.tokens, ")");
-  require(a.chunk >= 1, "--chunk ", a.chunk, " must be >= 1");
-  require(a.prefill >= 0, "--prefill ", a.prefill, " must be >= 0");
-  require(a.generate >= 0, "--generate ", a.generate, " must be >= 0");
-  require(a.threads >= 0, "--threads ", a.threads, " must be >= 0");
+  a.finish("kvpolicy-lm", "full");
   require(a.tp >= 0, "--tp ", a.tp, " must be >= 1");
   require(a.tp == 0 || (a.generate == 0 && a.golden.empty()), "--tp runs the perplexity mode (no --generate, no --golden)");
-  require(a.prompts.empty() || a.generate >= 1, "--prompt needs --generate N >= 1");
   require(!a.golden_strict || !a.golden.empty(), "--golden-strict needs --golden FILE");
   require(a.golden.empty() || a.generate == 0, "--golden compares a perplexity run: not with --generate");
   require(a.survivors.empty() || (a.generate == 0 && a.tp == 0 && !a.text.empty()),
           "--survivors writes a perplexity run's survivors: not with --generate or --tp");
-  if (a.prefill == 0) a.prefill = a.chunk;
   return a;
-}
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  require(in.good(), "--text: cannot open '", path, "'");
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
 // The first --tokens tokens of --text.
 std::vector<int> text_tokens(const Args& a, const Tokenizer& tok) {
-  auto ids = tok.encode(read_file(a.text));
+  auto ids = tok.encode(apps::read_file("--text", a.text));
   require(static_cast<std::int64_t>(ids.size()) >= a.tokens, "--tokens ", a.tokens, ": '", a.text, "' has only ",
           ids.size(), " tokens");
   ids.resize(static_cast<std::size_t>(a.tokens));
@@ -171,7 +130,7 @@ int perplexity_mode(const Args& a, const Model& model, const Tokenizer& tok) {
     return score_text<CacheT>(dec, cache, meta, ids, a.prefill, a.chunk, golden,
                               [&](const CacheT& c) {
                                 survivors = survivor_digest(c, 0, model.config, 0);
-                                if (!a.survivors.empty()) examples::write_positions(c, 0, a.survivors);
+                                if (!a.survivors.empty()) apps::write_positions(c, 0, a.survivors);
                               });
   });
   std::string given;  // the policy's options as given (the registry's defaults for the rest)
@@ -214,7 +173,7 @@ int perplexity_mode(const Args& a, const Model& model, const Tokenizer& tok) {
       }
     }
   }
-  std::printf("survivors %s\n", examples::digest_text(survivors).c_str());
+  std::printf("survivors %s\n", apps::digest_text(survivors).c_str());
   std::printf("ppl %.6f\n", perplexity(r.nll, a.score_from));
   return status;
 }
@@ -243,7 +202,7 @@ int perplexity_tp(const Args& a, const Model& full, const Tokenizer& tok) {
     std::printf("entries held: final %lld of %lld; %.2f s, %.1f tokens/s\n", static_cast<long long>(held[0]),
                 static_cast<long long>(a.tokens * full.config.cache_shape().heads_total()), r.seconds,
                 static_cast<double>(a.tokens) / r.seconds);
-    std::printf("survivors %s\n", examples::digest_text(survivors).c_str());
+    std::printf("survivors %s\n", apps::digest_text(survivors).c_str());
     std::printf("ppl %.6f\n", perplexity(r.nll, a.score_from));
   }
   return 0;

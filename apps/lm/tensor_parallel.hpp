@@ -16,7 +16,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "../survivors.hpp"
+#include "../common/survivors.hpp"
 #include "decoder.hpp"
 #include "kvpolicy/dist/communicator.hpp"
 #include "kvpolicy/open_sharded.hpp"
@@ -75,7 +75,7 @@ inline EntryMetadata shard_metadata(EntryMetadata meta, const Config& full, int 
 /// `o` names (registry::open_sharded: its share of the kv heads of every layer, K/V stored as `kv`)
 /// and the metadata for its heads.
 template <dist::Communicator C, class F>
-decltype(auto) with_sharded_policy(const PolicyOptions& o, KvStorage kv, const Config& full, C& comm, std::int64_t sequences,
+decltype(auto) with_sharded_policy(const registry::Selection& o, KvStorage kv, const Config& full, C& comm, std::int64_t sequences,
                                    std::int64_t max_tokens, F&& f) {
   const CacheShape shape = full.cache_shape();
   const registry::Selection sel = for_model(o, full);
@@ -95,7 +95,7 @@ std::vector<std::int64_t> survivor_digest(const CacheT& cache, std::int64_t seq,
   std::vector<std::int64_t> digest(static_cast<std::size_t>(full.layers * full.kv_heads), 0);
   for (int l = 0; l < full.layers; ++l)
     for (int h = 0; h < local; ++h)
-      digest[static_cast<std::size_t>(l * full.kv_heads + rank * local + h)] = examples::head_digest(cache, seq, l, h);
+      digest[static_cast<std::size_t>(l * full.kv_heads + rank * local + h)] = apps::head_digest(cache, seq, l, h);
   return digest;
 }
 

@@ -14,7 +14,7 @@
 #include "kvpolicy/core/error.hpp"
 #include "kvpolicy/core/shape.hpp"
 
-namespace kvpolicy::examples {
+namespace kvpolicy::apps {
 
 /// The hash of head (l, h)'s positions in stored order (kept to 62 bits: summed over ranks in int64).
 template <class CacheT>
@@ -76,4 +76,4 @@ void write_positions(const CacheT& cache, std::int64_t seq, const std::string& p
       path);
 }
 
-}  // namespace kvpolicy::examples
+}  // namespace kvpolicy::apps

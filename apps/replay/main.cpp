@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "../cli.hpp"
+#include "../common/run_flags.hpp"
 #include "heatmap.hpp"
 #include "kvpolicy/open.hpp"
 #include "replay.hpp"
@@ -196,14 +196,8 @@ int main(int argc, char** argv) {
         require(i + 1 < argc, a, " needs a value");
         return argv[++i];
       };
-      if (a == "--help" || a == "-h") {
-        std::fputs(kUsage, stdout);
-        std::fputs(("\n" + cli::policy_help()).c_str(), stdout);
-        return 0;
-      } else if (a == "--list-policies") {
-        std::fputs(cli::policy_list().c_str(), stdout);
-        return 0;
-      } else if (a == "--demo") run_demo = true;
+      apps::answer_info_flag(a, kUsage);
+      if (a == "--demo") run_demo = true;
       else if (a == "--no-reference") reference = false;
       else if (a == "--write-synthetic") synthetic_out = value();
       else if (a == "--tokens") synthetic_tokens = cli::integer(a, value());

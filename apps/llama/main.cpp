@@ -14,17 +14,16 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <functional>
 #include <memory>
 #include <optional>
 #include <type_traits>
-#include <sstream>
 #include <string>
 #include <vector>
 
-#include "../cli.hpp"
-#include "../survivors.hpp"
+#include "../common/layer_inputs.hpp"
+#include "../common/run_flags.hpp"
+#include "../common/survivors.hpp"
 #include "kvpolicy/open.hpp"
 
 using namespace kvpolicy;
@@ -55,54 +54,30 @@ model:   --model GGUF      any model llama.cpp loads (the LLaMA family: its grap
 steps:   --prefill P       the first step's tokens (default: --chunk)
          --chunk C         tokens per later step of a text (default 16); generation decodes 1
 policy:  --policy P        a policy with a token-level mode (below); its options as --NAME VALUE
+         --list-policies   the registered policies, one per line: name, options, inputs, prompt, device
 )";
 
-struct Args {
-  std::string model, text, prompt, survivors;
-  std::int64_t tokens = 1024, score_from = 1, prefill = 0, chunk = 16, generate = 0;
-  int threads = 2;
+struct Args : apps::RunFlags {
   bool check_memory = false;
-  registry::Selection selection;
+  Args() { threads = 2; }
 };
 
 Args parse(int argc, char** argv) {
   Args a;
   for (int i = 1; i < argc; ++i) {
     const std::string f = argv[i];
-    if (f == "-h" || f == "--help") {
-      std::fputs(kUsage, stdout);
-      std::fputs("\n", stdout);
-      std::fputs(cli::policy_help().c_str(), stdout);
-      std::exit(0);
-    }
+    apps::answer_info_flag(f, kUsage);
     if (f == "--check-memory") {
       a.check_memory = true;
       continue;
     }
     require(i + 1 < argc, f, ": needs a value (kvpolicy-llama --help)");
     const std::string v = argv[++i];
-    if (f == "--model") a.model = v;
-    else if (f == "--text") a.text = v;
-    else if (f == "--prompt") a.prompt = v;
-    else if (f == "--survivors") a.survivors = v;
-    else if (f == "--tokens") a.tokens = cli::integer(f, v);
-    else if (f == "--score-from") a.score_from = cli::integer(f, v);
-    else if (f == "--prefill") a.prefill = cli::integer(f, v);
-    else if (f == "--chunk") a.chunk = cli::integer(f, v);
-    else if (f == "--generate") a.generate = cli::integer(f, v);
-    else if (f == "--threads") a.threads = static_cast<int>(cli::integer(f, v));
-    else if (f == "--policy") a.selection.policy = v;
-    else if (f.starts_with("--") && registry::is_option(f.substr(2))) a.selection.set(f.substr(2), v);
-    else fail("unknown flag ", f, " (kvpolicy-llama --help)");
+    if (!a.take(f, v)) fail("unknown flag ", f, " (kvpolicy-llama --help)");
   }
-  require(!a.model.empty(), "--model GGUF is required (kvpolicy-llama --help)");
-  require(a.text.empty() != a.prompt.empty(), "give --text FILE or --prompt TEXT (kvpolicy-llama --help)");
-  require(a.prompt.empty() || a.generate >= 1, "--prompt needs --generate N >= 1");
-  require(a.tokens >= 2, "--tokens ", a.tokens, " must be >= 2");
-  require(a.chunk >= 1, "--chunk ", a.chunk, " must be >= 1");
-  require(a.prefill >= 0, "--prefill ", a.prefill, " must be >= 1");
+  a.finish("kvpolicy-llama", "");  // no policy: llama.cpp alone
+  require(a.prompts.size() <= 1, "kvpolicy-llama runs one sequence: give one --prompt");
   require(a.threads >= 1, "--threads ", a.threads, " must be >= 1");
-  if (a.prefill == 0) a.prefill = a.chunk;
   require(a.survivors.empty() || !a.selection.policy.empty(), "--survivors needs --policy (llama.cpp alone keeps every token)");
   require(!a.check_memory || !a.selection.policy.empty(), "--check-memory needs --policy (llama.cpp alone removes nothing)");
   if (!a.selection.policy.empty()) {
@@ -118,14 +93,6 @@ Args parse(int argc, char** argv) {
     a.selection.set("mode", "union");
   }
   return a;
-}
-
-std::string read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  require(f.good(), "cannot read ", path);
-  std::ostringstream s;
-  s << f.rdbuf();
-  return s.str();
 }
 
 /// What a step's graph gave the callback, per layer: the normed input [T, D] and the queries,
@@ -353,11 +320,9 @@ struct Evicting {
       if (needs.per_layer()) {
         require(static_cast<std::int64_t>(c[Captured::normed].size()) == T * hidden,
                 "attn_norm-", l, " was not captured for ", T, " tokens");
-        producer.layer(0, l,
-                       {View<const float, 2>(c[Captured::normed].data(), {T, hidden}), {},
-                        View<const float, 3>(keys.data(), {H, T, d}),
-                        with_values ? View<const float, 3>(values.data(), {H, T, d}) : View<const float, 3>{}},
-                       View<float, 2>(log_beta.data(), {H, T}));
+        apps::layer_inputs(producer, 0, l,
+                           {c[Captured::normed].data(), nullptr, keys.data(), with_values ? values.data() : nullptr},
+                           shape, hidden, T, log_beta.data());
       }
       cache.append(0, l, View<const float, 3>(keys.data(), {H, T, d}),
                    with_values ? View<const float, 3>(values.data(), {H, T, d}) : View<const float, 3>{},
@@ -409,12 +374,12 @@ int run(const Args& a) {
   const CacheShape shape{layers, kv_heads, q_heads, d};
 
   std::vector<llama_token> ids;
-  if (!a.text.empty()) ids = tokenize(vocab, read_file(a.text), a.tokens);
-  else ids = tokenize(vocab, a.prompt, 1 << 30);
-  require(!a.prompt.empty() || static_cast<std::int64_t>(ids.size()) == a.tokens, "--tokens ", a.tokens, ": '", a.text,
+  if (!a.text.empty()) ids = tokenize(vocab, apps::read_file("--text", a.text), a.tokens);
+  else ids = tokenize(vocab, a.prompts.front(), 1 << 30);
+  require(!a.prompts.empty() || static_cast<std::int64_t>(ids.size()) == a.tokens, "--tokens ", a.tokens, ": '", a.text,
           "' has only ", ids.size(), " tokens");
   const std::int64_t N = static_cast<std::int64_t>(ids.size());
-  const std::int64_t prefill = a.prompt.empty() ? a.prefill : N;
+  const std::int64_t prefill = a.prompts.empty() ? a.prefill : N;
   const std::int64_t total = N + a.generate;
   const std::int64_t largest_step = std::max(prefill, a.chunk);
 
@@ -451,7 +416,7 @@ int run(const Args& a) {
       const float* logits = llama_get_logits_ith(m.ctx, static_cast<std::int32_t>(i));
       digest.add(logits, static_cast<std::size_t>(n_vocab));
       const std::int64_t next = n + i + 1;
-      if (next < N && next >= a.score_from && a.prompt.empty()) {
+      if (next < N && next >= a.score_from && a.prompts.empty()) {
         nll_sum -= log_softmax_at(logits, n_vocab, ids[static_cast<std::size_t>(next)]);
         ++scored;
       }
@@ -511,11 +476,11 @@ int run(const Args& a) {
     policy_seconds = policy.policy_seconds;
     evicted = policy.evicted_positions;
     steps_checked = policy.steps_checked;
-    survivors = examples::head_digests(*cache, 0);
+    survivors = apps::head_digests(*cache, 0);
     // a llama.cpp cell holds every head's K/V: each (layer, kv head) holds what its memory lists
     if (!a.survivors.empty()) {
       const std::vector<std::int32_t> held = memory_positions(m.ctx, policy.state);
-      examples::write_position_lines(shape, [&](int, int) { return held; }, a.survivors);
+      apps::write_position_lines(shape, [&](int, int) { return held; }, a.survivors);
     }
     mode_line = given.policy + " (token level, SPEC §8): M = " + std::to_string(budget) + " tokens, B = " +
                 std::to_string(buffer) + ", S = " + given.value("sinks") + ", w = " + std::to_string(window);
@@ -557,8 +522,8 @@ int run(const Args& a) {
   }
   std::printf("logits %016llx\n", static_cast<unsigned long long>(digest.h));
   // the same digest as kvpolicy-lm's: the same positions in every (layer, kv head)
-  if (with_policy) std::printf("survivors %s\n", examples::digest_text(survivors).c_str());
-  if (a.prompt.empty()) {
+  if (with_policy) std::printf("survivors %s\n", apps::digest_text(survivors).c_str());
+  if (a.prompts.empty()) {
     require(scored > 0, "no position to score: --score-from ", a.score_from, " is past the ", N, " tokens");
     std::printf("ppl %.6f\n", std::exp(nll_sum / static_cast<double>(scored)));
   }
