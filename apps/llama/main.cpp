@@ -441,7 +441,8 @@ int run(const Args& a) {
     require(registry::takes(given.policy, "mode"), "--policy ", given.policy, " has no token-level mode");
     // every head holds what llama.cpp's context holds: at most M + B - 1 + one step, or the text.
     // Over llama.cpp's own K/V where the policy allows it (its Scorers read metadata only): the
-    // Cache keeps each entry's metadata; else it keeps an F32 copy of the K/V it ranks by.
+    // Cache keeps each entry's metadata; else it keeps a copy of the K/V it ranks by in F16, the
+    // type of llama.cpp's own cells, so that it ranks by the values llama.cpp's attention reads.
     const std::int64_t pages = pages_for(shape, std::min(budget + buffer - 1 + largest_step, total), 1,
                                          registry::page_entries);
     const inputs::Producer producer = registry::open_inputs(given, {shape, hidden});
@@ -451,7 +452,7 @@ int run(const Args& a) {
             " reads keys before RoPE or hidden-state bands, which this program does not take from llama.cpp's graph");
     const bool over_llama = registry::over_engine_storage(given.policy);
     const auto open = [&] {
-      return over_llama ? registry::open_cache<engine_owned>(given, shape, pages) : registry::open_cache<float>(given, shape, pages);
+      return over_llama ? registry::open_cache<engine_owned>(given, shape, pages) : registry::open_cache<half>(given, shape, pages);
     };
     std::unique_ptr<AnyCache> cache = open();
     // llama.cpp keeps a sequence's positions consecutive with the newest it stores (a batch must
@@ -467,7 +468,7 @@ int run(const Args& a) {
       window = 1;
     }
     policy_mib = static_cast<double>(cache->pool_bytes()) / (1024.0 * 1024.0);
-    policy_holds = over_llama ? "metadata only, over llama.cpp's K/V" : "an F32 copy of the K/V it ranks by, beside llama.cpp's";
+    policy_holds = over_llama ? "metadata only, over llama.cpp's K/V" : "an F16 copy of the K/V it ranks by, beside llama.cpp's";
     cap.want_queries = cache->observes_attention();
     cache->add_sequence(0, std::min(prefill, N));
     Evicting policy{*cache, producer, cap, m, shape, hidden, a.check_memory};
