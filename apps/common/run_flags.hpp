@@ -48,7 +48,10 @@ struct RunFlags {
     if (flag == "--model") model = v;
     else if (flag == "--text") text = v;
     else if (flag == "--survivors") survivors = v;
-    else if (flag == "--prompt") prompts.push_back(v);
+    else if (flag == "--prompt") {
+      require(!v.empty(), "--prompt: an empty prompt");
+      prompts.push_back(v);
+    }
     else if (flag == "--tokens") tokens = cli::integer(flag, v);
     else if (flag == "--score-from") score_from = cli::integer(flag, v);
     else if (flag == "--prefill") prefill = cli::integer(flag, v);
@@ -62,14 +65,17 @@ struct RunFlags {
   }
 
   /// The checks every program makes once all flags are read; the first step's tokens default to
-  /// --chunk, and the policy to `default_policy` (empty: none).
-  void finish(std::string_view program, std::string_view default_policy) {
+  /// --chunk, and the policy to `default_policy` (empty: none). `model_kind` says what --model
+  /// names (DIR, GGUF).
+  void finish(std::string_view program, std::string_view model_kind, std::string_view default_policy) {
     const std::string help = " (" + std::string(program) + " --help)";
-    require(!model.empty(), "--model is required", help);
+    require(!model.empty(), "--model ", model_kind, " is required", help);
     require(text.empty() != prompts.empty(), "give either --text FILE or --prompt TEXT", help);
     require(prompts.empty() || generate >= 1, "--prompt needs --generate N >= 1");
     require(tokens >= 2, "--tokens ", tokens, " must be >= 2");
-    require(score_from >= 1 && score_from < tokens, "--score-from ", score_from, " must be in [1, --tokens ", tokens, ")");
+    // a text's perplexity is scored from --score-from on; prompts are not scored
+    require(!prompts.empty() || (score_from >= 1 && score_from < tokens), "--score-from ", score_from,
+            " must be in [1, --tokens ", tokens, ")");
     require(chunk >= 1, "--chunk ", chunk, " must be >= 1");
     require(prefill >= 0, "--prefill ", prefill, " must be >= 0");
     require(generate >= 0, "--generate ", generate, " must be >= 0");

@@ -75,9 +75,9 @@ Args parse(int argc, char** argv) {
     const std::string v = argv[++i];
     if (!a.take(f, v)) fail("unknown flag ", f, " (kvpolicy-llama --help)");
   }
-  a.finish("kvpolicy-llama", "");  // no policy: llama.cpp alone
-  require(a.prompts.size() <= 1, "kvpolicy-llama runs one sequence: give one --prompt");
   require(a.threads >= 1, "--threads ", a.threads, " must be >= 1");
+  a.finish("kvpolicy-llama", "GGUF", "");  // no policy: llama.cpp alone
+  require(a.prompts.size() <= 1, "kvpolicy-llama runs one sequence: give one --prompt");
   require(a.survivors.empty() || !a.selection.policy.empty(), "--survivors needs --policy (llama.cpp alone keeps every token)");
   require(!a.check_memory || !a.selection.policy.empty(), "--check-memory needs --policy (llama.cpp alone removes nothing)");
   if (!a.selection.policy.empty()) {
@@ -379,6 +379,7 @@ int run(const Args& a) {
   require(!a.prompts.empty() || static_cast<std::int64_t>(ids.size()) == a.tokens, "--tokens ", a.tokens, ": '", a.text,
           "' has only ", ids.size(), " tokens");
   const std::int64_t N = static_cast<std::int64_t>(ids.size());
+  require(N >= 1, "--prompt: '", a.prompts.empty() ? std::string() : a.prompts.front(), "' has no tokens");
   const std::int64_t prefill = a.prompts.empty() ? a.prefill : N;
   const std::int64_t total = N + a.generate;
   const std::int64_t largest_step = std::max(prefill, a.chunk);

@@ -102,8 +102,8 @@ Args parse(int argc, char** argv) {
     }
     else if (!a.take(f, v)) fail("unknown option ", f, " (kvpolicy-lm --help)");
   }
-  a.finish("kvpolicy-lm", "full");
-  require(a.tp >= 0, "--tp ", a.tp, " must be >= 1");
+  a.finish("kvpolicy-lm", "DIR", "full");
+  require(a.tp >= 0, "--tp ", a.tp, " must be >= 0 (0: one process)");
   require(a.tp == 0 || (a.generate == 0 && a.golden.empty()), "--tp runs the perplexity mode (no --generate, no --golden)");
   require(!a.golden_strict || !a.golden.empty(), "--golden-strict needs --golden FILE");
   require(a.golden.empty() || a.generate == 0, "--golden compares a perplexity run: not with --generate");

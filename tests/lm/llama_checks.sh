@@ -16,6 +16,8 @@
 #    sets at least 95% the same counted from either side (their gates read llama.cpp's normed
 #    inputs, which differ from kvpolicy-lm's in the last bits, so near-tied positions may go either
 #    way).
+# 4. TOVA at M = 128 (its Cache keeps an F16 copy of the K/V it ranks by): llama.cpp's memory holds
+#    exactly what it keeps after every step.
 set -euo pipefail
 llama=$1 lm=$2 model=$3 gates=$4 text=$5
 gguf=$model/model.gguf
@@ -73,4 +75,12 @@ print(f"{sys.argv[3]} survivors: {len(a & b)} positions in both, of {len(a)} in 
 sys.exit(len(a & b) < 0.95 * max(len(a), len(b)))
 PY
 done
+# H2O, TOVA and KeyDiff rank by stored keys or the attention over them: their Cache keeps an F16 copy
+# of the K/V beside llama.cpp's cells, and llama.cpp's memory still holds exactly what it keeps
+"$llama" --model "$gguf" "${common[@]}" --policy tova --budget 128 --buffer 16 --check-memory >"$out/tova-llama.txt"
+grep -E "^policy state|^llama.cpp memory" "$out/tova-llama.txt"
+grep -q "^policy state (an F16 copy of the K/V it ranks by, beside llama.cpp's)" "$out/tova-llama.txt" ||
+  { echo "FAILED: tova: kvpolicy-llama did not say it keeps an F16 copy of the K/V" >&2; exit 1; }
+grep -q "^llama.cpp memory: after each of 48 steps" "$out/tova-llama.txt" ||
+  { echo "FAILED: tova: kvpolicy-llama did not check llama.cpp's memory after every step" >&2; exit 1; }
 echo "llama checks: passed"

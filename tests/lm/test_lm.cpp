@@ -354,7 +354,7 @@ std::pair<float, int> blocks_against_f32(DecodeActivations activations) {
   for (int which = 0; which < 2; ++which) {
     Decoder dec(which == 0 ? model() : f32, {}, activations);
     registry::Selection full;
-  full.policy = "full";
+    full.policy = "full";
     with_policy(full, KvStorage::float32, model().config, 1, 40, [&](auto& cache, const EntryMetadata& meta) {
       cache.add_sequence(0, 16);
       Matrix out;
