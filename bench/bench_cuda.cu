@@ -18,7 +18,7 @@
 // Without a CUDA device the binary prints why and exits 77 (ctest: SKIPPED).
 // `kvpolicy_bench_cuda --once=N[,N...] [--once-splits=S]` runs no benchmark: for each N it makes
 // one decode_attention call over the same shapes between two launches of ncu_marker_kernel, so a
-// profiler's kernel list (tools/ncu_kernel_time.py) sums the kernels of exactly one call.
+// profiler's kernel list (bench/ncu_kernel_time.py) sums the kernels of exactly one call.
 #include <benchmark/benchmark.h>
 
 #include <cuda_runtime.h>

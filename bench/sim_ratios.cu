@@ -1,6 +1,6 @@
 // Ratios for a GPU simulator's timing model (GPGPU-Sim, docs/perf.md "Simulated"): each phase runs
 // once, between lines "kvpolicy-sim: begin <phase> bytes <B>" and "kvpolicy-sim: end <phase>", so
-// that tools/gpusim_ratios.py can sum the cycles the simulator reports for the kernels of each
+// that bench/gpusim_ratios.py can sum the cycles the simulator reports for the kernels of each
 // phase. Simulated cycles are a model's, never a measurement; only ratios within one run mean
 // anything. On a real GPU the program runs too (the phases' kernels are the library's), but its
 // markers carry no timing there.

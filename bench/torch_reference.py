@@ -2,7 +2,7 @@
 """The peers of the CUDA benchmarks (bench_cuda.cu), on the shapes that file uses: PyTorch's SDPA-flash
 and torch.topk, and FlashInfer's paged decode where `flashinfer` imports (docs/perf.md, "Decode
 against FlashInfer"). Inputs are rotated over copies that exceed twice the L2, so no timing reads a
-warm L2. Prints one JSON object; tools/gpu_table.py and tools/decode_table.py put it beside
+warm L2. Prints one JSON object; bench/gpu_table.py and bench/decode_table.py put it beside
 kvpolicy_bench_cuda's figures of the same run.
 
   copy            device-to-device copy, 1 GiB: read + write bytes / time
@@ -22,7 +22,7 @@ decode step replayed by an engine pays; bench_cuda.cu's decode_attention_graph).
   torch_reference.py [--reps N]            the JSON above
   torch_reference.py --once N[,N...]      no timing: for each N one call of each engine between two
                                            torch.cuda._sleep marker kernels, for ncu's kernel list
-                                           (tools/ncu_kernel_time.py); prints the order of the calls
+                                           (bench/ncu_kernel_time.py); prints the order of the calls
 """
 import argparse
 import json

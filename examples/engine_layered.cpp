@@ -4,7 +4,7 @@
 // retention gate turns x into log_beta; then append -> attend for that layer; after the last layer,
 // commit() runs the trigger and the eviction (never between layers). The gate's weights come from a
 // safetensors file under the SPEC tensor names (here written first, standing in for a converted
-// checkpoint, tools/convert_checkpoint.py). Exit status 0 when every check holds.
+// checkpoint, kvpolicy-convert-checkpoint). Exit status 0 when every check holds.
 #include <cmath>
 #include <cstdio>
 #include <random>
@@ -50,7 +50,7 @@ int main() {
     return v;
   };
 
-  // The gate checkpoint, as tools/convert_checkpoint.py writes it (an engine reads it with
+  // The gate checkpoint, as kvpolicy-convert-checkpoint writes it (an engine reads it with
   // safetensors::File::read(path); here the bytes stay in memory).
   safetensors::Writer w;
   for (int l = 0; l < kShape.layers; ++l) {

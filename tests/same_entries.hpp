@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "kvpolicy/engine/step_state.hpp"
+#include "kvpolicy/cache/step_state.hpp"
 
 namespace kvpolicy::testing {
 

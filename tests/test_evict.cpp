@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "kvpolicy/dbtrimkv.hpp"
-#include "kvpolicy/engine/evictor_hooks.hpp"
+#include "kvpolicy/cache/evictor_hooks.hpp"
 #include "kvpolicy/parts/evict/union.hpp"
 #include "kvpolicy/baselines.hpp"
 #include "kvpolicy/trimkv.hpp"

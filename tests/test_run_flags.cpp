@@ -79,3 +79,31 @@ TEST_CASE("apps::RunFlags: refusals name the flag and the value") {
   CHECK_THROWS_WITH(apps::read_file("--text", "/no/such/file"), doctest::Contains("--text: cannot open '/no/such/file'"));
   CHECK(apps::read_file("--text", KVPOLICY_SOURCE_DIR "/LICENSE").size() > 100);
 }
+
+TEST_CASE("apps::RunFlags::read: a program's switches and own flags first, then the shared ones, and an unknown flag or a missing value refused") {
+  const auto read = [](std::vector<std::string> args, bool& on, std::string& own) {
+    args.insert(args.begin(), "prog");
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    apps::RunFlags f;
+    f.read(static_cast<int>(argv.size()), argv.data(), "prog", "usage", {{"--switch", &on}},
+           [&own](const std::string& flag, const std::string& v) {
+             if (flag != "--own") return false;
+             own = v;
+             return true;
+           });
+    return f;
+  };
+  bool on = false;
+  std::string own;
+  const apps::RunFlags f = read({"--model", "m", "--switch", "--own", "x", "--budget", "64", "--policy", "tova"}, on, own);
+  CHECK(on);
+  CHECK(own == "x");
+  CHECK(f.model == "m");
+  CHECK(f.selection.policy == "tova");
+  CHECK(f.selection.value("budget") == "64");
+  bool off = false;
+  CHECK_THROWS_WITH(read({"--model", "m", "--golden", "g"}, off, own), doctest::Contains("unknown flag --golden (prog --help)"));
+  CHECK_THROWS_WITH(read({"--model"}, off, own), doctest::Contains("--model: needs a value (prog --help)"));
+  CHECK_FALSE(off);
+}

@@ -554,7 +554,7 @@ template <registry::Policy R, class C>
 struct Registered {
   static constexpr const char* name = R::name.data();
   using S = typename C::scorer_type;
-  static constexpr bool observes = kvpolicy::detail::ScorerInputs<S>::observes_attention;
+  static constexpr bool observes = kvpolicy::detail::ScorerRecords<S>::observes_attention;
   static constexpr bool gated = admitter_reads_gate<typename C::admitter_type>;
   static constexpr bool prompt = true;
   static float meta(Rng& rng) {

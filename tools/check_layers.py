@@ -8,15 +8,15 @@ The layers (docs/architecture.md), each allowed to include only what its row nam
 
     core/                                   nothing of the library
     parts/ memory/ gate/ registry/          core/
-    engine/                                 core/ memory/ parts/
+    cache/ (the Cache's step machinery)     core/ memory/ parts/
     inputs/                                 core/ gate/ parts/ registry/
-    cache.hpp                               core/ engine/
-    cpu/                                    core/ engine/ memory/ parts/
+    cache.hpp                               core/ cache/
+    cpu/                                    core/ cache/ memory/ parts/
     policies/ (and policies/common/)        core/ memory/ parts/ registry/ cache.hpp, and of cpu/
                                             only backend_fwd.hpp: a preset names cpu_backend as its
                                             default and pulls no backend in
-    cuda/                                   core/ engine/ gate/ memory/ parts/ cache.hpp
-    dist/                                   core/ parts/ engine/ memory/
+    cuda/                                   core/ cache/ gate/ memory/ parts/ cache.hpp
+    dist/                                   core/ parts/ cache/ memory/
     the headers directly under kvpolicy/    anything below them
 
 Includes inside one folder are allowed; together with the rows above, the file graph must have no
@@ -37,13 +37,13 @@ ALLOWED = {
     "memory": {"core"},
     "gate": {"core"},
     "registry": {"core"},
-    "engine": {"core", "memory", "parts"},
+    "cache": {"core", "memory", "parts"},
     "inputs": {"core", "gate", "parts", "registry"},
-    "cache": {"core", "engine"},
-    "cpu": {"core", "engine", "memory", "parts"},
-    "policies": {"core", "memory", "parts", "registry", "cache", "cpu_fwd"},
-    "cuda": {"core", "engine", "gate", "memory", "parts", "cache"},
-    "dist": {"core", "parts", "engine", "memory"},
+    "cache.hpp": {"core", "cache"},
+    "cpu": {"core", "cache", "memory", "parts"},
+    "policies": {"core", "memory", "parts", "registry", "cache.hpp", "cpu_fwd"},
+    "cuda": {"core", "cache", "gate", "memory", "parts", "cache.hpp"},
+    "dist": {"core", "parts", "cache", "memory"},
 }
 
 
@@ -51,7 +51,7 @@ def layer(path):
     """The layer of a header path under include/ ("kvpolicy/x/y.hpp")."""
     parts = path.split("/")
     if len(parts) == 2:
-        return "cache" if parts[1] == "cache.hpp" else "top"
+        return "cache.hpp" if parts[1] == "cache.hpp" else "top"
     if parts[1] == "cpu" and parts[2] == "backend_fwd.hpp":
         return "cpu_fwd"
     return parts[1]

@@ -33,4 +33,4 @@ if python3 -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
 else
   echo "torch with CUDA not importable: no PyTorch columns"
 fi
-python3 tools/gpu_table.py "$out/bench_cuda.json" "${ref[@]}" | tee "$out/table.md"
+python3 bench/gpu_table.py "$out/bench_cuda.json" "${ref[@]}" | tee "$out/table.md"

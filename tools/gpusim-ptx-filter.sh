@@ -1,7 +1,7 @@
 #!/bin/sh
 # The project's PTX rewrite rules for GPGPU-Sim (GPGPUSIM_PTX_FILTER <file>: edits the PTX in place
 # before the simulator parses it), then the simulator kit's own filter ($KVPOLICY_GPUSIM_NEXT_FILTER).
-# tools/gpusim-check.sh and tools/gpusim-ratios.sh install it. Each rule works around one simulator
+# tools/gpusim-check.sh and bench/gpusim-ratios.sh install it. Each rule works around one simulator
 # fault that a probe in tests/cuda/probes/ shows; on a GPU none of this runs.
 #
 # cvt.rn.f{32,64}.{s,u}64 (64-bit integer to floating point): the simulator returns wrong values

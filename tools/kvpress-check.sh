@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # kvpolicy's prompt compression against NVIDIA kvpress 0.5.5's presses on SmolLM2-135M: the same
-# survivors per (layer, kv head) (tools/kvpress_survivors.py; docs/quality.md). Makes (once) the venv
+# survivors per (layer, kv head) (kvpolicy_tools.eval.kvpress_survivors; docs/quality.md). Makes (once) the venv
 # build/kvpress/venv (torch, transformers < 5.3 as kvpress 0.5.5 requires, kvpress, gguf), the GGUF
 # (as tools/train-gates.sh does) and kvpolicy-replay. Exit status 77 when PyPI cannot be reached, 1
 # when it answers and an install fails (tools/pypi.sh).
@@ -58,4 +58,9 @@ elif [[ " $* " == *" --engine python "* ]]; then  # the package of this checkout
 else
   cmake --build --preset default --target kvpolicy-replay >/dev/null
 fi
-"$venv/bin/python" "$root/tools/kvpress_survivors.py" --gguf "$gguf" "$@"
+# kvpolicy_tools: from the wheel with the Python engine (the package beside the bindings), else
+# from this checkout
+tools_path=$root/python/tools
+[[ " $* " == *" --engine python "* ]] && tools_path=
+env ${tools_path:+PYTHONPATH=$tools_path} "$venv/bin/python" -m kvpolicy_tools.eval.kvpress_survivors --gguf "$gguf" \
+  --replay "$root/build/default/apps/kvpolicy-replay" "$@"

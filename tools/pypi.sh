@@ -6,29 +6,10 @@
 #
 #   pypi_install WHO LOG COMMAND...   runs COMMAND (a pip call) with its output in LOG (appended)
 
-# The index pip reads (PIP_INDEX_URL, else index-url from pip's configuration files, in pip's order,
-# else PyPI's), answered within 20 s. The files are read here, not through `python3 -m pip config`:
-# a fresh Debian has pip only inside the venvs these scripts make.
+# Whether the index pip reads answers (kvpolicy_tools.pypi: PIP_INDEX_URL, pip's configuration
+# files, else PyPI's, within 20 s; the system python3 runs it, standard library only).
 pypi_reachable() {
-  python3 - <<'PY'
-import configparser, os, sys, urllib.request
-index = os.environ.get("PIP_INDEX_URL")
-if not index:
-    files = ["/etc/pip.conf", "/etc/xdg/pip/pip.conf", os.path.expanduser("~/.pip/pip.conf"),
-             os.path.join(os.environ.get("XDG_CONFIG_HOME", os.path.expanduser("~/.config")), "pip", "pip.conf")]
-    if os.environ.get("PIP_CONFIG_FILE"):
-        files.append(os.environ["PIP_CONFIG_FILE"])
-    config = configparser.ConfigParser()
-    config.read(files)
-    for section in ("global", "install", "download"):
-        index = config.get(section, "index-url", fallback=index)
-index = index or "https://pypi.org/simple"
-try:
-    urllib.request.urlopen(index.rstrip("/") + "/pip/", timeout=20).read(1)
-except Exception as e:  # DNS, refused, TLS, timeout, HTTP error: not reachable
-    print(f"{index}: {e}", file=sys.stderr)
-    sys.exit(1)
-PY
+  PYTHONPATH="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/python/tools" python3 -m kvpolicy_tools.pypi
 }
 
 pypi_install() {

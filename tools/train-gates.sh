@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # Trains the three learned gates for SmolLM2-135M on this machine, each with its paper's objective
-# (tools/train/, docs/training.md), and copies them to gates/smollm2-135m/{trimkv,dbtrimkv,wgkv}.safetensors
+# (kvpolicy-train-gates, docs/training.md), and copies them to gates/smollm2-135m/{trimkv,dbtrimkv,wgkv}.safetensors
 # (the gpu schedule: gates/smollm2-135m/long-range/):
 #   tools/train-gates.sh [--schedule cpu|gpu] [--only "rg rg10 wg rg10t"] [--out DIR] [--threads N]
 # rg10t (not run by default): the tied rg10 gate trained for TRIM-KV's per-head eviction (train_gates
 # --policy trimkv, SPEC §1 "Gate kind"), written as trimkv.safetensors; on the gpu schedule it goes on
 # from the long-range rg10 gate, the one TRIM-KV retrieves best with (docs/quality.md).
-# The data are long-range documents (tools/train/longrange.py: prose from the Debian handbook and
+# The data are long-range documents (kvpolicy_tools.data.longrange: prose from the Debian handbook and
 # reference with facts at random depths and questions at the end, a quarter plain prose), and the
 # capacity loss's M is drawn per step (one gate for every budget); the retention gates add L_keep on
-# the stated facts (tools/train/objectives.py).
+# the stated facts (kvpolicy_tools.train.objectives).
 # cpu (default): 400 steps of up to 512 tokens per gate, M in [16, 256]; about an hour per retention
 # gate on one core, so two run side by side on this 2-core machine (--threads 1 each, below).
 # gpu: rg and rg10 fine-tuned on one lent GPU from the committed gates, 1,528 steps of up to 2,048
@@ -71,7 +71,7 @@ mkdir -p "$dest"
 train() {
   local g=$1
   # shellcheck disable=SC2086
-  "$python" "$root/tools/train/train_gates.py" --gate "${kind[$g]}" --gguf "$gguf" --out "$out/$g" --steps $steps \
+  PYTHONPATH=$root/python/tools "$python" -m kvpolicy_tools.train.train_gates --gate "${kind[$g]}" --gguf "$gguf" --out "$out/$g" --steps $steps \
     --seq-len $seq --data longrange --memory-range $memory --threads $threads --seed 0 --no-progress ${extra[$g]} \
     >"$out/$g.log" 2>&1 || { echo "train-gates: $g failed (its log: $out/$g.log)" >&2; tail -n 20 "$out/$g.log" >&2; return 1; }
   cp "$out/$g/gate.safetensors" "$dest/${policy[$g]}.safetensors"

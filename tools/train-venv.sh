@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Makes (once) the training venv under build/train/venv: PyTorch, transformers and what
-# tools/train/ reads with, pinned. Later runs reuse it. Prints the venv's python on its last line.
+# kvpolicy_tools.train reads with, pinned. Later runs reuse it. Prints the venv's python on its last line.
 # Exit status 77 when PyPI cannot be reached (the training tests then report SKIPPED), 1 when it
 # answers and the install fails (tools/pypi.sh).
 set -euo pipefail

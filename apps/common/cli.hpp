@@ -32,7 +32,7 @@ inline std::int64_t integer(const std::string& flag, const std::string& v) {
   return static_cast<std::int64_t>(x);
 }
 
-/// --list-policies: one registered policy per line, for scripts (tools/quality_table.sh):
+/// --list-policies: one registered policy per line, for scripts (kvpolicy-quality):
 /// name, its options (comma-separated, "-" for none), what its entries need from the forward pass
 /// (registry::Inputs), "prompt" when it compresses a prompt the engine declares, else "-", and
 /// "cuda" when it runs on the device with its defaults (registry::runs_on), else "-"; tab-separated.

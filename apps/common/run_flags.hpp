@@ -7,9 +7,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <initializer_list>
 #include <iterator>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "cli.hpp"
@@ -41,6 +43,30 @@ struct RunFlags {
   int threads = 0;
   /// --policy and its options as given (registry::Selection); `finish` names the default policy
   registry::Selection selection;
+
+  /// Reads a program's command line: --help and --list-policies answered (answer_info_flag), a
+  /// flag named in `switches` sets its bool, and every other flag takes the next argument as its
+  /// value, offered first to `own(flag, value)` (the program's own flags: true when it took it),
+  /// then to take(); a flag neither takes, or one missing its value, is refused. finish() follows.
+  template <class Own>
+  void read(int argc, char** argv, std::string_view program, const char* usage,
+            std::initializer_list<std::pair<std::string_view, bool*>> switches, Own&& own) {
+    const std::string help = " (" + std::string(program) + " --help)";
+    for (int i = 1; i < argc; ++i) {
+      const std::string f = argv[i];
+      answer_info_flag(f, usage);
+      bool* on = nullptr;
+      for (const auto& [name, flag] : switches)
+        if (f == name) on = flag;
+      if (on) {
+        *on = true;
+        continue;
+      }
+      require(i + 1 < argc, f, ": needs a value", help);
+      const std::string v = argv[++i];
+      if (!own(f, v) && !take(f, v)) fail("unknown flag ", f, help);
+    }
+  }
 
   /// Takes `flag` with its value `v` when it is one of the shared flags or a registered policy
   /// option; false for a flag the program must take itself.

@@ -64,17 +64,8 @@ struct Args : apps::RunFlags {
 
 Args parse(int argc, char** argv) {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string f = argv[i];
-    apps::answer_info_flag(f, kUsage);
-    if (f == "--check-memory") {
-      a.check_memory = true;
-      continue;
-    }
-    require(i + 1 < argc, f, ": needs a value (kvpolicy-llama --help)");
-    const std::string v = argv[++i];
-    if (!a.take(f, v)) fail("unknown flag ", f, " (kvpolicy-llama --help)");
-  }
+  a.read(argc, argv, "kvpolicy-llama", kUsage, {{"--check-memory", &a.check_memory}},
+         [](const std::string&, const std::string&) { return false; });
   require(a.threads >= 1, "--threads ", a.threads, " must be >= 1");
   a.finish("kvpolicy-llama", "GGUF", "");  // no policy: llama.cpp alone
   require(a.prompts.size() <= 1, "kvpolicy-llama runs one sequence: give one --prompt");
@@ -438,8 +429,7 @@ int run(const Args& a) {
   if (!with_policy) {
     go(static_cast<std::function<void(std::int64_t)>*>(nullptr));
   } else {
-    registry::Selection given = a.selection;
-    require(registry::takes(given.policy, "mode"), "--policy ", given.policy, " has no token-level mode");
+    registry::Selection given = a.selection;  // a token-level mode, --mode union: parse() made sure
     // every head holds what llama.cpp's context holds: at most M + B - 1 + one step, or the text.
     // Over llama.cpp's own K/V where the policy allows it (its Scorers read metadata only): the
     // Cache keeps each entry's metadata; else it keeps a copy of the K/V it ranks by in F16, the

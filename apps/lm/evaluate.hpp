@@ -1,6 +1,6 @@
 // kvpolicy-lm's measurements: the per-token negative log-likelihood of a text run through a policy's
 // cache (eviction decided inside the loop, step by step), and the comparison with llama.cpp's golden
-// data (tools/llama_golden.py).
+// data (kvpolicy_tools.eval.llama_golden).
 #pragma once
 
 #include <algorithm>
@@ -80,7 +80,7 @@ inline double perplexity(const std::vector<float>& nll, std::int64_t from) {
   return std::exp(sum / static_cast<double>(n));
 }
 
-/// llama.cpp's run of the same text (tools/llama_golden.py): the token ids, the NLL of each position
+/// llama.cpp's run of the same text (kvpolicy_tools.eval.llama_golden): the token ids, the NLL of each position
 /// and the top-k logits of each position.
 struct Golden {
   std::vector<std::int64_t> tokens;   // [N]

@@ -33,15 +33,15 @@ const char* kUsage = R"(kvpolicy-lm: a LLaMA-family model on the CPU, its K/V in
 
   kvpolicy-lm --model DIR --text FILE [--tokens N] [--score-from K] [--policy P --budget M ...]
       per-token NLL of the first N tokens of FILE (no BOS added); the last line is `ppl <value>`
-      over positions >= K. --golden G also compares with llama.cpp's run (tools/llama_golden.py):
+      over positions >= K. --golden G also compares with llama.cpp's run (kvpolicy_tools.eval.llama_golden):
       ppl within 0.5%, top-1 agreement >= 95%, mean |dlogit| <= 0.25 over its top-k. With
-      --golden-strict (G made from the F32 weights, tools/gguf_dequantize.py): ppl within 0.01%,
+      --golden-strict (G made from the F32 weights, kvpolicy_tools.convert.gguf_dequantize): ppl within 0.01%,
       top-1 >= 99.5%, mean |dlogit| <= 0.001, max <= 0.01. --survivors F writes what each
       (layer, kv head) holds at the end to F, a line `layer head positions...` each.
   kvpolicy-lm --model DIR --prompt TEXT [--prompt TEXT ...] --generate N [--policy P ...]
       greedy continuation of each prompt; the prompts are sequences of one cache (one pool)
   kvpolicy-lm --model DIR --text FILE --tokens N --generate D [--policy P ...]
-      the same from the first N tokens of FILE (a context of exactly N tokens: tools/bench_lm.sh)
+      the same from the first N tokens of FILE (a context of exactly N tokens: bench/bench_lm.sh)
   Generation ends with a line `timing: prefill ... tokens/s; decode ... tokens/s`.
   mpirun -np N kvpolicy-lm --tp N --model DIR --text FILE ... [--policy P ...]
       the perplexity run with the model split over N ranks (Megatron: attention heads and the
@@ -77,31 +77,25 @@ struct Args : apps::RunFlags {
 
 Args parse(int argc, char** argv) {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string f = argv[i];
-    apps::answer_info_flag(f, kUsage);
-    if (f == "--golden-strict") {
-      a.golden_strict = true;
-      continue;
-    }
-    require(i + 1 < argc, f, ": needs a value (kvpolicy-lm --help)");
-    const std::string v = argv[++i];
-    if (f == "--golden") a.golden = v;
-    else if (f == "--tp") a.tp = static_cast<int>(cli::integer(f, v));
-    else if (f == "--decode-weights") {
-      require(v == "gguf" || v == "f32", "--decode-weights '", v, "' must be gguf or f32");
-      a.decode_weights = v == "gguf" ? DecodeWeights::gguf : DecodeWeights::f32;
-    }
-    else if (f == "--decode-activations") {
-      require(v == "q8" || v == "f32", "--decode-activations '", v, "' must be q8 or f32");
-      a.activations = v == "q8" ? DecodeActivations::q8 : DecodeActivations::f32;
-    }
-    else if (f == "--kv") {
-      require(v == "f16" || v == "f32", "--kv '", v, "' must be f16 or f32");
-      a.kv = v == "f16" ? KvStorage::float16 : KvStorage::float32;
-    }
-    else if (!a.take(f, v)) fail("unknown option ", f, " (kvpolicy-lm --help)");
-  }
+  a.read(argc, argv, "kvpolicy-lm", kUsage, {{"--golden-strict", &a.golden_strict}},
+         [&a](const std::string& f, const std::string& v) {
+           if (f == "--golden") a.golden = v;
+           else if (f == "--tp") a.tp = static_cast<int>(cli::integer(f, v));
+           else if (f == "--decode-weights") {
+             require(v == "gguf" || v == "f32", "--decode-weights '", v, "' must be gguf or f32");
+             a.decode_weights = v == "gguf" ? DecodeWeights::gguf : DecodeWeights::f32;
+           }
+           else if (f == "--decode-activations") {
+             require(v == "q8" || v == "f32", "--decode-activations '", v, "' must be q8 or f32");
+             a.activations = v == "q8" ? DecodeActivations::q8 : DecodeActivations::f32;
+           }
+           else if (f == "--kv") {
+             require(v == "f16" || v == "f32", "--kv '", v, "' must be f16 or f32");
+             a.kv = v == "f16" ? KvStorage::float16 : KvStorage::float32;
+           }
+           else return false;
+           return true;
+         });
   a.finish("kvpolicy-lm", "DIR", "full");
   require(a.tp >= 0, "--tp ", a.tp, " must be >= 0 (0: one process)");
   require(a.tp == 0 || (a.generate == 0 && a.golden.empty()), "--tp runs the perplexity mode (no --generate, no --golden)");

@@ -1,4 +1,4 @@
-// kvpolicy-lm's model: a LLaMA-family decoder's configuration and weights, as tools/gguf_to_lm.py
+// kvpolicy-lm's model: a LLaMA-family decoder's configuration and weights, as kvpolicy-gguf-to-lm
 // writes them (config.json, model.safetensors: F32 under the GGUF tensor names;
 // model.quant.safetensors: the GGUF's Q4_1/Q8_0 blocks, which decode steps read).
 #pragma once
@@ -113,7 +113,7 @@ struct Model {
 
   const Weight& head() const { return config.tied_output ? embed : output; }
 
-  /// dir: config.json + model.safetensors (tools/gguf_to_lm.py), and with DecodeWeights::gguf its
+  /// dir: config.json + model.safetensors (kvpolicy-gguf-to-lm), and with DecodeWeights::gguf its
   /// model.quant.safetensors. Every shape is checked.
   static Model load(const std::string& dir, DecodeWeights decode = DecodeWeights::gguf) {
     Model m;

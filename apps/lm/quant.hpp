@@ -1,9 +1,9 @@
-// kvpolicy-lm's quantized weights: the GGUF's ggml blocks (Q4_1, Q8_0) as tools/gguf_to_lm.py keeps
+// kvpolicy-lm's quantized weights: the GGUF's ggml blocks (Q4_1, Q8_0) as kvpolicy-gguf-to-lm keeps
 // them (model.quant.safetensors), for the products of a decode step. A decode step multiplies one
 // row by every weight matrix, so it is bound by the bytes of weights it reads: 96 MB of blocks
 // against 540 MB of F32 for SmolLM2-135M. A single activation row (a decode step) is dotted with
 // the blocks directly on AVX2 (quant_product); otherwise, and for the tests, a row of blocks widens
-// to fp32 exactly as gguf-py (and tools/gguf_to_lm.py's F32 file) dequantizes it:
+// to fp32 exactly as gguf-py (and kvpolicy-gguf-to-lm's F32 file) dequantizes it:
 //   Q4_1  block of 32: fp16 d, fp16 m, 16 bytes of nibbles (low nibble = element j, high = j + 16);
 //         w = d * q + m
 //   Q8_0  block of 32: fp16 d, 32 int8; w = d * q

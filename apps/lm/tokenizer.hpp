@@ -5,7 +5,7 @@
 //      as llama.cpp's hand-written GPT-2 splitter does it (the lookahead stops at the piece's end);
 //   3. each word's UTF-8 bytes become GPT-2's printable stand-ins, and the merges apply, lowest rank
 //      first (leftmost on ties), until none applies; each symbol is then a vocabulary token.
-// The vocabulary, merges and code point classes come from tokenizer.json (tools/gguf_to_lm.py).
+// The vocabulary, merges and code point classes come from tokenizer.json (kvpolicy-gguf-to-lm).
 #pragma once
 
 #include <algorithm>

@@ -10,9 +10,8 @@
 ///                                       kvpolicy::score::Recency{.sinks = 4});
 #pragma once
 
-#include "kvpolicy/core/cxx20.hpp"  // first: names a missing -std=c++20
+#include "kvpolicy/cpu.hpp"  // first: names a missing -std=c++20
 
-#include "kvpolicy/cpu/backend.hpp"
 #include "kvpolicy/policies/adakv.hpp"
 #include "kvpolicy/policies/expected_attention.hpp"
 #include "kvpolicy/policies/full.hpp"

@@ -9,7 +9,7 @@
 /// step() does all three for every layer at once. Every call validates everything before it changes
 /// anything: a call that throws leaves the cache exactly as it was (SPEC §7).
 ///
-/// The Cache owns the step state machine (engine/step_state.hpp): which calls a sequence may make,
+/// The Cache owns the step state machine (cache/step_state.hpp): which calls a sequence may make,
 /// every input check, the prompt it detects, the order plan-then-apply. The Backend owns the rest
 /// through its Executor (B::Executor<S, A, E, Alloc>): where entries live, how the attention runs,
 /// and how an eviction is planned and applied — cpu_backend's on the host (cpu/executor.hpp),
@@ -28,10 +28,10 @@
 #include "kvpolicy/core/error.hpp"
 #include "kvpolicy/core/shape.hpp"
 #include "kvpolicy/core/view.hpp"
-#include "kvpolicy/engine/evictor_hooks.hpp"
-#include "kvpolicy/engine/position_runs.hpp"
-#include "kvpolicy/engine/scorer_inputs.hpp"
-#include "kvpolicy/engine/step_state.hpp"
+#include "kvpolicy/cache/evictor_hooks.hpp"
+#include "kvpolicy/cache/position_runs.hpp"
+#include "kvpolicy/cache/scorer_records.hpp"
+#include "kvpolicy/cache/step_state.hpp"
 
 namespace kvpolicy {
 
@@ -40,9 +40,9 @@ namespace kvpolicy {
 /// released, its lengths and entries read, a layer appended (all or nothing) and attended, an open
 /// step taken back, and the evictions of the steps that close together planned (X::Plan; it may
 /// throw, changing nothing) then applied (it cannot fail).
-template <class X, class Inputs>
+template <class X, class Records>
 concept BackendExecutor = requires(X& x, const X& cx, typename X::Sequence& m, const typename X::Sequence& cm,
-                                   typename Inputs::Sequence& in, std::span<const typename X::Request> requests,
+                                   typename Records::Sequence& in, std::span<const typename X::Request> requests,
                                    const typename X::Plan& plan, std::vector<EvictedEntry>* evicted,
                                    View<const float, 3> rows, View<float, 3> out, View<const float, 2> scalars) {
   { x.add_sequence(std::int64_t{}) } -> std::same_as<typename X::Sequence>;
@@ -63,7 +63,7 @@ concept BackendExecutor = requires(X& x, const X& cx, typename X::Sequence& m, c
 
 template <Scorer S, Admitter A, Evictor E, Allocator Alloc, Backend B>
 class Cache {
-  // Compositions that cannot work fail here, with one line each (docs/architecture.md, "The four concepts").
+  // Compositions that cannot work fail here, with one line each (docs/architecture.md, "The five parts").
   static_assert(!scorer_needs_attention_mass<S> || backend_emits_attention_mass<B>,
                 "kvpolicy::Cache: this Scorer ranks by attention mass (H2O), which this Backend's attention does not emit");
   static_assert(!(scorer_static_score<S> && scorer_needs_attention_mass<S>),
@@ -79,10 +79,10 @@ class Cache {
                 "kvpolicy::Cache: this Evictor evicts whole tokens from every head (SPEC §8), which needs every "
                 "token stored in every head; this Admitter does not store every token");
   // what the Scorer reads beyond an entry's metadata, by the hooks it declares
-  using Inputs = detail::ScorerInputs<S>;
+  using Records = detail::ScorerRecords<S>;
   // where entries live and how steps run on them (the Backend's)
   using Executor = typename B::template Executor<S, A, E, Alloc>;
-  static_assert(BackendExecutor<Executor, Inputs>,
+  static_assert(BackendExecutor<Executor, Records>,
                 "kvpolicy::Cache: this Backend's Executor lacks a call the Cache makes (cache.hpp, BackendExecutor)");
 
  public:
@@ -95,8 +95,8 @@ class Cache {
   /// What a Backend takes beside the policies (cuda_backend: the stream every call runs on).
   using backend_options = typename B::Options;
   /// Whether the Scorer reads the attention (H2O's mass, TOVA's and SnapKV's window, Expected
-  /// Attention's query moments; engine/scorer_inputs.hpp): then every step must attend() every layer.
-  static constexpr bool observes_attention = Inputs::observes_attention;
+  /// Attention's query moments; cache/scorer_records.hpp): then every step must attend() every layer.
+  static constexpr bool observes_attention = Records::observes_attention;
   /// Whether the cache holds its entries' K/V (false: storage_type is engine_owned, the engine
   /// holds them and the cache keeps each entry's metadata only; SPEC §9).
   static constexpr bool stores_kv = stores_kv_v<storage_type>;
@@ -125,9 +125,9 @@ class Cache {
   }
   /// The Backend's executor, for what it offers beyond the Cache (cuda_backend: the device views
   /// an engine drives the kernels over), and what it keeps for a sequence (cuda_backend: its slot).
-  const Executor& backend() const { return executor_; }
-  Executor& backend() { return executor_; }
-  const typename Executor::Sequence& backend_sequence(std::int64_t seq) const { return state_of(seq).memory; }
+  const Executor& executor() const { return executor_; }
+  Executor& executor() { return executor_; }
+  const typename Executor::Sequence& executor_sequence(std::int64_t seq) const { return state_of(seq).memory; }
 
   /// ---- sequences -------------------------------------------------------------------------------
   /// prompt_tokens: the length of the sequence's prompt, when the engine knows it; policies that
@@ -135,7 +135,7 @@ class Cache {
   /// token before the first single-token (decode) step.
   void add_sequence(std::int64_t seq, std::int64_t prompt_tokens = -1) {
     SequenceState st = state_.make(seq, shape_.layers, prompt_tokens);
-    st.inputs = Inputs::start(scorer(), shape_, prompt_tokens);
+    st.records = Records::start(scorer(), shape_, prompt_tokens);
     st.memory = executor_.add_sequence(seq);  // last of what can throw: a failed call registers nothing
     state_.insert(seq, std::move(st));
   }
@@ -244,13 +244,13 @@ class Cache {
   /// failed between append() and commit(). A sequence with no open step is left as it is.
   void abort_step(std::int64_t seq) {
     SequenceState& st = state_of(seq);
-    executor_.abort(seq, st.memory, st.inputs, st.n, st.pending > 0);  // what the step's attention recorded, and its entries
+    executor_.abort(seq, st.memory, st.records, st.n, st.pending > 0);  // what the step's attention recorded, and its entries
     st.end();
   }
 
   // ---- one step, every layer at once -----------------------------------------------------------
   /// keys/values [L, Hkv, T, d], log_beta [L, Hkv, T]; queries/out [L, Hq, T, d], or empty views to
-  /// skip attention. One sequence's whole forward step (engine/step_state.hpp).
+  /// skip attention. One sequence's whole forward step (cache/step_state.hpp).
   using SequenceStep = kvpolicy::SequenceStep;
 
   /// What step() checks before it writes anything, alone: throws what step() would throw for `s`
@@ -310,10 +310,10 @@ class Cache {
   }
 
  private:
-  /// The shared step state (engine/step_state.hpp), what the sequence's attention recorded for the
-  /// Scorer (engine/scorer_inputs.hpp), and what the Backend keeps for it.
+  /// The shared step state (cache/step_state.hpp), what the sequence's attention recorded for the
+  /// Scorer (cache/scorer_records.hpp), and what the Backend keeps for it.
   struct SequenceState : detail::StepState {
-    typename Inputs::Sequence inputs;
+    typename Records::Sequence records;
     typename Executor::Sequence memory;
   };
 
@@ -334,7 +334,7 @@ class Cache {
            "(storage engine_owned) would never be told to free; give it a storage type that keeps K/V");
     evictor.validate(shape);
     scorer.validate();
-    Inputs::validate(scorer, shape);
+    Records::validate(scorer, shape);
     if constexpr (admitter_validates<A>) admitter.validate();
     EvictorHooks<E>::validate_scorer(evictor, scorer);
     return shape;
@@ -350,9 +350,9 @@ class Cache {
     st.appended[static_cast<std::size_t>(layer)] = 1;
   }
   void attend_layer(SequenceState& st, std::int64_t seq, int layer, View<const float, 3> queries, View<float, 3> out) {
-    Inputs::record_queries(st.inputs, layer, queries, st.n);
+    Records::record_queries(st.records, layer, queries, st.n);
     st.attended[static_cast<std::size_t>(layer)] = 1;
-    executor_.attend(seq, st.memory, st.inputs, layer, st.n, st.pending, queries, out);
+    executor_.attend(seq, st.memory, st.records, layer, st.n, st.pending, queries, out);
   }
   void write_and_attend(const SequenceStep& s) {
     SequenceState& st = state_of(s.seq);
@@ -375,13 +375,13 @@ class Cache {
     requests.reserve(seqs.size());
     for (const std::int64_t seq : seqs) {
       const SequenceState& st = state_of(seq);
-      requests.push_back({seq, &st.memory, st.context(), &st.inputs});
+      requests.push_back({seq, &st.memory, st.context(), &st.records});
     }
     const typename Executor::Plan plan = executor_.plan(requests);
     for (std::size_t i = 0; i < seqs.size(); ++i) {
       SequenceState& st = state_of(seqs[i]);
       st.commit(plan.context(i));  // n += T; the first decode step fixes an undeclared prompt (SPEC §4)
-      Inputs::commit(st.inputs);
+      Records::commit(st.records);
     }
     return executor_.apply(plan, evicted);
   }

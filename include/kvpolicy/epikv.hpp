@@ -5,8 +5,7 @@
 /// score them (epiphany::Signal, kvstats::Tracker), with the CPU backend the preset defaults to.
 #pragma once
 
-#include "kvpolicy/core/cxx20.hpp"  // first: names a missing -std=c++20
+#include "kvpolicy/cpu.hpp"  // first: names a missing -std=c++20
 
-#include "kvpolicy/cpu/backend.hpp"
 #include "kvpolicy/policies/hidden_states.hpp"
 #include "kvpolicy/policies/kv_statistics.hpp"

@@ -7,8 +7,7 @@
 ///                                 kvpolicy::trimkv_evictor({.budget = 1024, .buffer = 128}));
 #pragma once
 
-#include "kvpolicy/core/cxx20.hpp"  // first: names a missing -std=c++20
+#include "kvpolicy/cpu.hpp"  // first: names a missing -std=c++20
 
-#include "kvpolicy/cpu/backend.hpp"
 #include "kvpolicy/memory/contiguous.hpp"
 #include "kvpolicy/policies/trimkv.hpp"

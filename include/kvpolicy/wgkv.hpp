@@ -4,7 +4,6 @@
 /// includes kvpolicy/policies/wgkv.hpp and kvpolicy/cuda.cuh instead.
 #pragma once
 
-#include "kvpolicy/core/cxx20.hpp"  // first: names a missing -std=c++20
+#include "kvpolicy/cpu.hpp"  // first: names a missing -std=c++20
 
-#include "kvpolicy/cpu/backend.hpp"
 #include "kvpolicy/policies/wgkv.hpp"

@@ -13,7 +13,6 @@ import copy
 import os
 import re
 import subprocess
-import sys
 
 import pytest
 
@@ -40,10 +39,10 @@ def tiny(seed=0, **overrides):
 
 
 def tiny_gate(kind, model, path):
-    """An untrained gate of the tiny model in SPEC's tensor names (tools/train writes it)."""
-    sys.path.insert(0, os.path.join(ROOT, "tools", "train"))
-    import train_gates
-    from gates import make_gate
+    """An untrained gate of the tiny model in SPEC's tensor names, as kvpolicy-train-gates writes it
+    (kvpolicy_tools, installed with the package)."""
+    from kvpolicy_tools.train import train_gates
+    from kvpolicy_tools.train.gates import make_gate
     torch.manual_seed(1)
     gate = make_gate(kind, model.config, 16, bias_init=None if kind == "wg" else 2.0)
     train_gates.export(gate, path, 16, kind == "wg", {"kvpolicy_gate": kind})

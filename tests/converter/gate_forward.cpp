@@ -1,4 +1,4 @@
-// Loads a gate from a safetensors file (as tools/convert_checkpoint.py and tools/train/ write it)
+// Loads a gate from a safetensors file (as kvpolicy-convert-checkpoint and kvpolicy-train-gates write it)
 // and prints its output for a fixed input, one value per line, layer by layer: [L][Hkv][T].
 //   gate_forward [trimkv|dbtrimkv] FILE LAYERS HIDDEN KV_HEADS INTERMEDIATE
 //   gate_forward wgkv FILE LAYERS KV_HEADS HEAD_DIM

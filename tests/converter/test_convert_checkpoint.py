@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Test of tools/convert_checkpoint.py on small checkpoints it makes with torch (SKIPPED, exit 77,
+"""Test of kvpolicy-convert-checkpoint (kvpolicy_tools.convert.convert_checkpoint) on small checkpoints it makes with torch (SKIPPED, exit 77,
 when torch is not installed):
   - TRIM-KV: a bf16 state dict like `trimkv_weights.pth` (with a vision-language key prefix and an
     unrelated key), converted with both readers (torch.load and the standard-library zip reader),
@@ -8,7 +8,7 @@ when torch is not installed):
   - WG-KV: an fp32 `g_predictors` dict of grouped 1x1 convolutions, whose converted w1/w2 must be
     the per-head slices of the convolutions;
   - errors: a missing layer and a wrong shape are refused, naming the key.
-usage: test_convert_checkpoint.py CONVERTER GATE_FORWARD WORK_DIR
+usage: test_convert_checkpoint.py GATE_FORWARD WORK_DIR   (kvpolicy_tools importable: PYTHONPATH=python/tools)
 """
 import json
 import os
@@ -22,13 +22,14 @@ except ImportError:
     print("SKIPPED: torch is not installed for %s" % sys.executable)
     sys.exit(77)
 
-converter, gate_forward, work = sys.argv[1], sys.argv[2], sys.argv[3]
+converter = "kvpolicy_tools.convert.convert_checkpoint"  # kvpolicy-convert-checkpoint
+gate_forward, work = sys.argv[1], sys.argv[2]
 os.makedirs(work, exist_ok=True)
 torch.manual_seed(0)
 
 
 def run(*args, ok=True):
-    p = subprocess.run([sys.executable, converter, *args], capture_output=True, text=True)
+    p = subprocess.run([sys.executable, "-m", converter, *args], capture_output=True, text=True)
     if (p.returncode == 0) != ok:
         sys.exit("converter %s: rc %d\n%s%s" % (args, p.returncode, p.stdout, p.stderr))
     return p.stdout + p.stderr

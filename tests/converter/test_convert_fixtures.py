@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Test of tools/convert_checkpoint.py without torch (it runs in CI), on the committed fixtures
+"""Test of kvpolicy-convert-checkpoint (kvpolicy_tools.convert.convert_checkpoint) without torch (it runs in CI), on the committed fixtures
 (tests/converter/fixtures/, written once with real torch.save by make_fixtures.py, which says how):
   - every fixture converts with the standard-library reader, and each written tensor has the name,
     dtype, shape and bytes (SHA-256) expected.json gives;
@@ -9,7 +9,7 @@
     the wrong kind for a checkpoint is refused;
   - a crafted pickle that calls a function (os.system) is refused with a clear error, by the
     standard-library reader and by the C++-free path alike, and executes nothing.
-usage: test_convert_fixtures.py CONVERTER GATE_FORWARD WORK_DIR
+usage: test_convert_fixtures.py GATE_FORWARD WORK_DIR   (kvpolicy_tools importable: PYTHONPATH=python/tools)
 """
 import hashlib
 import io
@@ -21,7 +21,8 @@ import subprocess
 import sys
 import zipfile
 
-converter, gate_forward, work = (os.path.abspath(a) for a in sys.argv[1:4])
+converter = "kvpolicy_tools.convert.convert_checkpoint"  # kvpolicy-convert-checkpoint
+gate_forward, work = (os.path.abspath(a) for a in sys.argv[1:3])
 fixtures = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
 os.makedirs(work, exist_ok=True)
 with open(os.path.join(fixtures, "expected.json")) as f:
@@ -29,7 +30,7 @@ with open(os.path.join(fixtures, "expected.json")) as f:
 
 
 def run(*args, ok=True):
-    p = subprocess.run([sys.executable, converter, *args], capture_output=True, text=True, cwd=work)
+    p = subprocess.run([sys.executable, "-m", converter, *args], capture_output=True, text=True, cwd=work)
     if (p.returncode == 0) != ok:
         sys.exit("converter %s: rc %d\n%s%s" % (args, p.returncode, p.stdout, p.stderr))
     return p.stdout + p.stderr

@@ -17,7 +17,7 @@
 #include "kvpolicy/core/entry.hpp"
 #include "kvpolicy/core/shape.hpp"
 #include "kvpolicy/core/view.hpp"
-#include "kvpolicy/engine/step_state.hpp"
+#include "kvpolicy/cache/step_state.hpp"
 #include "test_scale.hpp"
 
 namespace cudatest {

@@ -66,7 +66,7 @@ TEST_CASE_TEMPLATE_DEFINE("a registered policy on the device keeps what it keeps
       for (std::uint64_t seed = 1; seed <= cudatest::seeds(4); ++seed) {
         kp::Cache<S, A, E, Pool, kp::cpu_backend> cpu(shape, Pool(pages), parts.evictor(), parts.scorer(), parts.admitter());
         kp::Cache<S, A, E, Pool, kp::cuda_backend> gpu(shape, Pool(pages), parts.evictor(), parts.scorer(), parts.admitter());
-        const cudatest::DriveOptions options{.attend_prefill = kp::detail::ScorerInputs<S>::observes_attention,
+        const cudatest::DriveOptions options{.attend_prefill = kp::detail::ScorerRecords<S>::observes_attention,
                                              .declare_prompt = requires { P::needs_prompt_length; },
                                              .steps = steps};
         std::int64_t evicted = 0;

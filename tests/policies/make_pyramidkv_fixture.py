@@ -4,17 +4,16 @@ on a tiny random LLaMA (4 layers, 2 kv heads, 4 query heads, d = 8; seeded, buil
 to fetch), 96 random tokens, so that test_pyramidkv.cpp compares kvpolicy with kvpress without PyPI.
 
 The file is a kvpolicy-replay trace (the post-RoPE queries, keys and values each layer's attention
-saw: tools/kvpress_survivors.py's record_trace) plus, for each configuration (M, W_obs, beta):
+saw: kvpolicy_tools.eval.kvpress_survivors's record_trace) plus, for each configuration (M, W_obs, beta):
   configs         I64 [C, 3]            M, W_obs and beta (kvpress: compression_ratio = 1 - M / T)
   kvpress_budget  I64 [C, L]            PyramidKVPress.get_layer_budget(layer, T)
   kvpress_kept    I64 [C, L, Hkv, T]    1 where kvpress keeps the position
 Two configurations build a pyramid (the layers' budgets differ), one falls back to SnapKV's uniform M.
 
 Run once in kvpress's venv (tools/kvpress-check.sh makes it, build/kvpress/venv):
-  build/kvpress/venv/bin/python tests/policies/make_pyramidkv_fixture.py
+  PYTHONPATH=python/tools build/kvpress/venv/bin/python tests/policies/make_pyramidkv_fixture.py
 """
 import os
-import sys
 import tempfile
 
 import numpy as np
@@ -22,8 +21,7 @@ import torch
 from safetensors.numpy import load_file, save_file
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-sys.path.insert(0, os.path.join(ROOT, "tools"))
-from kvpress_survivors import kvpress_survivors, record_trace  # noqa: E402
+from kvpolicy_tools.eval.kvpress_survivors import kvpress_survivors, record_trace
 
 T = 96
 CONFIGS = [(48, 16, 3), (24, 8, 3), (12, 8, 3)]  # the last: M / beta < W_obs, kvpress's uniform fallback

@@ -120,7 +120,7 @@ TEST_CASE("oracle: PyramidKV keeps each layer's budget M_l by SnapKV's score whe
 TEST_CASE("PyramidKV equals kvpress's PyramidKVPress, layer budgets and survivors (a committed fixture)") {
   // tests/policies/make_pyramidkv_fixture.py ran kvpress 0.5.5 once on a tiny random LLaMA and kept
   // the trace it compressed, its layer budgets and its survivors: no PyPI is needed here. kvpolicy
-  // compresses the same prompt in one step (kvpolicy-replay's engine, as tools/kvpress_survivors.py).
+  // compresses the same prompt in one step (kvpolicy-replay's engine, as kvpolicy_tools.eval.kvpress_survivors).
   const auto f = safetensors::File::read(std::string(KVPOLICY_SOURCE_DIR) + "/tests/policies/fixtures/pyramidkv_kvpress.safetensors");
   const replay::Trace trace = replay::parse_trace(f);
   const std::int64_t L = trace.layers, H = trace.kv_heads, T = trace.tokens;

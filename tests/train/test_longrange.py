@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The long-range training documents and the held-out retrieval instances (tools/train/longrange.py),
+"""The long-range training documents and the held-out retrieval instances (kvpolicy_tools.data.longrange),
 without torch:
   - the train and held-out parts share no entity and no phrasing;
   - the check the trainer runs on every document refuses held-out entities and phrasings;
@@ -19,8 +19,7 @@ import re
 import sys
 
 root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-sys.path.insert(0, os.path.join(root, "tools", "train"))
-import longrange  # noqa: E402
+from kvpolicy_tools.data import longrange
 
 failures = []
 with open(os.path.join(root, "docs", "architecture.md"), encoding="utf-8") as f:

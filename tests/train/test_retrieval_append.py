@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""tools/retrieval.py's results file across runs, with a scripted engine in kvpolicy-lm's place (no model,
+"""kvpolicy-retrieval's results file across runs, with a scripted engine in kvpolicy-lm's place (no model,
 no Debian text package: the prose is the project's docs):
   - --append skips a cell already there with as many instances;
   - --append with more instances extends a cell: only the instances it lacks run, and the new row counts
@@ -20,8 +20,7 @@ import tempfile
 import time
 
 root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-sys.path.insert(0, os.path.join(root, "tools"))
-import retrieval  # noqa: E402
+from kvpolicy_tools.eval import retrieval
 
 # the engine: answers a pass key right unless it is a multiple of 3, holds (key mod 97) * 10 entries, and
 # logs how many prompts each call ran
@@ -69,7 +68,7 @@ try:
     path = os.path.join(out, "results.csv")
 
     def run(*extra):
-        sys.argv = ["retrieval.py", "--model", tmp, "--lm", engine, "--tasks", "single", "--budgets", "64",
+        sys.argv = ["kvpolicy-retrieval", "--model", tmp, "--lm", engine, "--tasks", "single", "--budgets", "64",
                     "--policies", "streamingllm", "--batch", "2", "--out", out, *extra]
         retrieval.main()
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The gate-training tool (tools/train/) on a tiny random LLaMA built in code, for each gate
+"""The gate-training tool (kvpolicy_tools.train) on a tiny random LLaMA built in code, for each gate
 (TRIM-KV rg, DBTrimKV rg10, WG-KV write gate):
   - a short run lowers the paper's objective on the training windows (initial gate vs trained) by at
     least about half what the trainer achieves (0.3% for rg and rg10, 10% for wg);
@@ -33,11 +33,9 @@ import torch
 from safetensors import safe_open
 
 root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-sys.path.insert(0, os.path.join(root, "tools", "train"))
-import objectives  # noqa: E402
-import train_gates  # noqa: E402
-from gated_attention import GatedModel  # noqa: E402
-from gates import gate_file, make_gate  # noqa: E402
+from kvpolicy_tools.train import objectives, train_gates
+from kvpolicy_tools.train.gated_attention import GatedModel
+from kvpolicy_tools.train.gates import gate_file, make_gate
 
 gate_forward, work = sys.argv[1], sys.argv[2]
 shutil.rmtree(work, ignore_errors=True)
@@ -48,7 +46,7 @@ failures = []
 
 
 def train(kind, out, *extra):
-    args = [sys.executable, os.path.join(root, "tools", "train", "train_gates.py"), "--gate", kind, "--tiny",
+    args = [sys.executable, "-m", "kvpolicy_tools.train.train_gates", "--gate", kind, "--tiny",
             "--text", text, "--out", out, "--steps", str(STEPS), "--seq-len", str(SEQ), "--memory", str(MEMORY),
             "--width", str(WIDTH), "--local-window", str(LOCAL), "--lr", "1e-2", "--threads", "1",
             "--checkpoint-every", "4", "--no-progress", *extra]
@@ -232,10 +230,10 @@ if not 1 <= n < 10**6 or capped != 3:
 # blend_gates.py: alpha 0 gives FROM and alpha 1 gives TO tensor for tensor, alpha 1/2 their mean
 # (rounded to the stored dtype); gates of different kinds or an alpha outside [0, 1] are refused.
 src, dst = os.path.join(work, "rg-whole", "gate.safetensors"), os.path.join(work, "longrange-whole", "gate.safetensors")
-blend_tool = os.path.join(root, "tools", "train", "blend_gates.py")
+blend_tool = "kvpolicy_tools.train.blend_gates"
 for alpha, want in (("0", src), ("1", dst), ("0.5", None)):
     out = os.path.join(work, f"blend-{alpha}.safetensors")
-    p = subprocess.run([sys.executable, blend_tool, src, dst, alpha, out], capture_output=True, text=True)
+    p = subprocess.run([sys.executable, "-m", blend_tool, src, dst, alpha, out], capture_output=True, text=True)
     if p.returncode != 0:
         failures.append(f"blend_gates alpha {alpha}: rc {p.returncode} {p.stderr[-300:]}")
         continue
@@ -248,7 +246,7 @@ for alpha, want in (("0", src), ("1", dst), ("0.5", None)):
     if "blend" not in got.metadata():
         failures.append(f"blend_gates alpha {alpha}: the metadata does not say what was blended")
 for args in ((src, os.path.join(work, "rg10-whole", "gate.safetensors"), "0.5"), (src, dst, "1.5")):
-    p = subprocess.run([sys.executable, blend_tool, *args, os.path.join(work, "refused.safetensors")],
+    p = subprocess.run([sys.executable, "-m", blend_tool, *args, os.path.join(work, "refused.safetensors")],
                        capture_output=True, text=True)
     if p.returncode == 0 or "blend_gates:" not in p.stderr:
         failures.append(f"blend_gates {args[1:]}: not refused with a message")
@@ -265,7 +263,7 @@ for k in init_t.keys():
 if train_gates.layer_list("0,2-3,2") != [0, 2, 3]:
     failures.append(f"layer_list('0,2-3,2') = {train_gates.layer_list('0,2-3,2')}")
 for bad in (("--train-layers", "2"), ("--train-layers", "3-1")):
-    p = subprocess.run([sys.executable, os.path.join(root, "tools", "train", "train_gates.py"), "--gate", "rg", "--tiny",
+    p = subprocess.run([sys.executable, "-m", "kvpolicy_tools.train.train_gates", "--gate", "rg", "--tiny",
                         "--text", text, "--out", os.path.join(work, "refused"), "--steps", "1", "--width", str(WIDTH),
                         "--init", src, *bad], capture_output=True, text=True)
     if p.returncode == 0 or "--train-layers" not in p.stderr:
@@ -293,11 +291,11 @@ per_head = os.path.join(work, "rg10-trimkv")
 train("rg10", per_head, "--policy", "trimkv", "--steps", "2")
 if safe_open(os.path.join(per_head, "gate.safetensors"), "pt").metadata().get("policy") != "trimkv":
     failures.append("--gate rg10 --policy trimkv: the metadata does not say trimkv")
-p = subprocess.run([sys.executable, os.path.join(root, "tools", "train", "train_gates.py"), "--gate", "rg", "--tiny",
+p = subprocess.run([sys.executable, "-m", "kvpolicy_tools.train.train_gates", "--gate", "rg", "--tiny",
                     "--out", os.path.join(work, "refused"), "--policy", "dbtrimkv"], capture_output=True, text=True)
 if p.returncode == 0 or "--policy dbtrimkv" not in p.stderr:
     failures.append(f"--gate rg --policy dbtrimkv: not refused with a message naming it ({p.stderr[-200:]})")
-p = subprocess.run([sys.executable, os.path.join(root, "tools", "train", "train_gates.py"), "--gate", "rg", "--tiny",
+p = subprocess.run([sys.executable, "-m", "kvpolicy_tools.train.train_gates", "--gate", "rg", "--tiny",
                     "--out", os.path.join(work, "refused-numerals"), "--numerals", "1.5"], capture_output=True, text=True)
 if p.returncode == 0 or "--numerals 1.5" not in p.stderr or os.path.exists(os.path.join(work, "refused-numerals")):
     failures.append(f"--numerals 1.5: not refused with a message naming it, or an output left ({p.stderr[-200:]})")
@@ -306,7 +304,7 @@ if p.returncode == 0 or "--numerals 1.5" not in p.stderr or os.path.exists(os.pa
 # (ranked first). log beta -1 everywhere but the fact token 2's -0.1: scores -inf.. = [inf, -4, -0.3,
 # -2, -1, 0]; the fact (-0.3) is outranked by the sink and the newest token: rank 2. A second fact
 # token, 3 (-2), ranks 4 (sink, 0, -0.3, -1): the worst of the two is 4.
-import fact_ranks  # noqa: E402
+from kvpolicy_tools.eval import fact_ranks  # noqa: E402
 lb = torch.full((1, 6), -1.0)
 lb[0, 2] = -0.1
 for fact, want in (([2], 2), ([2, 3], 4)):
@@ -333,7 +331,7 @@ for path, want in ((src, "rg"), (rg10_file, "rg10")):
     written, loaded = safe_open(path, "pt"), fact_ranks.load_gate(path, model.config, head_dim).export(head_dim)
     if any(not torch.equal(written.get_tensor(k), loaded[k]) for k in written.keys()):
         failures.append(f"fact_ranks.load_gate({path}): not the tensors written")
-p = subprocess.run([sys.executable, os.path.join(root, "tools", "train", "train_gates.py"), "--gate", "rg", "--tiny",
+p = subprocess.run([sys.executable, "-m", "kvpolicy_tools.train.train_gates", "--gate", "rg", "--tiny",
                     "--text", text, "--out", os.path.join(work, "refused"), "--steps", "1", "--width", str(WIDTH),
                     "--init", rg10_file], capture_output=True, text=True)
 if p.returncode == 0 or f"kind rg10 and width {WIDTH}, not rg and {WIDTH}" not in p.stderr:
@@ -341,7 +339,7 @@ if p.returncode == 0 or f"kind rg10 and width {WIDTH}, not rg and {WIDTH}" not i
 
 # scale_gate.py: the scaled gate's log beta is logsigmoid(S z) where the gate's is logsigmoid(z), on the
 # same inputs, for rg and rg10; S <= 0 and a write gate are refused.
-import scale_gate  # noqa: E402
+from kvpolicy_tools.train import scale_gate  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 x = torch.randn(1, 5, model.config.hidden_size)
 for path in (src, rg10_file):
@@ -353,7 +351,7 @@ for path in (src, rg10_file):
     if not torch.allclose(lb_s, want, rtol=1e-4, atol=1e-6):
         failures.append(f"scale_gate {path}: log beta off by {(lb_s - want).abs().max().item()}")
 for args in ((src, "0"), (os.path.join(work, "wg-whole", "gate.safetensors"), "0.5")):
-    p = subprocess.run([sys.executable, os.path.join(root, "tools", "train", "scale_gate.py"), *args,
+    p = subprocess.run([sys.executable, "-m", "kvpolicy_tools.train.scale_gate", *args,
                         os.path.join(work, "refused.safetensors")], capture_output=True, text=True)
     if p.returncode == 0 or "scale_gate:" not in p.stderr:
         failures.append(f"scale_gate {args}: not refused with a message ({p.stderr[-200:]})")
@@ -378,7 +376,7 @@ with open(os.path.join(anchored, "log.csv")) as f:
         failures.append("--anchor: log.csv has no L_anchor on some step")
 if safe_open(os.path.join(anchored, "gate.safetensors"), "pt").metadata().get("anchor") != src:
     failures.append("--anchor: the metadata does not name the anchor")
-p = subprocess.run([sys.executable, os.path.join(root, "tools", "train", "train_gates.py"), "--gate", "rg10", "--tiny",
+p = subprocess.run([sys.executable, "-m", "kvpolicy_tools.train.train_gates", "--gate", "rg10", "--tiny",
                     "--text", text, "--out", os.path.join(work, "refused"), "--steps", "1", "--width", str(WIDTH),
                     "--anchor", os.path.join(work, "wg-whole", "gate.safetensors")], capture_output=True, text=True)
 if p.returncode == 0 or "--anchor" not in p.stderr:

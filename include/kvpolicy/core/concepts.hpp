@@ -1,5 +1,5 @@
 /// \file
-/// kvpolicy/core/concepts.hpp — the four concepts a Cache is composed of (docs/architecture.md, "The four concepts").
+/// kvpolicy/core/concepts.hpp — the concepts of the five parts a Cache is composed of (docs/architecture.md, "The five parts").
 /// Every policy static_asserts the concept it models, so a wrong composition fails to compile with
 /// one readable line.
 #pragma once
@@ -126,7 +126,7 @@ constexpr bool selects_per_head = requires(const E& e) {
 };
 
 /// ---- hooks a part may declare (each absent by default): whether it declares one is probed here, once;
-/// the Cache and the planner call an Evictor's through EvictorHooks (engine/evictor_hooks.hpp), which
+/// the Cache and the planner call an Evictor's through EvictorHooks (cache/evictor_hooks.hpp), which
 /// gives each its default ---------------------------------------------------------------------------
 /// attention_mask(): the mask the attention applies (WG-KV's vertical-slash, core/mask.hpp), from
 ///   the Evictor or from an Admitter with a ring; absent: causal only.

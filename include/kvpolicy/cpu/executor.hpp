@@ -1,7 +1,7 @@
 /// \file
 /// kvpolicy/cpu/executor.hpp — what cpu_backend does for a Cache (cache.hpp): its entries live in
 /// the Allocator's host pool, its attention runs per kv head through the Backend's attend(), and
-/// its eviction is the host planner's plan (engine/planner.hpp) applied by compaction. The Cache
+/// its eviction is the host planner's plan (cache/planner.hpp) applied by compaction. The Cache
 /// has checked every argument before it calls in here; a call that throws here (an Admitter, an
 /// allocation) takes back what it wrote.
 #pragma once
@@ -19,9 +19,9 @@
 #include "kvpolicy/core/shape.hpp"
 #include "kvpolicy/core/view.hpp"
 #include "kvpolicy/cpu/softmax_partial.hpp"
-#include "kvpolicy/engine/planner.hpp"
-#include "kvpolicy/engine/scorer_inputs.hpp"
-#include "kvpolicy/engine/step_state.hpp"
+#include "kvpolicy/cache/planner.hpp"
+#include "kvpolicy/cache/scorer_records.hpp"
+#include "kvpolicy/cache/step_state.hpp"
 #include "kvpolicy/memory/pool.hpp"
 
 namespace kvpolicy::cpu {
@@ -32,7 +32,7 @@ class Executor {
   static_assert(!scorer_needs_attention_mass<S> ||
                     requires(Alloc& a) { a.pool().add_to_field(0, Field::attention_mass, 0.0f); },
                 "kvpolicy::Cache: this Scorer ranks by attention mass, and this Allocator's pool cannot accumulate it");
-  using Inputs = detail::ScorerInputs<S>;
+  using Records = detail::ScorerRecords<S>;
   // what the pool carries per entry beside position and write score: what the parts declare
   static constexpr FieldSet fields = composed_fields<S, A>;
 
@@ -142,20 +142,20 @@ class Executor {
   }
 
   /// queries [Hq, T, d] at positions n..n+T-1 over the layer's entries -> out; the attention
-  /// mass, for a Scorer that reads it, into the pool (recorded in `inputs`, which abort takes back).
-  void attend(std::int64_t seq, Sequence&, typename Inputs::Sequence& inputs, int layer, std::int64_t n,
+  /// mass, for a Scorer that reads it, into the pool (recorded in `records`, which abort takes back).
+  void attend(std::int64_t seq, Sequence&, typename Records::Sequence& records, int layer, std::int64_t n,
               std::int64_t T, View<const float, 3> queries, View<float, 3> out) {
     std::vector<std::int32_t> q_pos(static_cast<std::size_t>(T));
     for (std::int64_t t = 0; t < T; ++t) q_pos[static_cast<std::size_t>(t)] = static_cast<std::int32_t>(n + t);
     const AttentionMask mask = composed_attention_mask(evictor_, admitter_);
-    if constexpr (!Inputs::needs_mass && requires { B::decode_range; })
+    if constexpr (!Records::needs_mass && requires { B::decode_range; })
       if (std::int64_t{shape_.group()} * T <= B::decode_rows) return attend_split(seq, layer, q_pos, queries, out, mask);
     // One task per kv head: each writes its own query heads of `out` and its own mass vector.
-    std::vector<std::vector<float>> mass(Inputs::needs_mass ? static_cast<std::size_t>(shape_.kv_heads) : 0);
+    std::vector<std::vector<float>> mass(Records::needs_mass ? static_cast<std::size_t>(shape_.kv_heads) : 0);
     const auto attend_head = [&](int h) {
       const auto head_layout = alloc_.layout(seq, layer, h);
       std::span<float> key_mass;  // each key's probability, summed over every query so far (H2O)
-      if constexpr (Inputs::needs_mass) {
+      if constexpr (Records::needs_mass) {
         auto& m = mass[static_cast<std::size_t>(h)];
         m.assign(static_cast<std::size_t>(head_layout.length), 0.0f);
         key_mass = m;
@@ -163,15 +163,15 @@ class Executor {
       B::attend(std::as_const(alloc_).pool(), head_layout, h, shape_.group(), queries, q_pos, out, key_mass, mask);
     };
     detail::for_each_kv_head<B>(shape_.kv_heads, attention_work(seq, layer, T), attend_head);
-    if constexpr (Inputs::needs_mass)  // applied in head order, undone by abort
+    if constexpr (Records::needs_mass)  // applied in head order, undone by abort
       for (int h = 0; h < shape_.kv_heads; ++h)
-        Inputs::add_mass(inputs, alloc_.pool(), alloc_.layout(seq, layer, h), mass[static_cast<std::size_t>(h)]);
+        Records::add_mass(records, alloc_.pool(), alloc_.layout(seq, layer, h), mass[static_cast<std::size_t>(h)]);
   }
 
   /// Takes back the open step (entries at positions >= n) and what its attention recorded. It scans
   /// every head whether or not a step is open (a layer's append takes its own entries back).
-  void abort(std::int64_t seq, Sequence&, typename Inputs::Sequence& inputs, std::int64_t n, bool) {
-    Inputs::abort(inputs, alloc_.pool());  // the mass first, while its entries are there
+  void abort(std::int64_t seq, Sequence&, typename Records::Sequence& records, std::int64_t n, bool) {
+    Records::abort(records, alloc_.pool());  // the mass first, while its entries are there
     drop_open_entries(seq, n, -1);
   }
 
@@ -181,7 +181,7 @@ class Executor {
     std::int64_t seq;
     const Sequence* memory;
     StepContext context;
-    const typename Inputs::Sequence* inputs;
+    const typename Records::Sequence* records;
   };
   /// Every request's eviction (SPEC §1–5), planned and not applied; throws (a NaN score) with
   /// nothing changed.

@@ -13,7 +13,7 @@
 #include "kvpolicy/cache.hpp"
 #include "kvpolicy/cuda/executor.cuh"
 #include "kvpolicy/memory/paged.hpp"
-#include "kvpolicy/parts/admit/write_gate.hpp"
+#include "kvpolicy/parts/admit/all.hpp"
 #include "kvpolicy/parts/evict/evictors.hpp"
 
 namespace kvpolicy {

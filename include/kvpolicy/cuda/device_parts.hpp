@@ -8,7 +8,7 @@
 
 #include "kvpolicy/core/concepts.hpp"
 #include "kvpolicy/memory/paged.hpp"
-#include "kvpolicy/parts/admit/write_gate.hpp"
+#include "kvpolicy/parts/admit/all.hpp"
 #include "kvpolicy/parts/score/observed_attention.hpp"
 
 namespace kvpolicy::gpu {

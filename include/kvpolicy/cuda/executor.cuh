@@ -9,7 +9,7 @@
 /// The host-view API copies its inputs to the device and synchronises the cache's stream at each
 /// call's end to report errors the device found (out of pages, a NaN score) as exceptions — the
 /// convenience an engine has on the CPU. An engine whose tensors already live on the GPU calls the
-/// kernels itself over the executor's views (Cache::backend(): kv(), tables_view(), free_list()),
+/// kernels itself over the executor's views (Cache::executor(): kv(), tables_view(), free_list()),
 /// as examples/engine_cuda.cu does, and pays neither.
 ///
 /// What it runs: EntryScorers (RetentionDecay, Lookahead, KNormRetention, Frozen, the training-free
@@ -43,12 +43,12 @@
 #include "kvpolicy/cuda/kernels/evict_step.cuh"
 #include "kvpolicy/cuda/kernels/observed_attention.cuh"
 #include "kvpolicy/cuda/memory/paged_memory.cuh"
-#include "kvpolicy/engine/evictor_hooks.hpp"
-#include "kvpolicy/engine/planner.hpp"
-#include "kvpolicy/engine/scorer_inputs.hpp"
-#include "kvpolicy/engine/step_state.hpp"
+#include "kvpolicy/cache/evictor_hooks.hpp"
+#include "kvpolicy/cache/planner.hpp"
+#include "kvpolicy/cache/scorer_records.hpp"
+#include "kvpolicy/cache/step_state.hpp"
 #include "kvpolicy/memory/paged.hpp"
-#include "kvpolicy/parts/admit/write_gate.hpp"
+#include "kvpolicy/parts/admit/all.hpp"
 #include "kvpolicy/parts/evict/selection.hpp"
 
 namespace kvpolicy::gpu {
@@ -77,7 +77,7 @@ class Executor<S, A, E, memory::Paged<P, Storage>> {
   using device_type = typename Memory::device_type;
   template <class T>
   using DeviceArray = detail::DeviceArray<T>;
-  using Inputs = kvpolicy::detail::ScorerInputs<S>;
+  using Records = kvpolicy::detail::ScorerRecords<S>;
   // the per-entry fields the parts declare: the columns the device pool carries
   static constexpr FieldSet fields = composed_fields<S, A>;
 
@@ -94,7 +94,7 @@ class Executor<S, A, E, memory::Paged<P, Storage>> {
     std::int64_t seq;
     const Sequence* memory;
     StepContext context;
-    const typename Inputs::Sequence* inputs;
+    const typename Records::Sequence* records;
   };
   /// The eviction of the sequences whose steps close together, planned into the workspace: the
   /// sequences whose trigger fired, side by side in `tables` (gathered when there are several),
@@ -254,7 +254,7 @@ class Executor<S, A, E, memory::Paged<P, Storage>> {
   /// queries [Hq, T, d] at positions n..n+T-1 -> out, causal inside the chunk (SPEC §6) as on the
   /// CPU: the chunk's T rows go to the decode kernel as a batch of T queries over the same heads,
   /// each at its own position. The device batch is [T, Hq, d] (the host view is [Hq, T, d]).
-  void attend(std::int64_t, Sequence& m, typename Inputs::Sequence&, int layer, std::int64_t n, std::int64_t T,
+  void attend(std::int64_t, Sequence& m, typename Records::Sequence&, int layer, std::int64_t n, std::int64_t T,
               View<const float, 3> queries, View<float, 3> out) {
     const auto d = static_cast<std::size_t>(shape_.head_dim);
     const auto Hq = static_cast<std::size_t>(shape_.q_heads);
@@ -294,20 +294,20 @@ class Executor<S, A, E, memory::Paged<P, Storage>> {
 
   /// Takes back the open step: what its attention recorded (the observed queries), and each head
   /// back to its length when the step began.
-  void abort(std::int64_t, Sequence& m, typename Inputs::Sequence& inputs, std::int64_t, bool open) {
-    Inputs::abort(inputs, mem_);  // the device keeps no attention mass (emits_attention_mass is false)
+  void abort(std::int64_t, Sequence& m, typename Records::Sequence& records, std::int64_t, bool open) {
+    Records::abort(records, mem_);  // the device keeps no attention mass (emits_attention_mass is false)
     if (open) truncate(m, m.first);
   }
 
   // ---- eviction: plan, then apply ----------------------------------------------------------------
-  /// The planner's skeleton (engine/planner.hpp, as on the host) over the primitives below: every
+  /// The planner's skeleton (cache/planner.hpp, as on the host) over the primitives below: every
   /// request's trigger on the host (the lengths are the device's), then one scoring and selection
   /// on the device over the sequences it fires for — their block-table rows side by side, gathered
   /// when there are several — into the workspace. A NaN score throws with nothing changed: the
   /// tables it planned over are the sequences' own or a copy, and nothing was compacted.
   Plan plan(std::span<const Request> requests) { return kvpolicy::detail::plan_evictions(shape_, evictor_, *this, requests); }
 
-  // ---- the primitives the planner calls (engine/planner.hpp, plan_evictions) ------------------------
+  // ---- the primitives the planner calls (cache/planner.hpp, plan_evictions) ------------------------
   std::vector<std::int64_t> seen_lengths(Plan& p, const Request& r) {
     p.slots.push_back(r.memory->slot);
     return p.seen.emplace_back(lengths(r.seq, *r.memory));  // the device cache has no ring (admit::All)
@@ -452,7 +452,7 @@ class Executor<S, A, E, memory::Paged<P, Storage>> {
         if (!active[seg]) continue;
         entries += length[seg];
         const int layer = static_cast<int>(h) / shape_.kv_heads, head = static_cast<int>(h) % shape_.kv_heads;
-        const ObservedQueries q = r.inputs->windows[static_cast<std::size_t>(layer)].ordered(
+        const ObservedQueries q = r.records->windows[static_cast<std::size_t>(layer)].ordered(
             head, static_cast<int>(group), window, window_position);
         count[seg] = static_cast<std::int32_t>(q.window);
         for (std::size_t g = 0; g < group; ++g)

@@ -31,7 +31,7 @@
 #include "kvpolicy/dist/agree.hpp"
 #include "kvpolicy/dist/communicator.hpp"
 #include "kvpolicy/dist/select.hpp"
-#include "kvpolicy/engine/evictor_hooks.hpp"
+#include "kvpolicy/cache/evictor_hooks.hpp"
 #include "kvpolicy/parts/evict/evictors.hpp"
 
 namespace kvpolicy::dist {

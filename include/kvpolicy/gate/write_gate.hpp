@@ -3,7 +3,7 @@
 ///   f = [ rmsnorm(k_pre) * w_pre ; rmsnorm(k_post) * w_post ]   (2d; eps 1e-6)
 ///   g = max(sigmoid(w2[h] . gelu(W1[h] f + b1[h]) + b2[h]), 1e-3)   W1[h]: [E, 2d], E = 4d in SPEC
 /// k_pre is the key before RoPE, k_post after. Batched over the T tokens of a prefill chunk; a decode
-/// token is the T = 1 case. Tensor names: docs/formats.md (tools/convert_checkpoint.py writes them).
+/// token is the T = 1 case. Tensor names: docs/formats.md (kvpolicy-convert-checkpoint writes them).
 #pragma once
 
 #include <algorithm>

@@ -11,7 +11,7 @@
 #include "kvpolicy/core/by_name.hpp"
 #include "kvpolicy/cpu/backend_fwd.hpp"
 #include "kvpolicy/memory/paged.hpp"
-#include "kvpolicy/parts/admit/write_gate.hpp"
+#include "kvpolicy/parts/admit/all.hpp"
 #include "kvpolicy/parts/evict/evictors.hpp"
 #include "kvpolicy/parts/score/observed_attention.hpp"
 #include "kvpolicy/registry/policy.hpp"

@@ -2,7 +2,7 @@
 /// kvpolicy/registry/policy.hpp — what a registered policy declares (kvpolicy/policies/NAME.hpp),
 /// as kvpress's presses do: its name, a line of help, the options it takes with their defaults and
 /// help text, what its entries need from the forward pass, and a factory that builds its Cache.
-/// The tools (kvpolicy-lm, kvpolicy-replay, tools/quality_table.sh) and the tests iterate the
+/// The tools (kvpolicy-lm, kvpolicy-replay, kvpolicy-quality) and the tests iterate the
 /// registry (kvpolicy/registry.hpp) instead of naming policies.
 ///
 ///   struct tova {

@@ -23,7 +23,7 @@
 #include "kvpolicy/cuda/kernels/compact.cuh"
 #include "kvpolicy/cuda/memory/device_array.cuh"
 #include "kvpolicy/cuda/memory/views.cuh"
-#include "kvpolicy/engine/step_state.hpp"
+#include "kvpolicy/cache/step_state.hpp"
 
 namespace kvpolicy::gpu {
 

@@ -1,6 +1,6 @@
 /// \file
-/// kvpolicy/parts/admit/write_gate.hpp — Admitters. TRIM-KV and DBTrimKV admit every token (they act only at
-/// eviction time); write-time admission (WG-KV, SPEC §3) composes here.
+/// kvpolicy/parts/admit/write_gate.hpp — WG-KV's write-time admission (SPEC §3), the Admitter that
+/// composes with any Evictor (the one that admits every token: parts/admit/all.hpp).
 #pragma once
 
 #include <cmath>
@@ -11,13 +11,6 @@
 #include "kvpolicy/core/mask.hpp"
 
 namespace kvpolicy::admit {
-
-struct All {
-  static constexpr bool stores_every_token = true;
-  KVPOLICY_HD Admission admit(EntryMeta) const { return Admission::keep; }
-};
-
-static_assert(Admitter<All>, "admit::All must model kvpolicy::Admitter");
 
 /// WG-KV's write-time admission (SPEC §3) as an Admitter that composes with any Evictor: a token
 /// whose write gate g (EntryMeta::gate, handed to append beside log_beta) is >= tau is admitted to

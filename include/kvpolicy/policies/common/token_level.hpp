@@ -13,7 +13,7 @@
 #include <utility>
 
 #include "kvpolicy/cache.hpp"
-#include "kvpolicy/parts/admit/write_gate.hpp"
+#include "kvpolicy/parts/admit/all.hpp"
 #include "kvpolicy/parts/evict/evictors.hpp"
 #include "kvpolicy/parts/evict/union.hpp"
 #include "kvpolicy/registry/policy.hpp"

@@ -1,0 +1,233 @@
+#!/usr/bin/env python3
+"""The same survivors as NVIDIA kvpress on a real prompt: each kvpress press compresses a prompt
+once, at its end, through SmolLM2-135M in transformers; kvpolicy's policy of the same name then
+compresses the same keys and queries, recorded from that forward pass, in kvpolicy-replay (the
+whole prompt as one step, so its eviction runs once, at the prompt's end). For each (layer, kv head)
+the two sets of kept positions are compared.
+
+  tools/kvpress-check.sh [--tokens 1024] [--keep 256]     (makes the venv build/kvpress, runs this)
+  tools/kvpress-check.sh --engine python                  (kvpolicy's side through the Python package)
+
+With --engine python the same keys, values and queries go through the Python package's
+kvpolicy.Cache (pip install .) instead of kvpolicy-replay: one step of the whole prompt, declared as
+the prompt, each policy by its registry name with the same options.
+
+kvpress keeps n_kept = int(T * (1 - compression_ratio)) per head (per layer on average for AdaKV,
+whose pruned entries are masked, not removed: its survivors are the entries not masked); the ratio
+is chosen so that n_kept = --keep = kvpolicy's M. Where the two differ, the script reports whether
+the press's scores at the boundary tie in fp32 (kvpress ranks with torch.topk, whose order among
+equal scores is not documented; kvpolicy gives ties to the newer entry) or lie within 1e-6 of each
+other (the two compute the same score in a different order: kvpress in fp32 from queries it
+recomputes, kvpolicy in double). Exit status 1 if any differs otherwise.
+
+Pairs: StreamingLLM (4 sinks), KNorm, KeyDiff, SnapKV (window 64, avg-pool 5), AdaKV over SnapKV
+(alpha 0.2), PyramidKV (window 64, beta 3: each layer its own budget, averaging --keep), Expected
+Attention (kvpress's defaults: 4 sinks, 512 future positions; kvpolicy told the model's RoPE), and
+TOVA, whose kvpress press averages the last query's attention over every query head of the layer
+while kvpolicy's averages over the kv head's query group (docs/policies.md): its row is reported,
+not required to match.
+"""
+import argparse
+import os
+
+os.environ.setdefault("TQDM_DISABLE", "1")  # transformers' loading bars
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import torch
+
+
+def load(gguf):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()
+    d, f = os.path.dirname(os.path.abspath(gguf)), os.path.basename(gguf)
+    model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32, attn_implementation="sdpa")
+    tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
+    return model.eval(), tok
+
+
+def record_trace(model, ids, path):
+    """Runs the prompt once and writes what each layer's attention saw (post-RoPE queries and keys,
+    values) as a kvpolicy-replay trace."""
+    from safetensors.numpy import save_file
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    seen = {}
+
+    def recording(module, query, key, value, attention_mask, **kwargs):
+        seen[module.layer_idx] = (query[0].detach().clone(), key[0].detach().clone(), value[0].detach().clone())
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+    AttentionInterface.register("kvpolicy_record", recording)
+    model.set_attn_implementation("kvpolicy_record")
+    with torch.no_grad():
+        model(ids)
+    model.set_attn_implementation("sdpa")
+    L = len(seen)
+    # C order: the query states are a transposed view, and safetensors writes memory as it lies
+    q, k, v = (np.ascontiguousarray(np.stack([seen[l][i].numpy() for l in range(L)]), dtype=np.float32) for i in range(3))
+    T = ids.shape[1]
+    save_file({"keys": k, "values": v, "queries": q, "log_beta": np.zeros((L, k.shape[1], T), np.float32)}, path)
+    return L, k.shape[1]
+
+
+def rope_theta(config):
+    """The model's RoPE base, where this transformers version keeps it."""
+    rope = getattr(config, "rope_parameters", None) or {}
+    return rope.get("rope_theta", getattr(config, "rope_theta", None))
+
+
+def kvpress_survivors(model, ids, press, adakv):
+    """kept[l][h] = set of positions kvpress keeps; scores[l] [Hkv, T] the press's scores (None for AdaKV)."""
+    from kvpress.presses.scorer_press import ScorerPress
+
+    scores = {}
+    inner = press.press if adakv else press
+    original = type(inner).score
+
+    def scoring(self, module, *args, **kwargs):
+        s = original(self, module, *args, **kwargs)
+        scores[module.layer_idx] = s[0].detach().float().clone()
+        return s
+
+    type(inner).score = scoring
+    try:
+        with torch.no_grad(), press(model):
+            model(ids)
+    finally:
+        type(inner).score = original
+    T = ids.shape[1]
+    kept = {}
+    for layer in model.model.layers:
+        l = layer.self_attn.layer_idx
+        s = scores[l]
+        H = s.shape[0]
+        if adakv:
+            keep = np.ones((H, T), bool)
+            _, heads, seq = layer.self_attn.masked_key_indices
+            keep[heads.numpy(), seq.numpy()] = False
+        else:
+            assert isinstance(inner, ScorerPress)
+            # PyramidKV's budget is the layer's own (its get_layer_budget); every other press keeps one n_kept
+            n_kept = press.get_layer_budget(layer.self_attn, T) if hasattr(press, "get_layer_budget") \
+                else int(T * (1 - press.compression_ratio))
+            idx = s.topk(n_kept, dim=-1).indices.numpy()
+            keep = np.zeros((H, T), bool)
+            np.put_along_axis(keep, idx, True, axis=-1)
+        kept[l] = keep
+    return kept, scores
+
+
+def kvpolicy_survivors(replay, trace, policy, args, out):
+    p = subprocess.run([replay, "--trace", trace, "--policy", policy, "--no-reference", "--out", out] + args,
+                       capture_output=True, text=True)
+    if p.returncode != 0:
+        raise SystemExit(f"kvpress_survivors: kvpolicy-replay failed: {p.stderr}")
+    from safetensors.numpy import load_file
+
+    return load_file(out)["evicted_at"] == -1  # [L, Hkv, T]
+
+
+def kvpolicy_survivors_python(trace, policy, args):
+    """The same as kvpolicy_survivors, through the Python package: kept [L, Hkv, T]."""
+    import kvpolicy
+    from safetensors.numpy import load_file
+
+    t = load_file(trace)
+    k, v, q = t["keys"], t["values"], t["queries"]
+    L, H, T, d = k.shape
+    options = {args[i][2:].replace("-", "_"): args[i + 1] for i in range(0, len(args), 2) if args[i] != "--prefill"}
+    cache = kvpolicy.Cache(policy, layers=L, kv_heads=H, q_heads=q.shape[1], head_dim=d, max_tokens=T + 16, **options)
+    cache.add_sequence(0, prompt_tokens=T)
+    cache.step(0, k, v, queries=q)
+    kept = np.zeros((L, H, T), bool)
+    for l in range(L):
+        for h in range(H):
+            kept[l, h, cache.entries(0, l, h)["position"]] = True
+    return kept
+
+
+def explain(score, ours, theirs):
+    """For entries whose fate differs (one head, or a whole layer for AdaKV's pooled choice): do the
+    ones only kvpolicy keeps score what the ones only kvpress keeps score (a tie), or within 1e-6?"""
+    score = score.numpy()
+    a, b = score[ours & ~theirs], score[theirs & ~ours]
+    if np.array_equal(np.sort(a), np.sort(b)):
+        return "tie"
+    if np.allclose(np.sort(a), np.sort(b), rtol=1e-6, atol=1e-9):
+        return "near-tie"
+    return "differs"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--gguf", default="build/train/SmolLM2-135M-Instruct.Q4_1.gguf", help="default: %(default)s, from the repository's root")
+    ap.add_argument("--replay", default="build/default/apps/kvpolicy-replay")
+    ap.add_argument("--text", default="/usr/share/common-licenses/GPL-3")
+    ap.add_argument("--tokens", type=int, default=1024)
+    ap.add_argument("--keep", type=int, default=256, help="n_kept of kvpress, M of kvpolicy")
+    ap.add_argument("--engine", choices=["replay", "python"], default="replay",
+                    help="kvpolicy's side: kvpolicy-replay, or the Python package's Cache")
+    a = ap.parse_args()
+    from kvpress import (AdaKVPress, ExpectedAttentionPress, KeyDiffPress, KnormPress, PyramidKVPress, SnapKVPress,
+                         StreamingLLMPress, TOVAPress)
+
+    torch.manual_seed(0)
+    model, tok = load(a.gguf)
+    ids = torch.tensor([tok(open(a.text).read())["input_ids"][: a.tokens]])
+    T, M = ids.shape[1], a.keep
+    ratio = (T - M - 0.5) / T  # int(T * (1 - ratio)) == M
+    assert int(T * (1 - ratio)) == M
+    per_head = ["--prefill", str(T), "--budget", str(M), "--buffer", "1"]
+    window = ["--prefill", str(T), "--budget", str(M), "--window", "64"]
+    pairs = [
+        ("streamingllm", StreamingLLMPress(compression_ratio=ratio, n_sink=4), False, per_head + ["--sinks", "4"], True),
+        ("knorm", KnormPress(compression_ratio=ratio), False, per_head, True),
+        ("keydiff", KeyDiffPress(compression_ratio=ratio), False, per_head, True),
+        ("snapkv", SnapKVPress(compression_ratio=ratio, window_size=64, kernel_size=5), False, window, True),
+        ("adakv", AdaKVPress(SnapKVPress(compression_ratio=ratio, window_size=64, kernel_size=5), alpha_safeguard=0.2),
+         True, window + ["--safeguard", "0.2"], True),
+        # the layers' budgets average T * (1 - ratio) = M; beta 3 keeps the last layer's (M / 3) above the window
+        ("pyramidkv", PyramidKVPress(compression_ratio=1 - M / T, window_size=64, kernel_size=5, beta=3), False,
+         window + ["--beta", "3"], True),
+        ("tova", TOVAPress(compression_ratio=ratio), False, per_head + ["--window", "1"], False),
+        # kvpress computes the queries before RoPE itself; kvpolicy rotates the recorded ones back by the model's RoPE
+        ("expected-attention", ExpectedAttentionPress(compression_ratio=ratio), False,
+         ["--prefill", str(T), "--budget", str(M), "--rope-theta", repr(float(rope_theta(model.config))),
+          "--rope-layout", "half"], True),
+    ]
+    failed = False
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = os.path.join(tmp, "trace.safetensors")
+        L, H = record_trace(model, ids, trace)
+        print(f"SmolLM2-135M, {T} tokens of {os.path.basename(a.text)}, keep {M} per head; {L} layers x {H} kv heads; "
+              f"kvpolicy through {'kvpolicy-replay' if a.engine == 'replay' else 'the Python package'}")
+        print(f"{'policy':<20}{'heads equal':>12}{'entries differ':>16}{'at a tie':>10}{'near-tie':>10}{'other':>8}")
+        for name, press, adakv, args, required in pairs:
+            theirs, scores = kvpress_survivors(model, ids, press, adakv)
+            ours = kvpolicy_survivors(a.replay, trace, name, args, os.path.join(tmp, name + ".safetensors")) \
+                if a.engine == "replay" else kvpolicy_survivors_python(trace, name, args)
+            equal, differ, why = 0, 0, {"tie": 0, "near-tie": 0, "differs": 0}
+            for l in range(L):
+                equal += sum(np.array_equal(ours[l, h], theirs[l][h]) for h in range(H))
+                differ += int((ours[l] != theirs[l]).sum())
+                # AdaKV chooses across a layer's heads: a difference is explained per layer
+                units = [(ours[l], theirs[l], scores[l])] if adakv else \
+                    [(ours[l, h], theirs[l][h], scores[l][h]) for h in range(H)]
+                for o, t, s in units:
+                    if not np.array_equal(o, t):
+                        why[explain(s, o, t)] += 1
+            print(f"{name:<20}{equal:>8} / {L * H:<3}{differ:>16}{why['tie']:>10}{why['near-tie']:>10}{why['differs']:>8}"
+                  + ("" if required else "   (kvpress averages over every head of the layer)"))
+            failed = failed or (required and why["differs"] > 0)
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
