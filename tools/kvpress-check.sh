@@ -62,5 +62,5 @@ fi
 # from this checkout
 tools_path=$root/python/tools
 [[ " $* " == *" --engine python "* ]] && tools_path=
-env ${tools_path:+PYTHONPATH=$tools_path} "$venv/bin/python" -m kvpolicy_tools.eval.kvpress_survivors --gguf "$gguf" \
+env ${tools_path:+"PYTHONPATH=$tools_path"} "$venv/bin/python" -m kvpolicy_tools.eval.kvpress_survivors --gguf "$gguf" \
   --replay "$root/build/default/apps/kvpolicy-replay" "$@"

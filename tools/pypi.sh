@@ -8,8 +8,9 @@
 
 # Whether the index pip reads answers (kvpolicy_tools.pypi: PIP_INDEX_URL, pip's configuration
 # files, else PyPI's, within 20 s; the system python3 runs it, standard library only).
+pypi_tools=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/python/tools  # resolved once, where it is sourced
 pypi_reachable() {
-  PYTHONPATH="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/python/tools" python3 -m kvpolicy_tools.pypi
+  PYTHONPATH="$pypi_tools" python3 -m kvpolicy_tools.pypi
 }
 
 pypi_install() {

@@ -1,6 +1,7 @@
 /// \file
 /// kvpolicy/cpu.hpp — the CPU backend (cpu_backend: Eigen's and OpenMP's attention, the host
-/// planner) with the Cache it completes, for a program that composes its own parts
+/// planner) with the Cache it completes, the allocators and the Admitter every policy but WG-KV
+/// uses, for a program that composes its own parts
 /// (docs/architecture.md); a family's header (trimkv.hpp, baselines.hpp, …) is this and its policy
 /// files. A device program includes kvpolicy/cuda.cuh instead.
 ///
@@ -12,3 +13,6 @@
 
 #include "kvpolicy/cache.hpp"
 #include "kvpolicy/cpu/backend.hpp"
+#include "kvpolicy/memory/contiguous.hpp"
+#include "kvpolicy/memory/paged.hpp"
+#include "kvpolicy/parts/admit/all.hpp"

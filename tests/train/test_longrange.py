@@ -11,7 +11,7 @@ without torch:
   - every held-out retrieval instance states what its answer needs in the asked fact's own
     statements, whole lines of the prompt before the question, which ends it;
   - answers are graded by whole numbers (4821 is not in 48213) and every needed string.
-usage: test_longrange.py   (any python3; the prose comes from docs/, so no Debian text package is needed)
+usage: PYTHONPATH=python/tools test_longrange.py   (any python3; the prose comes from docs/, so no Debian text package is needed)
 """
 import os
 import random

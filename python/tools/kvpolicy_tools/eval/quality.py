@@ -64,7 +64,7 @@ def measure(a, model, policy, args):
         sys.stderr.write(p.stderr)
         if p.returncode == REFUSED:
             return None
-        sys.exit(p.returncode)
+        sys.exit(128 - p.returncode if p.returncode < 0 else p.returncode)  # a signal as the shell says it
     log = p.stdout
     held = re.search(r"^entries held: peak (\d+), final (\d+) ", log, re.M)
     secs = re.search(r"; ([0-9.]+) s, ", log)
@@ -120,6 +120,8 @@ def main(argv=None):
                 if "gate" in takes:
                     gate = os.path.join(a.gates, p + ".safetensors")
                     if not os.path.exists(gate):
+                        if not a.only or p in a.only:
+                            print(f"kvpolicy-quality: no gate {gate}: {p} not run (--gates DIR)", file=sys.stderr)
                         continue
                     args += ["--gate", gate]
                 if a.mode == "union":

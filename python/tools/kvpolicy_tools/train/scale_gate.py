@@ -9,7 +9,7 @@ Why: an eviction ranks by (t - i) * log beta_i, and where z >> 0, -log beta ~ ex
 token outranks a new one when their logits differ by more than log(age ratio). S < 1 shrinks those
 differences: fewer old tokens outrank the newest, and only those the gate is surest of (the facts a
 long-range gate learned to keep) stay old. S trades what a long-range gate retrieves against the
-perplexity of prose, without training (docs/training.md, "Trading retrieval for prose").
+perplexity of prose, without training (docs/lab/training.md, "Trading retrieval for prose").
 
 Each tensor is scaled in fp32 and stored in GATE's dtype. OUT's metadata is GATE's, with `scale`
 saying by how much. Refuses S <= 0 and a file that is not a written retention gate (a write gate or a checkpoint.pt
