@@ -15,6 +15,8 @@
 
 namespace kvpolicy {
 
+/// A Cache behind virtual calls of the Cache's own names, whatever its parts: what registry::open returns,
+/// for a program that picks its policy at run time.
 class AnyCache {
  public:
   virtual ~AnyCache() = default;

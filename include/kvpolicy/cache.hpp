@@ -61,6 +61,9 @@ concept BackendExecutor = requires(X& x, const X& cx, typename X::Sequence& m, c
   { x.apply(plan, evicted) } -> std::same_as<std::vector<EvictionReport>>;
 };
 
+/// The Cache: one policy composed of its five parts (S scores, A admits, E evicts, Alloc places the entries,
+/// B runs the attention and carries out the eviction). A sequence is added, stepped (append and attend per
+/// layer, then commit; or step) and removed, as this file's comment shows.
 template <Scorer S, Admitter A, Evictor E, Allocator Alloc, Backend B>
 class Cache {
   // Compositions that cannot work fail here, with one line each (docs/architecture.md, "The five parts").

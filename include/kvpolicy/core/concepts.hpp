@@ -24,6 +24,8 @@ template <class S>
 concept EntryScorer = requires(const S& s, EntryMeta m, StepContext c) {
   { s(m, c) } -> std::same_as<float>;
 };
+/// A scorer that scores a whole head at once from its keys and metadata (KeyDiff, SPEC §5): score_head(keys
+/// [N, d], meta [N], ctx, out [N]).
 template <class S>
 concept HeadScorer = requires(const S& s, View<const float, 2> keys, std::span<const EntryMeta> meta, StepContext c,
                               std::span<float> out) { s.score_head(keys, meta, c, out); };
@@ -48,6 +50,7 @@ concept MomentsScorer = requires(const S& s, View<const float, 2> keys, View<con
   { s.query_moments_from() } -> std::convertible_to<std::int64_t>;
   s.score_moments(keys, values, meta, c, m, out);
 };
+/// A Scorer: copyable, checks its settings (validate()), and scores in one of the four ways above.
 template <class S>
 concept Scorer = std::copyable<S> && requires(const S& s) { s.validate(); } &&
                  (EntryScorer<S> || HeadScorer<S> || WindowScorer<S> || MomentsScorer<S>);
@@ -108,10 +111,13 @@ concept evictor_states_selection = requires(const E& e) {
   requires std::same_as<decltype(e.selection()), evict::HeadSelection> ||
                std::same_as<decltype(e.selection()), evict::PoolSelection>;
 };
+/// An Evictor that keeps by its own select() (the rule the data cannot state, above).
 template <class E>
 concept evictor_selects_itself =
     requires(const E& e, const CacheShape& shape, StepContext c, const SegmentedScores& scores,
              std::span<std::uint8_t> keep) { e.select(shape, c, scores, keep); };
+/// An Evictor: copyable, checks its settings against the shape, groups its heads, says when a group fires,
+/// and states its selection or selects itself.
 template <class E>
 concept Evictor = std::copyable<E> &&
                   requires(const E& e, const CacheShape& shape, std::int64_t length, StepContext c) {

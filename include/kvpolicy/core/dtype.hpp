@@ -13,9 +13,11 @@
 
 namespace kvpolicy {
 
+/// IEEE binary16 K/V storage: the bits alone (the conversions are below).
 struct half {
   std::uint16_t bits = 0;
 };
+/// bfloat16 K/V storage: the bits alone (the conversions are below).
 struct bfloat16 {
   std::uint16_t bits = 0;
 };

@@ -13,6 +13,8 @@
 
 namespace kvpolicy {
 
+/// The one exception the library throws (SPEC §7): its message starts with "kvpolicy: " and names the bad
+/// value.
 class Error : public std::runtime_error {
  public:
   explicit Error(const std::string& what) : std::runtime_error("kvpolicy: " + what) {}

@@ -18,6 +18,8 @@ namespace kvpolicy {
 /// Admitter's ring (admit::WriteGate, which reads EntryMeta::gate).
 enum class GateField : std::uint8_t { write_score, gate };
 
+/// Which keys a query may see: causal, and with local > 0 WG-KV's vertical-slash mask (SPEC §3), the local
+/// newest keys and the older ones whose g >= tau.
 struct AttentionMask {
   std::int64_t local = 0;  ///< W_local; 0 = causal only
   float tau = 0.0f;        ///< admission threshold

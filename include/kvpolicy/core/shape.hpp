@@ -8,6 +8,7 @@
 
 namespace kvpolicy {
 
+/// The model geometry a cache is built for (SPEC, Notation).
 struct CacheShape {
   int layers = 0;     // L
   int kv_heads = 0;   // Hkv

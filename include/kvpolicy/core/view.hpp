@@ -15,6 +15,7 @@
 
 namespace kvpolicy {
 
+/// A rank-Rank tensor as a pointer and a row-major shape; it owns nothing (the engine owns the memory).
 template <class T, int Rank>
 struct View {
   static_assert(Rank >= 1 && Rank <= 4, "View supports ranks 1..4");

@@ -28,6 +28,8 @@ inline namespace tiled_attention {
 inline namespace portable_attention {
 #endif
 
+/// The CPU Backend: the attention on the host (Eigen or the portable loops, OpenMP across heads), and the
+/// eviction planned and applied there (cpu/executor.hpp).
 struct cpu_backend {
   static constexpr const char* name = "cpu";
   /// attend() can add each key's attention mass to key_mass (H2O, SPEC §5).

@@ -18,6 +18,7 @@
 
 namespace kvpolicy {
 
+/// The CUDA Backend (this file's comment): the entries, the attention and the eviction on the device.
 struct cuda_backend {
   static constexpr const char* name = "cuda";
   static constexpr bool emits_attention_mass = false;

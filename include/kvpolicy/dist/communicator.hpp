@@ -15,6 +15,8 @@
 
 namespace kvpolicy::dist {
 
+/// What a sharded cache calls on the engine's tensor-parallel group: its rank and size, sums and broadcasts
+/// over every rank.
 template <class C>
 concept Communicator = requires(C& c, const C& cc, std::span<std::int64_t> counts, std::span<float> values) {
   { cc.rank() } -> std::convertible_to<int>;

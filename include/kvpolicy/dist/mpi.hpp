@@ -17,6 +17,7 @@
 
 namespace kvpolicy::dist {
 
+/// dist::Communicator over an MPI communicator the engine owns (this file's comment).
 class Mpi {
  public:
   explicit Mpi(MPI_Comm comm) : comm_(comm) {

@@ -18,6 +18,7 @@
 
 namespace kvpolicy::dist {
 
+/// dist::Communicator over an ncclComm_t the engine owns, on its stream (this file's comment).
 class Nccl {
  public:
   explicit Nccl(ncclComm_t comm, cudaStream_t stream = nullptr) : comm_(comm), stream_(stream) {

@@ -36,6 +36,8 @@
 
 namespace kvpolicy::dist {
 
+/// A pooled Evictor over the heads of every rank: each rank ranks its own heads, and the group keeps what the
+/// unsharded Cache would (dist/select.hpp).
 template <Evictor E, Communicator C>
   requires evictor_states_selection<E> && (!selects_per_head<E>)
 struct Sharded {

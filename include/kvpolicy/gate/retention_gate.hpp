@@ -17,6 +17,7 @@
 
 namespace kvpolicy::gate {
 
+/// A row-major fp32 Eigen matrix: the layout of the gates' weights in their files.
 using RowMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
 /// Reads `name` with shape `shape` as a finite fp32 matrix [rows, cols] (a vector is [n, 1]).
@@ -26,6 +27,7 @@ inline RowMatrix load_matrix(const safetensors::File& f, const std::string& name
   return Eigen::Map<const RowMatrix>(v.data(), rows, cols);
 }
 
+/// The TRIM-KV gate's sizes (SPEC §1): layers, D, Hkv, I and its activation.
 struct RetentionGateConfig {
   int layers = 0;
   int hidden = 0;          // D
@@ -42,6 +44,7 @@ struct RetentionGateConfig {
   }
 };
 
+/// TRIM-KV's retention gate (SPEC §1): one MLP per layer from the hidden state to log beta of every kv head.
 class RetentionGate {
  public:
   struct Layer {

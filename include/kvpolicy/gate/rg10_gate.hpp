@@ -20,6 +20,7 @@ namespace kvpolicy::gate {
 /// The rg10 gate's sizes are TRIM-KV's: layers, D, Hkv, I (512 in the released checkpoints), act.
 using Rg10GateConfig = RetentionGateConfig;
 
+/// DBTrimKV's rg10 gate as the authors' checkpoints hold it (SPEC §2, "Tied gate").
 class Rg10Gate {
  public:
   struct Layer {

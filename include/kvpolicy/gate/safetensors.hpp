@@ -51,6 +51,7 @@ inline const char* dtype_name(DType t) {
   return "?";
 }
 
+/// One tensor of a safetensors file: its name, dtype, shape and byte range in the data section.
 struct TensorInfo {
   std::string name;
   DType dtype = DType::F32;
@@ -70,6 +71,7 @@ inline std::string shape_string(const std::vector<std::int64_t>& s) {
   return out + "]";
 }
 
+/// A safetensors file, read whole and validated; its tensors are read by name with their shape checked.
 class File {
  public:
   /// Reads and validates a whole file.

@@ -11,6 +11,7 @@
 
 namespace kvpolicy::gate {
 
+/// The tied gate's sizes (SPEC §2): layers, D, Hkv and the projection J.
 struct TiedGateConfig {
   int layers = 0;
   int hidden = 0;    // D
@@ -26,6 +27,7 @@ struct TiedGateConfig {
   }
 };
 
+/// DBTrimKV's weight-tied retention gate in the paper's form (SPEC §2).
 class TiedGate {
  public:
   static std::string prefix(int l) { return "model.layers." + std::to_string(l) + ".self_attn.retention_gate."; }

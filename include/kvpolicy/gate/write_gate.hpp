@@ -21,6 +21,7 @@
 
 namespace kvpolicy::gate {
 
+/// The write gate's sizes (SPEC §3).
 struct WriteGateConfig {
   int layers = 0;
   int kv_heads = 0;   ///< Hkv
@@ -37,6 +38,7 @@ struct WriteGateConfig {
   }
 };
 
+/// WG-KV's write gate (SPEC §3): per layer and kv head, g of each token from its pre- and post-RoPE keys.
 class WriteGate {
  public:
   struct Layer {

@@ -12,11 +12,13 @@
 
 namespace kvpolicy::memory {
 
+/// One head's pages in the pool, in order, and how many entries they hold.
 struct BlockTable {
   std::vector<std::int32_t> pages;
   std::int64_t length = 0;
 };
 
+/// The block table of every (sequence, layer, kv head) an allocator holds.
 class BlockTables {
  public:
   void bind(const CacheShape& shape, const char* owner) {

@@ -14,6 +14,7 @@
 
 namespace kvpolicy::memory {
 
+/// The contiguous allocator (this file's comment): one region of `capacity` entries per head.
 template <class Storage = float>
 class Contiguous {
  public:

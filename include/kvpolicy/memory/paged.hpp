@@ -29,6 +29,8 @@ struct MovableMutex {
 };
 }  // namespace detail
 
+/// The paged allocator (this file's comment): pages of PageSize entries from one pool, a block table per
+/// head.
 template <int PageSize = 16, class Storage = float>
 class Paged {
   static_assert(PageSize >= 1, "memory::Paged: PageSize must be >= 1");

@@ -43,6 +43,7 @@ struct CacheLineAllocator {
   bool operator==(const CacheLineAllocator<U>&) const noexcept { return true; }
 };
 
+/// The slots entries are stored in: K and V as Storage, and each entry's metadata (core/entry.hpp).
 template <class Storage>
 class EntryPool {
   static_assert(is_storage_type_v<Storage>,

@@ -19,6 +19,8 @@
 
 namespace kvpolicy::memory {
 
+/// One layer's running query moments for a sequence (this file's comment), as score::ExpectedAttention reads
+/// them.
 class QueryStatistics {
  public:
   QueryStatistics() = default;

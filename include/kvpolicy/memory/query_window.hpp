@@ -16,6 +16,8 @@
 
 namespace kvpolicy::memory {
 
+/// One layer's last W queries of a sequence (this file's comment), as the observed-attention scorers read
+/// them.
 class QueryWindow {
  public:
   QueryWindow() = default;

@@ -29,6 +29,7 @@
 
 namespace kvpolicy {
 
+/// DBTrimKV's settings (SPEC §2's defaults), written with designated initialisers (core/by_name.hpp).
 struct DBTrimKVConfig {
   [[no_unique_address]] ByName by_name{};
   std::int64_t budget = 1024;  ///< M per (layer, kv head); the sequence keeps L * Hkv * M
@@ -65,16 +66,21 @@ std::int64_t dbtrimkv_pages(const CacheShape& shape, const DBTrimKVConfig& c, st
   return sequences * ((total + Paged::page_size - 1) / Paged::page_size + heads);
 }
 
+/// DBTrimKV's Cache: the lookahead score (score::Lookahead) under one budget per sequence shared by every
+/// layer and kv head (evict::Global), on a paged pool.
 template <class Backend = cpu_backend, class Storage = float, int PageSize = 16>
 using DBTrimKVCache =
     Cache<score::Lookahead, admit::All, evict::Global, memory::Paged<PageSize, Storage>, Backend>;
 
+/// DBTrimKV with one pool per layer (evict::LayerWise): each layer's kv heads share Hkv * M.
 template <class Backend = cpu_backend, class Storage = float, int PageSize = 16>
 using DBTrimKVLayerWiseCache =
     Cache<score::Lookahead, admit::All, evict::LayerWise, memory::Paged<PageSize, Storage>, Backend>;
 
 namespace policies {
 
+/// DBTrimKV's the registry entry (registry/policy.hpp): its name, help, options and make(), by which
+/// `--policy`, registry::open and the Python package build it.
 struct dbtrimkv {
   static constexpr std::string_view name = "dbtrimkv";
   static constexpr std::string_view help =

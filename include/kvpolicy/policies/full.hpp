@@ -17,6 +17,8 @@ using FullCache = PerHeadBudgetCache<score::Recency, Backend, Storage, PageSize>
 
 namespace policies {
 
+/// The full cache's the registry entry (registry/policy.hpp): its name, help, options and make(), by which
+/// `--policy`, registry::open and the Python package build it.
 struct full {
   static constexpr std::string_view name = "full";
   static constexpr std::string_view help = "the full cache: every token stays";

@@ -17,6 +17,8 @@ using KeyDiffCache = PerHeadBudgetCache<score::KeyDiff, Backend, Storage, PageSi
 
 namespace policies {
 
+/// KeyDiff's the registry entry (registry/policy.hpp): its name, help, options and make(), by which
+/// `--policy`, registry::open and the Python package build it.
 struct keydiff {
   static constexpr std::string_view name = "keydiff";
   static constexpr std::string_view help = "KeyDiff: keep the keys least aligned with the head's mean key direction, per-head budget M";

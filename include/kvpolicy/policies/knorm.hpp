@@ -16,6 +16,8 @@ using KNormCache = PerHeadBudgetCache<score::NegKeyNorm, Backend, Storage, PageS
 
 namespace policies {
 
+/// KNorm's the registry entry (registry/policy.hpp): its name, help, options and make(), by which `--policy`,
+/// registry::open and the Python package build it.
 struct knorm {
   static constexpr std::string_view name = "knorm";
   static constexpr std::string_view help = "KNorm: keep the keys of smallest L2 norm, per-head budget M";

@@ -45,6 +45,7 @@
 
 namespace kvpolicy {
 
+/// PyramidKV's settings, written with designated initialisers (core/by_name.hpp).
 struct PyramidKVConfig {
   [[no_unique_address]] ByName by_name{};
   std::int64_t budget = 1024;  ///< M: the layers' budgets average M per (layer, kv head)
@@ -140,6 +141,8 @@ using PyramidKVCache =
 
 namespace policies {
 
+/// PyramidKV's the registry entry (registry/policy.hpp): its name, help, options and make(), by which
+/// `--policy`, registry::open and the Python package build it.
 struct pyramidkv {
   static constexpr std::string_view name = "pyramidkv";
   static constexpr std::string_view help =

@@ -39,6 +39,8 @@ inline evict::PerHead<trigger::Buffered> trimkv_evictor(const TrimKVConfig& c = 
   return evict::PerHead<trigger::Buffered>{trigger::Buffered{c.budget, c.buffer}, c.window, c.threshold, c.sinks};
 }
 
+/// TRIM-KV's Cache: the retention score (score::RetentionDecay) under a per-head budget M with buffer B
+/// (evict::PerHead, trigger::Buffered), on a paged pool.
 template <class Backend = cpu_backend, class Storage = float, int PageSize = 16>
 using TrimKVCache = Cache<score::RetentionDecay, admit::All, evict::PerHead<trigger::Buffered>,
                           memory::Paged<PageSize, Storage>, Backend>;
@@ -60,6 +62,8 @@ std::int64_t trimkv_pages(const CacheShape& shape, const TrimKVConfig& c, std::i
 
 namespace policies {
 
+/// TRIM-KV's the registry entry (registry/policy.hpp): its name, help, options and make(), by which
+/// `--policy`, registry::open and the Python package build it.
 struct trimkv {
   static constexpr std::string_view name = "trimkv";
   static constexpr std::string_view help = "TRIM-KV: score log_beta*(n+1-p), per-head budget M, evict when a head reaches M+B";

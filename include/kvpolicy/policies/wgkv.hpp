@@ -51,6 +51,7 @@
 
 namespace kvpolicy {
 
+/// WG-KV's settings (SPEC §3's defaults), written with designated initialisers (core/by_name.hpp).
 struct WGKVConfig {
   [[no_unique_address]] ByName by_name{};
   std::int64_t sinks = 0;    ///< S: positions 0..S-1 stay, whatever their g (SPEC §5)
@@ -61,6 +62,8 @@ struct WGKVConfig {
 inline evict::WriteGated wgkv_evictor(const WGKVConfig& c = {}) { return evict::WriteGated{c.local, c.tau, c.sinks}; }
 inline admit::WriteGate wgkv_admitter(const WGKVConfig& c = {}) { return admit::WriteGate{c.local, c.tau}; }
 
+/// WG-KV's own Cache: the write gate's g as a frozen score (score::Frozen); evict::WriteGated keeps the ring
+/// and the tokens admitted from it, with no budget.
 template <class Backend = cpu_backend, class Storage = float, int PageSize = 16>
 using WGKVCache = Cache<score::Frozen, admit::All, evict::WriteGated, memory::Paged<PageSize, Storage>, Backend>;
 
@@ -96,6 +99,8 @@ using WGKVBudgetCache = Cache<score::GatedObservedAttention, admit::All, evict::
 
 namespace policies {
 
+/// WG-KV's the registry entry (registry/policy.hpp): its name, help, options and make(), by which `--policy`,
+/// registry::open and the Python package build it.
 struct wgkv {
   static constexpr std::string_view name = "wgkv";
   static constexpr std::string_view help =

@@ -61,6 +61,7 @@ struct EntryMetaView {
   }
 };
 
+/// A paged K/V pool on the device as the kernels read it: K, V and each slot's metadata.
 template <class T>
 struct PagedKV {
   T* keys = nullptr;

@@ -36,6 +36,7 @@
 
 namespace kvpolicy {
 
+/// The settings SPEC §4's policies share, written with designated initialisers (core/by_name.hpp).
 struct EpiKVConfig {
   [[no_unique_address]] ByName by_name{};
   std::int64_t budget = 2048;  ///< K, generated tokens kept per (layer, kv head)

@@ -20,6 +20,7 @@
 
 namespace kvpolicy {
 
+/// The settings the per-head baselines share, written with designated initialisers (core/by_name.hpp).
 struct BaselineConfig {
   [[no_unique_address]] ByName by_name{};
   std::int64_t budget = 1024;  ///< M per (layer, kv head)
