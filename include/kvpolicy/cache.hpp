@@ -95,7 +95,8 @@ class Cache {
   using allocator_type = Alloc;
   using backend_type = B;
   using storage_type = typename Alloc::storage_type;
-  /// What a Backend takes beside the policies (cuda_backend: the stream every call runs on).
+  /// What a Backend takes beside the policies (cpu_backend: nothing; cuda_backend: the stream every
+  /// call runs on).
   using backend_options = typename B::Options;
   /// Whether the Scorer reads the attention (H2O's mass, TOVA's and SnapKV's window, Expected
   /// Attention's query moments; cache/scorer_records.hpp): then every step must attend() every layer.
@@ -110,7 +111,12 @@ class Cache {
   static constexpr bool reads_stored_kv = scorer_reads_stored_kv<S>;
 
   /// Checks every part (each its own settings, the Evictor the Scorer it is given), then lets the
-  /// Backend take its memory: a refused composition allocates nothing.
+  /// Backend take its memory: a refused composition allocates nothing. Throws for an invalid shape
+  /// (CacheShape::validate), an Evictor setting out of range (budget, buffer, window, sinks, threshold,
+  /// floor ratio; messages start `evict::…`), a Scorer's or Admitter's failed validate(), and an
+  /// Evictor whose config names another scorer (validate_scorer: DBTrimKV's horizon, WG-KV's budget).
+  /// Binding the Allocator throws if it already holds sequences or its pool cannot be allocated (the
+  /// message gives the size; never std::bad_alloc).
   Cache(CacheShape shape, Alloc allocator, E evictor = {}, S scorer = {}, A admitter = {},
         backend_options options = {})
       : shape_(validated(shape, evictor, scorer, admitter)), checks_{shape},
@@ -120,7 +126,8 @@ class Cache {
   const E& evictor() const { return executor_.evictor(); }
   const S& scorer() const { return executor_.scorer(); }
   const A& admitter() const { return executor_.admitter(); }
-  /// The Allocator, where the Backend keeps it (cpu_backend).
+  /// The Allocator, where the Backend keeps it (cpu_backend): read access to the pool (pages_free(),
+  /// pages_used(seq), layout(...), pool()). Its pages_free() is locked and may be called from any thread.
   const Alloc& allocator() const
     requires requires(const Executor& x) { x.allocator(); }
   {
@@ -134,8 +141,10 @@ class Cache {
 
   /// ---- sequences -------------------------------------------------------------------------------
   /// prompt_tokens: the length of the sequence's prompt, when the engine knows it; policies that
-  /// protect the prefill (EpiKV, SPEC §4) protect these positions. Left at -1, the prompt is every
-  /// token before the first single-token (decode) step.
+  /// protect the prefill (EpiKV, SPEC §4) protect these positions, and SnapKV compresses when the
+  /// prompt ends (SPEC §5). Left at -1, the prompt is every token before the first single-token
+  /// (decode) step. Throws if prompt_tokens is neither -1 nor in [0, 2^31 - 1], if the sequence
+  /// already exists, or (memory::Contiguous) if every sequence region is in use.
   void add_sequence(std::int64_t seq, std::int64_t prompt_tokens = -1) {
     SequenceState st = state_.make(seq, shape_.layers, prompt_tokens);
     st.records = Records::start(scorer(), shape_, prompt_tokens);
@@ -146,6 +155,9 @@ class Cache {
     executor_.remove_sequence(seq, state_of(seq).memory);
     state_.erase(seq);
   }
+  /// Never throws. Every other call on a sequence throws for an id the cache does not know
+  /// ("Cache: unknown sequence"). has_sequence, tokens, prompt_tokens, length and entry may be called
+  /// from several threads for a sequence that no thread is changing.
   bool has_sequence(std::int64_t seq) const { return state_.contains(seq); }
   /// n: tokens of the sequence processed by committed steps.
   std::int64_t tokens(std::int64_t seq) const { return state_of(seq).n; }
@@ -163,8 +175,9 @@ class Cache {
     for (const std::int64_t len : executor_.lengths(seq, state_of(seq).memory)) total += len;
     return total;
   }
-  /// Every entry of a head, in storage order: metadata, K and V (for tests and tools; O(length x d));
-  /// over engine-owned K/V, the metadata alone (keys and values empty).
+  /// Every entry of a head, in storage order: metadata, K and V rows in fp32 ([length, d] each; for
+  /// tests and tools; O(length x d)); over engine-owned K/V, the metadata alone (keys and values
+  /// empty). Both backends have it.
   HeadContents head_contents(std::int64_t seq, int layer, int head) const {
     const SequenceState& st = state_of(seq);
     checks_.layer(layer, "head_contents");
@@ -173,7 +186,9 @@ class Cache {
   }
   std::int64_t pages_free() const { return executor_.pages_free(); }
   std::int64_t pages_total() const { return executor_.pages_total(); }
-  /// Metadata of entry i of a head, in storage order (not position order after compaction).
+  /// Metadata of entry i of a head, in storage order (not position order after compaction). length,
+  /// head_contents and entry throw for a layer or head out of range, entry also for i outside
+  /// [0, length).
   EntryMeta entry(std::int64_t seq, int layer, int head, std::int64_t i) const {
     const SequenceState& st = state_of(seq);
     checks_.layer(layer, "entry");
@@ -182,11 +197,19 @@ class Cache {
   }
 
   /// ---- one step, layer by layer ----------------------------------------------------------------
-  /// keys/values [Hkv, T, d] post-RoPE, log_beta [Hkv, T] in [-inf, 0]. Every layer of a step appends
-  /// the same T, once. Over engine-owned K/V (stores_kv false) the keys are read for what an entry's
-  /// metadata takes from them (its key norm) and not kept, and values may be left empty.
-  /// gate [Hkv, T]: WG-KV's write gate g of each token (SPEC §3), for an Admitter that decides by
-  /// it (admit::WriteGate); optional otherwise (every entry's g is then 1).
+  /// keys/values [Hkv, T, d] post-RoPE, log_beta [Hkv, T] in [-inf, 0] (SPEC §1). For a static-score
+  /// Scorer (score::Frozen: EpiKV, the KV statistics, WG-KV's g) the same slot holds the frozen score,
+  /// any value but NaN and +inf. Every layer of a step appends the same T, once. Over engine-owned
+  /// K/V (stores_kv false) the keys are read for what an entry's metadata takes from them (its key
+  /// norm) and not kept, and values may be left empty.
+  /// gate [Hkv, T] in [0, 1]: WG-KV's write gate g of each token (SPEC §3), required by an Admitter
+  /// that decides by it (admit::WriteGate: WGKVRetentionCache); optional otherwise (every entry's g is
+  /// then 1).
+  /// Throws for an unknown sequence, a layer out of range, T < 1, a T other than the step's, positions
+  /// past 2^31 - 1, a layer already appended in this step, a shape mismatch or a null view, a log_beta
+  /// (or score) or gate out of range, a K/V value not finite once converted to the storage dtype
+  /// (70000 in fp16), a key whose norm overflows fp32 (KNorm scorers), and a pool too full for the
+  /// layer ("out of memory"); that layer's entries are then taken back.
   void append(std::int64_t seq, int layer, View<const float, 3> keys, View<const float, 3> values,
               View<const float, 2> log_beta, View<const float, 2> gate = {}) {
     SequenceState& st = state_of(seq);
@@ -199,8 +222,10 @@ class Cache {
   /// Sets the frozen score (SPEC §4) of the open step's entries at `layer`: scores [Hkv, T], finite
   /// or -inf, as append() takes them. For an engine whose score needs hidden states it has only
   /// after later layers (EpiKV's bands A and B): append with any placeholder, set the scores before
-  /// commit(), which is where the trigger and the eviction read them. Only for a static-score Scorer;
-  /// the Admitter decided at append(). Validated whole before any entry changes.
+  /// commit(), which is where the trigger and the eviction read them (apps/lm/decoder.hpp). Only for a
+  /// static-score Scorer; the Admitter decided at append(). Validated whole before any entry changes:
+  /// throws for an unknown sequence, a layer out of range, a layer not appended in an open step, a
+  /// shape mismatch, or a NaN or +inf score.
   void set_step_scores(std::int64_t seq, int layer, View<const float, 2> scores)
     requires scorer_static_score<S> && requires(Executor& x, typename Executor::Sequence& m) {
       x.set_step_scores(seq, m, layer, std::int64_t{}, scores);
@@ -219,6 +244,10 @@ class Cache {
   /// For a Scorer that ranks by attention mass (H2O) it also adds each key's attention probability
   /// from these queries to the key's metadata (abort_step takes it back).
   /// Over engine-owned K/V (stores_kv false) the engine attends itself: there is no attend().
+  /// Attention is causal inside the chunk and covers exactly the cached entries (SPEC §6). Throws if
+  /// the layer was not appended in this step, on a shape mismatch, or for a query that is not finite;
+  /// where observes_attention (H2O, SnapKV, WGKVBudgetCache, …) also if the layer was already attended
+  /// in this step.
   void attend(std::int64_t seq, int layer, View<const float, 3> queries, View<float, 3> out)
     requires stores_kv
   {
@@ -236,7 +265,11 @@ class Cache {
     attend_layer(st, seq, layer, queries, out);
   }
 
-  /// Closes the step: n += T, then the evictor's trigger and, if it fires, the eviction.
+  /// Closes the step: n += T, then the evictor's trigger and, if it fires, the eviction. `evicted`,
+  /// when given, gets one EvictedEntry for each entry that left the cache (over engine-owned K/V, what
+  /// the engine frees; head_runs and token_runs group it, cache/position_runs.hpp). Throws if no step
+  /// is open, if a layer was not appended, or, where observes_attention, not attended; and
+  /// if a user-defined Scorer returns NaN, when the step stays open and unchanged.
   EvictionReport commit(std::int64_t seq, std::vector<EvictedEntry>* evicted = nullptr) {
     checks_.commit(seq, state_of(seq), observes_attention);
     return close_steps(std::span<const std::int64_t>(&seq, 1), evicted).front();
@@ -244,7 +277,9 @@ class Cache {
 
   /// Discards the open step of `seq`: the entries its append() calls stored are removed and their
   /// pages go back to the pool, as if the step had never started. For an engine whose forward pass
-  /// failed between append() and commit(). A sequence with no open step is left as it is.
+  /// failed between append() and commit(). A sequence with no open step is left as it is. What the
+  /// step's attention recorded (H2O's mass, SnapKV's queries) is dropped too. Throws only for an
+  /// unknown sequence.
   void abort_step(std::int64_t seq) {
     SequenceState& st = state_of(seq);
     executor_.abort(seq, st.memory, st.records, st.n, st.pending > 0);  // what the step's attention recorded, and its entries
@@ -253,7 +288,8 @@ class Cache {
 
   // ---- one step, every layer at once -----------------------------------------------------------
   /// keys/values [L, Hkv, T, d], log_beta [L, Hkv, T]; queries/out [L, Hq, T, d], or empty views to
-  /// skip attention. One sequence's whole forward step (cache/step_state.hpp).
+  /// skip attention; gate [L, Hkv, T]; all fp32. One sequence's whole forward step
+  /// (cache/step_state.hpp). The Cache on either Backend takes it and checks it with the same code.
   using SequenceStep = kvpolicy::SequenceStep;
 
   /// What step() checks before it writes anything, alone: throws what step() would throw for `s`
@@ -266,7 +302,11 @@ class Cache {
             pages_total(), " pages free)");
   }
 
-  /// Validated whole before anything is written.
+  /// Validated whole before anything is written. queries/out may be left empty only where
+  /// observes_attention is false (H2O, SnapKV and WGKVBudgetCache need them). Throws for everything
+  /// append() and attend() throw for, if a step opened by append() is still open, and with "out of
+  /// memory" if the pool cannot take T more entries in every head. A failure the checks cannot
+  /// foresee (a user Scorer, Admitter or Backend) takes the whole step back.
   EvictionReport step(const SequenceStep& s, std::vector<EvictedEntry>* evicted = nullptr) {
     check_step(s);
     try {
@@ -277,6 +317,7 @@ class Cache {
       throw;
     }
   }
+  /// The same step from views; it has no gate, so WGKVRetentionCache uses the SequenceStep form.
   EvictionReport step(std::int64_t seq, View<const float, 4> keys, View<const float, 4> values,
                       View<const float, 3> log_beta, View<const float, 4> queries = {}, View<float, 4> out = {},
                       std::vector<EvictedEntry>* evicted = nullptr) {
@@ -286,7 +327,11 @@ class Cache {
   /// A batch of sequences, each with its own ragged cache and its own T. The whole batch is
   /// validated (distinct sequences, shapes, values, pool capacity for all of it) before any write,
   /// and every sequence's eviction is planned before any step closes: a failure validation cannot
-  /// foresee (a user-defined Scorer returning NaN) takes back every step of the batch.
+  /// foresee (a user-defined Scorer returning NaN) takes back every step of the batch. Also throws if
+  /// a sequence appears twice, or if the pool lacks the pages for the whole batch (memory::Paged
+  /// counts them together). Reports come back in batch order.
+  /// It may run alongside calls on sequences outside its batch. Since another thread may take pages
+  /// first, a step (or batch) can still fail with "out of memory" after its check; it is then taken back.
   std::vector<EvictionReport> step_batch(std::span<const SequenceStep> batch) {
     std::int64_t pages_needed = 0;
     std::vector<std::int64_t> seqs;

@@ -6,7 +6,12 @@
 /// point in kvpolicy::gpu takes a cudaStream_t, sizes its scratch in two phases, never allocates or
 /// synchronises, and checks every launch. Cache<cuda_backend> is the convenience layer above them: it
 /// allocates its pool and scratch when constructed and synchronises its stream on each call
-/// (cuda/backend.cuh).
+/// (cuda/backend.cuh). An engine whose buffers live on the device calls the kernels itself
+/// (docs/integration.md (c), examples/engine_cuda.cu). Invalid host-side arguments of a kernel call
+/// (null pointers, sizes, an unsupported head_dim or page_size) throw kvpolicy::Error before anything
+/// is launched, as does a failed launch (naming the kernel, the CUDA error and the shapes). These
+/// calls only enqueue work; the gate calls set the stream on the cuBLAS handle, so host threads that
+/// call at the same time do not share one handle.
 /// Needs nvcc (C++20) and links CUDA::cudart and CUDA::cublas (the CMake target kvpolicy::cuda).
 #pragma once
 

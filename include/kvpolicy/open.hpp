@@ -3,7 +3,8 @@
 /// become its Cache behind AnyCache, over a pool of memory::Paged<16, Storage> pages on the CPU,
 /// and the producer of its inputs for the model (inputs/producer.hpp). The one place a name turns
 /// into a Cache; what a policy can do without building one is registry.hpp's (over_engine_storage,
-/// takes, needs_prompt_length).
+/// takes, needs_prompt_length). kvpolicy-lm (and its --tp path), kvpolicy-llama, kvpolicy-replay and
+/// the Python module all open their policies here.
 ///
 /// Each call instantiates every registered policy's Cache for the storage type it names. A program
 /// that chooses the type at run time dispatches with with_kv_storage, or splits the types over
@@ -76,7 +77,8 @@ std::unique_ptr<AnyCache> erased(C& cache) {
 
 /// The Cache `selection` names for `shape`, over a pool of `pages` pages of K/V stored as Storage
 /// (engine_owned: none, SPEC §9). An unknown name, an option the policy does not take, a bad value
-/// or a refused composition is an error that names it.
+/// or a refused composition is an error that names it. Over engine-owned storage a policy whose
+/// Scorers read stored K/V is refused by name, with the list of the policies that run so.
 template <class Storage = float>
 std::unique_ptr<AnyCache> open_cache(const Selection& selection, const CacheShape& shape, std::int64_t pages) {
   return detail::build<Storage>(selection, [&]<Policy P>(const Values& v) {

@@ -16,7 +16,8 @@
 
 namespace kvpolicy::registry {
 
-/// This rank's share of `full`: every layer, Hkv / N kv heads and Hq / N query heads.
+/// This rank's share of `full`: every layer, Hkv / N kv heads and Hq / N query heads. Throws unless N
+/// divides both.
 template <dist::Communicator C>
 CacheShape rank_shape(const CacheShape& full, const C& comm) {
   const int n = comm.size();

@@ -6,7 +6,7 @@
 /// core/concepts.hpp. A new hook is one row here whose default keeps every Evictor as it was.
 ///
 ///   hook                                  default                         declared by
-///   validate_scorer(scorer)               nothing to check                WG-KV's budget, dist::Sharded*
+///   validate_scorer(scorer)               nothing to check                evict::Pooled (the horizon), WG-KV's budget, dist::Sharded*
 ///   shared_context(ctx)                   ctx (this Cache's entries)      dist::ShardedWriteGatedBudget
 ///   trigger(shape, ctx, lengths, active)  fires() per group of heads      dist::Sharded, evict::Pyramid
 ///   budget_binds(ctx, meta, offsets)      true                            WG-KV's budget (tells_binding)

@@ -111,7 +111,9 @@ concept evictor_states_selection = requires(const E& e) {
   requires std::same_as<decltype(e.selection()), evict::HeadSelection> ||
                std::same_as<decltype(e.selection()), evict::PoolSelection>;
 };
-/// An Evictor that keeps by its own select() (the rule the data cannot state, above).
+/// An Evictor that keeps by its own select() (the rule the data cannot state, above). dist::Sharded,
+/// whose selection runs collectives over the ranks, is one, and runs on the device Cache too: the
+/// device scores and compacts, the host selects over the scores it reads back.
 template <class E>
 concept evictor_selects_itself =
     requires(const E& e, const CacheShape& shape, StepContext c, const SegmentedScores& scores,
@@ -168,7 +170,9 @@ constexpr bool evictor_agrees_on_refusal = requires(const E& e, void (*f)()) { e
 /// budget_binds(ctx, meta, offsets): an Evictor whose budget weighs only what the gates admitted
 ///   (WG-KV's hard budget) tells from the entries' metadata alone — meta[offsets[i], offsets[i+1])
 ///   for each head the trigger fired for, in stored order — whether the budget binds this step; the
-///   planner sets StepContext::budget_binds from it before the scoring.
+///   planner sets StepContext::budget_binds from it before the scoring. Where it is false a Scorer may
+///   skip what only a binding budget reads (score::GatedObservedAttention skips appendix K's attention,
+///   and through reads_window(ctx) is not even handed the keys and queries).
 template <class E>
 constexpr bool evictor_tells_binding = requires(const E& e, StepContext c, std::span<const EntryMeta> meta,
                                                 std::span<const std::int64_t> offsets) {
@@ -220,10 +224,13 @@ constexpr bool scorer_reads_stored_kv =
 /// Backend: where a Cache's entries live, how its attention runs and how its evictions are planned
 /// and applied, named by the fifth argument of Cache — cpu_backend (the Allocator's host pool,
 /// cpu/backend.hpp) or cuda_backend (device memory and the CUDA kernels, cuda/backend.cuh). A
-/// Backend names itself, says what it takes beside the policies (Options: nothing on the CPU, the
-/// stream on the device), and gives the Cache its Executor<S, A, E, Alloc> (cache.hpp lists what
-/// the Cache calls on it). What it can do beyond that it declares with optional traits (default
-/// false): emits_attention_mass (below), parallel_heads (core/parallel.hpp).
+/// Backend names itself (static constexpr const char* name), says what it takes beside the policies
+/// (Options: nothing on the CPU, the stream on the device; the Cache constructor's last argument),
+/// and gives the Cache its Executor<S, A, E, Alloc> (cache.hpp lists what the Cache calls on it).
+/// There is one Cache class template; the Backend is a policy of it like the other four. What it
+/// can do beyond that it declares with optional traits (default false): emits_attention_mass
+/// (below; H2O needs it), parallel_heads (its attend() may run for different kv heads at once;
+/// core/parallel.hpp).
 template <class B>
 concept Backend = requires {
   { B::name } -> std::convertible_to<const char*>;

@@ -1,7 +1,8 @@
 /// \file
 /// kvpolicy/core/dtype.hpp — storage dtypes for K/V on the host: float, half (IEEE binary16) and
 /// bfloat16, with round-to-nearest-even conversion. Scores and accumulation are always fp32
-/// (SPEC, Notation); these types only say how K/V sit in memory.
+/// (SPEC, Notation); these types only say how K/V sit in memory. A cache picks one with its
+/// allocator's Storage (memory::Paged<16, half>).
 #pragma once
 
 #include <cstdint>

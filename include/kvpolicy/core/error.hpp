@@ -14,7 +14,8 @@
 namespace kvpolicy {
 
 /// The one exception the library throws (SPEC §7): its message starts with "kvpolicy: " and names the bad
-/// value.
+/// value. It does not wrap std::bad_alloc from the ordinary allocations inside a call (a pool that
+/// cannot be allocated is a kvpolicy::Error): catch std::exception at the engine boundary to be safe.
 class Error : public std::runtime_error {
  public:
   explicit Error(const std::string& what) : std::runtime_error("kvpolicy: " + what) {}

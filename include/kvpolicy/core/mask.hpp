@@ -19,7 +19,8 @@ namespace kvpolicy {
 enum class GateField : std::uint8_t { write_score, gate };
 
 /// Which keys a query may see: causal, and with local > 0 WG-KV's vertical-slash mask (SPEC §3), the local
-/// newest keys and the older ones whose g >= tau.
+/// newest keys and the older ones whose g >= tau. The device attention reads g from the pool's
+/// write_score only (GateField::write_score).
 struct AttentionMask {
   std::int64_t local = 0;  ///< W_local; 0 = causal only
   float tau = 0.0f;        ///< admission threshold

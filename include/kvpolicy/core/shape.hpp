@@ -18,6 +18,8 @@ struct CacheShape {
   constexpr int group() const { return q_heads / kv_heads; }
   constexpr std::int64_t heads_total() const { return std::int64_t{layers} * kv_heads; }
 
+  /// Throws unless layers >= 1, kv_heads >= 1, q_heads is a positive multiple of kv_heads, and
+  /// head_dim >= 1. The Cache calls it at construction.
   void validate() const {
     require(layers >= 1, "CacheShape: layers = ", layers, " must be >= 1");
     require(kv_heads >= 1, "CacheShape: kv_heads = ", kv_heads, " must be >= 1");

@@ -16,6 +16,8 @@
 namespace kvpolicy {
 
 /// A rank-Rank tensor as a pointer and a row-major shape; it owns nothing (the engine owns the memory).
+/// A default-constructed view is empty (null, shape all 0): how an optional argument (gate, queries)
+/// is left out.
 template <class T, int Rank>
 struct View {
   static_assert(Rank >= 1 && Rank <= 4, "View supports ranks 1..4");
@@ -60,7 +62,8 @@ struct View {
   }
 };
 
-/// Throws unless `v` has exactly `expected` shape; `what` names the argument in the message.
+/// Throws unless `v` has exactly `expected` shape, or if it is null and not empty; `what` names the
+/// argument in the message.
 template <class T, int Rank>
 void require_shape(const View<T, Rank>& v, const std::type_identity_t<std::array<std::int64_t, Rank>>& expected,
                    const char* what) {

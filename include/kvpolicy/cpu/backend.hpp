@@ -9,7 +9,10 @@
 ///   - cpu::attend_paged (cpu/attention.hpp): plain loops, no dependency; used otherwise, or
 ///     everywhere with -DKVPOLICY_PORTABLE_ATTENTION.
 /// Each choice puts cpu_backend in its own inline namespace, so one program may hold translation
-/// units of both kinds without two definitions of one name.
+/// units of both kinds without two definitions of one name. Compile time: define
+/// KVPOLICY_EXTERN_TILED_ATTENTION in every translation unit and include
+/// kvpolicy/cpu/tiled_attention_instances.hpp in one, and the tiled kernel is compiled once for float,
+/// half and bfloat16 (docs/integration.md, "Compile time").
 #pragma once
 
 #include "kvpolicy/cpu/attention.hpp"
@@ -45,6 +48,11 @@ struct cpu_backend {
   template <Scorer S, Admitter A, Evictor E, Allocator Alloc>
   using Executor = cpu::Executor<cpu_backend, S, A, E, Alloc>;
 
+  /// One kv head's attention, with cpu::attend_paged's arguments (cpu/attention.hpp; call that over
+  /// allocator().layout(...) to attend a head yourself): q_pos [T], and a key is seen iff its position
+  /// is <= q_pos. It checks nothing and throws no kvpolicy::Error: the Cache checks before it calls
+  /// it, and a direct caller passes consistent shapes. The Cache runs it for different kv heads at
+  /// once on OpenMP threads (OMP_NUM_THREADS) when the translation unit uses OpenMP.
   template <class Storage>
   static void attend(const memory::EntryPool<Storage>& pool, const memory::HeadLayout& head, int kv_head, int group,
                      View<const float, 3> queries, std::span<const std::int32_t> q_pos, View<float, 3> out,
@@ -59,7 +67,8 @@ struct cpu_backend {
 #if KVPOLICY_TILED_ATTENTION
   /// Flash-decoding (cpu/tiled_attention.hpp): a step of at most decode_rows query rows per kv head
   /// splits each head into ranges of decode_range entries, each range's state from
-  /// attend_partial() on any thread, merged per head by merge_partials() in range order.
+  /// attend_partial() on any thread, merged per head by merge_partials() in range order. Not with H2O's
+  /// mass. The ranges do not depend on the thread count, so neither does the answer, bit for bit.
   static constexpr std::int64_t decode_rows = cpu::kPartialMaxRows;
   static constexpr std::int64_t decode_range = cpu::TiledAttentionTuning::kDecodeRange;
   template <class Storage>

@@ -13,7 +13,11 @@
 /// Elsewhere, or for a head dimension that is not a multiple of 8, the portable kernels: each entry
 /// widened to fp32 and one Eigen matrix-vector product or rank-1 update. Both orders of summation are
 /// fp32; they differ from each other and from the dense reference only by rounding
-/// (tests/test_decode_kernels.cpp).
+/// (tests/test_decode_kernels.cpp). attend_tiled calls them; an engine with its own softmax can too.
+/// keys[j] and values[j] point at d values in Storage (float, half, bfloat16), e.g. pool.key(slot);
+/// an entry may appear more than once. They check nothing and throw nothing: 1 <= rows <=
+/// kDecodeMaxRows and the sizes are the caller's to keep. Each call uses only its arguments, so
+/// threads may call them at once on different outputs.
 #pragma once
 
 #include <algorithm>
@@ -258,7 +262,8 @@ void decode_accumulate_packet8(const float* p, std::int64_t ld, std::int64_t row
 #endif
 
 /// s[r·ld + j] = q[r·d, d) · keys[j] (fp32 sums) for r < rows ≤ kDecodeMaxRows, j < keys.size();
-/// `ahead` names the entries the caller reads next (DecodeAhead), or none.
+/// `ahead` names the entries the caller reads next (DecodeAhead), or none. q is [rows, d] fp32
+/// row-major, s has row stride ld >= keys.size(); the result is the same bits with or without `ahead`.
 template <class Storage>
 void decode_logits(const float* q, std::int64_t rows, std::int64_t d, std::span<const Storage* const> keys, float* s,
                    std::int64_t ld, DecodeAhead<Storage> ahead = {}) {
@@ -269,7 +274,8 @@ void decode_logits(const float* q, std::int64_t rows, std::int64_t d, std::span<
   decode_logits_portable(q, rows, d, keys, s, ld);
 }
 
-/// acc[r·d, d) += Σ_j p[r·ld + j] · values[j] (fp32) for r < rows ≤ kDecodeMaxRows.
+/// acc[r·d, d) += Σ_j p[r·ld + j] · values[j] (fp32) for r < rows ≤ kDecodeMaxRows: p has row
+/// stride ld, acc is [rows, d] fp32 row-major.
 template <class Storage>
 void decode_accumulate(const float* p, std::int64_t ld, std::int64_t rows, std::int64_t d,
                        std::span<const Storage* const> values, float* acc) {

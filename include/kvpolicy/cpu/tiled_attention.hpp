@@ -262,7 +262,7 @@ inline constexpr std::int64_t kPartialMaxRows = TiledAttentionTuning::kFewRows;
 /// attend_tiled's state over the head's entries [first, last) only (0 <= first <= last <= length),
 /// for group·T <= kPartialMaxRows rows: m, l and acc of row r (query head r / T of the group, token
 /// r % T) into `partial`. merge_softmax_partials of the states of ranges that cover the head gives
-/// attend_tiled's o.
+/// attend_tiled's o. Throws kvpolicy::Error for more rows or a range outside the head.
 template <class Storage>
 void attend_tiled_partial(const memory::EntryPool<Storage>& pool, const memory::HeadLayout& head, int kv_head, int group,
                           View<const float, 3> queries, std::span<const std::int32_t> q_pos, std::int64_t first,

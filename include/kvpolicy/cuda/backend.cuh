@@ -19,6 +19,13 @@
 namespace kvpolicy {
 
 /// The CUDA Backend (this file's comment): the entries, the attention and the eviction on the device.
+/// H2O, KeyDiff, WGKVBudgetCache and WGKVRetentionCache fail to compile on it with a one-line reason
+/// (cuda/device_parts.hpp); H2O runs on the raw kernels instead (DecodeBatch::accumulate_mass,
+/// docs/integration.md). Constructing the Cache throws, besides the CPU Cache's checks, for a
+/// head_dim other than 64, 128 or 256 and for a CUDA failure (the message names the call). Beside
+/// the CPU Cache: append checks gate but the device keeps no gate (it admits every token), and there
+/// is no allocator() (use pages_free() and pages_total()) and no set_step_scores.
+/// tests/cuda/test_cache.cu runs the CPU Cache's state-machine test (tests/state_machine.hpp) on it.
 struct cuda_backend {
   static constexpr const char* name = "cuda";
   static constexpr bool emits_attention_mass = false;

@@ -2,7 +2,8 @@
 /// kvpolicy/gate/retention_gate.hpp — the TRIM-KV retention gate on Eigen (SPEC §1):
 ///   u = act(W1 x + b1),  z = W2 u + b,  log_beta = logsigmoid(z)   (one value per kv head)
 /// x is the attention block's input (after the layer's input RMSNorm). Batched over the T tokens of
-/// a prefill chunk; a decode token is the T = 1 case.
+/// a prefill chunk; a decode token is the T = 1 case. The gates of kvpolicy/gate/ need Eigen and
+/// nlohmann_json (target kvpolicy::cpu).
 #pragma once
 
 #include <string>
@@ -45,6 +46,7 @@ struct RetentionGateConfig {
 };
 
 /// TRIM-KV's retention gate (SPEC §1): one MLP per layer from the hidden state to log beta of every kv head.
+/// Loaded once; forward is const and keeps no state, so one gate may serve every thread at once.
 class RetentionGate {
  public:
   struct Layer {
@@ -56,7 +58,9 @@ class RetentionGate {
 
   static std::string prefix(int l) { return "model.layers." + std::to_string(l) + ".self_attn.retention_gate."; }
 
-  /// Loads every layer by the reference state-dict names (SPEC §1); F32, F16 and BF16 all load.
+  /// Loads every layer by the reference state-dict names (SPEC §1); F32, F16 and BF16 all load. Throws
+  /// for a config value below 1, or for a tensor that is missing, has the wrong shape, has an
+  /// unsupported dtype, or holds a value that is not finite.
   static RetentionGate load(const safetensors::File& f, const RetentionGateConfig& c) {
     c.validate();
     RetentionGate g;
@@ -73,7 +77,8 @@ class RetentionGate {
 
   const RetentionGateConfig& config() const { return config_; }
 
-  /// x [T, D] -> log_beta [Hkv, T] (the layout Cache::append takes).
+  /// x [T, D] -> log_beta [Hkv, T] (the layout Cache::append takes), fp32, in [-inf, 0]. Throws for
+  /// a layer out of range, a shape mismatch, or an x that is not finite.
   void forward(int layer, View<const float, 2> x, View<float, 2> log_beta) const {
     require(layer >= 0 && layer < config_.layers, "RetentionGate: layer ", layer, " out of range [0, ",
             config_.layers, ")");

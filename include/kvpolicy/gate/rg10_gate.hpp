@@ -20,7 +20,8 @@ namespace kvpolicy::gate {
 /// The rg10 gate's sizes are TRIM-KV's: layers, D, Hkv, I (512 in the released checkpoints), act.
 using Rg10GateConfig = RetentionGateConfig;
 
-/// DBTrimKV's rg10 gate as the authors' checkpoints hold it (SPEC §2, "Tied gate").
+/// DBTrimKV's rg10 gate as the authors' checkpoints hold it (SPEC §2, "Tied gate"). Shapes, errors and
+/// threads are those of RetentionGate.
 class Rg10Gate {
  public:
   struct Layer {

@@ -72,9 +72,13 @@ inline std::string shape_string(const std::vector<std::int64_t>& s) {
 }
 
 /// A safetensors file, read whole and validated; its tensors are read by name with their shape checked.
+/// It reads F32, F16, BF16, F64, I32, I64 and U8. Immutable once read: any number of threads may read it.
 class File {
  public:
-  /// Reads and validates a whole file.
+  /// Reads and validates a whole file. read and parse throw, naming the file and tensor, for a
+  /// directory or a file that cannot be opened; a truncated file or header; JSON that is invalid or not
+  /// an object; a tensor named twice; an unknown dtype; a shape or offsets that are invalid or
+  /// overflow; a byte range that disagrees with the shape; overlapping tensors.
   static File read(const std::string& path) {
     std::error_code ec;
     require(!std::filesystem::is_directory(path, ec), "safetensors: '", path, "' is a directory, not a file");
@@ -116,7 +120,8 @@ class File {
   }
 
   /// The tensor as fp32 (from F32, F16, BF16, or F64 rounded to nearest). With `expected` non-empty the shape must match; with
-  /// finite = true every value must be finite (gate weights).
+  /// finite = true every value must be finite (gate weights). info, floats and int64s throw for a missing
+  /// tensor, a shape other than `expected`, a wrong dtype, or (finite) a value that is not finite.
   std::vector<float> floats(const std::string& name, const std::vector<std::int64_t>& expected = {},
                             bool finite = false) const {
     const TensorInfo& t = checked(name, expected);
@@ -150,12 +155,14 @@ class File {
     return out;
   }
 
-  /// The tensor's bytes as stored (little-endian, row-major).
+  /// The tensor's bytes as stored (little-endian, row-major), any dtype (U8: bytes the caller decodes,
+  /// e.g. kvpolicy-lm's ggml blocks).
   std::span<const std::uint8_t> raw(const std::string& name) const {
     const TensorInfo& t = info(name);
     return {data() + t.begin, static_cast<std::size_t>(t.end - t.begin)};
   }
 
+  /// The tensor as int64, from I64 or I32.
   std::vector<std::int64_t> int64s(const std::string& name, const std::vector<std::int64_t>& expected = {}) const {
     const TensorInfo& t = checked(name, expected);
     require(t.dtype == DType::I64 || t.dtype == DType::I32, "safetensors '", source_, "': tensor '", name,
@@ -299,9 +306,13 @@ class File {
 };
 
 /// Builds a safetensors file: add tensors, then bytes() or write(path). Tensors are laid out in the
-/// order added; the header is padded with spaces to a multiple of 8 so the data stays aligned.
+/// order added; the header is padded with spaces to a multiple of 8 so the data stays aligned. Use a
+/// Writer from one thread at a time.
 class Writer {
  public:
+  /// Reads numel * dtype_size bytes from `data`, unchecked. Throws for a name used twice (or
+  /// `__metadata__`) and for a negative extent; add_f32 and add_f32_as also when the value count does not
+  /// match the shape, add_f32_as when the dtype is not F32, F16 or BF16.
   void add(const std::string& name, DType dtype, const std::vector<std::int64_t>& shape, const void* data) {
     require(!names_.count(name) && name != "__metadata__", "safetensors writer: tensor name '", name,
             "' is used twice or reserved");

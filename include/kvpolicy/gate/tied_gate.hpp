@@ -27,7 +27,8 @@ struct TiedGateConfig {
   }
 };
 
-/// DBTrimKV's weight-tied retention gate in the paper's form (SPEC §2).
+/// DBTrimKV's weight-tied retention gate in the paper's form (SPEC §2), which no released checkpoint
+/// uses (gate/rg10_gate.hpp). Shapes, errors and threads are those of RetentionGate.
 class TiedGate {
  public:
   static std::string prefix(int l) { return "model.layers." + std::to_string(l) + ".self_attn.retention_gate."; }

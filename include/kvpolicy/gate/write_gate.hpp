@@ -39,6 +39,7 @@ struct WriteGateConfig {
 };
 
 /// WG-KV's write gate (SPEC §3): per layer and kv head, g of each token from its pre- and post-RoPE keys.
+/// Loaded once; forward is const and keeps no state, so one gate may serve every thread at once.
 class WriteGate {
  public:
   struct Layer {
@@ -51,7 +52,9 @@ class WriteGate {
 
   static std::string prefix(int l) { return "model.layers." + std::to_string(l) + ".self_attn.write_gate."; }
 
-  /// Loads every layer (docs/formats.md names); F32, F16 and BF16 all load.
+  /// Loads every layer (docs/formats.md names); F32, F16 and BF16 all load. Throws for layers, kv_heads
+  /// or head_dim below 1, for E < 0, and for a tensor that is missing, has the wrong shape (w1.weight
+  /// is [Hkv, E, 2d]), has an unsupported dtype, or holds a value that is not finite.
   static WriteGate load(const safetensors::File& f, WriteGateConfig c) {
     c.validate();
     const int d = c.head_dim, H = c.kv_heads;
@@ -77,7 +80,9 @@ class WriteGate {
 
   const WriteGateConfig& config() const { return config_; }
 
-  /// k_pre, k_post [Hkv, T, d] -> g [Hkv, T] in [1e-3, 1] (the layout Cache::append takes).
+  /// k_pre, k_post [Hkv, T, d] -> g [Hkv, T] in [1e-3, 1] (the layout Cache::append takes), all fp32:
+  /// WGKVCache's log_beta, or WGKVRetentionCache's gate. Throws for a layer out of range, a shape
+  /// mismatch, or keys that are not finite.
   void forward(int layer, View<const float, 3> k_pre, View<const float, 3> k_post, View<float, 2> g) const {
     require(layer >= 0 && layer < config_.layers, "WriteGate: layer ", layer, " out of range [0, ", config_.layers, ")");
     const std::int64_t T = k_pre.dim(1);

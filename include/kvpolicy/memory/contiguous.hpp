@@ -21,7 +21,10 @@ class Contiguous {
   using storage_type = Storage;
 
   /// capacity: entries per head (for TRIM-KV at least M + B - 1 plus the largest prefill chunk);
-  /// max_sequences: how many sequences the pool holds at once.
+  /// max_sequences: how many sequences the pool holds at once. Throws unless both are >= 1. Binding
+  /// throws on overflow or allocation failure; add_sequence throws once all max_sequences regions
+  /// are in use, and a step that would overfill a head throws "out of memory" (the Cache checks
+  /// can_append first).
   Contiguous(std::int64_t capacity, std::int64_t max_sequences) : capacity_(capacity), max_sequences_(max_sequences) {
     require(capacity >= 1, "memory::Contiguous: capacity = ", capacity, " must be >= 1");
     require(max_sequences >= 1, "memory::Contiguous: max_sequences = ", max_sequences, " must be >= 1");

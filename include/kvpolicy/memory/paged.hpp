@@ -30,7 +30,11 @@ struct MovableMutex {
 }  // namespace detail
 
 /// The paged allocator (this file's comment): pages of PageSize entries from one pool, a block table per
-/// head.
+/// head. The Cache calls bind, add_sequence, append and compact: do not call them on an allocator a
+/// Cache owns; read it through cache.allocator(). layout throws for an unknown sequence or a layer or
+/// head out of range, pages_used for an unknown sequence. pages_free() and the page moves (taken at
+/// append, given back at compaction and remove_sequence) hold the pool's mutex; the rest follows the
+/// Cache's thread rules.
 template <int PageSize = 16, class Storage = float>
 class Paged {
   static_assert(PageSize >= 1, "memory::Paged: PageSize must be >= 1");
@@ -39,12 +43,14 @@ class Paged {
   using storage_type = Storage;
   static constexpr int page_size = PageSize;
 
+  /// Throws unless pages is in [1, 2^31 - 1].
   explicit Paged(std::int64_t pages) : pages_(pages) {
     require(pages >= 1 && pages <= std::int64_t{INT32_MAX}, "memory::Paged: pages = ", pages,
             " must be in [1, 2^31 - 1]");
   }
 
-  /// Sizes the pool for a model geometry; called once by the Cache that owns this allocator.
+  /// Sizes the pool for a model geometry; called once by the Cache that owns this allocator. Throws if
+  /// the pool's size overflows, or if the host cannot hold it (a kvpolicy::Error naming the bytes).
   void bind(const CacheShape& shape) {
     tables_.bind(shape, "memory::Paged");
     require(pages_ <= INT64_MAX / 4 / PageSize / shape.head_dim, "memory::Paged: ", pages_, " pages x ", PageSize,
@@ -61,7 +67,7 @@ class Paged {
 
   /// Pages for `sequences` sequences whose every (layer, kv head) holds up to `entries_per_head`
   /// entries. The policy presets size by their own bound: trimkv_pages, dbtrimkv_pages,
-  /// baseline_pages.
+  /// baseline_pages. Throws for negative arguments.
   static std::int64_t pages_for(const CacheShape& shape, std::int64_t entries_per_head, std::int64_t sequences = 1) {
     require(entries_per_head >= 0 && sequences >= 0, "memory::Paged::pages_for: entries_per_head = ", entries_per_head,
             " and sequences = ", sequences, " must be >= 0");
@@ -176,7 +182,8 @@ namespace kvpolicy {
 
 /// Pages a paged pool of `page_size` needs so that `sequences` sequences each hold up to
 /// `entries_per_head` entries in every (layer, kv head): memory::Paged<P>::pages_for with the page
-/// size as a value, for a tool that picks it at run time.
+/// size as a value, for a tool that picks it at run time. Throws for negative arguments or
+/// page_size < 1.
 inline std::int64_t pages_for(const CacheShape& shape, std::int64_t entries_per_head, std::int64_t sequences,
                               std::int64_t page_size) {
   require(page_size >= 1 && entries_per_head >= 0 && sequences >= 0, "pages_for: page_size = ", page_size,

@@ -78,6 +78,8 @@ class EntryPool {
   int head_dim() const { return head_dim_; }
   std::int64_t slots() const { return static_cast<std::int64_t>(meta_.size()); }
 
+  /// The d values in Storage of a slot's key or value, and its metadata: with a HeadLayout, what an
+  /// engine's own attention kernel reads over a head after eviction (examples/engine_paged.cpp).
   const Storage* key(std::int64_t slot) const { return keys_.data() + slot * head_dim_; }
   const Storage* value(std::int64_t slot) const { return values_.data() + slot * head_dim_; }
   const EntryMeta& meta(std::int64_t slot) const { return meta_[static_cast<std::size_t>(slot)]; }

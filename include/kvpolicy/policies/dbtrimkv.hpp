@@ -41,6 +41,10 @@ struct DBTrimKVConfig {
   double floor_ratio = 0.0;    ///< f: each head keeps floor(f * M) of its own best
 };
 
+/// Built without checks; the Cache constructor throws for TRIM-KV's per-head checks
+/// (trimkv_evictor), for f outside [0, 1), and for f > 0 together with a threshold. The global
+/// pool triggers when the sequence's total reaches L * Hkv * (M + B); the layer-wise one when a
+/// layer's total exceeds Hkv * (M + B).
 inline evict::Global dbtrimkv_evictor(const DBTrimKVConfig& c = {}) {
   return evict::Global{c.budget, c.buffer, c.floor_ratio, c.window, c.threshold, c.sinks, c.horizon};
 }
@@ -49,6 +53,7 @@ inline evict::LayerWise dbtrimkv_layerwise_evictor(const DBTrimKVConfig& c = {})
 }
 /// The scorer holds the config's horizon; the Cache refuses an evictor from a config whose horizon
 /// its scorer does not have (pass both: `DBTrimKVCache<>(shape, pool, dbtrimkv_evictor(c), dbtrimkv_scorer(c))`).
+/// It does so on the CPU and the GPU alike, and refuses a horizon h below 1.
 inline score::Lookahead dbtrimkv_scorer(const DBTrimKVConfig& c = {}) { return score::Lookahead{c.horizon}; }
 
 /// Pages for `sequences` DBTrimKV sequences (global or layer-wise, any floor_ratio) in the allocator
@@ -56,7 +61,8 @@ inline score::Lookahead dbtrimkv_scorer(const DBTrimKVConfig& c = {}) { return s
 /// taken at append and given back at commit, so a step's peak follows its appends: at most
 /// L * Hkv * (M + B + largest_chunk) entries in ragged heads (global, f = 0: L * Hkv * (M + B - 1 +
 /// largest_chunk)), each head's last page partly empty, and one page per head over
-/// ceil(L * Hkv * (M + B - 1 + largest_chunk) / P) covers all of these.
+/// ceil(L * Hkv * (M + B - 1 + largest_chunk) / P) covers all of these. Throws for the threshold
+/// variant, for M, B or largest_chunk below 1, and for sequences < 0.
 template <class Paged = memory::Paged<16>>
 std::int64_t dbtrimkv_pages(const CacheShape& shape, const DBTrimKVConfig& c, std::int64_t sequences,
                             std::int64_t largest_chunk = 1) {

@@ -12,7 +12,7 @@
 namespace kvpolicy {
 
 /// H2O, SPEC §5: the recent half of the budget (w = M / 2) is protected, or the config's window
-/// when it names one (w > 0).
+/// when it names one (w > 0); S may then be at most M - w (M - M / 2 by default).
 inline evict::PerHead<trigger::Buffered> h2o_evictor(const BaselineConfig& c = {}) {
   return evict::PerHead<trigger::Buffered>{trigger::Buffered{c.budget, c.buffer}, c.window > 0 ? c.window : c.budget / 2,
                                            0.0, c.sinks};

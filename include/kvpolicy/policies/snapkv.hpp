@@ -30,6 +30,9 @@ struct SnapKVConfig {
   score::Pooling pooling = score::Pooling::avg;
   score::GroupReduce group_reduce = score::GroupReduce::mean;
 };
+/// Pass both to the Cache, built from one config. Its constructor throws unless M is in
+/// [1, 2^31 - 1], W_obs is in [0, M] for the evictor and in [1, 2^20] for the scorer, S is in
+/// [0, M - W_obs], and the pool kernel is odd and at least 1.
 inline evict::PromptEnd snapkv_evictor(const SnapKVConfig& c = {}) {
   return evict::PromptEnd{c.budget, c.window, c.sinks};
 }
@@ -37,7 +40,8 @@ inline score::ObservedAttention snapkv_scorer(const SnapKVConfig& c = {}) {
   return score::ObservedAttention{c.window, c.pool_kernel, c.pooling, c.group_reduce};
 }
 
-/// SnapKV: declare the prompt length at add_sequence(seq, prompt_tokens), and attend every step.
+/// SnapKV: declare the prompt length at add_sequence(seq, prompt_tokens) (without it the prompt is
+/// never compressed), and attend every step.
 template <class Backend = cpu_backend, class Storage = float, int PageSize = 16>
 using SnapKVCache =
     Cache<score::ObservedAttention, admit::All, evict::PromptEnd, memory::Paged<PageSize, Storage>, Backend>;

@@ -12,7 +12,8 @@
 namespace kvpolicy {
 
 /// StreamingLLM (Xiao et al. 2024): score::Recency{.sinks = S} ranks the S first tokens and then
-/// the newest; the per-head budget of SPEC §5.
+/// the newest; the per-head budget of SPEC §5. Its sinks come from the scorer (S = 4 by default);
+/// any evictor can also protect sinks through its config's `sinks`.
 ///   kvpolicy::StreamingLLMCache<> cache(shape, kvpolicy::memory::Paged<16>(pages),
 ///                                       kvpolicy::baseline_evictor({.budget = 1024}),
 ///                                       kvpolicy::score::Recency{.sinks = 4});

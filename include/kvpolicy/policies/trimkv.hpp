@@ -35,24 +35,28 @@ struct TrimKVConfig {
   double threshold = 0.0;      ///< alpha; > 0 selects the threshold variant
 };
 
+/// Built without checks; the Cache constructor validates it and throws unless M >= 1, B >= 1,
+/// M + B <= 2^31 - 1, w is in [0, M], S is in [0, M - w], and alpha is 0 or finite and above 0.
 inline evict::PerHead<trigger::Buffered> trimkv_evictor(const TrimKVConfig& c = {}) {
   return evict::PerHead<trigger::Buffered>{trigger::Buffered{c.budget, c.buffer}, c.window, c.threshold, c.sinks};
 }
 
 /// TRIM-KV's Cache: the retention score (score::RetentionDecay) under a per-head budget M with buffer B
-/// (evict::PerHead, trigger::Buffered), on a paged pool.
+/// (evict::PerHead, trigger::Buffered), on a paged pool. append's log_beta comes from gate::RetentionGate
+/// (gpu::retention_gate_forward on the device).
 template <class Backend = cpu_backend, class Storage = float, int PageSize = 16>
 using TrimKVCache = Cache<score::RetentionDecay, admit::All, evict::PerHead<trigger::Buffered>,
                           memory::Paged<PageSize, Storage>, Backend>;
 
-/// SPEC §1 variant `knorm`: retention plus log ||k||.
+/// SPEC §1 variant `knorm`: retention plus log ||k||, the norm of the fp32 key as handed to append.
 template <class Backend = cpu_backend, class Storage = float, int PageSize = 16>
 using TrimKVKNormCache = Cache<score::KNormRetention, admit::All, evict::PerHead<trigger::Buffered>,
                                memory::Paged<PageSize, Storage>, Backend>;
 
 /// Pages for `sequences` TRIM-KV sequences in the allocator `Paged` (memory::Paged<P, Storage>):
 /// every head at its peak M + B - 1 + largest_chunk. `largest_chunk`: the most tokens one step
-/// appends (the prefill chunk; 1 for decode). Bytes: Paged::bytes_for(shape, pages).
+/// appends (the prefill chunk; 1 for decode). Bytes: Paged::bytes_for(shape, pages). Throws for the
+/// threshold variant (no budget bounds a head), for M, B or largest_chunk below 1, and for sequences < 0.
 template <class Paged = memory::Paged<16>>
 std::int64_t trimkv_pages(const CacheShape& shape, const TrimKVConfig& c, std::int64_t sequences,
                           std::int64_t largest_chunk = 1) {

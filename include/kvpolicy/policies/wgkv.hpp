@@ -59,15 +59,19 @@ struct WGKVConfig {
   double tau = 0.1;          ///< admitted iff g >= tau
 };
 
+/// Built without checks; the Cache constructor throws unless W_local is in [1, 2^31 - 1], tau is
+/// in (0, 1], and S is in [0, 2^31 - 1].
 inline evict::WriteGated wgkv_evictor(const WGKVConfig& c = {}) { return evict::WriteGated{c.local, c.tau, c.sinks}; }
 inline admit::WriteGate wgkv_admitter(const WGKVConfig& c = {}) { return admit::WriteGate{c.local, c.tau}; }
 
 /// WG-KV's own Cache: the write gate's g as a frozen score (score::Frozen); evict::WriteGated keeps the ring
-/// and the tokens admitted from it, with no budget.
+/// and the tokens admitted from it, with no budget. g ([Hkv, T] from gate::WriteGate::forward) goes in
+/// append's log_beta; score::Frozen takes any value there but NaN and +inf, so g's [0, 1] is not checked.
 template <class Backend = cpu_backend, class Storage = float, int PageSize = 16>
 using WGKVCache = Cache<score::Frozen, admit::All, evict::WriteGated, memory::Paged<PageSize, Storage>, Backend>;
 
-/// WG-KV admission + TRIM-KV retention eviction (see above); g goes to append's `gate`.
+/// WG-KV admission + TRIM-KV retention eviction (see above); g in [0, 1] goes to append's `gate`
+/// (required: append throws without it), log_beta in [-inf, 0] to its log_beta.
 template <class Backend = cpu_backend, class Storage = float, int PageSize = 16>
 using WGKVRetentionCache = Cache<score::RetentionDecay, admit::WriteGate, evict::PerHead<trigger::Buffered>,
                                  memory::Paged<PageSize, Storage>, Backend>;
@@ -84,6 +88,9 @@ struct WGKVBudgetConfig {
   double fraction = 0.1;                  ///< of each head's global cache, per eviction
 };
 
+/// Give the evictor and the scorer the same shape and config: the Cache constructor checks they
+/// agree. It throws for WGKVConfig's checks (wgkv_evictor), for a budget below 0, for fraction
+/// outside (0, 1], for W_obs outside [1, 2^20], and for an even or non-positive pool_kernel.
 inline evict::WriteGatedBudget wgkv_budget_evictor(const CacheShape& shape, const WGKVBudgetConfig& c = {}) {
   return evict::WriteGatedBudget{c.local, c.tau, shape.heads_total() * c.average_budget, c.fraction, c.sinks};
 }
@@ -92,7 +99,8 @@ inline score::GatedObservedAttention wgkv_budget_scorer(const CacheShape& shape,
                                        c.pool_kernel, c.sinks};
 }
 
-/// WG-KV admission under a hard budget: attend every step (the scorer observes the queries).
+/// WG-KV admission under a hard budget: attend every step (the scorer observes the queries). g goes
+/// in append's log_beta slot.
 template <class Backend = cpu_backend, class Storage = float, int PageSize = 16>
 using WGKVBudgetCache = Cache<score::GatedObservedAttention, admit::All, evict::WriteGatedBudget,
                               memory::Paged<PageSize, Storage>, Backend>;

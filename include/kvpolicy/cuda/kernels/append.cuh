@@ -22,7 +22,8 @@
 namespace kvpolicy::gpu {
 
 /// `tokens` new entries for each of `rows` segments (distinct): row r goes to segment[r];
-/// keys/values [rows, tokens, head_dim] in the pool's dtype, position/write_score [rows, tokens].
+/// keys/values [rows, tokens, head_dim] in the pool's dtype (not fp32), position (int32) and
+/// write_score (fp32) [rows, tokens].
 template <class T>
 struct AppendRows {
   const std::int32_t* segment = nullptr;
@@ -144,7 +145,8 @@ inline std::size_t append_workspace_bytes(std::int32_t rows) {
 
 /// Appends a.tokens entries to each of a.rows segments. A call that does not fit (free pages, a
 /// block table's max_pages) writes the first such failure to *status and changes nothing; the
-/// engine reads *status whenever it synchronises. Two-phase (workspace == nullptr: size only).
+/// engine reads *status whenever it synchronises. Two-phase (workspace == nullptr: size only). Throws
+/// for rows or tokens below 0, for rows x tokens > 2^31 - 1, and for null pointers.
 template <class T>
 void append(void* workspace, std::size_t& workspace_bytes, const PagedKV<T>& kv, const BlockTableView& t, FreeList free,
             const AppendRows<T>& a, Status* status, cudaStream_t stream) {

@@ -338,7 +338,12 @@ inline std::size_t decode_attention_workspace_bytes(const DecodeBatch& a, std::i
 }
 
 /// Decode attention of one layer over the paged cache. Two-phase: with workspace == nullptr sets
-/// workspace_bytes and returns. Asynchronous on `stream`; no allocation.
+/// workspace_bytes and returns. Asynchronous on `stream`; no allocation. Throws for a head_dim other
+/// than 64, 128 or 256, a page_size other than 16, 32 or 64, Hq not a multiple of Hkv, splits outside
+/// [0, 1024], K/V not 16-byte aligned, a mask without query_position or with gate_field =
+/// GateField::gate, accumulate_mass without an attention_mass column, and kernel = tensor_cores where
+/// it does not apply (naming why: it also needs a build with sm_80+ code). Both kernels give the same
+/// softmax within the dtype's tolerance (docs/perf.md, "Decode kernels").
 template <class T>
 void decode_attention(void* workspace, std::size_t& workspace_bytes, const PagedKV<T>& kv, const BlockTableView& t,
                       const DecodeBatch& a, std::int64_t max_length, cudaStream_t stream, int sm_count = 0) {

@@ -212,7 +212,12 @@ void apply_eviction(const EvictWork& w, const PagedKV<T>& kv, const BlockTableVi
 /// free list. evicted (optional, device, [segments]) receives each head's evicted count. A NaN score
 /// (only a user-defined Scorer makes one) is never ranked: the step then changes nothing and reports
 /// Status::nan_score in *status (optional, device). Two-phase: with workspace == nullptr sets
-/// workspace_bytes (it grows with the pool's slots) and returns.
+/// workspace_bytes (it grows with the pool's slots) and returns. context is [slots] StepContext on
+/// the device. Throws for an Evictor config out of range (its own validate(shape) and message), for
+/// segments not a multiple of L * Hkv, and when the pool lacks a field the Scorer reads (key_norm,
+/// attention_mass). Its building blocks (segment_offsets and score_segments, cuda/kernels/score.cuh;
+/// segmented_select, segmented_topk.cuh; pooled_select, pooled_topk.cuh; compact, compact.cuh) can
+/// also be called on their own.
 template <class Scorer, class Evictor, class T>
   requires evictor_states_selection<Evictor>
 void evict_step(void* workspace, std::size_t& workspace_bytes, const Scorer& scorer, const Evictor& evictor,

@@ -14,7 +14,9 @@
 /// fp32 throughout (no TF32: the handle's math mode is left to the engine, whose default is exact
 /// fp32; a handle set to TF32 trades the gates' 1e-5 agreement with the CPU for speed). Each call
 /// sets the handle's stream and its pointer mode to host (alpha and beta are host scalars). The
-/// activation and logsigmoid are the KVPOLICY_HD functions the CPU gate calls.
+/// activation and logsigmoid are the KVPOLICY_HD functions the CPU gate calls. Each forward throws
+/// for a size below 1, tokens outside [0, 2^31 - 1], a null pointer, or a cuBLAS failure; unlike the
+/// CPU gates it does not check its inputs for non-finite values.
 #pragma once
 
 #include <cublas_v2.h>

@@ -103,6 +103,7 @@ inline std::size_t write_gate_workspace_bytes(const WriteGateWeights& w, std::in
 /// k_pre, k_post [Hkv, tokens, d] fp32 (the keys before and after RoPE) -> g [Hkv, tokens] fp32 in
 /// [1e-3, 1], on `stream` (set on the handle for these calls). Two-phase: workspace == nullptr sets
 /// workspace_bytes and returns. Non-finite keys are the caller's to refuse (the CPU gate does).
+/// Throws for a size below 1, tokens outside [0, 2^31 - 1], a null pointer, or a cuBLAS failure.
 inline void write_gate_forward(void* workspace, std::size_t& workspace_bytes, cublasHandle_t handle,
                                const WriteGateWeights& w, const float* k_pre, const float* k_post, std::int64_t tokens,
                                float* g, cudaStream_t stream) {

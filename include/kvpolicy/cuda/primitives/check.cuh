@@ -29,7 +29,7 @@ void check_launch(const char* kernel, Context&&... context) {
   check(cudaGetLastError(), kernel, std::forward<Context>(context)...);
 }
 
-/// Whether a CUDA device is usable here (tests report SKIPPED without one).
+/// Whether a CUDA device is usable here (tests report SKIPPED without one); it never throws.
 inline bool device_present() {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess) {

@@ -3,7 +3,8 @@
 /// evictor says, through `memory_bound(shape)`, the most entries a sequence holds after any commit
 /// when it decodes one token per step (added without a declared prompt, so its first step is its
 /// prompt, SPEC §4), or that no budget bounds it (std::nullopt: the full cache, a prompt-only
-/// compression, WG-KV without a budget, the threshold variants). The soak reads it.
+/// compression, WG-KV without a budget, the threshold variants). The soak reads it. The evictors of
+/// parts/evict/ and of the policy files give it; the sharded wrappers of dist/ do not.
 #pragma once
 
 #include <cstdint>

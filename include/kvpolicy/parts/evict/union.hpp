@@ -60,6 +60,8 @@ struct PositionScore {
 /// positions, so its L * Hkv heads hold L * Hkv * (M + B) entries) and keeps, in every head, its
 /// top M positions by (aggregate score, larger position); the S oldest and the w newest positions
 /// rank above every score. Composes with admit::All only (every head must store every token).
+/// The Cache constructor throws for M < 1, B < 1, w outside [0, M] or S outside [0, M - w], each
+/// named with its value. Under tensor parallelism (dist::with_sharded_evictor) it is refused.
 struct Union {
   static constexpr bool needs_every_token = true;
   std::int64_t budget = 1024;  // M tokens per sequence (L * Hkv * M entries)
@@ -97,7 +99,8 @@ struct Union {
       keep[i] = std::binary_search(kept.begin(), kept.end(), s.position[i]) ? 1 : 0;
   }
 
-  /// The surviving positions of the segments, sorted.
+  /// The surviving positions of the segments, sorted: one selection over every head's scores, what
+  /// select() keeps in each head.
   std::vector<std::int32_t> surviving_positions(const SegmentedScores& s) const {
     // the distinct positions, sorted, each with its aggregate over the heads that hold it
     std::vector<std::int32_t> position(s.position.begin(), s.position.end());

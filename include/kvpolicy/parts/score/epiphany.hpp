@@ -99,7 +99,8 @@ struct SignalConfig {
 };
 
 /// One sequence's signal: feed the hidden states of bands A and B for each produced token, in
-/// order, and get that token's frozen score.
+/// order, and get that token's frozen score. Used from one thread at a time, like its sequence.
+/// The constructor throws for D < 1, a band below 0, or W < 1.
 class Signal {
  public:
   Signal(SignalConfig config, int hidden) : config_(config), hidden_(hidden), a_(config.window), b_(config.window) {
@@ -111,8 +112,9 @@ class Signal {
   const SignalConfig& config() const { return config_; }
   std::int64_t tokens() const { return tokens_; }
 
-  /// The engine's hidden states of a step, [L + 1, T, D] in HF output_hidden_states indexing:
-  /// scores the T tokens from bands A and B.
+  /// The engine's hidden states of a step, [L + 1, T, D] fp32 in HF output_hidden_states indexing
+  /// (0 = embeddings): scores the T tokens from bands A and B, as push does. Also throws if there are
+  /// too few layers for the bands.
   void push_hidden(View<const float, 3> hidden, std::span<float> out) {
     require(hidden.dim(0) > std::max(config_.band_a, config_.band_b), "epiphany::Signal: hidden states hold ",
             hidden.dim(0), " layers; bands A = ", config_.band_a, " and B = ", config_.band_b, " need more");
@@ -122,7 +124,8 @@ class Signal {
   }
 
   /// Scores T tokens: h_a, h_b [T, D] are the hidden states of layers A and B for positions
-  /// tokens() .. tokens() + T - 1; out [T] receives their scores. Validated before anything changes.
+  /// tokens() .. tokens() + T - 1; out [T] receives their scores. Validated before anything changes:
+  /// throws for a shape mismatch, an out size other than T, or a hidden state that is not finite.
   void push(View<const float, 2> h_a, View<const float, 2> h_b, std::span<float> out) {
     const std::int64_t T = h_a.dim(0);
     require_shape(h_a, {T, hidden_}, "epiphany::Signal: h_A");

@@ -78,7 +78,8 @@ struct ChannelRange {
 };
 
 /// One sequence's KV-statistics scores. Call push() once per layer per step, with the keys and
-/// values the step appends to that layer (the same T for every layer of a step).
+/// values the step appends to that layer (the same T for every layer of a step). Used from one
+/// thread at a time, like its sequence. The constructor throws for an invalid shape or W < 1.
 class Tracker {
  public:
   Tracker(CacheShape shape, Config config = {}) : shape_(shape), config_(config) {
@@ -97,7 +98,8 @@ class Tracker {
   }
 
   /// keys, values [Hkv, T, d] for the next T positions of `layer` -> out [Hkv, T] (the log_beta
-  /// layout of Cache::append). Validated before anything changes.
+  /// layout of Cache::append), all fp32. Validated before anything changes: throws for a layer out of
+  /// range, T < 1, a shape mismatch, or keys or values that are not finite.
   void push(int layer, View<const float, 3> keys, View<const float, 3> values, View<float, 2> out) {
     require(layer >= 0 && layer < shape_.layers, "kvstats::Tracker: layer ", layer, " out of range [0, ",
             shape_.layers, ")");

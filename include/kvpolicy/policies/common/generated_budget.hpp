@@ -45,6 +45,9 @@ struct EpiKVConfig {
   std::int64_t recency = -1;   ///< R; -1 = min(128, K / 4)
 };
 
+/// Built without checks; the Cache constructor throws unless K is in [1, 2^31 - 1], R is -1 or in
+/// [0, K], w is in [0, K], and S is in [0, K - max(R, w)]. evict::Generated composes only with
+/// admit::All (a compile-time error otherwise).
 inline evict::Generated epikv_evictor(const EpiKVConfig& c = {}) {
   return evict::Generated{c.budget, c.recency, c.sinks, c.window};
 }
@@ -54,7 +57,7 @@ template <class Backend = cpu_backend, class Storage = float, int PageSize = 16>
 using EpiKVCache = Cache<score::Frozen, admit::All, evict::Generated, memory::Paged<PageSize, Storage>, Backend>;
 
 /// One score per token [T] -> the [L, Hkv, T] layout of Cache::step (SPEC §4: one score per token,
-/// shared by every layer and head).
+/// shared by every layer and head). Throws if out has another shape.
 inline void broadcast_token_scores(const CacheShape& shape, std::span<const float> token_scores, View<float, 3> out) {
   const auto T = static_cast<std::int64_t>(token_scores.size());
   require_shape(View<const float, 3>(out), {shape.layers, shape.kv_heads, T}, "broadcast_token_scores: out");

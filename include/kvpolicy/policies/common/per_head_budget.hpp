@@ -29,12 +29,14 @@ struct BaselineConfig {
   std::int64_t window = 0;     ///< w: the w newest entries of each head are protected (SPEC §5); H2O: 0 = M / 2
 };
 
+/// Built without checks; the Cache constructor throws for trimkv_evictor's checks of M, B, w and S.
 inline evict::PerHead<trigger::Buffered> baseline_evictor(const BaselineConfig& c = {}) {
   return evict::PerHead<trigger::Buffered>{trigger::Buffered{c.budget, c.buffer}, c.window, 0.0, c.sinks};
 }
 
 /// Pages for `sequences` sequences under a per-head baseline in the allocator `Paged`
-/// (memory::Paged<P, Storage>): every head at its peak M + B - 1 + largest_chunk.
+/// (memory::Paged<P, Storage>): every head at its peak M + B - 1 + largest_chunk. Throws for M, B or
+/// largest_chunk below 1, and for sequences < 0.
 template <class Paged = memory::Paged<16>>
 std::int64_t baseline_pages(const CacheShape& shape, const BaselineConfig& c, std::int64_t sequences,
                             std::int64_t largest_chunk = 1) {

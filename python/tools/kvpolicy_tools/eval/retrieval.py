@@ -179,7 +179,18 @@ def main():
     ap.add_argument("--table", metavar="CONTEXT:BUDGET",
                     help="print OUT/results.csv's markdown table for one context and budget (a column per task, "
                          "e.g. 1024:64), or for one context and task (a column per budget, e.g. 1024:single), and exit")
+    ap.add_argument("--rows", metavar="LABELS",
+                    help="with --table: the rows to print, in this order, comma-separated, each a policy as the table "
+                         "names it (e.g. 'trimkv (long-range-gpu-rg10)'), optionally =NAME to print it as NAME")
+    ap.add_argument("--entries", action="store_true",
+                    help="with --table CONTEXT:TASK: each cell also gives the entries its policy held on average")
+    ap.add_argument("--results", metavar="CSV",
+                    help="with --table or --plot: the results file to read (default: OUT/results.csv)")
     a = ap.parse_args()
+    if (a.rows or a.entries) and not a.table:
+        ap.error("--rows and --entries go with --table")
+    if a.results and not (a.table or a.plot):
+        ap.error("--results goes with --table or --plot")
     if a.by_digits:
         context, budget = a.by_digits.split(":", 1) if ":" in a.by_digits else (a.by_digits, "")
         if not context.isdigit() or not budget.isdigit():
@@ -190,8 +201,13 @@ def main():
         context, what = a.table.split(":", 1) if ":" in a.table else (a.table, "")
         if not context.isdigit() or not (what.isdigit() or what in TASKS):
             ap.error(f"--table {a.table}: CONTEXT:BUDGET or CONTEXT:TASK (e.g. 1024:64, 1024:single)")
-        path = os.path.join(a.out, "results.csv")
-        print(table(path, int(context), int(what)) if what.isdigit() else budgets_table(path, int(context), what))
+        path = a.results or os.path.join(a.out, "results.csv")
+        rows = parse_rows(ap, a.rows)
+        try:
+            print(table(path, int(context), int(what), rows) if what.isdigit()
+                  else budgets_table(path, int(context), what, rows, a.entries))
+        except KeyError as e:
+            ap.error(f"--rows: {e.args[0]}")
         return
     if a.show is not None:
         if a.show < 0:
@@ -201,8 +217,8 @@ def main():
         print(f"needed: {' / '.join(needed[a.show])}", file=sys.stderr)
         return
     if a.plot and not a.model:
-        plot(os.path.join(a.out, "results.csv"), os.path.join(a.out, "retrieval.png"), a.plot_context, a.plot_gated,
-             a.tasks.split(), a.mode)
+        plot(a.results or os.path.join(a.out, "results.csv"), os.path.join(a.out, "retrieval.png"), a.plot_context,
+             a.plot_gated, a.tasks.split(), a.mode)
         return
     if not a.model:
         ap.error("--model is needed to run the suite")
@@ -388,36 +404,65 @@ def label(r):
     return r["policy"] if r["policy"] == "full" or r.get("gates", "") == "" else f"{r['policy']} ({r['gates']})"
 
 
-def table(path, context, budget):
+def parse_rows(ap, spec):
+    """--rows: [(label, shown name)], or None for every row."""
+    if spec is None:
+        return None
+    rows = []
+    for item in spec.split(","):
+        name, _, shown = item.strip().partition("=")
+        if not name.strip():
+            ap.error(f"--rows {spec!r}: an empty label")
+        rows.append((name.strip(), shown.strip() or name.strip()))
+    return rows
+
+
+def chosen(names, rows, where):
+    """The table's rows: every label in names, or those --rows picks, in its order (KeyError naming a
+    label the data lacks)."""
+    if rows is None:
+        return [(n, n) for n in names]
+    for name, _ in rows:
+        if name not in names:
+            raise KeyError(f"'{name}' is not a row of {where} (rows: {', '.join(names)})")
+    return rows
+
+
+def table(path, context, budget, rows_wanted=None):
     """A markdown table of one context and budget: a row per policy, a column per task (accuracy,
     correct of instances), and the entries held on average."""
     rows = [r for r in longest(csv.DictReader(open(path))) if int(r["context"]) == context and int(r["budget"]) in (0, budget)]
     tasks = list(dict.fromkeys(r["task"] for r in rows))
     out = ["| policy | sinks | " + " | ".join(tasks) + " | entries held |", "| --- | ---: |" + " ---: |" * (len(tasks) + 1)]
-    for name in dict.fromkeys(label(r) for r in rows):
+    names = list(dict.fromkeys(label(r) for r in rows))
+    for name, shown in chosen(names, rows_wanted, f"{context}:{budget}"):
         cells = {r["task"]: r for r in rows if label(r) == name}
         any_row = next(iter(cells.values()))
         acc = [f"{100 * float(cells[t]['accuracy']):.0f}% ({cells[t]['correct']}/{cells[t]['instances']})"
                if t in cells else "—" for t in tasks]
         held = max(int(r["entries"]) for r in cells.values())
-        out.append(f"| {name} | {any_row['sinks']} | " + " | ".join(acc) + f" | {held:,} |")
+        out.append(f"| {shown} | {any_row['sinks']} | " + " | ".join(acc) + f" | {held:,} |")
     return "\n".join(out)
 
 
-def budgets_table(path, context, task):
+def budgets_table(path, context, task, rows_wanted=None, entries=False):
     """A markdown table of one context and task: a row per policy, a column per budget M (accuracy,
-    correct of instances), the full cache's row first."""
+    correct of instances, and with entries the entries held on average), the full cache's row first."""
     rows = [r for r in longest(csv.DictReader(open(path))) if int(r["context"]) == context and r["task"] == task]
     budgets = sorted({int(r["budget"]) for r in rows if r["policy"] != "full"})
     out = ["| policy | sinks | " + " | ".join(f"M = {m}" for m in budgets) + " |", "| --- | ---: |" + " ---: |" * len(budgets)]
-    for name in sorted(dict.fromkeys(label(r) for r in rows), key=lambda n: n != "full"):
+
+    def cell(r):
+        held = f"; {int(r['entries']):,}" if entries and r.get("entries") else ""
+        return f"{100 * float(r['accuracy']):.0f}% ({r['correct']}/{r['instances']}{held})"
+
+    names = sorted(dict.fromkeys(label(r) for r in rows), key=lambda n: n != "full")
+    for name, shown in chosen(names, rows_wanted, f"{context}:{task}"):
         cells = {int(r["budget"]): r for r in rows if label(r) == name}
-        acc = [f"{100 * float(cells[m]['accuracy']):.0f}% ({cells[m]['correct']}/{cells[m]['instances']})"
-               if m in cells else "—" for m in budgets]
+        acc = [cell(cells[m]) if m in cells else "—" for m in budgets]
         if name == "full":
-            acc = [f"{100 * float(cells[0]['accuracy']):.0f}% ({cells[0]['correct']}/{cells[0]['instances']}), every entry"]
-            acc += [""] * (len(budgets) - 1)
-        out.append(f"| {name} | {next(iter(cells.values()))['sinks']} | " + " | ".join(acc) + " |")
+            acc = [cell(cells[0]) + ", every entry"] + [""] * (len(budgets) - 1)
+        out.append(f"| {shown} | {next(iter(cells.values()))['sinks']} | " + " | ".join(acc) + " |")
     return "\n".join(out)
 
 
