@@ -20,7 +20,9 @@ The layers (docs/architecture.md), each allowed to include only what its row nam
     the headers directly under kvpolicy/    anything below them
 
 Includes inside one folder are allowed; together with the rows above, the file graph must have no
-cycle. Prints each violation and exits 1, or prints "layers: N headers, M includes, no include runs
+cycle. And every policy file directly under policies/ is included by one of the family headers
+(FAMILIES: kvpolicy/trimkv.hpp, dbtrimkv.hpp, wgkv.hpp, epikv.hpp, baselines.hpp), so the one
+include of a CPU program reaches every policy. Prints each violation and exits 1, or prints "layers: N headers, M includes, no include runs
 up a layer, no cycle" and exits 0. Python 3 standard library only.
 """
 
@@ -45,6 +47,10 @@ ALLOWED = {
     "cuda": {"core", "cache", "gate", "memory", "parts", "cache.hpp"},
     "dist": {"core", "parts", "cache", "memory"},
 }
+
+# the headers a CPU program includes for a family of policies (docs/architecture.md)
+FAMILIES = ("kvpolicy/trimkv.hpp", "kvpolicy/dbtrimkv.hpp", "kvpolicy/wgkv.hpp", "kvpolicy/epikv.hpp",
+            "kvpolicy/baselines.hpp")
 
 
 def layer(path):
@@ -107,11 +113,18 @@ def main():
         if node not in colour:
             visit(node, [])
 
+    in_a_family = {t for family in FAMILIES for t in graph.get(family, [])}
+    for path in sorted(graph):
+        if path.startswith("kvpolicy/policies/") and path.count("/") == 2 and path not in in_a_family:
+            problems.append(f"{path}: no family header includes it ({', '.join(FAMILIES)}): a CPU program "
+                            f"that includes its family's header would not have it")
+
     for p in problems:
         print(p)
     if problems:
         return 1
-    print(f"layers: {len(graph)} headers, {count} includes, no include runs up a layer, no cycle")
+    print(f"layers: {len(graph)} headers, {count} includes, no include runs up a layer, no cycle, "
+          f"every policy in a family header")
     return 0
 
 

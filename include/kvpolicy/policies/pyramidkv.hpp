@@ -21,7 +21,8 @@
 ///   cache.add_sequence(seq, prompt_tokens);   // and attend every step (the scorer observes the queries)
 ///
 /// Its selection depends on the layer, which no HeadSelection states: its own trigger() and
-/// select() (core/concepts.hpp), run on the host; a device Cache does not compile with it.
+/// select() (core/concepts.hpp), which run on the host. A device Cache runs it too: the device
+/// scores, and the executor hands the scores to select() on the host (cuda/executor.cuh).
 #pragma once
 
 #include "kvpolicy/core/cxx20.hpp"  // first: names a missing -std=c++20
