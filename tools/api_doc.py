@@ -127,8 +127,9 @@ def at_code(s, i):
     return None
 
 
-def match_brace(s, i):
-    """Index after the } matching the { at s[i]."""
+def scan_to(s, i, stops):
+    """The index of the first character of `stops` outside ( ) [ ] { } from i, comments and literals
+    skipped; a closing bracket in `stops` is found where it would close a bracket opened before i."""
     depth = 0
     while i < len(s):
         j = at_code(s, i)
@@ -136,14 +137,19 @@ def match_brace(s, i):
             i = j
             continue
         c = s[i]
+        if depth == 0 and c in stops:
+            return i
         if c in "([{":
             depth += 1
         elif c in ")]}":
             depth -= 1
-            if depth == 0:
-                return i + 1
         i += 1
-    raise ValueError("unbalanced braces")
+    raise ValueError("a declaration never ends")
+
+
+def match_brace(s, i):
+    """Index after the } matching the { at s[i]."""
+    return scan_to(s, i + 1, "}") + 1
 
 
 def strip_template_heads(head):
@@ -413,7 +419,7 @@ class Header:
                 i = match_brace(s, i)
                 continue
             i += 1
-        raise ValueError(f"{self.path}: a declaration never ends")
+        raise ValueError("a declaration never ends")
 
     @staticmethod
     def opens_requires(before):
@@ -438,21 +444,7 @@ class Header:
             r"\)\s*(?:noexcept\s*)?:(?!:)", before) is not None and not re.search(r"\bconcept\b", before)
 
     def scan_to_semicolon(self, i):
-        s, depth = self.s, 0
-        while i < len(s):
-            j = at_code(s, i)
-            if j is not None:
-                i = j
-                continue
-            c = s[i]
-            if c in "([{":
-                depth += 1
-            elif c in ")]}":
-                depth -= 1
-            elif depth == 0 and c == ";":
-                return i
-            i += 1
-        raise ValueError(f"{self.path}: a declaration never ends")
+        return scan_to(self.s, i, ";")
 
 
 # ---- markdown ------------------------------------------------------------------------------------
@@ -606,7 +598,7 @@ def generate(root):
             try:
                 h = Header(path, f.read())
             except ValueError as e:
-                problems.append(str(e))
+                problems.append(f"{path}: {e}")
                 continue
         if not h.file_doc:
             problems.append(f"{path}: no `/// \\file` comment")
