@@ -3,9 +3,10 @@
 set -euo pipefail
 # clang + libclang-rt-14-dev: the libFuzzer targets (fuzz/); without them the fuzz tests report SKIPPED.
 # python3 + python3-venv: Conan 2 from PyPI (tools/conan-test.sh). doxygen: the API reference.
+# python3-pytest: the tests of kvpolicy_tools that need no torch; without it they report SKIPPED.
 # libopenmpi-dev + openmpi-bin: the sharded selection across MPI ranks (kvpolicy/dist/mpi.hpp, its tests).
 packages=(cmake ninja-build g++ libeigen3-dev doctest-dev libbenchmark-dev nlohmann-json3-dev libstb-dev clang libclang-rt-14-dev python3 python3-venv doxygen
-          libopenmpi-dev openmpi-bin)
+          python3-pytest libopenmpi-dev openmpi-bin)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Test of kvpolicy-convert-checkpoint (kvpolicy_tools.convert.convert_checkpoint) without torch (it runs in CI), on the committed fixtures
 (tests/converter/fixtures/, written once with real torch.save by make_fixtures.py, which says how):
   - every fixture converts with the standard-library reader, and each written tensor has the name,
@@ -9,7 +8,9 @@
     the wrong kind for a checkpoint is refused;
   - a crafted pickle that calls a function (os.system) is refused with a clear error, by the
     standard-library reader and by the C++-free path alike, and executes nothing.
-usage: test_convert_fixtures.py GATE_FORWARD WORK_DIR   (kvpolicy_tools importable: PYTHONPATH=python/tools)
+usage: KVPOLICY_GATE_FORWARD=build/default/tests/gate_forward PYTHONPATH=$PWD/python/tools \
+         python3 -m pytest -q -p no:cacheprovider tests/converter/test_convert_fixtures.py
+       (ctest sets both; each test works in its own pytest tmp_path)
 """
 import hashlib
 import io
@@ -21,18 +22,28 @@ import subprocess
 import sys
 import zipfile
 
+import pytest
+
 converter = "kvpolicy_tools.convert.convert_checkpoint"  # kvpolicy-convert-checkpoint
-gate_forward, work = (os.path.abspath(a) for a in sys.argv[1:3])
 fixtures = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
-os.makedirs(work, exist_ok=True)
 with open(os.path.join(fixtures, "expected.json")) as f:
     expected = json.load(f)
 
 
-def run(*args, ok=True):
+def gate_forward():
+    """The gate_forward binary (tests/converter/gate_forward.cpp) from KVPOLICY_GATE_FORWARD, as ctest sets it."""
+    path = os.environ.get("KVPOLICY_GATE_FORWARD", "")
+    if not path:
+        pytest.fail("KVPOLICY_GATE_FORWARD is not set: it names the gate_forward binary "
+                    "(ctest sets it: $<TARGET_FILE:gate_forward>)", pytrace=False)
+    if not os.path.isfile(path):
+        pytest.fail(f"KVPOLICY_GATE_FORWARD={path}: no such file (build the gate_forward target)", pytrace=False)
+    return os.path.abspath(path)
+
+
+def run(work, *args, ok=True):
     p = subprocess.run([sys.executable, "-m", converter, *args], capture_output=True, text=True, cwd=work)
-    if (p.returncode == 0) != ok:
-        sys.exit("converter %s: rc %d\n%s%s" % (args, p.returncode, p.stdout, p.stderr))
+    assert (p.returncode == 0) == ok, "converter %s: rc %d\n%s%s" % (args, p.returncode, p.stdout, p.stderr)
     return p.stdout + p.stderr
 
 
@@ -46,11 +57,12 @@ def read_safetensors(path):
 
 
 # ---- the fixtures convert to exactly what torch said ----
-for name, want in sorted(expected.items()):
-    if name.startswith("_"):
-        continue
+@pytest.mark.parametrize("name", sorted(n for n in expected if not n.startswith("_")))
+def test_fixture_converts_to_what_torch_wrote(name, tmp_path):
+    want = expected[name]
+    work = str(tmp_path)
     out = os.path.join(work, name + ".safetensors")
-    msg = run(want["kind"], os.path.join(fixtures, name), out, "--reader", "zip")
+    msg = run(work, want["kind"], os.path.join(fixtures, name), out, "--reader", "zip")
     assert "%d other keys ignored" % want["ignored"] in msg, msg
     header, data = read_safetensors(out)
     assert sorted(header) == sorted(want["tensors"]), (name, sorted(header))
@@ -61,7 +73,7 @@ for name, want in sorted(expected.items()):
         assert got == w, "%s: %s is %s, expected %s" % (name, tensor, got, w)
     if "log_beta" in want:
         L, D, H, I = want["dims"]
-        p = subprocess.run([gate_forward, want["kind"], out, str(L), str(D), str(H), str(I)], capture_output=True,
+        p = subprocess.run([gate_forward(), want["kind"], out, str(L), str(D), str(H), str(I)], capture_output=True,
                            text=True)
         assert p.returncode == 0, p.stderr
         got = [float(v) for v in p.stdout.split()]
@@ -72,6 +84,7 @@ for name, want in sorted(expected.items()):
               % (name, len(header), len(got), worst))
     else:
         print("%s: %d tensors as torch wrote them" % (name, len(header)))
+
 
 # ---- a tied readout edited in one layer; the wrong kind ----
 def rewrite(src, dst, edit):
@@ -101,38 +114,42 @@ def storage_of(path, key):
         return pkl[: -len("data.pkl")] + "data/" + Recorder(io.BytesIO(a.read(pkl))).load()[key]
 
 
-rg10 = os.path.join(fixtures, "dbtrimkv_rg10.pth")
-target = storage_of(rg10, "model.layers.2.self_attn.retention_gate.linear3.weight")
-edited = os.path.join(work, "edited_rg10.pth")
-rewrite(rg10, edited, lambda n, b: b[:-1] + bytes([b[-1] ^ 1]) if n == target else b)
-msg = run("dbtrimkv", edited, os.path.join(work, "x.safetensors"), "--reader", "zip", ok=False)
-assert "layer 2's linear3.weight differs from layer 0's" in msg, msg
-msg = run("trimkv", rg10, os.path.join(work, "x.safetensors"), "--reader", "zip", ok=False)
-assert "unexpected gate parameter" in msg and "linear2.bias" in msg, msg
-msg = run("dbtrimkv", os.path.join(fixtures, "trimkv_weights.pth"), os.path.join(work, "x.safetensors"), "--reader",
-          "zip", ok=False)
-assert "layer 0 lacks linear2.bias, linear3.weight" in msg, msg
-print("errors: an edited tied copy names its layer; the wrong kind is refused")
+def test_edited_tied_copy_and_wrong_kind_refused(tmp_path):
+    work = str(tmp_path)
+    rg10 = os.path.join(fixtures, "dbtrimkv_rg10.pth")
+    target = storage_of(rg10, "model.layers.2.self_attn.retention_gate.linear3.weight")
+    edited = os.path.join(work, "edited_rg10.pth")
+    rewrite(rg10, edited, lambda n, b: b[:-1] + bytes([b[-1] ^ 1]) if n == target else b)
+    msg = run(work, "dbtrimkv", edited, os.path.join(work, "x.safetensors"), "--reader", "zip", ok=False)
+    assert "layer 2's linear3.weight differs from layer 0's" in msg, msg
+    msg = run(work, "trimkv", rg10, os.path.join(work, "x.safetensors"), "--reader", "zip", ok=False)
+    assert "unexpected gate parameter" in msg and "linear2.bias" in msg, msg
+    msg = run(work, "dbtrimkv", os.path.join(fixtures, "trimkv_weights.pth"), os.path.join(work, "x.safetensors"),
+              "--reader", "zip", ok=False)
+    assert "layer 0 lacks linear2.bias, linear3.weight" in msg, msg
+    assert not os.path.exists(os.path.join(work, "x.safetensors")), "a refused conversion wrote its output"
+    print("errors: an edited tied copy names its layer; the wrong kind is refused")
+
 
 # ---- a hostile pickle: data.pkl calls os.system when unpickled by a trusting reader ----
-marker = os.path.join(work, "pwned")
-if os.path.exists(marker):
-    os.remove(marker)
+def test_hostile_pickle_refused_and_nothing_executed(tmp_path):
+    work = str(tmp_path)
+    marker = os.path.join(work, "pwned")
+    if os.path.exists(marker):
+        os.remove(marker)
 
+    class Exploit:
+        def __reduce__(self):
+            return (os.system, ("touch %s" % marker,))
 
-class Exploit:
-    def __reduce__(self):
-        return (os.system, ("touch %s" % marker,))
-
-
-hostile = os.path.join(work, "hostile.pth")
-with zipfile.ZipFile(hostile, "w") as z:
-    z.writestr("archive/data.pkl", pickle.dumps({"model.layers.0.self_attn.retention_gate.bias": Exploit()}, protocol=2))
-    z.writestr("archive/version", "3\n")
-for kind in ("trimkv", "dbtrimkv", "wgkv"):
-    msg = run(kind, hostile, os.path.join(work, "x.safetensors"), "--reader", "zip", ok=False)
-    assert "unsupported object" in msg and "system" in msg, msg
-assert not os.path.exists(marker), "the hostile pickle ran its command"
-assert not os.path.exists(os.path.join(work, "x.safetensors")), "a refused conversion wrote its output"
-print("hostile pickle: refused (%s), nothing executed" % msg.strip().split(": ", 2)[-1])
-print("PASSED")
+    hostile = os.path.join(work, "hostile.pth")
+    with zipfile.ZipFile(hostile, "w") as z:
+        z.writestr("archive/data.pkl", pickle.dumps({"model.layers.0.self_attn.retention_gate.bias": Exploit()},
+                                                    protocol=2))
+        z.writestr("archive/version", "3\n")
+    for kind in ("trimkv", "dbtrimkv", "wgkv"):
+        msg = run(work, kind, hostile, os.path.join(work, "x.safetensors"), "--reader", "zip", ok=False)
+        assert "unsupported object" in msg and "system" in msg, msg
+    assert not os.path.exists(marker), "the hostile pickle ran its command"
+    assert not os.path.exists(os.path.join(work, "x.safetensors")), "a refused conversion wrote its output"
+    print("hostile pickle: refused (%s), nothing executed" % msg.strip().split(": ", 2)[-1])

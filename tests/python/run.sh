@@ -19,7 +19,7 @@ if [ "$rc" -ne 0 ]; then
 fi
 python=$(tail -n 1 <<<"$out")
 pip=(env PIP_DISABLE_PIP_VERSION_CHECK=1 "$python" -m pip)
-build_requirements=(nanobind==3.1.0 scikit-build-core==1.1.2 pytest==8.4.2)
+build_requirements=(nanobind==3.1.0 scikit-build-core==1.1.2)  # pytest: in the venv's own pins (tools/train-venv.sh)
 stamp=$(dirname "$python")/../python-build.ok
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "${build_requirements[*]}" ]; then
   : >"$root/build/python-pip.log"

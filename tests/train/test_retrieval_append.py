@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """kvpolicy-retrieval's results file across runs, with a scripted engine in kvpolicy-lm's place (no model,
 no Debian text package: the prose is the project's docs):
   - --append skips a cell already there with as many instances;
@@ -9,14 +8,13 @@ no Debian text package: the prose is the project's docs):
   - an answer that ends inside a multi-byte character (a generated token's partial UTF-8) is scored;
   - OUT/instances.csv holds every instance run once, right or not (a run without --append begins it
     again), and --by-digits' table counts them in quarters of the instances sorted by their prose's digits.
-usage: PYTHONPATH=python/tools test_retrieval_append.py   (any python3)
+usage: PYTHONPATH=python/tools python3 -m pytest -q -p no:cacheprovider tests/train/test_retrieval_append.py
+       (any python3 with pytest)
 """
 import csv
 import os
 import re
-import shutil
 import sys
-import tempfile
 import time
 
 root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -41,16 +39,17 @@ for s, p in enumerate(prompts):
                             f"\n[{{s}}] policy streamingllm: 10 tokens, {{int(key) % 97 * 10}} entries held\n".encode())
 '''
 
-failures = []
 
+def test_results_file_across_runs(tmp_path, monkeypatch):
+    """One results file through the runs the module's docstring lists, in order (each run reads what the
+    one before it wrote); every check is made, and the test fails listing those that did not hold."""
+    failures = []
 
-def check(cond, what):
-    if not cond:
-        failures.append(what)
+    def check(cond, what):
+        if not cond:
+            failures.append(what)
 
-
-tmp = tempfile.mkdtemp()
-try:
+    tmp = str(tmp_path)
     pages = os.path.join(tmp, "tutorial")
     os.makedirs(pages)
     for name in ("architecture.md", "api.md", "quality.md"):
@@ -58,7 +57,7 @@ try:
             body = "".join(f"<p>{line}</p>\n" for line in f.read().replace("<", " ").splitlines() if line.strip())
         with open(os.path.join(pages, name + ".html"), "w", encoding="utf-8") as f:
             f.write(f"<html><body>{body}</body></html>")
-    retrieval.TUTORIAL = pages
+    monkeypatch.setattr(retrieval, "TUTORIAL", pages)
     log = os.path.join(tmp, "calls.log")
     engine = os.path.join(tmp, "engine")
     with open(engine, "w") as f:
@@ -68,8 +67,9 @@ try:
     path = os.path.join(out, "results.csv")
 
     def run(*extra):
-        sys.argv = ["kvpolicy-retrieval", "--model", tmp, "--lm", engine, "--tasks", "single", "--budgets", "64",
-                    "--policies", "streamingllm", "--batch", "2", "--out", out, *extra]
+        monkeypatch.setattr(sys, "argv", ["kvpolicy-retrieval", "--model", tmp, "--lm", engine, "--tasks", "single",
+                                          "--budgets", "64", "--policies", "streamingllm", "--batch", "2", "--out", out,
+                                          *extra])
         retrieval.main()
 
     def calls():
@@ -165,10 +165,41 @@ try:
         ran = list(csv.DictReader(f))
     check([x["instance"] for x in ran] == ["0", "1"] and len(rows()) == 1,
           f"a run without --append kept earlier instances: {len(ran)} rows in instances.csv")
-finally:
-    shutil.rmtree(tmp)
 
-if failures:
-    print("FAILED:\n  " + "\n  ".join(failures))
-    sys.exit(1)
-print("retrieval --append: skips, extends and reads the longest row of each cell")
+    assert not failures, "FAILED:\n  " + "\n  ".join(failures)
+    print("retrieval --append: skips, extends and reads the longest row of each cell")
+
+
+def test_table_rows_entries_results(tmp_path):
+    """--table CONTEXT:TASK --rows picks, orders and renames rows (a label the data lacks is an error that
+    names it), --entries adds each cell's entries, and --results reads a file other than OUT/results.csv."""
+    import subprocess
+    path = tmp_path / "suite.csv"
+    fields = ["task", "context", "policy", "gates", "budget", "sinks", "correct", "instances", "accuracy", "seconds",
+              "entries", "seed"]
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        w.writerow(dict(task="single", context="1024", policy="full", gates="", budget="0", sinks="0", correct="9",
+                        instances="10", accuracy="0.900", seconds="1", entries="105261", seed="0"))
+        for policy, gates, budget, correct, entries in [("trimkv", "lr", "64", "5", "6408"),
+                                                        ("streamingllm", "", "64", "0", "6408"),
+                                                        ("trimkv", "lr", "128", "9", "12168")]:
+            w.writerow(dict(task="single", context="1024", policy=policy, gates=gates, budget=budget, sinks="4",
+                            correct=correct, instances="10", accuracy=f"{int(correct) / 10:.3f}", seconds="1",
+                            entries=entries, seed="0"))
+    out = subprocess.run([sys.executable, "-m", "kvpolicy_tools.eval.retrieval", "--results", str(path), "--table",
+                          "1024:single", "--entries", "--rows", "streamingllm,trimkv (lr)=TRIM-KV with the lr gate,full"],
+                         capture_output=True, text=True, check=True).stdout.splitlines()
+    assert out[0] == "| policy | sinks | M = 64 | M = 128 |", out
+    assert out[2:] == ["| streamingllm | 4 | 0% (0/10; 6,408) | — |",
+                       "| TRIM-KV with the lr gate | 4 | 50% (5/10; 6,408) | 90% (9/10; 12,168) |",
+                       "| full | 0 | 90% (9/10; 105,261), every entry |  |"], out
+    plain = retrieval.budgets_table(str(path), 1024, "single")
+    assert "6,408" not in plain and "| trimkv (lr) | 4 | 50% (5/10) | 90% (9/10) |" in plain, plain
+    bad = subprocess.run([sys.executable, "-m", "kvpolicy_tools.eval.retrieval", "--results", str(path), "--table",
+                          "1024:single", "--rows", "full,h2o"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "'h2o' is not a row of 1024:single" in bad.stderr, bad.stderr
+    alone = subprocess.run([sys.executable, "-m", "kvpolicy_tools.eval.retrieval", "--rows", "full"],
+                           capture_output=True, text=True)
+    assert alone.returncode == 2 and "--rows and --entries go with --table" in alone.stderr, alone.stderr
