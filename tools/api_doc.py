@@ -217,7 +217,7 @@ def assignment_index(code):
         elif depth == 0 and c == "=":
             prev = code[k - 1] if k else ""
             nxt = code[k + 1] if k + 1 < len(code) else ""
-            if prev in "=<>!" or nxt == "=" or code[:k].rstrip().endswith("operator"):
+            if prev in "=<>!" or nxt == "=" or re.search(r"\boperator\s*[-+*/%^&|<>!~]*$", code[:k]):
                 continue
             return k
     return -1
@@ -277,18 +277,21 @@ class Header:
         return paragraphs, current
 
     # -- a scope: a namespace's or a class's body, up to its closing brace --
-    def parse_scope(self, kind, public, depth, ns):
+    def parse_scope(self, kind, public, depth, ns, visible=True):
+        """A scope's declarations; with visible False (the body of a class the page does not show)
+        they are read past and nothing of them is shown."""
         s = self.s
         while True:
             closed, doc = self.take_doc()
             for p in closed:
-                self.add_prose(p, depth)
+                if visible:
+                    self.add_prose(p, depth)
             if self.i >= len(s):
-                if doc:
+                if doc and visible:
                     self.add_prose(doc, depth)
                 return
             if s[self.i] == "}":
-                if doc:
+                if doc and visible:
                     self.add_prose(doc, depth)
                 self.i += 1
                 return
@@ -299,7 +302,7 @@ class Header:
             if m and kind == "class":
                 public = m.group(1) == "public"
                 self.i += m.end()
-                if doc:
+                if doc and visible:
                     self.add_prose(doc, depth)
                 continue
             m = re.match(r"(?:inline\s+)?namespace\s+([\w:]*)\s*\{", s[self.i:])
@@ -312,7 +315,7 @@ class Header:
                 else:
                     self.parse_scope("namespace", True, depth, ns + names)
                 continue
-            self.declaration(doc, kind, public, depth, ns)
+            self.declaration(doc, kind, public and visible, depth, ns)
 
     def add_prose(self, lines, depth):
         if lines and lines[0].startswith("\\file"):
@@ -350,13 +353,13 @@ class Header:
             return
         # term == "{": what the brace opens decides what is shown
         if keyword in ("struct", "class", "union") and assignment_index(bare) < 0:
-            name = re.match(r"(?:struct|class|union)\s+(?:\[\[[^\]]*\]\]\s*)?(\w+)", bare)
+            name = re.match(r"(?:struct|class|union)\s+(?:(?:\[\[[^\]]*\]\]|alignas\s*\([^)]*\))\s*)*(\w+)", bare)
             if shown:
-                self.items.append(("class", head.rstrip(), doc, depth, "::".join(ns + [name.group(1)])))
+                self.items.append(("class", head.rstrip(), doc, depth, "::".join(ns + [name.group(1)]), start))
                 if depth == 0 and not doc:
                     self.undocumented.append(name.group(1))
             self.i = head_end + 1
-            self.parse_scope("class", keyword != "class", depth + 1, ns + [name.group(1)])
+            self.parse_scope("class", keyword != "class", depth + 1, ns + [name.group(1)], visible=shown)
             # declarators after the closing brace, up to the semicolon
             end, _ = self.scan_head(self.i)
             self.i = end + 1
@@ -485,10 +488,8 @@ def prose(lines):
     return "\n".join(out).strip("\n")
 
 
-def line_column(s, text):
-    at = s.find(text)
-    if at < 0:
-        return 0
+def line_column(s, at):
+    """The column of index `at` in s."""
     return at - (s.rfind("\n", 0, at) + 1)
 
 
@@ -536,7 +537,7 @@ def render_header(h):
         kind = it[0]
         if kind == "decl":
             _, text, doc, _depth, start, end = it
-            code = dedent(text, line_column(h.s, text))
+            code = dedent(text, line_column(h.s, start))
             if doc:
                 flush()
                 out += [fence + code + "\n```", "", prose(doc), ""]
@@ -550,9 +551,9 @@ def render_header(h):
             last_end[0] = end
         elif kind == "class":
             flush()
-            _, text, doc, depth, name = it
+            _, text, doc, depth, name, start = it
             out += [f"{'###' if depth == 0 else '####'} `{name}`", ""]
-            out += [fence + dedent(text, line_column(h.s, text)) + "\n```", ""]
+            out += [fence + dedent(text, line_column(h.s, start)) + "\n```", ""]
             if doc:
                 out += [prose(doc), ""]
         elif kind == "end":
@@ -572,9 +573,15 @@ def section_headers(root):
     seen, order = set(), []
     for entry in SECTIONS:
         if entry.endswith("/"):
-            folder = os.path.join(include, entry)
-            names = sorted(n for n in os.listdir(folder) if n.endswith((".hpp", ".cuh")))
-            paths = [entry + n for n in names]
+            # every header below the folder, sorted by path (subfolders included, hidden files not)
+            paths = []
+            for folder, dirs, files in os.walk(os.path.join(include, entry)):
+                dirs[:] = [d for d in dirs if not d.startswith(".")]
+                rel = os.path.relpath(folder, include).replace(os.sep, "/")
+                paths += [f"{rel}/{n}" for n in files if n.endswith((".hpp", ".cuh")) and not n.startswith(".")]
+            paths.sort()
+            if not paths:
+                raise SystemExit(f"api_doc: SECTIONS names {entry}, which holds no header")
         else:
             paths = [entry]
         for p in paths:

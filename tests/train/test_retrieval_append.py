@@ -203,3 +203,7 @@ def test_table_rows_entries_results(tmp_path):
     alone = subprocess.run([sys.executable, "-m", "kvpolicy_tools.eval.retrieval", "--rows", "full"],
                            capture_output=True, text=True)
     assert alone.returncode == 2 and "--rows and --entries go with --table" in alone.stderr, alone.stderr
+    budget_table = subprocess.run([sys.executable, "-m", "kvpolicy_tools.eval.retrieval", "--results", str(path),
+                                   "--table", "1024:64", "--entries"], capture_output=True, text=True)
+    assert budget_table.returncode == 2 and "--entries goes with --table CONTEXT:TASK" in budget_table.stderr, \
+        budget_table.stderr

@@ -18,7 +18,7 @@
 
 namespace kvpolicy::policies {
 
-/// AdaKV's the registry entry (registry/policy.hpp): its name, help, options and make(), by which `--policy`,
+/// AdaKV's registry entry (registry/policy.hpp): its name, help, options and make(), by which `--policy`,
 /// registry::open and the Python package build it.
 struct adakv {
   static constexpr std::string_view name = "adakv";

@@ -85,7 +85,7 @@ using DBTrimKVLayerWiseCache =
 
 namespace policies {
 
-/// DBTrimKV's the registry entry (registry/policy.hpp): its name, help, options and make(), by which
+/// DBTrimKV's registry entry (registry/policy.hpp): its name, help, options and make(), by which
 /// `--policy`, registry::open and the Python package build it.
 struct dbtrimkv {
   static constexpr std::string_view name = "dbtrimkv";

@@ -47,7 +47,7 @@ using ExpectedAttentionCache =
 
 namespace policies {
 
-/// Expected Attention's the registry entry (registry/policy.hpp): its name, help, options and make(), by
+/// Expected Attention's registry entry (registry/policy.hpp): its name, help, options and make(), by
 /// which `--policy`, registry::open and the Python package build it.
 struct expected_attention {
   static constexpr std::string_view name = "expected-attention";

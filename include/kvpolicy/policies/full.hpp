@@ -17,7 +17,7 @@ using FullCache = PerHeadBudgetCache<score::Recency, Backend, Storage, PageSize>
 
 namespace policies {
 
-/// The full cache's the registry entry (registry/policy.hpp): its name, help, options and make(), by which
+/// The full cache's registry entry (registry/policy.hpp): its name, help, options and make(), by which
 /// `--policy`, registry::open and the Python package build it.
 struct full {
   static constexpr std::string_view name = "full";

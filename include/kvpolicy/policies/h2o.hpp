@@ -24,7 +24,7 @@ using H2OCache = PerHeadBudgetCache<score::AttentionMass, Backend, Storage, Page
 
 namespace policies {
 
-/// H2O's the registry entry (registry/policy.hpp): its name, help, options and make(), by which `--policy`,
+/// H2O's registry entry (registry/policy.hpp): its name, help, options and make(), by which `--policy`,
 /// registry::open and the Python package build it.
 struct h2o {
   static constexpr std::string_view name = "h2o";

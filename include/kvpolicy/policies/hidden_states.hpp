@@ -29,13 +29,13 @@ struct hidden_state_signal : generated_budget {
 
 }  // namespace detail
 
-/// EpiKV's the registry entry (registry/policy.hpp): its name, help, options and make(), by which `--policy`,
+/// EpiKV's registry entry (registry/policy.hpp): its name, help, options and make(), by which `--policy`,
 /// registry::open and the Python package build it.
 struct epikv : detail::hidden_state_signal<epiphany::Variant::epikv> {
   static constexpr std::string_view name = "epikv";
   static constexpr std::string_view help = "EpiKV: z-scored hidden-state change z_A - z_B, budget K generated";
 };
-/// HS-var's the registry entry (registry/policy.hpp): its name, help, options and make(), by which
+/// HS-var's registry entry (registry/policy.hpp): its name, help, options and make(), by which
 /// `--policy`, registry::open and the Python package build it.
 struct hs_var : detail::hidden_state_signal<epiphany::Variant::hs_var> {
   static constexpr std::string_view name = "hs-var";

@@ -17,7 +17,7 @@ using KeyDiffCache = PerHeadBudgetCache<score::KeyDiff, Backend, Storage, PageSi
 
 namespace policies {
 
-/// KeyDiff's the registry entry (registry/policy.hpp): its name, help, options and make(), by which
+/// KeyDiff's registry entry (registry/policy.hpp): its name, help, options and make(), by which
 /// `--policy`, registry::open and the Python package build it.
 struct keydiff {
   static constexpr std::string_view name = "keydiff";

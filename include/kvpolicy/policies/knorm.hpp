@@ -16,7 +16,7 @@ using KNormCache = PerHeadBudgetCache<score::NegKeyNorm, Backend, Storage, PageS
 
 namespace policies {
 
-/// KNorm's the registry entry (registry/policy.hpp): its name, help, options and make(), by which `--policy`,
+/// KNorm's registry entry (registry/policy.hpp): its name, help, options and make(), by which `--policy`,
 /// registry::open and the Python package build it.
 struct knorm {
   static constexpr std::string_view name = "knorm";

@@ -19,19 +19,19 @@ struct kv_statistic : generated_budget {
 
 }  // namespace detail
 
-/// kv-key's the registry entry (registry/policy.hpp): its name, help, options and make(), by which
+/// kv-key's registry entry (registry/policy.hpp): its name, help, options and make(), by which
 /// `--policy`, registry::open and the Python package build it.
 struct kv_key : detail::kv_statistic<kvstats::Statistic::key> {
   static constexpr std::string_view name = "kv-key";
   static constexpr std::string_view help = "rolling mean of the key's variance over its components; budget K generated";
 };
-/// kv-val's the registry entry (registry/policy.hpp): its name, help, options and make(), by which
+/// kv-val's registry entry (registry/policy.hpp): its name, help, options and make(), by which
 /// `--policy`, registry::open and the Python package build it.
 struct kv_val : detail::kv_statistic<kvstats::Statistic::value> {
   static constexpr std::string_view name = "kv-val";
   static constexpr std::string_view help = "the same on values";
 };
-/// lag-kv's the registry entry (registry/policy.hpp): its name, help, options and make(), by which
+/// lag-kv's registry entry (registry/policy.hpp): its name, help, options and make(), by which
 /// `--policy`, registry::open and the Python package build it.
 struct lag_kv : detail::kv_statistic<kvstats::Statistic::lag> {
   static constexpr std::string_view name = "lag-kv";

@@ -142,7 +142,7 @@ using PyramidKVCache =
 
 namespace policies {
 
-/// PyramidKV's the registry entry (registry/policy.hpp): its name, help, options and make(), by which
+/// PyramidKV's registry entry (registry/policy.hpp): its name, help, options and make(), by which
 /// `--policy`, registry::open and the Python package build it.
 struct pyramidkv {
   static constexpr std::string_view name = "pyramidkv";

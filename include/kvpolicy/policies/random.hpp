@@ -18,7 +18,7 @@ using RandomCache = PerHeadBudgetCache<score::SeededRandom, Backend, Storage, Pa
 
 namespace policies {
 
-/// Random's the registry entry (registry/policy.hpp): its name, help, options and make(), by which
+/// Random's registry entry (registry/policy.hpp): its name, help, options and make(), by which
 /// `--policy`, registry::open and the Python package build it.
 struct random {
   static constexpr std::string_view name = "random";

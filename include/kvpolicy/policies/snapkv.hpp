@@ -48,7 +48,7 @@ using SnapKVCache =
 
 namespace policies {
 
-/// SnapKV's the registry entry (registry/policy.hpp): its name, help, options and make(), by which
+/// SnapKV's registry entry (registry/policy.hpp): its name, help, options and make(), by which
 /// `--policy`, registry::open and the Python package build it.
 struct snapkv {
   static constexpr std::string_view name = "snapkv";

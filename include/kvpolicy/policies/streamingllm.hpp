@@ -22,7 +22,7 @@ using StreamingLLMCache = PerHeadBudgetCache<score::Recency, Backend, Storage, P
 
 namespace policies {
 
-/// StreamingLLM's the registry entry (registry/policy.hpp): its name, help, options and make(), by which
+/// StreamingLLM's registry entry (registry/policy.hpp): its name, help, options and make(), by which
 /// `--policy`, registry::open and the Python package build it.
 struct streamingllm {
   static constexpr std::string_view name = "streamingllm";

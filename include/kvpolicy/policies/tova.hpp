@@ -26,7 +26,7 @@ using TOVACache = PerHeadBudgetCache<score::ObservedAttention, Backend, Storage,
 
 namespace policies {
 
-/// TOVA's the registry entry (registry/policy.hpp): its name, help, options and make(), by which `--policy`,
+/// TOVA's registry entry (registry/policy.hpp): its name, help, options and make(), by which `--policy`,
 /// registry::open and the Python package build it.
 struct tova {
   static constexpr std::string_view name = "tova";

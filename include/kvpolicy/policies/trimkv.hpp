@@ -66,7 +66,7 @@ std::int64_t trimkv_pages(const CacheShape& shape, const TrimKVConfig& c, std::i
 
 namespace policies {
 
-/// TRIM-KV's the registry entry (registry/policy.hpp): its name, help, options and make(), by which
+/// TRIM-KV's registry entry (registry/policy.hpp): its name, help, options and make(), by which
 /// `--policy`, registry::open and the Python package build it.
 struct trimkv {
   static constexpr std::string_view name = "trimkv";

@@ -107,7 +107,7 @@ using WGKVBudgetCache = Cache<score::GatedObservedAttention, admit::All, evict::
 
 namespace policies {
 
-/// WG-KV's the registry entry (registry/policy.hpp): its name, help, options and make(), by which `--policy`,
+/// WG-KV's registry entry (registry/policy.hpp): its name, help, options and make(), by which `--policy`,
 /// registry::open and the Python package build it.
 struct wgkv {
   static constexpr std::string_view name = "wgkv";

@@ -7,6 +7,7 @@
 
 namespace kvpolicy::admit {
 
+/// The Admitter every policy but WG-KV composes: it stores every token.
 struct All {
   static constexpr bool stores_every_token = true;
   KVPOLICY_HD Admission admit(EntryMeta) const { return Admission::keep; }

@@ -199,7 +199,9 @@ struct Pooled {
     return sel;
   }
 };
+/// DBTrimKV's layer-wise pool: each layer's kv heads share Hkv * M.
 using LayerWise = Pooled<scope::Layer>;
+/// DBTrimKV's global pool: every layer's and kv head's entries share L * Hkv * M.
 using Global = Pooled<scope::Sequence>;
 
 /// EpiKV and the KV statistics, SPEC §4, per (layer, kv head): a budget K over the head's generated

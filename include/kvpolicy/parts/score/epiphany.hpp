@@ -90,6 +90,7 @@ enum class Variant {
   hs_var  ///< mean_W(g_A) - mean_W(g_B) (raw rolling means)
 };
 
+/// The hidden-state signal's settings (SPEC §4): the two bands, the rolling window, the variant.
 struct SignalConfig {
   int band_a = 10;  ///< layer index A into the engine's hidden states (HF output_hidden_states indexing)
   int band_b = 21;  ///< layer index B

@@ -26,6 +26,7 @@
 
 namespace kvpolicy::score {
 
+/// Expected Attention's Scorer (this file's comment), with kvpress's defaults.
 struct ExpectedAttention {
   std::int64_t sinks = 4;               ///< S: the oldest keys not scored, the first queries not counted (kvpress's n_sink)
   std::int64_t future_positions = 512;  ///< F: the positions after the prompt R̄ averages over

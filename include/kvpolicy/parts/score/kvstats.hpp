@@ -30,6 +30,7 @@ enum class Statistic {
   lag     ///< lag-kv
 };
 
+/// The KV statistics' settings (SPEC §4): which statistic and its rolling window.
 struct Config {
   Statistic statistic = Statistic::key;
   int window = 64;  ///< W: the rolling mean, and lag-kv's chunk

@@ -113,6 +113,8 @@ inline std::vector<double> max_pool(std::span<const double> v, int kernel) {
 enum class Pooling : std::uint8_t { avg, max };
 enum class GroupReduce : std::uint8_t { mean, max };
 
+/// The observed-attention Scorer (SPEC §5): SnapKV's score from the last W_obs queries, pooled along
+/// positions and reduced over the GQA group; TOVA's with one query and no pooling.
 struct ObservedAttention {
   std::int64_t observation_window = 32;  ///< W_obs
   int pool_kernel = 5;                   ///< odd; 1 = no pooling

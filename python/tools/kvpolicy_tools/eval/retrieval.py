@@ -202,12 +202,14 @@ def main():
         if not context.isdigit() or not (what.isdigit() or what in TASKS):
             ap.error(f"--table {a.table}: CONTEXT:BUDGET or CONTEXT:TASK (e.g. 1024:64, 1024:single)")
         path = a.results or os.path.join(a.out, "results.csv")
+        if a.entries and what.isdigit():
+            ap.error("--entries goes with --table CONTEXT:TASK (a table of CONTEXT:BUDGET has its entries column)")
         rows = parse_rows(ap, a.rows)
         try:
             print(table(path, int(context), int(what), rows) if what.isdigit()
                   else budgets_table(path, int(context), what, rows, a.entries))
-        except KeyError as e:
-            ap.error(f"--rows: {e.args[0]}")
+        except UnknownRow as e:
+            ap.error(f"--rows: {e}")
         return
     if a.show is not None:
         if a.show < 0:
@@ -417,14 +419,18 @@ def parse_rows(ap, spec):
     return rows
 
 
+class UnknownRow(ValueError):
+    """--rows named a row the table's data does not have."""
+
+
 def chosen(names, rows, where):
-    """The table's rows: every label in names, or those --rows picks, in its order (KeyError naming a
-    label the data lacks)."""
+    """The table's rows: every label in names, or those --rows picks, in its order (UnknownRow naming
+    a label the data lacks)."""
     if rows is None:
         return [(n, n) for n in names]
     for name, _ in rows:
         if name not in names:
-            raise KeyError(f"'{name}' is not a row of {where} (rows: {', '.join(names)})")
+            raise UnknownRow(f"'{name}' is not a row of {where} (rows: {', '.join(names)})")
     return rows
 
 
