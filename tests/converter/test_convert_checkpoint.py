@@ -32,17 +32,6 @@ L, D, I, H = 3, 16, 8, 2  # TRIM-KV: layers, hidden size, gate width, KV heads
 WL, d, Hw, E = 2, 8, 2, 12  # WG-KV: layers, head size, heads, gate width
 
 
-def gate_forward():
-    """The gate_forward binary (tests/converter/gate_forward.cpp) from KVPOLICY_GATE_FORWARD, as ctest sets it."""
-    path = os.environ.get("KVPOLICY_GATE_FORWARD", "")
-    if not path:
-        pytest.fail("KVPOLICY_GATE_FORWARD is not set: it names the gate_forward binary "
-                    "(ctest sets it: $<TARGET_FILE:gate_forward>)", pytrace=False)
-    if not os.path.isfile(path):
-        pytest.fail(f"KVPOLICY_GATE_FORWARD={path}: no such file (build the gate_forward target)", pytrace=False)
-    return os.path.abspath(path)
-
-
 def run(*args, ok=True):
     p = subprocess.run([sys.executable, "-m", converter, *args], capture_output=True, text=True)
     assert (p.returncode == 0) == ok, "converter %s: rc %d\n%s%s" % (args, p.returncode, p.stdout, p.stderr)
@@ -95,7 +84,7 @@ def tensors():
     return types.SimpleNamespace(state=state, f32=f32, wg=wg, wrong_conv2_bias=wrong_conv2_bias)
 
 
-def test_trimkv_both_readers_write_the_same_file_and_cpp_gate_agrees(tensors, tmp_path):
+def test_trimkv_both_readers_write_the_same_file_and_cpp_gate_agrees(tensors, tmp_path, gate_forward):
     state, work = tensors.state, str(tmp_path)
     ckpt = os.path.join(work, "trimkv_weights.pth")
     torch.save(state, ckpt)
@@ -117,7 +106,7 @@ def test_trimkv_both_readers_write_the_same_file_and_cpp_gate_agrees(tensors, tm
         u = torch.nn.functional.silu(x @ state[p + "linear1.weight"].float().T + state[p + "linear1.bias"].float())
         z = u @ state[p + "linear2.weight"].float().T + state[p + "bias"].float()
         want += torch.nn.functional.logsigmoid(z).T.reshape(-1).tolist()  # [Hkv, T]
-    got = subprocess.run([gate_forward(), out_zip, str(L), str(D), str(H), str(I)], capture_output=True, text=True,
+    got = subprocess.run([gate_forward, out_zip, str(L), str(D), str(H), str(I)], capture_output=True, text=True,
                          check=True)
     got = [float(v) for v in got.stdout.split()]
     assert len(got) == len(want), (len(got), len(want))

@@ -30,17 +30,6 @@ with open(os.path.join(fixtures, "expected.json")) as f:
     expected = json.load(f)
 
 
-def gate_forward():
-    """The gate_forward binary (tests/converter/gate_forward.cpp) from KVPOLICY_GATE_FORWARD, as ctest sets it."""
-    path = os.environ.get("KVPOLICY_GATE_FORWARD", "")
-    if not path:
-        pytest.fail("KVPOLICY_GATE_FORWARD is not set: it names the gate_forward binary "
-                    "(ctest sets it: $<TARGET_FILE:gate_forward>)", pytrace=False)
-    if not os.path.isfile(path):
-        pytest.fail(f"KVPOLICY_GATE_FORWARD={path}: no such file (build the gate_forward target)", pytrace=False)
-    return os.path.abspath(path)
-
-
 def run(work, *args, ok=True):
     p = subprocess.run([sys.executable, "-m", converter, *args], capture_output=True, text=True, cwd=work)
     assert (p.returncode == 0) == ok, "converter %s: rc %d\n%s%s" % (args, p.returncode, p.stdout, p.stderr)
@@ -58,7 +47,7 @@ def read_safetensors(path):
 
 # ---- the fixtures convert to exactly what torch said ----
 @pytest.mark.parametrize("name", sorted(n for n in expected if not n.startswith("_")))
-def test_fixture_converts_to_what_torch_wrote(name, tmp_path):
+def test_fixture_converts_to_what_torch_wrote(name, tmp_path, gate_forward):
     want = expected[name]
     work = str(tmp_path)
     out = os.path.join(work, name + ".safetensors")
@@ -73,7 +62,7 @@ def test_fixture_converts_to_what_torch_wrote(name, tmp_path):
         assert got == w, "%s: %s is %s, expected %s" % (name, tensor, got, w)
     if "log_beta" in want:
         L, D, H, I = want["dims"]
-        p = subprocess.run([gate_forward(), want["kind"], out, str(L), str(D), str(H), str(I)], capture_output=True,
+        p = subprocess.run([gate_forward, want["kind"], out, str(L), str(D), str(H), str(I)], capture_output=True,
                            text=True)
         assert p.returncode == 0, p.stderr
         got = [float(v) for v in p.stdout.split()]

@@ -55,17 +55,6 @@ def fail_with(failures):
     assert not failures, "\n".join("FAIL: " + f for f in failures)
 
 
-def gate_forward():
-    """The gate_forward binary (tests/converter/gate_forward.cpp) from KVPOLICY_GATE_FORWARD, as ctest sets it."""
-    path = os.environ.get("KVPOLICY_GATE_FORWARD", "")
-    if not path:
-        pytest.fail("KVPOLICY_GATE_FORWARD is not set: it names the gate_forward binary "
-                    "(ctest sets it: $<TARGET_FILE:gate_forward>)", pytrace=False)
-    if not os.path.isfile(path):
-        pytest.fail(f"KVPOLICY_GATE_FORWARD={path}: no such file (build the gate_forward target)", pytrace=False)
-    return os.path.abspath(path)
-
-
 def train(kind, out, *extra):
     args = [sys.executable, "-m", "kvpolicy_tools.train.train_gates", "--gate", kind, "--tiny",
             "--text", text, "--out", out, "--steps", str(STEPS), "--seq-len", str(SEQ), "--memory", str(MEMORY),
@@ -129,13 +118,13 @@ def mean_objective(kind, state):
         return sum(objectives.objective(gm, ids[w * SEQ:(w + 1) * SEQ][None], MEMORY, lam)[0].item() for w in range(4)) / 4
 
 
-def cpp_outputs(kind, path, config):
+def cpp_outputs(kind, path, config, gate_forward):
     L, H = config.num_hidden_layers, config.num_key_value_heads
     d = config.hidden_size // config.num_attention_heads
     if kind == "wg":
-        args = [gate_forward(), "wgkv", path, str(L), str(H), str(d)]
+        args = [gate_forward, "wgkv", path, str(L), str(H), str(d)]
     else:
-        args = [gate_forward(), "trimkv" if kind == "rg" else "dbtrimkv", path, str(L), str(config.hidden_size), str(H),
+        args = [gate_forward, "trimkv" if kind == "rg" else "dbtrimkv", path, str(L), str(config.hidden_size), str(H),
                 str(WIDTH)]
     p = subprocess.run(args, capture_output=True, text=True)
     assert p.returncode == 0, f"gate_forward {kind}: rc {p.returncode}\n{p.stderr}"
@@ -199,14 +188,14 @@ def test_training_lowers_the_objective(kind, runs):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_cpp_gate_computes_what_torch_computes(kind, runs):
+def test_cpp_gate_computes_what_torch_computes(kind, runs, gate_forward):
     whole = runs.whole(kind)
     state = torch.load(os.path.join(whole, "checkpoint.pt"))["gate"]
     model, _ = train_gates.tiny_model(0)
     gate = make_gate(kind, model.config, WIDTH, bias_init=None if kind == "wg" else 3.0)
     gate.load_state_dict(state)
     ref = torch_outputs(kind, train_gates.rounded_as_exported(gate), model.config)
-    got = cpp_outputs(kind, os.path.join(whole, "gate.safetensors"), model.config)
+    got = cpp_outputs(kind, os.path.join(whole, "gate.safetensors"), model.config, gate_forward)
     err = (got - ref).abs()
     bound = 1e-5 + 1e-4 * ref.abs()
     name = "g" if kind == "wg" else "log_beta"
