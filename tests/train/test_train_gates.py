@@ -39,7 +39,7 @@ from safetensors import safe_open
 from kvpolicy_tools.eval import fact_ranks
 from kvpolicy_tools.train import objectives, scale_gate, train_gates
 from kvpolicy_tools.train.gated_attention import GatedModel
-from kvpolicy_tools.train.gates import gate_file, make_gate
+from kvpolicy_tools.train.gates import attention_head_size, gate_file, make_gate
 
 root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 text = os.path.join(root, "docs", "architecture.md")  # any text: byte tokens for the tiny model
@@ -412,7 +412,7 @@ def test_gate_file_reads_kind_and_width_and_init_refuses_another_kind(runs, work
     failures = []
     model, _ = train_gates.tiny_model(0)
     src, rg10_file = (os.path.join(runs.whole(k), "gate.safetensors") for k in ("rg", "rg10"))
-    head_dim = getattr(model.config, "head_dim", None) or model.config.hidden_size // model.config.num_attention_heads
+    head_dim = attention_head_size(model.config)
     for path, want in ((src, "rg"), (rg10_file, "rg10")):
         kind, width, _ = gate_file(path)
         if (kind, width) != (want, WIDTH):
@@ -434,7 +434,7 @@ def test_scale_gate_scales_the_logit(runs, work):
     failures = []
     model, _ = train_gates.tiny_model(0)
     src, rg10_file = (os.path.join(runs.whole(k), "gate.safetensors") for k in ("rg", "rg10"))
-    head_dim = getattr(model.config, "head_dim", None) or model.config.hidden_size // model.config.num_attention_heads
+    head_dim = attention_head_size(model.config)
     torch.manual_seed(0)  # the inputs: the same whichever tests ran before
     x = torch.randn(1, 5, model.config.hidden_size)
     for path in (src, rg10_file):
@@ -465,7 +465,7 @@ def test_anchor_loss(runs, work):
     model, _ = train_gates.tiny_model(0)
     model.requires_grad_(False)
     src = os.path.join(runs.whole("rg"), "gate.safetensors")
-    head_dim = getattr(model.config, "head_dim", None) or model.config.hidden_size // model.config.num_attention_heads
+    head_dim = attention_head_size(model.config)
     ids = first_window()
     torch.manual_seed(1)
     gm = GatedModel(model, make_gate("rg10", model.config, WIDTH, bias_init=3.0), LOCAL)

@@ -26,7 +26,7 @@ import torch
 
 from kvpolicy_tools.data import longrange
 from kvpolicy_tools.train.gated_attention import GatedModel
-from kvpolicy_tools.train.gates import gate_file, make_gate
+from kvpolicy_tools.train.gates import attention_head_size, gate_file, make_gate
 
 
 def load_gate(path, config, head_dim):
@@ -103,7 +103,7 @@ def main():
     model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32).eval().requires_grad_(False)
     tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
     config = model.config
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    head_dim = attention_head_size(config)
     docs = documents(a.source, a.instances, a.context, tok)
     gm = None
     for path in a.gate:

@@ -181,10 +181,16 @@ def gate_file(path, device="cpu"):
     return kind, tensors[first + "linear1.weight"].shape[0], lambda gate, head_dim: load_exported(gate, tensors, head_dim)
 
 
+def attention_head_size(config):
+    """A transformers config's attention head size: its head_dim, or hidden_size / num_attention_heads
+    where it has none (LLaMA-family configs before head_dim)."""
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
 def make_gate(kind, config, width, activation=None, bias_init=None):
     """The gate `kind` (rg, rg10, wg) for a transformers LLaMA-family config."""
     L, D, H = config.num_hidden_layers, config.hidden_size, config.num_key_value_heads
-    d = getattr(config, "head_dim", None) or D // config.num_attention_heads
+    d = attention_head_size(config)
     act = activation or ("silu" if config.hidden_act == "silu" else "gelu")
     if kind == "rg":
         return RetentionGate(L, D, H, width, act, 10.0 if bias_init is None else bias_init)

@@ -29,7 +29,7 @@ from tqdm import tqdm
 from kvpolicy_tools.data import corpus, longrange
 from kvpolicy_tools.train import objectives
 from kvpolicy_tools.train.gated_attention import GatedModel
-from kvpolicy_tools.train.gates import gate_file, make_gate
+from kvpolicy_tools.train.gates import attention_head_size, gate_file, make_gate
 
 POLICY = {"rg": "trimkv", "rg10": "dbtrimkv", "wg": "wgkv"}
 
@@ -362,7 +362,7 @@ def main():
     model.requires_grad_(False)
     model.to(device)
     config = model.config
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    head_dim = attention_head_size(config)
     lam = a.lam if a.lam is not None else (0.1 if a.gate == "wg" else 1.0)
     torch.manual_seed(a.seed)
     gate = make_gate(a.gate, config, a.width, bias_init=a.bias_init).to(device)
