@@ -10,6 +10,8 @@ COMMANDS = {
     "kvpolicy-quality": "kvpolicy_tools.eval.quality:main",
     "kvpolicy-quality-plot": "kvpolicy_tools.eval.quality_plot:main",
     "kvpolicy-train-gates": "kvpolicy_tools.train.train_gates:main",
+    "kvpolicy-gate-targets": "kvpolicy_tools.train.attention_targets:main",
+    "kvpolicy-rank-gates": "kvpolicy_tools.train.ranking:main",
     "kvpolicy-gguf-to-lm": "kvpolicy_tools.convert.gguf_to_lm:main",
     "kvpolicy-fetch-model": "kvpolicy_tools.convert.fetch_model:main",
     "kvpolicy-convert-checkpoint": "kvpolicy_tools.convert.convert_checkpoint:main",

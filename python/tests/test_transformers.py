@@ -41,11 +41,11 @@ def tiny(seed=0, **overrides):
 def tiny_gate(kind, model, path):
     """An untrained gate of the tiny model in SPEC's tensor names, as kvpolicy-train-gates writes it
     (kvpolicy_tools, installed with the package)."""
-    from kvpolicy_tools.train import train_gates
+    from kvpolicy_tools.train import runs
     from kvpolicy_tools.train.gates import make_gate
     torch.manual_seed(1)
     gate = make_gate(kind, model.config, 16, bias_init=None if kind == "wg" else 2.0)
-    train_gates.export(gate, path, 16, kind == "wg", {"kvpolicy_gate": kind})
+    runs.export(gate, path, 16, kind == "wg", {"kvpolicy_gate": kind})
     return path
 
 

@@ -13,7 +13,8 @@
   - --policy trimkv trains an rg10 gate with TRIM-KV's per-head capacity hinge (its metadata says
     so), and an rg gate for dbtrimkv is refused;
   - --train-layers trains only the named layers' gate parameters (the others stay as --init gave
-    them, bit for bit) and refuses a layer the model lacks; fact_ranks.py ranks a fact as by hand;
+    them, bit for bit) and refuses a layer the model lacks; fact_ranks.py ranks a fact as by hand and
+    finds the pass key in kvpolicy-retrieval's prompts;
   - gates.gate_file reads a written gate's kind and width, and --init refuses a gate of another kind;
   - scale_gate.py scales a retention gate's logit (log beta = logsigmoid(S z)) and refuses S <= 0;
   - L_anchor (--anchor) is the mean squared difference of log(-log beta) from the reference gate's
@@ -40,6 +41,7 @@ from kvpolicy_tools.eval import fact_ranks
 from kvpolicy_tools.train import objectives, scale_gate, train_gates
 from kvpolicy_tools.train.gated_attention import GatedModel
 from kvpolicy_tools.train.gates import attention_head_size, gate_file, make_gate
+from kvpolicy_tools.train.runs import rounded_as_exported
 
 root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 text = os.path.join(root, "docs", "architecture.md")  # any text: byte tokens for the tiny model
@@ -194,7 +196,7 @@ def test_cpp_gate_computes_what_torch_computes(kind, runs, gate_forward):
     model, _ = train_gates.tiny_model(0)
     gate = make_gate(kind, model.config, WIDTH, bias_init=None if kind == "wg" else 3.0)
     gate.load_state_dict(state)
-    ref = torch_outputs(kind, train_gates.rounded_as_exported(gate), model.config)
+    ref = torch_outputs(kind, rounded_as_exported(gate), model.config)
     got = cpp_outputs(kind, os.path.join(whole, "gate.safetensors"), model.config, gate_forward)
     err = (got - ref).abs()
     bound = 1e-5 + 1e-4 * ref.abs()
@@ -381,6 +383,24 @@ def test_numerals_out_of_range_refused(work):
                         "--out", os.path.join(work, "refused-numerals"), "--numerals", "1.5"], capture_output=True, text=True)
     assert not (p.returncode == 0 or "--numerals 1.5" not in p.stderr or os.path.exists(os.path.join(work, "refused-numerals"))), \
         f"--numerals 1.5: not refused with a message naming it, or an output left ({p.stderr[-200:]})"
+
+
+def test_fact_ranks_finds_the_pass_key_in_its_prompts():
+    # fact_ranks.documents("passkey"): the fact is the key's digits in "The pass key is KEY." (one
+    # character a token here), from kvpolicy-retrieval's prompts (the Python tutorial's prose)
+    import glob
+    from kvpolicy_tools.eval import retrieval
+    if not glob.glob(os.path.join(retrieval.TUTORIAL, "*.html")):
+        pytest.skip(f"{retrieval.TUTORIAL} is missing (the Debian package python3.11-doc)")
+
+    def chars(text, add_special_tokens=False, return_offsets_mapping=True):
+        return {"input_ids": [ord(c) for c in text], "offset_mapping": [(i, i + 1) for i in range(len(text))]}
+
+    for ids, fact, digits in fact_ranks.documents("passkey", 2, 256, chars):
+        key = "".join(chr(ids[i]) for i in fact)
+        prompt = "".join(chr(c) for c in ids)
+        assert len(key) == 5 and key.isdigit() and f"The pass key is {key}." in prompt, key
+        assert fact == list(range(fact[0], fact[0] + 5)) and digits >= 0
 
 
 def test_fact_ranks_by_hand():

@@ -46,7 +46,7 @@ def documents(source, n, context, tok):
     """[(token ids, fact token indices, the prose's digits or None)] of n instances."""
     out = []
     if source == "passkey":
-        import retrieval
+        from kvpolicy_tools.eval import retrieval
         for prompt, key in retrieval.instances(n, context, 0):
             enc = tok(prompt, add_special_tokens=False, return_offsets_mapping=True)
             at = prompt.find(key, prompt.find(f"The pass key is {key}."))
@@ -140,7 +140,7 @@ def main():
             for k, (n, held, kept) in sorted(enumerate(per_instance), key=lambda x: (x[1][0], x[0])):
                 print(f"  instance {k:3d}: {n:4d} digits   digit slots {held:5.1%}   key kept {kept:5.1%}")
             # the quarters kvpolicy-retrieval --by-digits counts answers in, over the same instances
-            import retrieval
+            from kvpolicy_tools.eval import retrieval
             print("  by quarter of the prose's digits (means):")
             for part in retrieval.digit_parts([n for n, _, _ in per_instance]):
                 if part:

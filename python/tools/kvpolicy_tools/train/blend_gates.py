@@ -7,7 +7,7 @@ trades what the fine-tuning taught (alpha = 1) against what FROM kept (alpha = 0
   python -m kvpolicy_tools.train.blend_gates FROM TO ALPHA OUT
 
 Each tensor is blended in fp32 and stored in FROM's dtype (bf16 matrices, fp32 vectors, as
-train_gates.export writes them). OUT's metadata is TO's, with `blend` saying what was blended.
+runs.export writes them). OUT's metadata is TO's, with `blend` saying what was blended.
 Refuses gates whose names, shapes, dtypes or kinds differ, and an ALPHA outside [0, 1].
 """
 import argparse

@@ -1,0 +1,305 @@
+"""Trains a retention gate to rank tokens as the full model's later attention does, on the targets
+kvpolicy-gate-targets wrote (attention_targets.py), without running the model.
+
+Top-M eviction at step t orders a head's entries by log_beta_i * (t + 1 - i) (SPEC §1), the same
+order as the key q_i(t) = -(log(-log_beta_i) + log(t + 1 - i)) (larger keeps), which does not change
+when every log_beta is scaled: the loss is read on that axis, so it has no scale to creep. At each
+step t a shard holds targets at, the oracle keeps the M entries with the largest target y (the most
+attention any later query gives them), M drawn log-uniform per step from --memory-range. The loss is
+RankNet's: over pairs (i kept, j dropped) drawn from each ranking, softplus((q_j - q_i) / tau),
+zero-gradient where the gate already orders a pair by a wide margin.
+
+Which ranking depends on the policy the gate is for:
+- trimkv (per head, SPEC §1): one ranking per (layer, kv head, step) of that head's entries;
+- dbtrimkv (global, SPEC §2): one ranking per step of every (layer, kv head, entry), keeping
+  L * Hkv * M (the targets are attention probabilities, one scale across heads);
+- token (token level, SPEC §8): one ranking per step of positions, the gate's position key the max
+  over heads of q (SPEC §8's max aggregation) and the target the mean over heads of y (the share of
+  all heads' later attention a position draws).
+
+  kvpolicy-rank-gates --gate rg --targets build/train/targets --out build/train/rank/rg --epochs 4
+
+Resumes from OUT/checkpoint.pt; logs every step to OUT/log.csv (the loss and the recall of the oracle's
+keep set by the gate's top-M); writes OUT/gate.safetensors under SPEC's names and OUT/summary.json.
+"""
+import argparse
+import csv
+import glob
+import json
+import math
+import os
+import platform
+import random
+import time
+import types
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from kvpolicy_tools.train.gates import gate_file, make_gate
+from kvpolicy_tools.train.objectives import log_decay_rate
+from kvpolicy_tools.train.runs import export, plot, schedule
+
+POLICIES = {"rg": ("trimkv", "token"), "rg10": ("dbtrimkv", "trimkv", "token")}
+
+
+def rank_keys(log_beta, steps):
+    """log_beta [L, H, T], steps [K] -> q [L, H, K, T], -(log(-log_beta_i) + log(t + 1 - i)) for i <= t
+    (the eviction's order, larger keeps) and -inf after t."""
+    T = log_beta.shape[-1]
+    age = steps.to(log_beta.device)[:, None] + 1 - torch.arange(T, device=log_beta.device)[None, :]  # [K, T]
+    log_age = age.clamp(min=1).float().log().masked_fill(age < 1, float("inf"))
+    return -(log_decay_rate(log_beta)[:, :, None, :] + log_age)
+
+
+def ranking_pairs(keys, targets, memory, pairs, gen, weighted=False):
+    """RankNet loss and keep-set recall of one ranking per row: keys, targets [R, n] (every column a
+    candidate), the oracle keeping the `memory` largest targets of each row; `pairs` pairs per row.
+    Half the pairs are drawn uniformly (a kept token, a dropped one); the other half from the gate's
+    errors, a token the oracle keeps that the gate's top-M leaves out against one the gate keeps in
+    its place: a pair far from the boundary is rarely in doubt, and a fact the gate ranks just too
+    low competes with the entries at the boundary, not with old prose.
+    weighted: each pair weighs log(y_kept / y_dropped), so a token later queries read far more than
+    what it displaces counts more than one at the margin."""
+    R, n = targets.shape
+    order = targets.argsort(dim=1, descending=True)
+    kept = order.gather(1, torch.randint(0, memory, (R, pairs), generator=gen).to(order.device))
+    dropped = order.gather(1, torch.randint(memory, n, (R, pairs), generator=gen).to(order.device))
+    oracle = torch.zeros_like(targets, dtype=torch.bool).scatter_(1, order[:, :memory], True)
+    with torch.no_grad():
+        chosen = torch.zeros_like(oracle).scatter_(1, keys.topk(memory, dim=1).indices, True)
+    missed, intruders = oracle & ~chosen, chosen & ~oracle  # as many of each in a row
+    rows = missed.any(dim=1).nonzero()[:, 0]
+    half = pairs // 2
+    if half and rows.numel():  # rows the gate ranks without error keep uniform pairs only
+        kept[rows, :half] = torch.multinomial(missed[rows].float(), half, replacement=True, generator=gen)
+        dropped[rows, :half] = torch.multinomial(intruders[rows].float(), half, replacement=True, generator=gen)
+    terms = F.softplus(keys.gather(1, dropped) - keys.gather(1, kept))
+    if weighted:
+        tiny = torch.finfo(targets.dtype).tiny
+        w = targets.gather(1, kept).clamp(min=tiny).log() - targets.gather(1, dropped).clamp(min=tiny).log()
+        terms = terms * w / w.mean().clamp(min=1e-6)
+    recall = (oracle & chosen).float().sum() / oracle.float().sum()
+    return terms.mean(), recall
+
+
+def document_loss(log_beta, shard, policy, memories, pairs, tau, gen, weighted=False):
+    """The mean over the shard's steps of the ranking loss (and recall) for `policy`; memories[k] is
+    the step's M (a step with M or fewer candidates has nothing to evict and is skipped)."""
+    steps, y = shard["steps"], shard["y"]
+    L, H, K, T = y.shape
+    q = rank_keys(log_beta, steps) / tau
+    losses, recalls = [], []
+    for k in range(K):
+        n = int(steps[k]) + 1
+        M = memories[k]
+        if policy == "trimkv":
+            if n <= M:
+                continue
+            keys, targets = q[:, :, k, :n].reshape(L * H, n), y[:, :, k, :n].reshape(L * H, n)
+            loss, recall = ranking_pairs(keys, targets, M, pairs, gen, weighted)
+        elif policy == "dbtrimkv":
+            if n <= M:
+                continue
+            keys, targets = q[:, :, k, :n].reshape(1, -1), y[:, :, k, :n].reshape(1, -1)
+            loss, recall = ranking_pairs(keys, targets, L * H * M, L * H * pairs, gen, weighted)
+        else:  # token level: a position's key is its best head's, its target the heads' mean
+            if n <= M:
+                continue
+            keys = q[:, :, k, :n].reshape(L * H, n).amax(dim=0, keepdim=True)
+            targets = y[:, :, k, :n].reshape(L * H, n).mean(dim=0, keepdim=True)
+            loss, recall = ranking_pairs(keys, targets, M, 8 * pairs, gen, weighted)
+        losses.append(loss)
+        recalls.append(recall)
+    if not losses:
+        return None, None
+    return torch.stack(losses).mean(), torch.stack(recalls).mean()
+
+
+@torch.no_grad()
+def evaluate(gate, shards, policy, memories, pairs, tau, seed=0):
+    """Mean ranking loss and keep-set recall of `gate` over the shards (paths), every step of each at
+    each M of `memories`; the pairs drawn from a generator seeded by `seed` (the same for every gate)."""
+    gen = torch.Generator().manual_seed(seed)
+    losses, recalls = [], []
+    for path in shards:
+        shard = torch.load(path)
+        x = shard["x"].float()
+        log_beta = torch.stack([gate(l, x[l][None])[0] for l in range(x.shape[0])])
+        for M in memories:
+            loss, recall = document_loss(log_beta, shard, policy, [M] * len(shard["steps"]), pairs, tau, gen)
+            if loss is not None:
+                losses.append(loss)
+                recalls.append(recall)
+    return float(torch.stack(losses).mean()), float(torch.stack(recalls).mean())
+
+
+def drawn_memories(rng, count, lo, hi):
+    """count budgets, log-uniform in [lo, hi]."""
+    return [int(round(math.exp(math.log(lo) + rng.random() * (math.log(hi) - math.log(lo))))) for _ in range(count)]
+
+
+def parse():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--gate", required=True, choices=sorted(POLICIES))
+    ap.add_argument("--policy", help="the eviction the gate ranks for: trimkv (rg's default), dbtrimkv (rg10's) or token")
+    ap.add_argument("--targets", required=True, help="kvpolicy-gate-targets' folder")
+    ap.add_argument("--documents", type=int, default=0, help="train on the first N shards only (default: all)")
+    ap.add_argument("--validate", type=int, default=0, metavar="N",
+                    help="hold the last N shards out of training; the summary gives the gate's loss and recall on them")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--epochs", type=int, default=4)
+    ap.add_argument("--memory-range", type=int, nargs=2, default=[16, 256], metavar=("LO", "HI"))
+    ap.add_argument("--pairs", type=int, default=64, help="pairs drawn per ranking (per head and step)")
+    ap.add_argument("--tau", type=float, default=1.0, help="the loss's temperature on the key axis")
+    ap.add_argument("--weighted", action="store_true", help="weigh each pair by the log ratio of its targets")
+    ap.add_argument("--width", type=int, default=128, help="gate MLP width I")
+    ap.add_argument("--bias-init", type=float, default=8.0)
+    ap.add_argument("--init", metavar="GATE", help="start from this gate (.safetensors or checkpoint.pt)")
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--weight-decay", type=float, default=0.01)
+    ap.add_argument("--warmup", type=float, default=0.05)
+    ap.add_argument("--grad-clip", type=float, default=1.0)
+    ap.add_argument("--checkpoint-every", type=int, default=100)
+    ap.add_argument("--stop-after", type=int, default=0, help="stop after this many steps of this run (resume later)")
+    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-progress", action="store_true")
+    a = ap.parse_args()
+    a.policy = a.policy or POLICIES[a.gate][0]
+    if a.policy not in POLICIES[a.gate]:
+        ap.error(f"--policy {a.policy}: a {a.gate} gate ranks for {' or '.join(POLICIES[a.gate])}")
+    for name, low in (("epochs", 1), ("pairs", 1), ("width", 1), ("checkpoint_every", 1), ("stop_after", 0),
+                      ("threads", 0), ("documents", 0), ("validate", 0)):
+        if getattr(a, name) < low:
+            ap.error(f"--{name.replace('_', '-')} {getattr(a, name)} must be >= {low}")
+    if not 1 <= a.memory_range[0] <= a.memory_range[1]:
+        ap.error(f"--memory-range {a.memory_range[0]} {a.memory_range[1]}: need 1 <= LO <= HI")
+    if not a.tau > 0 or not a.lr > 0 or a.weight_decay < 0 or not 0 <= a.warmup < 1:
+        ap.error(f"--tau {a.tau} and --lr {a.lr} must be > 0, --weight-decay {a.weight_decay} >= 0, "
+                 f"--warmup {a.warmup} in [0, 1)")
+    return a
+
+
+def main():
+    a = parse()
+    os.makedirs(a.out, exist_ok=True)
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    meta_path = os.path.join(a.targets, "targets.json")
+    if not os.path.exists(meta_path):
+        raise SystemExit(f"kvpolicy-rank-gates: {a.targets} has no targets.json: not kvpolicy-gate-targets' folder")
+    with open(meta_path) as f:
+        held = json.load(f)
+    shards = sorted(glob.glob(os.path.join(a.targets, "doc-*.pt")))
+    if a.documents:
+        shards = shards[:a.documents]
+    shards, held_out = shards[:len(shards) - a.validate], shards[len(shards) - a.validate:]
+    if not shards:
+        raise SystemExit(f"kvpolicy-rank-gates: {a.targets} holds no shard (doc-*.pt) to train on "
+                         f"(--validate {a.validate})")
+    config = types.SimpleNamespace(**held["model"])
+    torch.manual_seed(a.seed)
+    gate = make_gate(a.gate, config, a.width, bias_init=a.bias_init)
+    if a.init:
+        try:
+            kind, width, load = gate_file(a.init)
+            if (kind, width) != (a.gate, a.width):
+                raise ValueError(f"holds a gate of kind {kind} and width {width}, not {a.gate} and {a.width}")
+            load(gate, config.head_dim)
+        except ValueError as e:
+            raise SystemExit(f"kvpolicy-rank-gates: --init {a.init}: {e}")
+    opt = torch.optim.AdamW(gate.parameters(), lr=a.lr, weight_decay=a.weight_decay)
+    total = a.epochs * len(shards)
+
+    ckpt_path, log_path = os.path.join(a.out, "checkpoint.pt"), os.path.join(a.out, "log.csv")
+    start, elapsed, tokens = 0, 0.0, 0
+    if os.path.exists(ckpt_path):
+        ck = torch.load(ckpt_path)
+        for key in ("gate", "policy", "width", "epochs", "seed", "memory_range", "pairs", "tau", "init", "documents",
+                    "validate", "weighted"):
+            if ck["args"][key] != getattr(a, key):
+                raise SystemExit(f"kvpolicy-rank-gates: {ckpt_path} is a run with --{key.replace('_', '-')} "
+                                 f"{ck['args'][key]}, not {getattr(a, key)}: give another --out, or delete it")
+        if ck["shards"] != [os.path.basename(s) for s in shards]:
+            raise SystemExit(f"kvpolicy-rank-gates: {ckpt_path} trained on other shards than {a.targets} holds now")
+        gate.load_state_dict(ck["gate"])
+        opt.load_state_dict(ck["optimizer"])
+        start, elapsed, tokens = ck["step"], ck["seconds"], ck["tokens"]
+        print(f"kvpolicy-rank-gates: resumed at step {start} from {ckpt_path}")
+        with open(log_path) as f:  # steps logged after the checkpoint run again: keep one row each
+            kept = [r for r in csv.DictReader(f) if int(r["step"]) <= start]
+    else:
+        kept = []
+    fields = ["step", "lr", "loss", "recall", "memory", "seconds", "tokens"]
+    with open(log_path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        w.writerows(kept)
+    log_file = open(log_path, "a", newline="")
+    writer = csv.DictWriter(log_file, fieldnames=fields)
+
+    def save_checkpoint(step):
+        torch.save({"gate": gate.state_dict(), "optimizer": opt.state_dict(), "step": step, "seconds": elapsed,
+                    "tokens": tokens, "args": vars(a), "shards": [os.path.basename(s) for s in shards]},
+                   ckpt_path + ".tmp")
+        os.replace(ckpt_path + ".tmp", ckpt_path)
+        log_file.flush()
+        plot(log_path, os.path.join(a.out, "curves.png"))
+
+    L = config.num_hidden_layers
+    bar = tqdm(range(start, total), initial=start, total=total, disable=a.no_progress, dynamic_ncols=True)
+    for step in bar:
+        t0 = time.time()
+        epoch, i = divmod(step, len(shards))
+        order = list(range(len(shards)))
+        random.Random(a.seed * 7_919 + epoch).shuffle(order)  # each epoch its own order, seeded
+        shard = torch.load(shards[order[i]])
+        rng = random.Random(a.seed * 1_000_003 + step)
+        memories = drawn_memories(rng, len(shard["steps"]), *a.memory_range)
+        gen = torch.Generator().manual_seed(a.seed * 104_729 + step)
+        for group in opt.param_groups:
+            group["lr"] = a.lr * schedule(step, total, a.warmup)
+        x = shard["x"].float()
+        log_beta = torch.stack([gate(l, x[l][None])[0] for l in range(L)])  # [L, Hkv, T]
+        loss, recall = document_loss(log_beta, shard, a.policy, memories, a.pairs, a.tau, gen, a.weighted)
+        if loss is None:
+            continue
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(gate.parameters(), a.grad_clip)
+        opt.step()
+        elapsed += time.time() - t0
+        tokens += x.shape[1]
+        writer.writerow({"step": step + 1, "lr": f"{opt.param_groups[0]['lr']:.3g}", "loss": f"{loss.item():.5f}",
+                         "recall": f"{recall.item():.4f}", "memory": sum(memories) // len(memories),
+                         "seconds": f"{elapsed:.1f}", "tokens": tokens})
+        bar.set_postfix(loss=f"{loss.item():.4f}", recall=f"{recall.item():.3f}")
+        if (step + 1) % a.checkpoint_every == 0 or step + 1 == total or step + 1 - start == a.stop_after:
+            save_checkpoint(step + 1)
+        if step + 1 - start == a.stop_after and step + 1 < total:
+            print(f"kvpolicy-rank-gates: stopped after step {step + 1} (--stop-after); run again to resume")
+            return
+    log_file.close()
+    meta = {"kvpolicy_gate": a.gate, "policy": "trimkv" if a.policy == "token" else a.policy,
+            "trained_for": a.policy, "method": "ranking", "epochs": a.epochs, "documents": len(shards),
+            "memory": "%d-%d drawn" % tuple(a.memory_range), "pairs": a.pairs, "tau": a.tau, "weighted": a.weighted, "lr": a.lr,
+            "seed": a.seed, "width": a.width, "targets": held["settings"], **({"init": a.init} if a.init else {})}
+    with open(log_path) as f:
+        rows = list(csv.DictReader(f))
+    if held_out:  # at the budgets the quality goals are set at (docs/quality.md)
+        loss, recall = evaluate(gate, held_out, a.policy, (64, 128), a.pairs, a.tau, a.seed)
+        meta["validation"] = {"shards": len(held_out), "memory": [64, 128], "loss": round(loss, 5),
+                              "recall": round(recall, 4)}
+    export(gate, os.path.join(a.out, "gate.safetensors"), config.head_dim, True, meta)
+    summary = {**meta, "tokens_seen": tokens,
+               "seconds": round(elapsed, 1), "tokens_per_second": round(tokens / max(elapsed, 1e-9), 1),
+               "device": "cpu", "device_name": platform.processor(), "final": rows[-1] if rows else {}}
+    with open(os.path.join(a.out, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,180 @@
+"""The ranking method (kvpolicy_tools.train.attention_targets and .ranking) on a tiny random LLaMA:
+  - future_max is the max over later queries and the GQA group, as by brute force;
+  - the recorder's gate inputs and targets are what transformers' eager attention gives on the same
+    model (the attention block's input after its RMSNorm; the softmax probabilities), and the model's
+    output is unchanged by recording;
+  - the rank key orders entries as SPEC §1's score log_beta * (t + 1 - i), and the token-level key
+    as SPEC §8's max over heads;
+  - the RankNet pairs: a gate that orders as the targets has recall 1 and a lower loss than one that
+    orders against them; recall counted by hand;
+  - kvpolicy-gate-targets writes resumable shards and refuses a folder made with other settings;
+    kvpolicy-rank-gates lowers the held-out loss, a run stopped and resumed writes the same gate as
+    one run, and its gate is a retention gate gate_file reads; a gate kind and policy that do not go
+    together, and a checkpoint of another run, are refused.
+usage: PYTHONPATH=python/tools tests/with_torch.sh -m pytest -q -p no:cacheprovider tests/train/test_ranking.py
+"""
+import glob
+import json
+import os
+import subprocess
+import sys
+import types
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from kvpolicy_tools.train import ranking, train_gates
+from kvpolicy_tools.train.attention_targets import TargetRecorder, future_max
+from kvpolicy_tools.train.gates import gate_file, make_gate
+
+root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+text = os.path.join(root, "docs", "architecture.md")  # prose for the tiny model's byte tokens
+TARGET_ARGS = ("--tiny", "--text", text, "--seq-len", "256", "--steps-per-document", "4", "--first-step", "32",
+               "--threads", "1")
+RANK_ARGS = ("--gate", "rg", "--width", "16", "--epochs", "3", "--memory-range", "8", "32", "--lr", "1e-2",
+             "--threads", "1", "--checkpoint-every", "2", "--no-progress", "--validate", "1")
+
+
+def run(module, *args):
+    p = subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True)
+    return p.returncode, p.stdout + p.stderr
+
+
+@pytest.fixture(scope="module")
+def targets(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("ranking") / "targets")
+    rc, log = run("kvpolicy_tools.train.attention_targets", *TARGET_ARGS, "--out", out, "--documents", "2")
+    assert rc == 0, log
+    rc, log = run("kvpolicy_tools.train.attention_targets", *TARGET_ARGS, "--out", out, "--documents", "4")
+    assert rc == 0, log
+    assert log.count("doc-") == 2, f"a second run remade the shards it found:\n{log}"
+    return out
+
+
+def test_future_max_is_the_max_over_later_queries():
+    torch.manual_seed(0)
+    A = torch.rand(6, 40, 40).tril()
+    steps = [0, 7, 8, 39]
+    y = future_max(A, 3, steps)
+    for h in range(2):
+        for k, t in enumerate(steps):
+            assert torch.equal(y[h, k], A[3 * h:3 * h + 3, t:].amax(dim=(0, 1)))
+
+
+def test_targets_are_eager_attention():
+    model, _ = train_gates.tiny_model(0)
+    ids = torch.tensor(list(open(text, "rb").read()[:96]))
+    model.config._attn_implementation = "eager"
+    with torch.no_grad():
+        ref = model.model(input_ids=ids[None], use_cache=False, output_attentions=True, output_hidden_states=True)
+    steps = [5, 40, 95]
+    x, y = TargetRecorder(model)(ids, steps)
+    groups = model.config.num_attention_heads // model.config.num_key_value_heads
+    for l, layer in enumerate(model.model.layers):
+        with torch.no_grad():
+            normed = layer.input_layernorm(ref.hidden_states[l])[0]
+        assert torch.allclose(x[l], normed, atol=1e-6), f"layer {l}: the gate input is not the normed block input"
+        assert torch.allclose(y[l], future_max(ref.attentions[l][0], groups, steps), atol=1e-6), f"layer {l}: targets"
+    with torch.no_grad():
+        out = model.model(input_ids=ids[None], use_cache=False).last_hidden_state
+    assert torch.allclose(out, ref.last_hidden_state, atol=1e-5), "recording changed the model's output"
+
+
+def test_rank_key_orders_as_the_spec_score():
+    torch.manual_seed(1)
+    L, H, T = 2, 3, 50
+    log_beta = -torch.rand(L, H, T) * 0.05
+    steps = torch.tensor([10, 30, 49])
+    q = ranking.rank_keys(log_beta, steps)
+    for k, t in enumerate(steps.tolist()):
+        score = log_beta[..., :t + 1] * (t + 1 - torch.arange(t + 1))  # SPEC §1: log_beta * (n + 1 - p)
+        assert torch.equal(q[..., k, :t + 1].argsort(dim=-1), score.argsort(dim=-1))
+        best = score.reshape(L * H, -1).amax(dim=0)  # SPEC §8: a position's score is its best head's
+        assert torch.equal(q[..., k, :t + 1].reshape(L * H, -1).amax(dim=0).argsort(), best.argsort())
+
+
+def test_ranking_pairs_loss_and_recall():
+    gen = torch.Generator().manual_seed(0)
+    y = torch.rand(4, 30) + 1e-3
+    good, g_recall = ranking.ranking_pairs(y.log() * 10, y, 8, 64, gen)
+    bad, b_recall = ranking.ranking_pairs(-y.log() * 10, y, 8, 64, gen)
+    assert g_recall.item() == 1.0 and b_recall.item() == 0.0
+    assert good.item() < 0.05 < bad.item()
+    weighted, _ = ranking.ranking_pairs(y.log() * 10, y, 8, 64, gen, weighted=True)
+    assert weighted.item() < bad.item()
+    # by hand: the oracle keeps columns 0 and 1 (targets 4, 3); the keys' top 2 are columns 1 and 2
+    _, recall = ranking.ranking_pairs(torch.tensor([[0.0, 5.0, 4.0, 1.0]]), torch.tensor([[4.0, 3.0, 2.0, 1.0]]),
+                                      2, 8, gen)
+    assert recall.item() == 0.5
+
+
+def test_token_level_ranks_positions_by_the_heads_mean_target():
+    gen = torch.Generator().manual_seed(0)
+    T = 12
+    y = torch.rand(2, 2, 1, T)
+    order = y.mean(dim=(0, 1))[0]  # the position's target
+    # a gate whose best head ranks each position as its target (others far below): recall 1
+    age = (T - torch.arange(T)).float()  # t + 1 - i at t = T - 1
+    log_beta = torch.full((2, 2, T), -10.0)
+    log_beta[1, 0] = -torch.exp(-order * 20) / age  # key -(log decay rate + log age) = 20 * target
+    shard = {"steps": torch.tensor([T - 1]), "y": y}
+    _, recall = ranking.document_loss(log_beta, shard, "token", [4], 16, 1.0, gen)
+    assert recall.item() == 1.0
+
+
+def test_targets_resume_and_refuse_other_settings(targets):
+    assert len(glob.glob(os.path.join(targets, "doc-*.pt"))) == 4
+    shard = torch.load(os.path.join(targets, "doc-00000.pt"))
+    L, T = shard["x"].shape[:2]
+    assert shard["y"].shape == (L, 2, 4, T) and shard["x"].dtype == torch.float16
+    with open(os.path.join(targets, "targets.json")) as f:
+        assert json.load(f)["model"]["num_key_value_heads"] == 2
+    rc, log = run("kvpolicy_tools.train.attention_targets", *TARGET_ARGS, "--out", targets, "--documents", "4",
+                  "--prose-fraction", "0.5")
+    assert rc != 0 and "other settings (prose_fraction)" in log, log
+
+
+def test_ranking_trains_resumes_and_writes_a_gate(targets, tmp_path):
+    whole, parts = str(tmp_path / "whole"), str(tmp_path / "parts")
+    rc, log = run("kvpolicy_tools.train.ranking", *RANK_ARGS, "--targets", targets, "--out", whole)
+    assert rc == 0, log
+    rc, log = run("kvpolicy_tools.train.ranking", *RANK_ARGS, "--targets", targets, "--out", parts, "--stop-after", "5")
+    assert rc == 0 and "stopped after step 5" in log, log
+    rc, log = run("kvpolicy_tools.train.ranking", *RANK_ARGS, "--targets", targets, "--out", parts)
+    assert rc == 0 and "resumed at step 5" in log, log
+    tensors = []
+    for d in (whole, parts):
+        with safe_open(os.path.join(d, "gate.safetensors"), "pt") as f:
+            tensors.append({k: f.get_tensor(k) for k in f.keys()})
+    assert tensors[0].keys() == tensors[1].keys()
+    for k in tensors[0]:
+        assert torch.equal(tensors[0][k], tensors[1][k]), f"{k}: a resumed run wrote another gate"
+    with open(os.path.join(whole, "summary.json")) as f:
+        summary = json.load(f)
+    assert summary["method"] == "ranking" and summary["tokens_per_second"] > 0 and summary["documents"] == 3
+    kind, width, load = gate_file(os.path.join(whole, "gate.safetensors"))
+    assert (kind, width) == ("rg", 16)
+    # the held-out shard's loss falls from the initial gate's
+    with open(os.path.join(targets, "targets.json")) as f:
+        config = types.SimpleNamespace(**json.load(f)["model"])
+    held_out = sorted(glob.glob(os.path.join(targets, "doc-*.pt")))[-1:]
+    torch.manual_seed(0)
+    initial = make_gate("rg", config, 16, bias_init=8.0)
+    trained = make_gate("rg", config, 16)
+    load(trained, config.head_dim)
+    before, _ = ranking.evaluate(initial, held_out, "trimkv", (8, 16), 64, 1.0)
+    after, _ = ranking.evaluate(trained, held_out, "trimkv", (8, 16), 64, 1.0)
+    assert after < before, f"the held-out ranking loss went from {before} to {after}"
+    assert summary["validation"]["shards"] == 1
+    # a checkpoint of another run is refused
+    rc, log = run("kvpolicy_tools.train.ranking", *RANK_ARGS, "--targets", targets, "--out", whole, "--tau", "0.5")
+    assert rc != 0 and "--tau" in log, log
+
+
+def test_ranking_refuses_a_policy_the_gate_is_not_for(targets, tmp_path):
+    rc, log = run("kvpolicy_tools.train.ranking", "--gate", "rg", "--policy", "dbtrimkv", "--targets", targets,
+                  "--out", str(tmp_path / "x"))
+    assert rc != 0 and "--policy dbtrimkv" in log, log
+    rc, log = run("kvpolicy_tools.train.ranking", "--gate", "rg", "--targets", str(tmp_path), "--out", str(tmp_path / "y"))
+    assert rc != 0 and "no targets.json" in log, log
