@@ -94,19 +94,15 @@ def document_loss(log_beta, shard, policy, memories, pairs, tau, gen, weighted=F
     for k in range(K):
         n = int(steps[k]) + 1
         M = memories[k]
+        if n <= M:
+            continue
         if policy == "trimkv":
-            if n <= M:
-                continue
             keys, targets = q[:, :, k, :n].reshape(L * H, n), y[:, :, k, :n].reshape(L * H, n)
             loss, recall = ranking_pairs(keys, targets, M, pairs, gen, weighted)
         elif policy == "dbtrimkv":
-            if n <= M:
-                continue
             keys, targets = q[:, :, k, :n].reshape(1, -1), y[:, :, k, :n].reshape(1, -1)
             loss, recall = ranking_pairs(keys, targets, L * H * M, L * H * pairs, gen, weighted)
         else:  # token level: a position's key is its best head's, its target the heads' mean
-            if n <= M:
-                continue
             keys = q[:, :, k, :n].reshape(L * H, n).amax(dim=0, keepdim=True)
             targets = y[:, :, k, :n].reshape(L * H, n).mean(dim=0, keepdim=True)
             loss, recall = ranking_pairs(keys, targets, M, 8 * pairs, gen, weighted)
