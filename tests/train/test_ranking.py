@@ -16,8 +16,6 @@ usage: PYTHONPATH=python/tools tests/with_torch.sh -m pytest -q -p no:cacheprovi
 import glob
 import json
 import os
-import subprocess
-import sys
 import types
 
 import pytest
@@ -28,6 +26,8 @@ from kvpolicy_tools.train import ranking, train_gates
 from kvpolicy_tools.train.attention_targets import TargetRecorder, future_max
 from kvpolicy_tools.train.gates import gate_file, make_gate
 
+from in_process import run_module
+
 root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 text = os.path.join(root, "docs", "architecture.md")  # prose for the tiny model's byte tokens
 TARGET_ARGS = ("--tiny", "--text", text, "--seq-len", "256", "--steps-per-document", "4", "--first-step", "32",
@@ -37,7 +37,7 @@ RANK_ARGS = ("--gate", "rg", "--width", "16", "--epochs", "3", "--memory-range",
 
 
 def run(module, *args):
-    p = subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True)
+    p = run_module(module, *args)
     return p.returncode, p.stdout + p.stderr
 
 

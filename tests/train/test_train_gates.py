@@ -30,7 +30,6 @@ import csv
 import math
 import os
 import subprocess
-import sys
 
 import pytest
 import torch
@@ -42,6 +41,8 @@ from kvpolicy_tools.train import objectives, scale_gate, train_gates
 from kvpolicy_tools.train.gated_attention import GatedModel
 from kvpolicy_tools.train.gates import attention_head_size, gate_file, make_gate
 from kvpolicy_tools.train.runs import rounded_as_exported
+
+from in_process import run_module
 
 root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 text = os.path.join(root, "docs", "architecture.md")  # any text: byte tokens for the tiny model
@@ -58,13 +59,12 @@ def fail_with(failures):
 
 
 def train(kind, out, *extra):
-    args = [sys.executable, "-m", "kvpolicy_tools.train.train_gates", "--gate", kind, "--tiny",
-            "--text", text, "--out", out, "--steps", str(STEPS), "--seq-len", str(SEQ), "--memory", str(MEMORY),
-            "--width", str(WIDTH), "--local-window", str(LOCAL), "--lr", "1e-2", "--threads", "1",
-            "--checkpoint-every", "4", "--no-progress", *extra]
+    args = ["--gate", kind, "--tiny", "--text", text, "--out", out, "--steps", str(STEPS), "--seq-len", str(SEQ),
+            "--memory", str(MEMORY), "--width", str(WIDTH), "--local-window", str(LOCAL), "--lr", "1e-2",
+            "--threads", "1", "--checkpoint-every", "4", "--no-progress", *extra]
     if kind != "wg":
         args += ["--bias-init", "3"]
-    p = subprocess.run(args, capture_output=True, text=True)
+    p = run_module("kvpolicy_tools.train.train_gates", *args)
     assert p.returncode == 0, f"train_gates {kind} {extra}: rc {p.returncode}\n{p.stdout}{p.stderr}"
     return p.stdout
 
@@ -304,7 +304,7 @@ def test_blend_gates(runs, work):
     blend_tool = "kvpolicy_tools.train.blend_gates"
     for alpha, want in (("0", src), ("1", dst), ("0.5", None)):
         out = os.path.join(work, f"blend-{alpha}.safetensors")
-        p = subprocess.run([sys.executable, "-m", blend_tool, src, dst, alpha, out], capture_output=True, text=True)
+        p = run_module(blend_tool, src, dst, alpha, out)
         if p.returncode != 0:
             failures.append(f"blend_gates alpha {alpha}: rc {p.returncode} {p.stderr[-300:]}")
             continue
@@ -317,8 +317,7 @@ def test_blend_gates(runs, work):
         if "blend" not in got.metadata():
             failures.append(f"blend_gates alpha {alpha}: the metadata does not say what was blended")
     for args in ((src, os.path.join(runs.whole("rg10"), "gate.safetensors"), "0.5"), (src, dst, "1.5")):
-        p = subprocess.run([sys.executable, "-m", blend_tool, *args, os.path.join(work, "refused.safetensors")],
-                           capture_output=True, text=True)
+        p = run_module(blend_tool, *args, os.path.join(work, "refused.safetensors"))
         if p.returncode == 0 or "blend_gates:" not in p.stderr:
             failures.append(f"blend_gates {args[1:]}: not refused with a message")
     fail_with(failures)
@@ -339,9 +338,9 @@ def test_train_layers_trains_only_the_named_layers(runs, work):
     if train_gates.layer_list("0,2-3,2") != [0, 2, 3]:
         failures.append(f"layer_list('0,2-3,2') = {train_gates.layer_list('0,2-3,2')}")
     for bad in (("--train-layers", "2"), ("--train-layers", "3-1")):
-        p = subprocess.run([sys.executable, "-m", "kvpolicy_tools.train.train_gates", "--gate", "rg", "--tiny",
-                            "--text", text, "--out", os.path.join(work, "refused"), "--steps", "1", "--width", str(WIDTH),
-                            "--init", src, *bad], capture_output=True, text=True)
+        p = run_module("kvpolicy_tools.train.train_gates", "--gate", "rg", "--tiny",
+                       "--text", text, "--out", os.path.join(work, "refused"), "--steps", "1", "--width", str(WIDTH),
+                       "--init", src, *bad)
         if p.returncode == 0 or "--train-layers" not in p.stderr:
             failures.append(f"{' '.join(bad)}: not refused with a message naming it ({p.stderr[-200:]})")
     fail_with(failures)
@@ -371,16 +370,16 @@ def test_policy_trimkv_weighs_the_per_head_hinge(work):
     train("rg10", per_head, "--policy", "trimkv", "--steps", "2")
     if safe_open(os.path.join(per_head, "gate.safetensors"), "pt").metadata().get("policy") != "trimkv":
         failures.append("--gate rg10 --policy trimkv: the metadata does not say trimkv")
-    p = subprocess.run([sys.executable, "-m", "kvpolicy_tools.train.train_gates", "--gate", "rg", "--tiny",
-                        "--out", os.path.join(work, "refused"), "--policy", "dbtrimkv"], capture_output=True, text=True)
+    p = run_module("kvpolicy_tools.train.train_gates", "--gate", "rg", "--tiny",
+                   "--out", os.path.join(work, "refused"), "--policy", "dbtrimkv")
     if p.returncode == 0 or "--policy dbtrimkv" not in p.stderr:
         failures.append(f"--gate rg --policy dbtrimkv: not refused with a message naming it ({p.stderr[-200:]})")
     fail_with(failures)
 
 
 def test_numerals_out_of_range_refused(work):
-    p = subprocess.run([sys.executable, "-m", "kvpolicy_tools.train.train_gates", "--gate", "rg", "--tiny",
-                        "--out", os.path.join(work, "refused-numerals"), "--numerals", "1.5"], capture_output=True, text=True)
+    p = run_module("kvpolicy_tools.train.train_gates", "--gate", "rg", "--tiny",
+                   "--out", os.path.join(work, "refused-numerals"), "--numerals", "1.5")
     assert not (p.returncode == 0 or "--numerals 1.5" not in p.stderr or os.path.exists(os.path.join(work, "refused-numerals"))), \
         f"--numerals 1.5: not refused with a message naming it, or an output left ({p.stderr[-200:]})"
 
@@ -440,9 +439,9 @@ def test_gate_file_reads_kind_and_width_and_init_refuses_another_kind(runs, work
         written, loaded = safe_open(path, "pt"), fact_ranks.load_gate(path, model.config, head_dim).export(head_dim)
         if any(not torch.equal(written.get_tensor(k), loaded[k]) for k in written.keys()):
             failures.append(f"fact_ranks.load_gate({path}): not the tensors written")
-    p = subprocess.run([sys.executable, "-m", "kvpolicy_tools.train.train_gates", "--gate", "rg", "--tiny",
-                        "--text", text, "--out", os.path.join(work, "refused"), "--steps", "1", "--width", str(WIDTH),
-                        "--init", rg10_file], capture_output=True, text=True)
+    p = run_module("kvpolicy_tools.train.train_gates", "--gate", "rg", "--tiny",
+                   "--text", text, "--out", os.path.join(work, "refused"), "--steps", "1", "--width", str(WIDTH),
+                   "--init", rg10_file)
     if p.returncode == 0 or f"kind rg10 and width {WIDTH}, not rg and {WIDTH}" not in p.stderr:
         failures.append(f"--gate rg --init (an rg10 gate): not refused with a message naming both ({p.stderr[-200:]})")
     fail_with(failures)
@@ -466,8 +465,8 @@ def test_scale_gate_scales_the_logit(runs, work):
         if not torch.allclose(lb_s, want, rtol=1e-4, atol=1e-6):
             failures.append(f"scale_gate {path}: log beta off by {(lb_s - want).abs().max().item()}")
     for args in ((src, "0"), (os.path.join(runs.whole("wg"), "gate.safetensors"), "0.5")):
-        p = subprocess.run([sys.executable, "-m", "kvpolicy_tools.train.scale_gate", *args,
-                            os.path.join(work, "refused.safetensors")], capture_output=True, text=True)
+        p = run_module("kvpolicy_tools.train.scale_gate", *args,
+                       os.path.join(work, "refused.safetensors"))
         if p.returncode == 0 or "scale_gate:" not in p.stderr:
             failures.append(f"scale_gate {args}: not refused with a message ({p.stderr[-200:]})")
     fail_with(failures)
@@ -500,9 +499,9 @@ def test_anchor_loss(runs, work):
             failures.append("--anchor: log.csv has no L_anchor on some step")
     if safe_open(os.path.join(anchored, "gate.safetensors"), "pt").metadata().get("anchor") != src:
         failures.append("--anchor: the metadata does not name the anchor")
-    p = subprocess.run([sys.executable, "-m", "kvpolicy_tools.train.train_gates", "--gate", "rg10", "--tiny",
-                        "--text", text, "--out", os.path.join(work, "refused"), "--steps", "1", "--width", str(WIDTH),
-                        "--anchor", os.path.join(runs.whole("wg"), "gate.safetensors")], capture_output=True, text=True)
+    p = run_module("kvpolicy_tools.train.train_gates", "--gate", "rg10", "--tiny",
+                   "--text", text, "--out", os.path.join(work, "refused"), "--steps", "1", "--width", str(WIDTH),
+                   "--anchor", os.path.join(runs.whole("wg"), "gate.safetensors"))
     if p.returncode == 0 or "--anchor" not in p.stderr:
         failures.append(f"--anchor (a write gate): not refused with a message naming it ({p.stderr[-200:]})")
     fail_with(failures)

@@ -275,6 +275,7 @@ def main():
         if (step + 1) % a.checkpoint_every == 0 or step + 1 == total or step + 1 - start == a.stop_after:
             save_checkpoint(step + 1)
         if step + 1 - start == a.stop_after and step + 1 < total:
+            log_file.close()
             print(f"kvpolicy-rank-gates: stopped after step {step + 1} (--stop-after); run again to resume")
             return
     log_file.close()

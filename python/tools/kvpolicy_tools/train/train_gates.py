@@ -426,6 +426,7 @@ def main():
         if (step + 1) % a.checkpoint_every == 0 or step + 1 == a.steps or step + 1 - start == a.stop_after:
             save_checkpoint(step + 1)
         if step + 1 - start == a.stop_after and step + 1 < a.steps:
+            log_file.close()
             print(f"train_gates: stopped after step {step + 1} (--stop-after); run again to resume")
             return
         if a.time_budget and elapsed > 1.15 * a.time_budget and step + 1 < a.steps:
