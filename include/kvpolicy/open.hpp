@@ -87,6 +87,23 @@ std::unique_ptr<AnyCache> open_cache(const Selection& selection, const CacheShap
   });
 }
 
+/// The explicit instantiation of open_cache for one storage type: `extern` before it declares it
+/// (the Caches it builds are then not compiled in that translation unit), alone it defines it.
+#define KVPOLICY_OPEN_CACHE_INSTANCE(Storage) \
+  template std::unique_ptr<AnyCache> open_cache<Storage>(const Selection&, const CacheShape&, std::int64_t)
+
+// open_cache compiles every registered policy's Cache for its storage type, most of the compile time
+// of a file that opens a policy by name: a program that defines KVPOLICY_EXTERN_OPEN_CACHE in every
+// translation unit declares it here for the storage types a CPU engine stores (float, half) and
+// engine_owned, and defines each in exactly one unit with KVPOLICY_OPEN_CACHE_INSTANCE, built with
+// the same flags (OpenMP included: core/parallel.hpp). bfloat16 compiles where it is used. Without
+// the macro nothing changes: the library stays header-only.
+#if defined(KVPOLICY_EXTERN_OPEN_CACHE)
+extern KVPOLICY_OPEN_CACHE_INSTANCE(float);
+extern KVPOLICY_OPEN_CACHE_INSTANCE(half);
+extern KVPOLICY_OPEN_CACHE_INSTANCE(engine_owned);
+#endif
+
 /// The options of the policy `selection` names, checked as open_cache checks them (values<P>): an
 /// unknown name, an option the policy does not take or a value that does not parse is an error
 /// naming it. Nothing is built.
