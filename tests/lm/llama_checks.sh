@@ -20,6 +20,9 @@
 #    exactly what it keeps after every step.
 set -euo pipefail
 llama=$1 lm=$2 model=$3 gates=$4 text=$5
+# One thread each: ctest runs another entry beside this one, and llama.cpp's threads wait for each
+# other spinning (a 768-token run took 75 s on two threads beside a busy core, 9 s on one).
+llama_run() { "$llama" --threads 1 "$@"; }
 gguf=$model/model.gguf
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
@@ -28,17 +31,17 @@ within() {  # a b tolerance name: |a / b - 1| <= tolerance
   python3 -c "import sys; a, b, t = map(float, sys.argv[1:4]); d = abs(a / b - 1); print(f'{sys.argv[4]}: {a} vs {b} ({100 * d:.3f}%)'); sys.exit(d > t)" "$@"
 }
 
-"$llama" --model "$gguf" --text "$text" --tokens 512 >"$out/alone.txt"
-"$llama" --model "$gguf" --text "$text" --tokens 512 --policy trimkv --gate "$gates/trimkv.safetensors" \
+llama_run --model "$gguf" --text "$text" --tokens 512 >"$out/alone.txt"
+llama_run --model "$gguf" --text "$text" --tokens 512 --policy trimkv --gate "$gates/trimkv.safetensors" \
   --budget 4096 >"$out/unreached.txt"
 a=$(value logits "$out/alone.txt") b=$(value logits "$out/unreached.txt")
 echo "llama.cpp alone: logits $a; under trimkv, M = 4096 never reached: logits $b"
 [ -n "$a" ] && [ "$a" = "$b" ] || { echo "FAILED: the logits differ from llama.cpp's own" >&2; exit 1; }
 
 common=(--text "$text" --tokens 768 --sinks 4 --window 1)
-"$llama" --model "$gguf" "${common[@]}" --policy streamingllm --budget 64 --buffer 16 --check-memory \
+llama_run --model "$gguf" "${common[@]}" --policy streamingllm --budget 64 --buffer 16 --check-memory \
   --survivors "$out/stream-llama.pos" >"$out/stream-llama.txt"
-"$lm" --model "$model" "${common[@]}" --policy streamingllm --budget 64 --buffer 16 --mode union --threads 2 \
+"$lm" --model "$model" "${common[@]}" --policy streamingllm --budget 64 --buffer 16 --mode union --threads 1 \
   --survivors "$out/stream-lm.pos" >"$out/stream-lm.txt"
 cat "$out/stream-llama.txt"
 grep -q "^llama.cpp memory: after each of 48 steps, exactly the positions the policy keeps$" "$out/stream-llama.txt" ||
@@ -55,12 +58,12 @@ echo "survivors: llama.cpp's memory holds exactly kvpolicy-lm --mode union's $((
 within "$(value ppl "$out/stream-llama.txt")" "$(value ppl "$out/stream-lm.txt")" 0.01 "streamingllm ppl"
 
 for p in trimkv dbtrimkv; do
-  "$llama" --model "$gguf" "${common[@]}" --policy $p --gate "$gates/$p.safetensors" --budget 128 --check-memory \
+  llama_run --model "$gguf" "${common[@]}" --policy $p --gate "$gates/$p.safetensors" --budget 128 --check-memory \
     --survivors "$out/$p-llama.pos" >"$out/$p-llama.txt"
   grep -q "^llama.cpp memory: after each of 48 steps" "$out/$p-llama.txt" ||
     { echo "FAILED: $p: kvpolicy-llama did not check llama.cpp's memory after every step" >&2; exit 1; }
   "$lm" --model "$model" "${common[@]}" --policy $p --gate "$gates/$p.safetensors" --budget 128 --mode union \
-    --threads 2 --survivors "$out/$p-lm.pos" >"$out/$p-lm.txt"
+    --threads 1 --survivors "$out/$p-lm.pos" >"$out/$p-lm.txt"
   within "$(value ppl "$out/$p-llama.txt")" "$(value ppl "$out/$p-lm.txt")" 0.01 "$p ppl"
   python3 - "$out/$p-llama.pos" "$out/$p-lm.pos" "$p" <<'PY'
 import sys
@@ -77,7 +80,7 @@ PY
 done
 # H2O, TOVA and KeyDiff rank by stored keys or the attention over them: their Cache keeps an F16 copy
 # of the K/V beside llama.cpp's cells, and llama.cpp's memory still holds exactly what it keeps
-"$llama" --model "$gguf" "${common[@]}" --policy tova --budget 128 --buffer 16 --check-memory >"$out/tova-llama.txt"
+llama_run --model "$gguf" "${common[@]}" --policy tova --budget 128 --buffer 16 --check-memory >"$out/tova-llama.txt"
 grep -E "^policy state|^llama.cpp memory" "$out/tova-llama.txt"
 grep -q "^policy state (an F16 copy of the K/V it ranks by, beside llama.cpp's)" "$out/tova-llama.txt" ||
   { echo "FAILED: tova: kvpolicy-llama did not say it keeps an F16 copy of the K/V" >&2; exit 1; }
