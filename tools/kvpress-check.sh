@@ -23,7 +23,7 @@ done
 set -- "${args[@]}"
 venv=$root/build/kvpress/venv
 requirements=(torch==2.15.0 transformers==5.2.0 kvpress==0.5.5 gguf==0.19.0 safetensors==0.8.0 "numpy<3")
-# torch and its CUDA libraries (4 of a venv's 5.5 GB) are the training venv's, the same pin
+# torch and its CUDA libraries (4 of a venv's 5.6 GB) are the training venv's, the same pin
 # (tools/train-venv.sh): this venv reads that one's packages after its own (a .pth file), so pip
 # installs here only what differs, transformers 5.2 and kvpress with their own dependencies.
 # Remade when either venv's requirements change.

@@ -54,8 +54,8 @@ const char* kUsage = R"(kvpolicy-llama: a GGUF model through llama.cpp, its KV c
   context holds M + B + the largest step's tokens (rounded up as llama.cpp pads it).
 
 model:   --model GGUF      any model llama.cpp loads (the LLaMA family: its graph names the tensors read)
-         --threads N       llama.cpp's threads, and the policy's for the attention it computes
-                           (H2O, TOVA: OpenMP builds) (default 2)
+         --threads N       llama.cpp's threads, and the OpenMP threads of the policy's own work
+                           between its steps (the gate's products, H2O's and TOVA's attention) (default 2)
 steps:   --prefill P       the first step's tokens (default: --chunk)
          --chunk C         tokens per later step of a text (default 16); generation decodes 1
 policy:  --policy P        a policy with a token-level mode (below); its options as --NAME VALUE
@@ -387,7 +387,7 @@ int run(const Args& a) {
   cp.n_batch = cp.n_ubatch = static_cast<std::uint32_t>(largest_step);
   cp.n_threads = cp.n_threads_batch = a.threads;
 #ifdef _OPENMP
-  omp_set_num_threads(a.threads);  // the policy's attention (core/parallel.hpp), between llama.cpp's steps
+  omp_set_num_threads(a.threads);  // the gate's products, the attention (core/parallel.hpp): between llama.cpp's steps
 #endif
   cp.no_perf = true;
   std::int64_t budget = 0, buffer = 0;
