@@ -26,16 +26,19 @@ requirements=(torch==2.15.0 transformers==5.2.0 kvpress==0.5.5 gguf==0.19.0 safe
 # torch and its CUDA libraries (4 of a venv's 5.6 GB) are the training venv's, the same pin
 # (tools/train-venv.sh): this venv reads that one's packages after its own (a .pth file), so pip
 # installs here only what differs, transformers 5.2 and kvpress with their own dependencies.
-# Remade when either venv's requirements change.
+# Remade when this list or the training venv's packages change (their names and versions, but for
+# the kvpolicy wheel the suite reinstalls there each run).
 out=$("$root/tools/train-venv.sh") || exit $?
 train_python=$(tail -n 1 <<<"$out")
-stamp="${requirements[*]} over $(cat "$(dirname "$train_python")/../requirements.ok")"
+purelib='import sysconfig; print(sysconfig.get_paths()["purelib"])'
+train_site=$("$train_python" -c "$purelib")
+stamp="${requirements[*]} over $(find "$train_site" -maxdepth 1 -name '*.dist-info' ! -name 'kvpolicy-*' -printf '%f\n' |
+                                 sort | sha256sum | cut -c1-16)"
 mkdir -p "$root/build/kvpress"
 if ! { [ -x "$venv/bin/python" ] && [ -f "$venv/requirements.ok" ] && [ "$(cat "$venv/requirements.ok")" = "$stamp" ]; }; then
   rm -rf "$venv"
   python3 -m venv "$venv"
-  purelib='import sysconfig; print(sysconfig.get_paths()["purelib"])'
-  "$train_python" -c "$purelib" >"$("$venv/bin/python" -c "$purelib")/kvpolicy-train-venv.pth"
+  echo "$train_site" >"$("$venv/bin/python" -c "$purelib")/kvpolicy-train-venv.pth"
   # --no-compile: Python byte-compiles what it imports; compiling every file up front took a
   # quarter of an install's time
   : >"$root/build/kvpress/pip.log"
