@@ -27,6 +27,7 @@ struct Params {
   std::int64_t budget = 4, buffer = 2, window = 0;
   double threshold = 0.0, floor_ratio = 0.0;
   std::int64_t sinks = 0;
+  std::int64_t min_tokens = 0;  // the threshold's floor per head
 };
 
 struct Ranked {
@@ -65,16 +66,23 @@ inline void keep_only(std::vector<EntryMeta>& head, const std::vector<std::size_
   head = kept;
 }
 
-// SPEC §1: each head with len >= M + B keeps its top M (or score >= log alpha).
+// The threshold variant's test for the i-th best (protections first) entry of its head: its score
+// reaches log alpha, or it is among the head's min_tokens best.
+inline bool above_threshold(const Ranked& r, std::size_t i_in_head, const Params& p) {
+  return r.score >= static_cast<float>(std::log(p.threshold)) || static_cast<std::int64_t>(i_in_head) < p.min_tokens;
+}
+
+// SPEC §1: each head with len >= M + B keeps its top M; with the threshold variant every head,
+// after every step, keeps each entry scoring >= log alpha and its min_tokens best.
 template <class Scorer>
 void per_head(const CacheShape&, Heads& heads, std::int64_t n, const Scorer& s, const Params& p) {
   for (std::size_t h = 0; h < heads.size(); ++h) {
-    if (static_cast<std::int64_t>(heads[h].size()) < p.budget + p.buffer) continue;
+    if (p.threshold == 0 && static_cast<std::int64_t>(heads[h].size()) < p.budget + p.buffer) continue;
     auto r = scored(heads[h], static_cast<std::int64_t>(h), n, s, p.window, p.sinks);
     std::sort(r.begin(), r.end(), before);
     std::vector<std::size_t> keep;
     for (std::size_t i = 0; i < r.size(); ++i)
-      if (p.threshold > 0 ? r[i].score >= static_cast<float>(std::log(p.threshold)) : static_cast<std::int64_t>(i) < p.budget)
+      if (p.threshold > 0 ? above_threshold(r[i], i, p) : static_cast<std::int64_t>(i) < p.budget)
         keep.push_back(r[i].index);
     keep_only(heads[h], keep);
   }
@@ -92,8 +100,9 @@ void pooled(Heads& heads, std::size_t first, std::size_t last, std::int64_t n, c
   std::sort(all.begin(), all.end(), before);
   std::map<std::int64_t, std::vector<std::size_t>> keep;
   if (p.threshold > 0) {
+    std::map<std::int64_t, std::size_t> seen;  // entries of each head ranked so far: `all` is sorted
     for (auto& r : all)
-      if (r.score >= static_cast<float>(std::log(p.threshold))) keep[r.head].push_back(r.index);
+      if (above_threshold(r, seen[r.head]++, p)) keep[r.head].push_back(r.index);
   } else if (p.floor_ratio == 0.0) {
     for (std::size_t i = 0; i < all.size() && static_cast<std::int64_t>(i) < K; ++i) keep[all[i].head].push_back(all[i].index);
   } else {
@@ -112,23 +121,25 @@ void pooled(Heads& heads, std::size_t first, std::size_t last, std::int64_t n, c
   for (std::size_t h = first; h < last; ++h) keep_only(heads[h], keep[static_cast<std::int64_t>(h)]);
 }
 
-// SPEC §2 layer-wise: a layer with total > Hkv (M + B) keeps its top Hkv M.
+// SPEC §2 layer-wise: a layer with total > Hkv (M + B) keeps its top Hkv M; the threshold variant
+// runs after every step.
 template <class Scorer>
 void layer_wise(const CacheShape& shape, Heads& heads, std::int64_t n, const Scorer& s, const Params& p) {
   for (int l = 0; l < shape.layers; ++l) {
     const std::size_t first = static_cast<std::size_t>(l) * shape.kv_heads, last = first + shape.kv_heads;
     std::int64_t total = 0;
     for (std::size_t h = first; h < last; ++h) total += static_cast<std::int64_t>(heads[h].size());
-    if (total > shape.kv_heads * (p.budget + p.buffer)) pooled(heads, first, last, n, s, p, shape.kv_heads * p.budget);
+    if (p.threshold > 0 || total > shape.kv_heads * (p.budget + p.buffer)) pooled(heads, first, last, n, s, p, shape.kv_heads * p.budget);
   }
 }
 
-// SPEC §2 global: total >= L Hkv (M + B) keeps the top L Hkv M (floor quotas, threshold).
+// SPEC §2 global: total >= L Hkv (M + B) keeps the top L Hkv M (floor quotas); the threshold
+// variant runs after every step.
 template <class Scorer>
 void global(const CacheShape& shape, Heads& heads, std::int64_t n, const Scorer& s, const Params& p) {
   std::int64_t total = 0;
   for (auto& h : heads) total += static_cast<std::int64_t>(h.size());
-  if (total >= shape.heads_total() * (p.budget + p.buffer)) pooled(heads, 0, heads.size(), n, s, p, shape.heads_total() * p.budget);
+  if (p.threshold > 0 || total >= shape.heads_total() * (p.budget + p.buffer)) pooled(heads, 0, heads.size(), n, s, p, shape.heads_total() * p.budget);
 }
 
 // SPEC §8 token level: once the sequence holds M + B positions, each position's score is the max,

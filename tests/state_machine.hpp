@@ -271,6 +271,7 @@ void run_stream(std::uint64_t seed, Policy policy, const Profile& profile, Make 
   m.params.window = uni(0, 3) == 0 ? std::min<std::int64_t>(uni(1, 2), m.params.budget) : 0;  // w <= M
   m.params.floor_ratio = policy != Policy::per_head && uni(0, 3) == 0 ? 0.5 : 0.0;
   m.params.threshold = m.params.floor_ratio == 0.0 && uni(0, 5) == 0 ? 0.4 : 0.0;  // exclusive variants
+  m.params.min_tokens = m.params.threshold > 0.0 && uni(0, 1) == 0 ? uni(1, 3) : 0;  // the threshold's floor
   m.horizon = static_cast<int>(uni(1, 3));
   m.pages_total = uni(2, 48);
   C cache = make(m);

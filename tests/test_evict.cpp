@@ -219,6 +219,39 @@ TEST_CASE("threshold variant keeps every score >= log(alpha) (SPEC §1)") {
   CHECK(keep == std::vector<std::uint8_t>{1, 0, 1, 0});
 }
 
+TEST_CASE("the threshold's floor: each head keeps its min_tokens best whatever the bound (SPEC §1, §2)") {
+  const CacheShape one{1, 1, 1, 4};
+  // scores -0.1 (pos 0), -0.7 (1), -3 (2), -5 (3); alpha 0.5 keeps -0.1 alone; a floor of 3 adds
+  // the next two best, -0.7 and -3; the window's entry (position 3) counts among the three
+  const std::vector<std::vector<float>> scores{{-0.1f, -0.7f, -3.f, -5.f}};
+  const std::vector<std::vector<std::int32_t>> pos{{0, 1, 2, 3}};
+  CHECK(run_select(trimkv_evictor({.threshold = 0.5, .min_tokens = 3}), one, scores, pos) ==
+        std::vector<std::uint8_t>{1, 1, 1, 0});
+  CHECK(run_select(trimkv_evictor({.window = 1, .threshold = 0.5, .min_tokens = 3}), one, scores, pos) ==
+        std::vector<std::uint8_t>{1, 1, 0, 1});
+  // ties in score go to the larger position, as the top-M's
+  CHECK(run_select(trimkv_evictor({.threshold = 0.5, .min_tokens = 2}), one, {{-0.1f, -2.f, -2.f}}, {{0, 1, 2}}) ==
+        std::vector<std::uint8_t>{1, 0, 1});
+  // pooled: the floor is per head, not the pool's; above it the bound alone decides
+  const CacheShape two{1, 2, 2, 4};
+  CHECK(run_select(dbtrimkv_evictor({.threshold = 0.5, .min_tokens = 1}), two, {{-0.1f, -0.2f, -4.f}, {-6.f, -5.f}},
+                   {{0, 1, 2}, {0, 1}}) == std::vector<std::uint8_t>{1, 1, 0, 0, 1});
+}
+
+TEST_CASE("the threshold variant runs after every step, whatever the lengths (SPEC §1, §2)") {
+  const CacheShape shape{2, 2, 2, 4};
+  std::vector<std::uint8_t> active(4);
+  const std::vector<std::int64_t> lengths{1, 0, 2, 1};  // far below any M + B
+  CHECK(evict::trigger_heads(trimkv_evictor({.budget = 8, .buffer = 4, .threshold = 0.5}), shape, {}, lengths, active));
+  CHECK(active == std::vector<std::uint8_t>{1, 1, 1, 1});
+  CHECK_FALSE(evict::trigger_heads(trimkv_evictor({.budget = 8, .buffer = 4}), shape, {}, lengths, active));
+  CHECK(evict::trigger_heads(dbtrimkv_evictor({.budget = 8, .buffer = 4, .threshold = 0.5}), shape, {}, lengths, active));
+  CHECK(active == std::vector<std::uint8_t>{1, 1, 1, 1});
+  CHECK(evict::trigger_heads(dbtrimkv_layerwise_evictor({.budget = 8, .buffer = 4, .threshold = 0.5}), shape, {}, lengths,
+                             active));
+  CHECK(active == std::vector<std::uint8_t>{1, 1, 1, 1});
+}
+
 TEST_CASE("global trigger is >= L Hkv (M + B), layer-wise is > Hkv (M + B) (SPEC §2)") {
   const CacheShape shape{2, 2, 2, 4};
   std::vector<std::uint8_t> active(4);
@@ -284,6 +317,14 @@ TEST_CASE("invalid evictor parameters are rejected with the value named") {
                        doctest::Contains("exceeds 2^31 - 1 entries per head"), Error);
   CHECK_THROWS_WITH_AS(dbtrimkv_evictor({.threshold = 0.1, .floor_ratio = 0.2}).validate(shape),
                        doctest::Contains("exclusive"), Error);
+  CHECK_THROWS_WITH_AS(trimkv_evictor({.threshold = 0.5, .min_tokens = -1}).validate(shape),
+                       doctest::Contains("evict::PerHead: min_tokens = -1 must be >= 0"), Error);
+  CHECK_THROWS_WITH_AS(trimkv_evictor({.min_tokens = 4}).validate(shape),
+                       doctest::Contains("min_tokens = 4 is the threshold variant's floor per head"), Error);
+  CHECK_THROWS_WITH_AS(dbtrimkv_evictor({.min_tokens = 2}).validate(shape),
+                       doctest::Contains("evict::Global: min_tokens = 2 is the threshold variant's floor"), Error);
+  CHECK_THROWS_WITH_AS(dbtrimkv_layerwise_evictor({.threshold = 0.5, .min_tokens = -3}).validate(shape),
+                       doctest::Contains("evict::LayerWise: min_tokens = -3"), Error);
 }
 
 // ---- the whole Cache against the oracle ------------------------------------------------------
@@ -306,6 +347,7 @@ Trial random_trial(std::mt19937_64& rng, bool allow_threshold, bool allow_floor)
   t.p.window = pick(0, 3) == 0 ? pick(0, static_cast<int>(t.p.budget)) : 0;
   t.p.sinks = pick(0, 3) == 0 ? pick(0, static_cast<int>(t.p.budget - t.p.window)) : 0;
   if (allow_threshold && pick(0, 4) == 0) t.p.threshold = std::vector<double>{0.05, 0.3, 0.5, 1.0}[pick(0, 3)];
+  if (t.p.threshold > 0.0 && pick(0, 1) == 0) t.p.min_tokens = pick(1, 6);
   if (allow_floor && t.p.threshold == 0.0 && pick(0, 2) == 0) t.p.floor_ratio = std::vector<double>{0.1, 0.25, 0.5, 0.9}[pick(0, 3)];
   const int steps = pick(1, 40);
   for (int s = 0; s < steps; ++s) t.chunks.push_back(pick(0, 5) == 0 ? pick(1, 3 * static_cast<int>(t.p.budget + t.p.buffer)) : 1);
@@ -384,7 +426,7 @@ void differential(std::uint64_t seed, int trials, Scorer scorer, MakeEvictor mak
       if (got != want) {
         FAIL("seed ", seed, " trial ", trial, " step ", step, ": survivors differ (L=", t.shape.layers, " Hkv=",
              t.shape.kv_heads, " M=", t.p.budget, " B=", t.p.buffer, " w=", t.p.window, " alpha=", t.p.threshold,
-             " f=", t.p.floor_ratio, ")");
+             " min_tokens=", t.p.min_tokens, " f=", t.p.floor_ratio, ")");
       }
     }
     // pages conserved: free + used = pool
@@ -402,7 +444,8 @@ TEST_CASE("oracle: TRIM-KV per-head eviction, random traces with ties") {
                                .buffer = p.buffer,
                                .sinks = p.sinks,
                                .window = p.window,
-                               .threshold = p.threshold});
+                               .threshold = p.threshold,
+                               .min_tokens = p.min_tokens});
       },
       [](auto&&... a) { oracle::per_head(a...); }, true, false);
 }
@@ -427,7 +470,8 @@ TEST_CASE("oracle: DBTrimKV global eviction with lookahead, floor_ratio and thre
                                    .window = p.window,
                                    .threshold = p.threshold,
                                    .horizon = h,
-                                   .floor_ratio = p.floor_ratio});
+                                   .floor_ratio = p.floor_ratio,
+                                   .min_tokens = p.min_tokens});
         },
         [](auto&&... a) { oracle::global(a...); }, true, true);
 }
@@ -441,7 +485,8 @@ TEST_CASE("oracle: DBTrimKV layer-wise eviction") {
                                            .sinks = p.sinks,
                                            .window = p.window,
                                            .threshold = p.threshold,
-                                           .floor_ratio = p.floor_ratio});
+                                           .floor_ratio = p.floor_ratio,
+                                           .min_tokens = p.min_tokens});
       },
       [](auto&&... a) { oracle::layer_wise(a...); }, true, true);
 }

@@ -70,8 +70,11 @@ TEST_CASE("replay: evicted_at equals the oracle's for trimkv and dbtrimkv, with 
     o.prefill = trial % 2 ? std::uniform_int_distribution<std::int64_t>(0, 60)(rng) : 0;
     const std::int64_t window = trial % 3 == 0 ? std::uniform_int_distribution<std::int64_t>(0, budget)(rng) : 0;
     const double threshold = trial % 5 == 1 ? 0.3 : 0.0;
+    const std::int64_t min_tokens = threshold > 0.0 && trial % 2 == 0 ? 2 : 0;  // the threshold's floor
     o.set("budget", budget).set("buffer", buffer).set("window", window).set("threshold", threshold);
+    o.set("min-tokens", min_tokens);
     oracle::Params p{budget, buffer, window, threshold, 0.0};
+    p.min_tokens = min_tokens;
     o.policy = "trimkv";
     const auto a = replay::replay(tr, o);
     CHECK(a.evicted_at == oracle_evicted_at(tr, o.prefill, score::RetentionDecay{}, [](auto&&... x) { oracle::per_head(x...); }, p));

@@ -24,7 +24,8 @@ TEST_CASE("state machine: TRIM-KV per-head cache against its model over random o
              trimkv_evictor({.budget = m.params.budget,
                              .buffer = m.params.buffer,
                              .window = m.params.window,
-                             .threshold = m.params.threshold}));
+                             .threshold = m.params.threshold,
+                             .min_tokens = m.params.min_tokens}));
   });
 }
 
@@ -36,7 +37,8 @@ TEST_CASE("state machine: DBTrimKV global cache against its model over random op
                            .window = m.params.window,
                            .threshold = m.params.threshold,
                            .horizon = m.horizon,
-                           .floor_ratio = m.params.floor_ratio};
+                           .floor_ratio = m.params.floor_ratio,
+                           .min_tokens = m.params.min_tokens};
     return C(m.shape, Pool(m.pages_total), dbtrimkv_evictor(c), dbtrimkv_scorer(c));
   });
 }
@@ -49,7 +51,8 @@ TEST_CASE("state machine: DBTrimKV layer-wise cache against its model over rando
                            .window = m.params.window,
                            .threshold = m.params.threshold,
                            .horizon = m.horizon,
-                           .floor_ratio = m.params.floor_ratio};
+                           .floor_ratio = m.params.floor_ratio,
+                           .min_tokens = m.params.min_tokens};
     return C(m.shape, Pool(m.pages_total), dbtrimkv_layerwise_evictor(c), dbtrimkv_scorer(c));
   });
 }

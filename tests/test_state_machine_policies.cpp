@@ -586,6 +586,7 @@ std::map<std::string, std::string, std::less<>> draw_options(Rng& rng) {
     else if (n == "seed") value = std::to_string(uni(rng, 0, 1000));
     else if (n == "pool-kernel") value = std::to_string(2 * uni(rng, 0, 2) + 1);
     else if (n == "threshold") value = uni(rng, 0, 3) == 0 ? "0.5" : "0";
+    else if (n == "min-tokens") value = std::to_string(uni(rng, 0, 1) ? 0 : uni(rng, 1, 3));  // refused without a threshold: drawn again
     else if (n == "floor") value = uni(rng, 0, 2) == 0 ? "0.25" : "0";
     else if (n == "tau") value = uni(rng, 0, 1) ? "0.1" : "0.5";
     else if (n == "safeguard") value = uni(rng, 0, 1) ? "0.2" : "0.5";

@@ -23,6 +23,7 @@ struct Run {
   std::int64_t peak_entries = 0;    // most entries the sequence held after any step
   std::int64_t final_entries = 0;
   double mean_entries = 0.0;        // entries held after each step, averaged over the text's tokens
+  double sd_entries = 0.0;          // their standard deviation, weighted alike: how far memory swings
   std::int64_t evictions = 0;       // steps whose trigger fired
   double seconds = 0.0;
 };
@@ -49,6 +50,7 @@ Run score_text(Decoder& dec, CacheT& cache, const EntryMetadata& metadata, std::
   if (keep_logits) r.logits.resize(N, dec.config().vocab);
   cache.add_sequence(0, std::min(prefill, N));
   Matrix logits;
+  double mean_square = 0.0;  // of the entries held, token-weighted as mean_entries
   const auto t0 = std::chrono::steady_clock::now();
   for (std::int64_t n = 0; n < N;) {
     const std::int64_t T = std::min(n == 0 ? prefill : chunk, N - n);
@@ -62,8 +64,11 @@ Run score_text(Decoder& dec, CacheT& cache, const EntryMetadata& metadata, std::
     }
     n += T;
     r.peak_entries = std::max(r.peak_entries, cache.total_length(0));
-    r.mean_entries += static_cast<double>(T) * static_cast<double>(cache.total_length(0)) / static_cast<double>(N);
+    const auto held = static_cast<double>(cache.total_length(0));
+    r.mean_entries += static_cast<double>(T) * held / static_cast<double>(N);
+    mean_square += static_cast<double>(T) * held * held / static_cast<double>(N);
   }
+  r.sd_entries = std::sqrt(std::max(0.0, mean_square - r.mean_entries * r.mean_entries));
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   r.final_entries = cache.total_length(0);
   if (at_end) at_end(cache);

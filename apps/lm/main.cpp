@@ -139,6 +139,8 @@ int perplexity_mode(const Args& a, const Model& model, const Tokenizer& tok) {
               r.seconds, static_cast<double>(a.tokens) / r.seconds);
   // what a policy whose memory grows (WG-KV without a hard budget) holds on average over the text
   std::printf("entries held on average: %.1f\n", r.mean_entries);
+  // how far memory swings around that average (a threshold budget's cost: SPEC §1)
+  std::printf("entries held, standard deviation: %.1f\n", r.sd_entries);
   int status = 0;
   if (golden) {
     const auto g = Golden::load(a.golden);

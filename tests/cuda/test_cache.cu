@@ -1,6 +1,6 @@
 // The Cache composition on the GPU (Backend = cuda_backend) against the same composition on the
-// CPU, driven by the same calls: TRIM-KV per head (window, threshold), DBTrimKV global (floor
-// quotas) and layer-wise, fp32 and fp16 storage. After every step both caches hold the same
+// CPU, driven by the same calls: TRIM-KV per head (window, threshold and its floor), DBTrimKV
+// global (floor quotas, threshold) and layer-wise, fp32 and fp16 storage. After every step both caches hold the same
 // entries in every head (positions and log_beta, bit for bit), report the same trigger and
 // evicted count and list, and have the same free pages; decode attention agrees within 1e-5
 // (fp32) / 2e-3 (fp16). Sequences come and go; a step taken back changes nothing; errors match.
@@ -46,6 +46,7 @@ TEST_CASE("TrimKVCache<cuda_backend> keeps, reports and attends as TrimKVCache<c
     c.buffer = std::uniform_int_distribution<std::int64_t>(1, 8)(rng);
     c.window = seed % 3 == 0 ? std::uniform_int_distribution<std::int64_t>(1, c.budget)(rng) : 0;
     c.threshold = seed % 4 == 0 ? 0.6 : 0.0;
+    c.min_tokens = seed % 8 == 0 ? 5 : 0;  // the threshold's floor (SPEC §1)
     const std::int64_t pages = 6 * shape.heads_total() * ((c.budget + c.buffer + 40) / 16 + 2);
     kp::TrimKVCache<kp::cpu_backend> cpu(shape, kp::memory::Paged<16>(pages), kp::trimkv_evictor(c));
     kp::TrimKVCache<kp::cuda_backend> gpu(shape, kp::memory::Paged<16>(pages), kp::trimkv_evictor(c));
@@ -62,6 +63,8 @@ TEST_CASE("DBTrimKVCache<cuda_backend> (global, floor quotas) and the layer-wise
     c.horizon = 1 + static_cast<int>(seed % 3);
     c.floor_ratio = seed % 2 == 0 ? 0.25 : 0.0;
     c.window = seed % 3 == 0 ? 2 : 0;
+    c.threshold = seed % 4 == 3 ? 0.5 : 0.0;  // odd seeds: no floor quotas, which exclude it
+    c.min_tokens = seed % 8 == 3 ? 4 : 0;
     const std::int64_t pages = 6 * shape.heads_total() * (shape.heads_total() * (c.budget + c.buffer + 40) / 16 + 2);
     if (seed % 4 < 2) {
       kp::DBTrimKVCache<kp::cpu_backend> cpu(shape, kp::memory::Paged<16>(pages), kp::dbtrimkv_evictor(c),
@@ -373,7 +376,8 @@ TEST_CASE("state machine: TRIM-KV per-head Cache<cuda_backend> against its model
              kp::trimkv_evictor({.budget = m.params.budget,
                                  .buffer = m.params.buffer,
                                  .window = m.params.window,
-                                 .threshold = m.params.threshold}));
+                                 .threshold = m.params.threshold,
+                                 .min_tokens = m.params.min_tokens}));
   }, device_profile());
 }
 
@@ -385,7 +389,8 @@ TEST_CASE("state machine: DBTrimKV global Cache<cuda_backend> against its model 
                                .window = m.params.window,
                                .threshold = m.params.threshold,
                                .horizon = m.horizon,
-                               .floor_ratio = m.params.floor_ratio};
+                               .floor_ratio = m.params.floor_ratio,
+                               .min_tokens = m.params.min_tokens};
     return C(m.shape, StatePool(m.pages_total), kp::dbtrimkv_evictor(c), kp::dbtrimkv_scorer(c));
   }, device_profile());
 }
@@ -398,7 +403,8 @@ TEST_CASE("state machine: DBTrimKV layer-wise Cache<cuda_backend> against its mo
                                .window = m.params.window,
                                .threshold = m.params.threshold,
                                .horizon = m.horizon,
-                               .floor_ratio = m.params.floor_ratio};
+                               .floor_ratio = m.params.floor_ratio,
+                               .min_tokens = m.params.min_tokens};
     return C(m.shape, StatePool(m.pages_total), kp::dbtrimkv_layerwise_evictor(c), kp::dbtrimkv_scorer(c));
   }, device_profile());
 }

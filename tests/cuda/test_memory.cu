@@ -232,14 +232,15 @@ TEST_CASE("evict_step keeps what the CPU evictors keep, step after step") {
     double threshold, floor_ratio;
     bool random = false;  // score::SeededRandom (per (layer, head, position), SPEC §5) instead of TRIM-KV's
     std::int64_t sinks = 0;  // SPEC §5: the S oldest entries of each head protected
+    std::int64_t min_tokens = 0;  // the threshold's floor per head (SPEC §1)
   };
   const Case cases[] = {{Scope::per_head, 24, 4, 0, 0.0, 0.0},    {Scope::per_head, 17, 1, 5, 0.0, 0.0},
                         // SPEC §5: sinks on every selection, and Random drawn per (layer, head, position)
-                        {Scope::per_head, 12, 3, 2, 0.0, 0.0, true, 3},   {Scope::per_head, 20, 4, 0, 0.5, 0.0, false, 2},
+                        {Scope::per_head, 12, 3, 2, 0.0, 0.0, true, 3},   {Scope::per_head, 20, 4, 0, 0.5, 0.0, false, 2, 6},
                         {Scope::global, 14, 3, 2, 0.0, 0.0, true, 4},     {Scope::global, 16, 4, 1, 0.0, 0.4, false, 2},
                         {Scope::layer_wise, 12, 2, 0, 0.0, 0.0, true, 3},
                         {Scope::per_head, 30, 8, 3, 0.6, 0.0},    {Scope::global, 20, 6, 0, 0.0, 0.0},
-                        {Scope::global, 20, 6, 4, 0.0, 0.3},      {Scope::global, 12, 2, 2, 0.5, 0.0},
+                        {Scope::global, 20, 6, 4, 0.0, 0.3},      {Scope::global, 12, 2, 2, 0.5, 0.0, false, 0, 4},
                         {Scope::layer_wise, 16, 4, 0, 0.0, 0.0},  {Scope::layer_wise, 16, 4, 2, 0.0, 0.5}};
   std::uint64_t seed = 0;
   for (const Case& c : cases) {
@@ -275,11 +276,12 @@ TEST_CASE("evict_step keeps what the CPU evictors keep, step after step") {
           e.window = c.window;
           e.threshold = c.threshold;
           e.sinks = c.sinks;
+          e.min_tokens = c.min_tokens;
           run(e);
         } else if (c.scope == Scope::global) {
-          run(kp::evict::Global{c.budget, c.buffer, c.floor_ratio, c.window, c.threshold, c.sinks});
+          run(kp::evict::Global{c.budget, c.buffer, c.floor_ratio, c.window, c.threshold, c.sinks, 0, c.min_tokens});
         } else {
-          run(kp::evict::LayerWise{c.budget, c.buffer, c.floor_ratio, c.window, c.threshold, c.sinks});
+          run(kp::evict::LayerWise{c.budget, c.buffer, c.floor_ratio, c.window, c.threshold, c.sinks, 0, c.min_tokens});
         }
       };
       if (c.random)
@@ -288,7 +290,8 @@ TEST_CASE("evict_step keeps what the CPU evictors keep, step after step") {
         both(kp::score::RetentionDecay{});
       tw.compare("evict_step", step);
     }
-    INFO("case with budget ", c.budget, ", buffer ", c.buffer, ", window ", c.window, ", sinks ", c.sinks);
+    INFO("case with budget ", c.budget, ", buffer ", c.buffer, ", window ", c.window, ", sinks ", c.sinks,
+         ", min_tokens ", c.min_tokens);
     // a threshold case drops below M at its first eviction and would need more steps to trigger again
     CHECK(evictions >= (c.threshold > 0.0 ? 1 : 2));
   }

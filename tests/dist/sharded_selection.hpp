@@ -43,8 +43,9 @@ inline Case draw(std::uint64_t seed, int ranks) {
   const double floor = std::array{0.0, 0.0, 0.25, 0.5}[static_cast<std::size_t>(pick(0, 3))];
   const std::int64_t window = pick(0, 3) == 0 ? pick(1, 3) : 0, sinks = pick(0, 3) == 0 ? pick(1, 2) : 0;
   const double threshold = floor == 0.0 && pick(0, 9) == 0 ? 0.5 : 0.0;
-  c.global = evict::Global{budget, 4, floor, window, threshold, sinks, 0};
-  c.layer_wise = evict::LayerWise{budget, 4, floor, window, threshold, sinks, 0};
+  const std::int64_t min_tokens = threshold > 0.0 && pick(0, 1) == 0 ? pick(1, 5) : 0;  // the threshold's floor
+  c.global = evict::Global{budget, 4, floor, window, threshold, sinks, 0, min_tokens};
+  c.layer_wise = evict::LayerWise{budget, 4, floor, window, threshold, sinks, 0, min_tokens};
   c.layer = pick(0, 1) == 1;
   // scores from a few values (ties within and across heads), or from a continuum
   const bool tied = pick(0, 2) != 0;

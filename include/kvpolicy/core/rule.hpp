@@ -17,15 +17,18 @@
 namespace kvpolicy::evict {
 
 /// What a triggered head keeps (SPEC §1 top-M and threshold, §3 ring and gate, §4 prompt + K, §5
-/// sinks and window). Protected entries rank above every score (+inf); then the top `keep` by
-/// (score, larger position) survive, or with `threshold` every entry scoring >= bound.
+/// sinks and window). Protected entries rank above every score (+inf); then the head's `guaranteed`
+/// best (protections first) rank there too; then the top `keep` by (score, larger position)
+/// survive, or with `threshold` every entry scoring >= bound.
 struct HeadSelection {
-  std::int64_t keep = 0;      // survivors of the top-k variant (past the prompt, when keeps_prompt)
-  bool threshold = false;     // keep score >= bound instead of a top-k
-  float bound = 0.0f;         // log alpha (SPEC §1), or WG-KV's tau on the gate g (SPEC §3)
-  std::int64_t window = 0;    // the w newest entries of the head are protected
-  std::int64_t sinks = 0;     // the S oldest entries of the head are protected (SPEC §5)
-  bool keeps_prompt = false;  // entries before StepContext::prompt are protected, and keep counts past them (SPEC §4)
+  std::int64_t keep = 0;        // survivors of the top-k variant (past the prompt, when keeps_prompt)
+  bool threshold = false;       // keep score >= bound instead of a top-k
+  float bound = 0.0f;           // log alpha (SPEC §1), or WG-KV's tau on the gate g (SPEC §3)
+  std::int64_t window = 0;      // the w newest entries of the head are protected
+  std::int64_t sinks = 0;       // the S oldest entries of the head are protected (SPEC §5)
+  bool keeps_prompt = false;    // entries before StepContext::prompt are protected, and keep counts past them (SPEC §4)
+  std::int64_t guaranteed = 0;  // the threshold's floor (SPEC §1 min_tokens): the head's best this many
+                                // (past the prompt, as keep) are kept whatever the bound
 };
 
 /// What a triggered group of heads keeps (SPEC §2 global and layer-wise; AdaKV's allocation): each

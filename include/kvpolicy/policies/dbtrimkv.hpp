@@ -39,17 +39,18 @@ struct DBTrimKVConfig {
   double threshold = 0.0;      ///< alpha; > 0 selects the threshold variant
   int horizon = 2;             ///< h of the lookahead score
   double floor_ratio = 0.0;    ///< f: each head keeps floor(f * M) of its own best
+  std::int64_t min_tokens = 0; ///< the threshold variant's floor: each head keeps at least its best this many
 };
 
 /// Built without checks; the Cache constructor throws for TRIM-KV's per-head checks
 /// (trimkv_evictor), for f outside [0, 1), and for f > 0 together with a threshold. The global
 /// pool triggers when the sequence's total reaches L * Hkv * (M + B); the layer-wise one when a
-/// layer's total exceeds Hkv * (M + B).
+/// layer's total exceeds Hkv * (M + B); the threshold variant after every step.
 inline evict::Global dbtrimkv_evictor(const DBTrimKVConfig& c = {}) {
-  return evict::Global{c.budget, c.buffer, c.floor_ratio, c.window, c.threshold, c.sinks, c.horizon};
+  return evict::Global{c.budget, c.buffer, c.floor_ratio, c.window, c.threshold, c.sinks, c.horizon, c.min_tokens};
 }
 inline evict::LayerWise dbtrimkv_layerwise_evictor(const DBTrimKVConfig& c = {}) {
-  return evict::LayerWise{c.budget, c.buffer, c.floor_ratio, c.window, c.threshold, c.sinks, c.horizon};
+  return evict::LayerWise{c.budget, c.buffer, c.floor_ratio, c.window, c.threshold, c.sinks, c.horizon, c.min_tokens};
 }
 /// The scorer holds the config's horizon; the Cache refuses an evictor from a config whose horizon
 /// its scorer does not have (pass both: `DBTrimKVCache<>(shape, pool, dbtrimkv_evictor(c), dbtrimkv_scorer(c))`).
@@ -99,6 +100,7 @@ struct dbtrimkv {
           .recorded_as("floor_ratio"),
       registry::option::window,
       registry::option::threshold,
+      registry::option::min_tokens,
       registry::option::sinks,
       registry::option::gate,
       registry::option::mode};
@@ -119,7 +121,8 @@ struct dbtrimkv {
                            .window = v.integer("window"),
                            .threshold = alpha,
                            .horizon = static_cast<int>(h),
-                           .floor_ratio = v.real("floor")};
+                           .floor_ratio = v.real("floor"),
+                           .min_tokens = v.integer("min-tokens")};
     // union (SPEC §8): the global ranking of entries becomes one of positions, each at its best
     // head's lookahead score (the max: the tied readout makes scores comparable across heads)
     return detail::make_in_mode<Backend>(v, shape, std::move(pool), dbtrimkv_evictor(c), dbtrimkv_scorer(c),

@@ -33,12 +33,15 @@ struct TrimKVConfig {
   std::int64_t sinks = 0;      ///< S: the S oldest entries of each head are protected (SPEC §5)
   std::int64_t window = 0;     ///< w: the w newest entries of each head are protected
   double threshold = 0.0;      ///< alpha; > 0 selects the threshold variant
+  std::int64_t min_tokens = 0; ///< the threshold variant's floor: each head keeps at least its best this many
 };
 
 /// Built without checks; the Cache constructor validates it and throws unless M >= 1, B >= 1,
-/// M + B <= 2^31 - 1, w is in [0, M], S is in [0, M - w], and alpha is 0 or finite and above 0.
+/// M + B <= 2^31 - 1, w is in [0, M], S is in [0, M - w], alpha is 0 or finite and above 0, and
+/// min_tokens is 0 or (with alpha > 0) above 0.
 inline evict::PerHead<trigger::Buffered> trimkv_evictor(const TrimKVConfig& c = {}) {
-  return evict::PerHead<trigger::Buffered>{trigger::Buffered{c.budget, c.buffer}, c.window, c.threshold, c.sinks};
+  return evict::PerHead<trigger::Buffered>{trigger::Buffered{c.budget, c.buffer}, c.window, c.threshold, c.sinks,
+                                           c.min_tokens};
 }
 
 /// TRIM-KV's Cache: the retention score (score::RetentionDecay) under a per-head budget M with buffer B
@@ -72,8 +75,8 @@ struct trimkv {
   static constexpr std::string_view name = "trimkv";
   static constexpr std::string_view help = "TRIM-KV: score log_beta*(n+1-p), per-head budget M, evict when a head reaches M+B";
   static constexpr std::array options{registry::option::budget,    registry::option::buffer, registry::option::window,
-                                      registry::option::threshold, registry::option::sinks,  registry::option::gate,
-                                      registry::option::mode};
+                                      registry::option::threshold, registry::option::min_tokens, registry::option::sinks,
+                                      registry::option::gate, registry::option::mode};
   static constexpr registry::Inputs inputs = registry::Inputs::retention_gate;
   using scorers = registry::scorers<score::RetentionDecay>;
 
@@ -89,7 +92,8 @@ struct trimkv {
                                                          .buffer = v.integer("buffer"),
                                                          .sinks = v.integer("sinks"),
                                                          .window = v.integer("window"),
-                                                         .threshold = alpha}),
+                                                         .threshold = alpha,
+                                                         .min_tokens = v.integer("min-tokens")}),
                                          score::RetentionDecay{}, evict::Aggregate::max, std::forward<F>(f));
   }
 };

@@ -103,6 +103,9 @@ inline constexpr Option window =
     Option{"window", Kind::integer, 0, "w, the newest entries of every head, protected"}.at_least(0, "w");
 inline constexpr Option threshold{"threshold", Kind::real, 0,
                                   "alpha: keep every entry scoring >= log(alpha) instead of a top-M (0: off)"};
+inline constexpr Option min_tokens =
+    Option{"min-tokens", Kind::integer, 0, "the threshold variant's floor: each head keeps at least its best this many"}
+        .at_least(0, "min_tokens");
 inline constexpr Option gate{"gate", Kind::path, 0, "the trained gate, a safetensors file under SPEC's tensor names"};
 /// Options that describe the model rather than the policy: an engine that knows its model fills
 /// them (registry::Selection::describe_model), a value the user gives wins.

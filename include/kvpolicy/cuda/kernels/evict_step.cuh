@@ -118,14 +118,25 @@ void trigger_heads(const EvictWork& w, const Evictor& evictor, const CacheShape&
   check_launch("trigger_kernel", "segments = ", t.segments, ", groups = ", groups);
 }
 
-/// Raises the scores of the entries `marked` flags to +inf (the first `*total` of them): AdaKV's
-/// guaranteed share ranks above the pool.
+/// Raises the scores of the entries `marked` flags to +inf (the first `*total` of them): a
+/// selection's guaranteed share ranks above every score.
 template <int = 0>  // header-only: a template kernel links once across translation units
 __global__ void raise_marked_kernel(float* score, const std::uint8_t* marked, const std::int64_t* total) {
   const long long n = *total;
   for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<long long>(gridDim.x) * blockDim.x)
     if (marked[i]) score[i] = __int_as_float(0x7f800000);
+}
+
+/// A selection's guaranteed share (core/rule.hpp): each active head's best `share.sel.keep`
+/// entries, protections first, marked in w.keep and raised to +inf in w.score.
+inline void raise_guaranteed(const EvictWork& w, const DeviceSegments& s, const SegmentRule& share,
+                             std::int64_t max_length, cudaStream_t stream) {
+  segmented_select(s, share, w.keep, stream);
+  const unsigned blocks = std::min(blocks_for(std::max<std::int64_t>(max_length * s.segments, 1),
+                                              SelectTuning::threads, "raise_marked_kernel"), 1024u);
+  raise_marked_kernel<><<<blocks, SelectTuning::threads, 0, stream>>>(w.score, w.keep, w.offsets + s.segments);
+  check_launch("raise_marked_kernel", "segments = ", s.segments);
 }
 
 /// The survivors of the scored active heads (w.offsets, w.score, w.position), as the Evictor's
@@ -142,6 +153,14 @@ void select_kept(const EvictWork& w, const Evictor& evictor, const CacheShape& s
     rule.active = w.active;
     rule.context = context;
     rule.context_stride = per_sequence;
+    if (rule.sel.guaranteed > 0) {  // the head's best `guaranteed` (past the prompt, as keep) stay
+      SegmentRule share = rule;
+      share.sel.threshold = false;
+      share.sel.keep = rule.sel.guaranteed;
+      share.sel.guaranteed = 0;
+      raise_guaranteed(w, s, share, max_length, stream);
+      rule.sel.guaranteed = 0;
+    }
     segmented_select(s, rule, w.keep, stream);
   } else {
     PooledRule pr;
@@ -154,11 +173,7 @@ void select_kept(const EvictWork& w, const Evictor& evictor, const CacheShape& s
       share.sel.window = pr.sel.window;
       share.sel.sinks = pr.sel.sinks;
       share.active = w.active;
-      segmented_select(s, share, w.keep, stream);
-      const unsigned blocks = std::min(blocks_for(std::max<std::int64_t>(max_length * t.segments, 1),
-                                                  SelectTuning::threads, "raise_marked_kernel"), 1024u);
-      raise_marked_kernel<><<<blocks, SelectTuning::threads, 0, stream>>>(w.score, w.keep, w.offsets + t.segments);
-      check_launch("raise_marked_kernel", "segments = ", t.segments);
+      raise_guaranteed(w, s, share, max_length, stream);
       pr.sel.guaranteed = 0;
     }
     std::size_t bytes = w.pooled_bytes;

@@ -37,7 +37,8 @@ struct DeviceSegments {
 /// What a per-segment selection keeps: the Evictor's HeadSelection as it states it (core/rule.hpp),
 /// and where the device finds what that statement refers to.
 struct SegmentRule {
-  evict::HeadSelection sel;               // keep (top-k), threshold and bound, window, sinks, keeps_prompt
+  evict::HeadSelection sel;               // keep (top-k), threshold and bound, window, sinks, keeps_prompt;
+                                          // guaranteed 0 (raised beforehand)
   const std::int64_t* k_of = nullptr;     // one keep per segment (device) instead of sel.keep, when set
   const std::uint8_t* active = nullptr;   // segments with active[s / active_stride] == 0 keep everything
   std::int32_t active_stride = 1;         // (null: all active)
@@ -165,6 +166,8 @@ inline void segmented_select(const DeviceSegments& s, const SegmentRule& rule, s
   require(rule.sel.window >= 0, who, ": window w = ", rule.sel.window, " must be >= 0");
   require(rule.sel.sinks >= 0, who, ": sinks S = ", rule.sel.sinks, " must be >= 0");
   require(!rule.sel.threshold || rule.sel.bound == rule.sel.bound, who, ": the bound is NaN");
+  require(rule.sel.guaranteed == 0, who, ": guaranteed = ", rule.sel.guaranteed,
+          ": raise each head's share first (gpu::detail::select_kept does)");
   if (s.segments == 0) return;
   detail::segmented_select_kernel<><<<static_cast<unsigned>(s.segments), detail::SelectTuning::threads, 0, stream>>>(s, rule,
                                                                                                             keep);

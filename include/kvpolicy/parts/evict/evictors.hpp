@@ -80,6 +80,14 @@ void validate_horizon(const char* who, int horizon, const Scorer& s) {
             " is not the scorer's h = ", s.horizon, " (pass the scorer built from the same config, e.g. dbtrimkv_scorer(c))");
 }
 
+/// The threshold variant's floor (SPEC §1 "min_tokens"): a count, and only beside a threshold (a
+/// top-M keeps M already, and DBTrimKV's floor over a top-K is floor_ratio).
+inline void validate_min_tokens(const char* who, std::int64_t min_tokens, double threshold) {
+  require(min_tokens >= 0, who, ": min_tokens = ", min_tokens, " must be >= 0");
+  require(min_tokens == 0 || threshold > 0.0, who, ": min_tokens = ", min_tokens,
+          " is the threshold variant's floor per head; set threshold alpha > 0 or min_tokens = 0");
+}
+
 inline void validate_floor(const char* who, double floor_ratio, double threshold) {
   require(floor_ratio >= 0.0 && floor_ratio < 1.0, who, ": floor_ratio f = ", floor_ratio, " must be in [0, 1)");
   require(!(floor_ratio > 0.0 && threshold > 0.0), who, ": floor_ratio = ", floor_ratio, " and threshold = ", threshold,
@@ -88,14 +96,16 @@ inline void validate_floor(const char* who, double floor_ratio, double threshold
 
 }  // namespace detail
 
-/// Per (layer, kv head) eviction — TRIM-KV, SPEC §1. Each head triggers on its own length; a
-/// triggered head keeps its top M (or, with threshold alpha > 0, every entry scoring >= log alpha).
+/// Per (layer, kv head) eviction — TRIM-KV, SPEC §1. Each head triggers on its own length and keeps
+/// its top M; with threshold alpha > 0 every head runs after every step and keeps each entry scoring
+/// >= log alpha, and its min_tokens best whatever their score.
 template <class Trigger = trigger::Buffered>
 struct PerHead {
   Trigger rule{};
-  std::int64_t window = 0;  // sliding-window protection w (SPEC §1), default 0
-  double threshold = 0.0;   // alpha; 0 = top-M selection
-  std::int64_t sinks = 0;   // sink protection S: the S oldest entries of a head stay (SPEC §5)
+  std::int64_t window = 0;      // sliding-window protection w (SPEC §1), default 0
+  double threshold = 0.0;       // alpha; 0 = top-M selection
+  std::int64_t sinks = 0;       // sink protection S: the S oldest entries of a head stay (SPEC §5)
+  std::int64_t min_tokens = 0;  // the threshold variant's floor per head (SPEC §1)
 
   std::int64_t budget() const { return rule.budget; }
   std::int64_t buffer() const { return rule.buffer; }
@@ -104,10 +114,14 @@ struct PerHead {
     shape.validate();
     rule.validate("evict::PerHead");
     detail::validate_common("evict::PerHead", rule.budget, window, threshold, sinks);
+    detail::validate_min_tokens("evict::PerHead", min_tokens, threshold);
   }
-  // the rule, stated once (core/rule.hpp)
+  // the rule, stated once (core/rule.hpp); the threshold variant filters every step (SPEC §1), as
+  // the authors' code does after every forward
   std::int64_t group_heads(const CacheShape&) const { return 1; }
-  KVPOLICY_HD bool fires(std::int64_t length, std::int64_t, StepContext) const { return rule.fires(length); }
+  KVPOLICY_HD bool fires(std::int64_t length, std::int64_t, StepContext) const {
+    return threshold > 0.0 || rule.fires(length);
+  }
   /// A head evicts back to M once it reaches M + B, so after a commit it holds at most M + B - 1;
   /// the threshold variant keeps what scores above log alpha, which no budget bounds, and a budget
   /// at the int32 position limit (the full cache's) is never reached.
@@ -127,6 +141,7 @@ struct PerHead {
     sel.bound = sel.threshold ? detail::log_alpha(threshold) : 0.0f;
     sel.window = window;
     sel.sinks = sinks;
+    sel.guaranteed = min_tokens;
     return sel;
   }
 };
@@ -151,8 +166,8 @@ struct Sequence {
 
 /// Pooled eviction — DBTrimKV, SPEC §2: the heads of a Scope trigger together once their total
 /// reaches heads * (M + B) (as the Scope compares) and keep their pooled top heads * M, with
-/// optional floor_ratio quotas or the threshold variant. Global is the sequence (M_global =
-/// L * Hkv * M), LayerWise a layer.
+/// optional floor_ratio quotas; or the threshold variant, run after every step, with its floor per
+/// head min_tokens. Global is the sequence (M_global = L * Hkv * M), LayerWise a layer.
 template <class Scope>
 struct Pooled {
   std::int64_t budget = 1024;  // M per (layer, kv head)
@@ -165,12 +180,14 @@ struct Pooled {
   /// the scorer; the Cache checks at construction that its scorer has it, so a horizon given only to
   /// the evictor's factory is an error, not silently the scorer's default.
   int horizon = 0;
+  std::int64_t min_tokens = 0;  // the threshold variant's floor per head (SPEC §2)
 
   void validate(const CacheShape& shape) const {
     shape.validate();
     trigger::Buffered{budget, buffer}.validate(Scope::name);
     detail::validate_common(Scope::name, budget, window, threshold, sinks);
     detail::validate_floor(Scope::name, floor_ratio, threshold);
+    detail::validate_min_tokens(Scope::name, min_tokens, threshold);
   }
   template <class Scorer>
   void validate_scorer(const Scorer& s) const {
@@ -178,7 +195,7 @@ struct Pooled {
   }
   std::int64_t group_heads(const CacheShape& shape) const { return Scope::heads(shape); }
   KVPOLICY_HD bool fires(std::int64_t length, std::int64_t heads, StepContext) const {
-    return Scope::fires(length, heads * (budget + buffer));
+    return threshold > 0.0 || Scope::fires(length, heads * (budget + buffer));
   }
   /// A group of G heads evicts once its total reaches G (M + B) (as the Scope compares), so after a
   /// commit it holds at most that, less one where reaching it fires; one head may hold all of it.
@@ -196,6 +213,7 @@ struct Pooled {
     sel.sinks = sinks;
     sel.threshold = threshold > 0.0;
     sel.bound = sel.threshold ? detail::log_alpha(threshold) : 0.0f;
+    sel.guaranteed = min_tokens;
     return sel;
   }
 };

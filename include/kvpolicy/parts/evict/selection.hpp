@@ -37,18 +37,23 @@ inline std::vector<float> protected_scores(const SegmentedScores& s, std::int64_
   return out;
 }
 
-/// AdaKV's safeguard (PoolSelection::guaranteed): each head's best `guaranteed` entries score +inf,
-/// so they rank above the pool.
+/// A head's best `k` entries by (score, larger position) raised to +inf, so they rank above every
+/// score: the guaranteed share of a Head- or PoolSelection.
+inline void raise_best(std::span<float> score, std::span<const std::int32_t> position, std::int64_t k) {
+  std::vector<std::uint8_t> mine(score.size());
+  rank::keep_top_k(std::span<const float>(score), position, k, mine);
+  for (std::size_t i = 0; i < score.size(); ++i)
+    if (mine[i]) score[i] = std::numeric_limits<float>::infinity();
+}
+
+/// AdaKV's safeguard and the threshold's floor (PoolSelection::guaranteed): each head's best
+/// `guaranteed` entries score +inf, so they rank above the pool.
 inline void protect_guaranteed(const SegmentedScores& s, std::int64_t guaranteed, std::span<float> score) {
   if (guaranteed <= 0) return;
-  std::vector<std::uint8_t> mine;
   for (std::int64_t h = 0; h < s.segments(); ++h) {
     const auto b = static_cast<std::size_t>(s.offsets[h]);
     const auto n = static_cast<std::size_t>(s.length(h));
-    mine.resize(n);
-    rank::keep_top_k(std::span<const float>(score).subspan(b, n), s.position.subspan(b, n), guaranteed, mine);
-    for (std::size_t i = 0; i < n; ++i)
-      if (mine[i]) score[b + i] = std::numeric_limits<float>::infinity();
+    raise_best(score.subspan(b, n), s.position.subspan(b, n), guaranteed);
   }
 }
 
@@ -106,7 +111,8 @@ bool trigger_groups(const E& e, const CacheShape& shape, StepContext c, std::spa
 }
 
 /// A HeadSelection on the host: in each head, the prompt (when keeps_prompt), window and sinks
-/// protected, then the top keep (past the protected prompt) or every entry scoring >= bound.
+/// protected, then its guaranteed best (past the protected prompt), then the top keep (past the
+/// protected prompt) or every entry scoring >= bound.
 inline void select_heads(const HeadSelection& sel, StepContext c, const SegmentedScores& s,
                          std::span<std::uint8_t> keep) {
   std::vector<float> score(s.score.begin(), s.score.end());
@@ -124,6 +130,7 @@ inline void select_heads(const HeadSelection& sel, StepContext c, const Segmente
         }
     rank::protect_window(pos, sel.window, seg);
     rank::protect_sinks(pos, sel.sinks, seg);
+    if (sel.guaranteed > 0) raise_best(seg, pos, prompt + sel.guaranteed);
     if (sel.threshold)
       rank::keep_at_least(seg, sel.bound, keep.subspan(b, n));
     else

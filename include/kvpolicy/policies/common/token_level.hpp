@@ -35,12 +35,16 @@ inline bool union_mode(const registry::Values& v) { return v.text("mode") == "un
 inline evict::Union as_union(const registry::Values& v, const evict::PerHead<trigger::Buffered>& e, evict::Aggregate a) {
   require(e.threshold == 0.0, "--mode union: ", v.policy(), "'s threshold variant (alpha = ", e.threshold,
           ") keeps entries per head, not whole tokens (SPEC §8); drop --threshold");
+  require(e.min_tokens == 0, "--mode union: ", v.policy(), "'s min_tokens = ", e.min_tokens,
+          " is a floor per head; a token-level cache has none (SPEC §8); drop --min-tokens");
   return evict::Union{.budget = e.rule.budget, .buffer = e.rule.buffer, .window = e.window, .sinks = e.sinks, .aggregate = a};
 }
 /// The global rule's: the sequence's one ranking becomes a ranking of its positions.
 inline evict::Union as_union(const registry::Values& v, const evict::Global& e, evict::Aggregate a) {
   require(e.threshold == 0.0, "--mode union: ", v.policy(), "'s threshold variant (alpha = ", e.threshold,
           ") keeps entries per head, not whole tokens (SPEC §8); drop --threshold");
+  require(e.min_tokens == 0, "--mode union: ", v.policy(), "'s min_tokens = ", e.min_tokens,
+          " is a floor per head; a token-level cache has none (SPEC §8); drop --min-tokens");
   require(e.floor_ratio == 0.0, "--mode union: ", v.policy(), "'s floor f = ", e.floor_ratio,
           " gives each head its own quota; a token-level cache has none (SPEC §8); drop --floor");
   return evict::Union{.budget = e.budget, .buffer = e.buffer, .window = e.window, .sinks = e.sinks, .aggregate = a};
