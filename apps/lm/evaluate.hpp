@@ -24,7 +24,7 @@ struct Run {
   std::int64_t final_entries = 0;
   double mean_entries = 0.0;        // entries held after each step, averaged over the text's tokens
   double sd_entries = 0.0;          // their standard deviation, weighted alike: how far memory swings
-  std::int64_t evictions = 0;       // steps whose trigger fired
+  std::int64_t evictions = 0;       // steps whose trigger fired (a threshold budget's: every step)
   double seconds = 0.0;
 };
 

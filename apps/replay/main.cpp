@@ -1,6 +1,6 @@
 // kvpolicy-replay — replay a recorded trace through a KV-cache policy and budget.
 //   kvpolicy-replay --trace IN.safetensors --policy POLICY --budget M --buffer B
-//                   [--horizon h] [--floor f] [--window w] [--threshold a] [--prefill P]
+//                   [--horizon h] [--floor f] [--window w] [--threshold a [--min-tokens F]] [--prefill P]
 //                   --out OUT.safetensors [--png DIR --layers 0,1 --heads 0,2]
 //   kvpolicy-replay --demo [--png DIR]     the synthetic trace through every policy, as a table
 // Formats: docs/replay.md.
@@ -27,7 +27,7 @@ const char* kUsage = R"(kvpolicy-replay: replay a KV-cache trace through a polic
 
 usage:
   kvpolicy-replay --trace IN.safetensors --policy POLICY --budget M --buffer B --out OUT.safetensors
-                  [--horizon h] [--floor f] [--window w] [--threshold a] [--prefill P]
+                  [--horizon h] [--floor f] [--window w] [--threshold a [--min-tokens F]] [--prefill P]
                   [--png DIR [--layers 0,1,..] [--heads 0,1,..]]
   kvpolicy-replay --demo [--png DIR]
   kvpolicy-replay --write-synthetic OUT.safetensors [--tokens T]   the demo's trace, as a file

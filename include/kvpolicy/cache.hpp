@@ -113,7 +113,7 @@ class Cache {
   /// Checks every part (each its own settings, the Evictor the Scorer it is given), then lets the
   /// Backend take its memory: a refused composition allocates nothing. Throws for an invalid shape
   /// (CacheShape::validate), an Evictor setting out of range (budget, buffer, window, sinks, threshold,
-  /// floor ratio; messages start `evict::…`), a Scorer's or Admitter's failed validate(), and an
+  /// min_tokens, floor ratio; messages start `evict::…`), a Scorer's or Admitter's failed validate(), and an
   /// Evictor whose config names another scorer (validate_scorer: DBTrimKV's horizon, WG-KV's budget).
   /// Binding the Allocator throws if it already holds sequences or its pool cannot be allocated (the
   /// message gives the size; never std::bad_alloc).

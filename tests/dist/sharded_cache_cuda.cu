@@ -133,6 +133,8 @@ std::int64_t run_traces(C& comm, long traces, Tally& tally) {
       per_head.budget = c.budget;
       per_head.buffer = c.buffer;
       per_head.window = c.window;
+      per_head.threshold = c.threshold;
+      per_head.min_tokens = c.min_tokens;
       b[0] = run(trimkv_evictor(per_head), score::RetentionDecay{});
     }
     (kind < 2 ? tally.pooled : tally.per_head) += 1;

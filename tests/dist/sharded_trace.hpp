@@ -27,8 +27,9 @@ namespace disttest {
 using namespace kvpolicy;
 
 /// A trace's caches, drawn from its seed: the unsharded shape (L 1–3, Hkv one or two per rank, GQA
-/// 1–2, head width d), DBTrimKV's settings (budget, buffer, horizon, floor, window, sinks), which of
-/// three policies the trace runs (`kind`, 0–2, the test's to name), and the unsharded pool's pages.
+/// 1–2, head width d), DBTrimKV's settings (budget, buffer, horizon, floor, window, sinks, now and
+/// then the threshold variant and its floor min_tokens), which of three policies the trace runs
+/// (`kind`, 0–2, the test's to name), and the unsharded pool's pages.
 struct TraceCaches {
   std::mt19937_64 rng;  // what the test draws next (its policy's own settings)
   CacheShape shape;
@@ -48,6 +49,9 @@ struct TraceCaches {
     c.sinks = pick(0, 3) == 0 ? 1 : 0;
     kind = pick(0, 2);
     pages = 4 * shape.heads_total() * 16;
+    // the threshold budget (SPEC §1, §2): every step, with a floor per head; exclusive with f > 0
+    c.threshold = c.floor_ratio == 0.0 && pick(0, 3) == 0 ? 0.5 : 0.0;
+    c.min_tokens = c.threshold > 0.0 && pick(0, 1) == 0 ? pick(1, 3) : 0;
   }
   int pick(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); }
 };

@@ -43,9 +43,9 @@ struct DBTrimKVConfig {
 };
 
 /// Built without checks; the Cache constructor throws for TRIM-KV's per-head checks
-/// (trimkv_evictor), for f outside [0, 1), and for f > 0 together with a threshold. The global
-/// pool triggers when the sequence's total reaches L * Hkv * (M + B); the layer-wise one when a
-/// layer's total exceeds Hkv * (M + B); the threshold variant after every step.
+/// (trimkv_evictor, min_tokens among them), for f outside [0, 1), and for f > 0 together with a
+/// threshold. The global pool triggers when the sequence's total reaches L * Hkv * (M + B); the
+/// layer-wise one when a layer's total exceeds Hkv * (M + B); the threshold variant after every step.
 inline evict::Global dbtrimkv_evictor(const DBTrimKVConfig& c = {}) {
   return evict::Global{c.budget, c.buffer, c.floor_ratio, c.window, c.threshold, c.sinks, c.horizon, c.min_tokens};
 }

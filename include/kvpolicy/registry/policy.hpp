@@ -104,8 +104,8 @@ inline constexpr Option window =
 inline constexpr Option threshold{"threshold", Kind::real, 0,
                                   "alpha: keep every entry scoring >= log(alpha) instead of a top-M (0: off)"};
 inline constexpr Option min_tokens =
-    Option{"min-tokens", Kind::integer, 0, "the threshold variant's floor: each head keeps at least its best this many"}
-        .at_least(0, "min_tokens");
+    Option{"min-tokens", Kind::integer, 0, "F, the threshold variant's floor: each head keeps at least its F best"}
+        .at_least(0, "F");
 inline constexpr Option gate{"gate", Kind::path, 0, "the trained gate, a safetensors file under SPEC's tensor names"};
 /// Options that describe the model rather than the policy: an engine that knows its model fills
 /// them (registry::Selection::describe_model), a value the user gives wins.

@@ -85,7 +85,7 @@ void validate_horizon(const char* who, int horizon, const Scorer& s) {
 inline void validate_min_tokens(const char* who, std::int64_t min_tokens, double threshold) {
   require(min_tokens >= 0, who, ": min_tokens = ", min_tokens, " must be >= 0");
   require(min_tokens == 0 || threshold > 0.0, who, ": min_tokens = ", min_tokens,
-          " is the threshold variant's floor per head; set threshold alpha > 0 or min_tokens = 0");
+          " is the threshold variant's floor per head; set threshold alpha > 0 (--threshold) or min_tokens = 0");
 }
 
 inline void validate_floor(const char* who, double floor_ratio, double threshold) {
