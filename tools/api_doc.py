@@ -49,6 +49,7 @@ SECTIONS = [
     "kvpolicy/runs_on.hpp",
     "kvpolicy/core/concepts.hpp",
     "kvpolicy/core/entry.hpp",
+    "kvpolicy/core/record.hpp",
     "kvpolicy/core/error.hpp",
     "kvpolicy/core/view.hpp",
     "kvpolicy/core/shape.hpp",

@@ -49,7 +49,7 @@ inline std::string policy_list() {
     if (out.size() == before) out += '-';
     out += '\t';
     out += registry::name_of(P::inputs);
-    out += requires { P::needs_prompt_length; } ? "\tprompt" : "\t-";
+    out += registry::needs_prompt_length_v<P> ? "\tprompt" : "\t-";
     out += registry::runs_on<P, cuda_backend>() ? "\tcuda\n" : "\t-\n";
   });
   return out;

@@ -67,9 +67,12 @@ concept BackendExecutor = requires(X& x, const X& cx, typename X::Sequence& m, c
 template <Scorer S, Admitter A, Evictor E, Allocator Alloc, Backend B>
 class Cache {
   // Compositions that cannot work fail here, with one line each (docs/architecture.md, "The five parts").
-  static_assert(!scorer_needs_attention_mass<S> || backend_emits_attention_mass<B>,
+  static_assert(!scorer_records_mass<S> || backend_emits_attention_mass<B>,
                 "kvpolicy::Cache: this Scorer ranks by attention mass (H2O), which this Backend's attention does not emit");
-  static_assert(!(scorer_static_score<S> && scorer_needs_attention_mass<S>),
+  static_assert(!reads_field<S>(Field::attention_mass) || scorer_records_mass<S>,
+                "kvpolicy::Cache: this Scorer reads Field::attention_mass and records none (record_mass, "
+                "core/concepts.hpp): nothing would add to it");
+  static_assert(!(scorer_static_score<S> && scorer_records_mass<S>),
                 "kvpolicy::Cache: a Scorer reads either a static score or the attention mass, not both");
   static_assert(!(admitter_has_ring<A> && masks_attention<E>),
                 "kvpolicy::Cache: the Admitter's ring and the Evictor both mask the attention; compose one of them");
@@ -81,7 +84,7 @@ class Cache {
   static_assert(!(EvictorHooks<E>::needs_every_token && admitter_may_skip<A>),
                 "kvpolicy::Cache: this Evictor evicts whole tokens from every head (SPEC §8), which needs every "
                 "token stored in every head; this Admitter does not store every token");
-  // what the Scorer reads beyond an entry's metadata, by the hooks it declares
+  // the Scorer's record and the hooks it declares (cache/scorer_records.hpp)
   using Records = detail::ScorerRecords<S>;
   // where entries live and how steps run on them (the Backend's)
   using Executor = typename B::template Executor<S, A, E, Alloc>;
@@ -98,13 +101,14 @@ class Cache {
   /// What a Backend takes beside the policies (cpu_backend: nothing; cuda_backend: the stream every
   /// call runs on).
   using backend_options = typename B::Options;
-  /// Whether the Scorer reads the attention (H2O's mass, TOVA's and SnapKV's window, Expected
-  /// Attention's query moments; cache/scorer_records.hpp): then every step must attend() every layer.
+  /// Whether the Scorer records the attention (H2O's mass, TOVA's and SnapKV's window, Expected
+  /// Attention's query moments; core/concepts.hpp, RecordingScorer): then every step must attend()
+  /// every layer.
   static constexpr bool observes_attention = Records::observes_attention;
   /// Whether the cache holds its entries' K/V (false: storage_type is engine_owned, the engine
   /// holds them and the cache keeps each entry's metadata only; SPEC §9).
   static constexpr bool stores_kv = stores_kv_v<storage_type>;
-  /// Whether the Scorer reads what only stored K/V give: the keys of stored entries (KeyDiff) or
+  /// Whether the Scorer reads what only stored K/V give: the K/V of stored entries (KeyDiff) or
   /// the attention over them (H2O, TOVA, SnapKV, Expected Attention). Such a composition cannot
   /// run over engine-owned K/V; the constructor refuses it, and one that masks the attention or
   /// whose Admitter may drop a token (SPEC §9). cpu_backend only.
@@ -241,8 +245,9 @@ class Cache {
   }
 
   /// queries [Hq, T, d] of this step's T tokens at `layer` (appended already) -> out [Hq, T, d].
-  /// For a Scorer that ranks by attention mass (H2O) it also adds each key's attention probability
-  /// from these queries to the key's metadata (abort_step takes it back).
+  /// A Scorer that records the attention is handed these queries (record_queries) or each key's
+  /// probability under them (record_mass: H2O adds it to the key's metadata); abort_step takes back
+  /// what it recorded.
   /// Over engine-owned K/V (stores_kv false) the engine attends itself: there is no attend().
   /// Attention is causal inside the chunk and covers exactly the cached entries (SPEC §6). Throws if
   /// the layer was not appended in this step, on a shape mismatch, or for a query that is not finite;
@@ -282,7 +287,7 @@ class Cache {
   /// unknown sequence.
   void abort_step(std::int64_t seq) {
     SequenceState& st = state_of(seq);
-    executor_.abort(seq, st.memory, st.records, st.n, st.pending > 0);  // what the step's attention recorded, and its entries
+    executor_.abort(seq, st.memory, st.records, st.n, st.pending > 0);  // what the step recorded, and its entries
     st.end();
   }
 
@@ -358,8 +363,8 @@ class Cache {
   }
 
  private:
-  /// The shared step state (cache/step_state.hpp), what the sequence's attention recorded for the
-  /// Scorer (cache/scorer_records.hpp), and what the Backend keeps for it.
+  /// The shared step state (cache/step_state.hpp), the Scorer's record of the sequence
+  /// (cache/scorer_records.hpp), and what the Backend keeps for it.
   struct SequenceState : detail::StepState {
     typename Records::Sequence records;
     typename Executor::Sequence memory;
@@ -393,12 +398,19 @@ class Cache {
 
   void write_layer(SequenceState& st, std::int64_t seq, int layer, std::int64_t T, View<const float, 3> keys,
                    View<const float, 3> values, View<const float, 2> log_beta, View<const float, 2> gate) {
-    executor_.append(seq, st.memory, layer, st.n, T, keys, values, log_beta, gate, st.pending == 0);
+    const bool opens = st.pending == 0;
+    if (opens) Records::open_step(scorer(), st.records, st.n);
+    try {
+      executor_.append(seq, st.memory, layer, st.n, T, keys, values, log_beta, gate, opens);
+    } catch (...) {  // the step did not open: the record takes back its opening (it recorded nothing yet)
+      if (opens) Records::abort(scorer(), st.records, EntryFields{});
+      throw;
+    }
     st.pending = T;
     st.appended[static_cast<std::size_t>(layer)] = 1;
   }
   void attend_layer(SequenceState& st, std::int64_t seq, int layer, View<const float, 3> queries, View<float, 3> out) {
-    Records::record_queries(st.records, layer, queries, st.n);
+    Records::record_queries(scorer(), st.records, layer, queries, st.n);
     st.attended[static_cast<std::size_t>(layer)] = 1;
     executor_.attend(seq, st.memory, st.records, layer, st.n, st.pending, queries, out);
   }
@@ -429,7 +441,7 @@ class Cache {
     for (std::size_t i = 0; i < seqs.size(); ++i) {
       SequenceState& st = state_of(seqs[i]);
       st.commit(plan.context(i));  // n += T; the first decode step fixes an undeclared prompt (SPEC §4)
-      Records::commit(st.records);
+      Records::commit(scorer(), st.records);
     }
     return executor_.apply(plan, evicted);
   }

@@ -141,7 +141,7 @@ inline std::vector<Option> all_options() {
 /// needs_prompt_length: SnapKV, AdaKV); false for an unknown name.
 inline bool needs_prompt_length(std::string_view name) {
   bool found = false;
-  for_each([&]<Policy P>() { found = found || (P::name == name && requires { P::needs_prompt_length; }); });
+  for_each([&]<Policy P>() { found = found || (P::name == name && needs_prompt_length_v<P>); });
   return found;
 }
 

@@ -291,7 +291,7 @@ nb::dict policy_info() {
     nb::dict p;
     p["help"] = std::string(P::help);
     p["inputs"] = std::string(registry::name_of(P::inputs));
-    p["needs_prompt_length"] = requires { P::needs_prompt_length; };
+    p["needs_prompt_length"] = kvpolicy::registry::needs_prompt_length_v<P>;
     p["options"] = options;
     all[std::string(P::name).c_str()] = p;
   });

@@ -6,7 +6,7 @@
 /// calling the Evictor only through its hooks (cache/evictor_hooks.hpp). A plan reads the cache
 /// and changes nothing; the Cache applies it (compaction) only once every plan of a step or a batch
 /// is made, so a plan that fails (a NaN score) leaves every step open and the cache as it was. The
-/// Scorer's records come through the hooks it declares (cache/scorer_records.hpp), the trigger and
+/// Scorer's record and scoring come through the hooks it declares (cache/scorer_records.hpp), the trigger and
 /// selection through the rule the Evictor states (core/rule.hpp, run by parts/evict/selection.hpp).
 #pragma once
 
@@ -188,7 +188,7 @@ class HostPlanner {
     return any;
   }
   /// Every active head's entries as the Evictor sees them, scored at its sequence's context (one
-  /// head at a time: the Scorer's records' scratch serves every head).
+  /// head at a time: ScorerRecords' gathering scratch serves every head).
   template <class Request>
   std::optional<NanScore> score(Plan& p, std::span<const Request> requests) {
     ScorerRecords<S> records;

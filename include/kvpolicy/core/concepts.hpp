@@ -10,6 +10,7 @@
 
 #include "kvpolicy/core/entry.hpp"
 #include "kvpolicy/core/mask.hpp"
+#include "kvpolicy/core/record.hpp"
 #include "kvpolicy/core/rope.hpp"
 #include "kvpolicy/core/rule.hpp"
 #include "kvpolicy/core/shape.hpp"
@@ -18,8 +19,6 @@
 namespace kvpolicy {
 
 /// Scorer: entry metadata + step context -> one fp32 score, higher = keep. Pure KVPOLICY_HD math.
-/// A scorer that needs the keys themselves (KeyDiff, SPEC §5) scores a whole head at once instead:
-/// score_head(keys [N, d] fp32, meta [N], ctx, out [N]).
 template <class S>
 concept EntryScorer = requires(const S& s, EntryMeta m, StepContext c) {
   { s(m, c) } -> std::same_as<float>;
@@ -29,31 +28,69 @@ concept EntryScorer = requires(const S& s, EntryMeta m, StepContext c) {
 template <class S>
 concept HeadScorer = requires(const S& s, View<const float, 2> keys, std::span<const EntryMeta> meta, StepContext c,
                               std::span<float> out) { s.score_head(keys, meta, c, out); };
-/// A scorer that ranks by the attention of the sequence's last queries (SnapKV, SPEC §5) keeps a
-/// window of observation_window queries per layer in the Cache and scores a head from it:
-/// score_window(keys [N, d], meta [N], ctx, queries, out [N]).
+/// A Scorer that records what a sequence's attention shows it across steps (SnapKV's last queries,
+/// Expected Attention's query moments, H2O's attention mass) declares its record, one per sequence,
+/// and the hooks the Cache calls on it; the Cache and the planner store the record and call the
+/// hooks without knowing what is inside (cache/scorer_records.hpp):
+///   typename Record                                   one sequence's; dropped with its sequence
+///   Record open_record(shape, prompt_tokens)          a sequence is added (prompt_tokens -1: none declared)
+///   void commit_record(Record&)                       the open step closed: what it recorded stays
+///   void discard_record(Record&, EntryFields)         the open step taken back: what it recorded goes,
+///                                                     and the fields it changed are put back (SPEC §7)
+/// and what it records, one or both, each step's attention calling it once per layer:
+///   void record_queries(Record&, layer, queries [Hq, T, d], first)   the layer's queries at positions first..
+///   void record_mass(Record&, EntryFields, slots [N], mass [N])      a kv head's attention: each key's
+///                                                     probability summed over the step's queries and the group
+/// Optional: open_step(Record&, first) when a step opens at position `first` (before its first
+/// layer is stored; a store that fails then discards the record's step); validate_shape(shape) at
+/// the Cache's construction. commit_record and discard_record run where the Cache can no longer take
+/// a step back (SPEC §7): they must not throw.
 template <class S>
-concept WindowScorer = requires(const S& s, View<const float, 2> keys, std::span<const EntryMeta> meta, StepContext c,
-                                ObservedQueries q, std::span<float> out) {
-  { s.observation_window } -> std::convertible_to<std::int64_t>;
-  s.score_window(keys, meta, c, q, out);
-};
-/// A scorer that ranks by the attention future queries are expected to pay (Expected Attention,
-/// kvpress's press, docs/policies.md) has the Cache keep the moments of each layer's queries before RoPE — unrotated by
-/// query_rope(), from position query_moments_from() on, up to the declared prompt's end — and
-/// scores a head from them, its keys and its values:
-/// score_moments(keys [N, d], values [N, d], meta [N], ctx, moments, out [N]).
+concept RecordingScorer = requires { typename S::Record; } &&
+                          requires(const S& s, typename S::Record& r, const CacheShape& shape, EntryFields f) {
+  { s.open_record(shape, std::int64_t{}) } -> std::same_as<typename S::Record>;
+  s.commit_record(r);
+  s.discard_record(r, f);
+} && std::movable<typename S::Record>;
+/// A RecordingScorer that records each layer's queries.
 template <class S>
-concept MomentsScorer = requires(const S& s, View<const float, 2> keys, View<const float, 2> values,
-                                 std::span<const EntryMeta> meta, StepContext c, QueryMoments m, std::span<float> out) {
-  { s.query_rope() } -> std::convertible_to<Rope>;
-  { s.query_moments_from() } -> std::convertible_to<std::int64_t>;
-  s.score_moments(keys, values, meta, c, m, out);
+concept QueryRecorder = RecordingScorer<S> && requires(const S& s, typename S::Record& r, View<const float, 3> q) {
+  s.record_queries(r, 0, q, std::int64_t{});
 };
-/// A Scorer: copyable, checks its settings (validate()), and scores in one of the four ways above.
+/// A RecordingScorer that records the attention mass (the attention must hand it each key's probability).
+template <class S>
+concept MassRecorder = RecordingScorer<S> && requires(const S& s, typename S::Record& r, EntryFields f,
+                                                      std::span<const std::int64_t> slots, std::span<const float> mass) {
+  s.record_mass(r, f, slots, mass);
+};
+template <class S>
+constexpr bool scorer_records_queries = QueryRecorder<S>;
+template <class S>
+constexpr bool scorer_records_mass = MassRecorder<S>;
+/// A Scorer that records the attention: every step must attend every layer.
+template <class S>
+constexpr bool scorer_observes_attention = scorer_records_queries<S> || scorer_records_mass<S>;
+/// A RecordingScorer that scores a head from its record and the head's entries (their K/V as it
+/// declares in head_data): score_recorded(record, HeadEntries, ctx, out [N]). SnapKV's window, Expected
+/// Attention's moments. Optional: reads_kv(ctx), false where this step's scores need the metadata
+/// alone (the head's entries then come without keys and values).
+template <class S>
+concept RecordScorer = RecordingScorer<S> && requires(const S& s, const typename S::Record& r, HeadEntries e,
+                                                      StepContext c, std::span<float> out) {
+  s.score_recorded(r, e, c, out);
+};
+/// The K/V a RecordScorer reads of a head's entries (none where it declares none).
+template <class S>
+constexpr EntryData head_data_of() {
+  if constexpr (requires { S::head_data; })
+    return S::head_data;
+  else
+    return {};
+}
+/// A Scorer: copyable, checks its settings (validate()), and scores in one of the three ways above.
 template <class S>
 concept Scorer = std::copyable<S> && requires(const S& s) { s.validate(); } &&
-                 (EntryScorer<S> || HeadScorer<S> || WindowScorer<S> || MomentsScorer<S>);
+                 (EntryScorer<S> || HeadScorer<S> || RecordScorer<S>);
 
 /// The per-entry fields a part declares it reads (`static constexpr FieldSet entry_fields`, core/
 /// entry.hpp; none when it declares none): what the pools carry for it.
@@ -207,20 +244,25 @@ AttentionMask composed_attention_mask(const E& e, const A& a) {
 /// ---- what a Scorer reads besides its write score and position (each optional, default false) ----------
 /// static_score: EntryMeta::write_score is a score handed in at write time (EpiKV, the KV
 ///   statistics, SPEC §4), any value but NaN, instead of a log_beta in [-inf, 0].
-/// needs_attention_mass: it declares Field::attention_mass, which the Backend's attention must
-///   accumulate (H2O, SPEC §5).
-/// A HeadScorer reads the head's stored keys (KeyDiff, SPEC §5).
 template <class S>
 constexpr bool scorer_static_score = requires { requires S::static_score; };
+/// A Scorer that reads what only stored K/V give: stored keys (a HeadScorer, or a RecordScorer
+/// that declares them), or the attention over them (what a RecordingScorer records). It cannot run
+/// over K/V the engine owns.
 template <class S>
-constexpr bool scorer_needs_attention_mass = reads_field<S>(Field::attention_mass);
+constexpr bool scorer_reads_stored_kv = HeadScorer<S> || scorer_observes_attention<S> || head_data_of<S>().keys ||
+                                        head_data_of<S>().values;
+/// How the device scores a Scorer (core/record.hpp, DeviceScoring): what it declares, else by_entry
+/// for an EntryScorer that records nothing, else none.
 template <class S>
-constexpr bool scorer_needs_head_keys = HeadScorer<S>;
-/// A Scorer that reads what only stored K/V give: stored keys (HeadScorer), or the attention over
-/// them (the mass, a window of queries, query moments). It cannot run over K/V the engine owns.
-template <class S>
-constexpr bool scorer_reads_stored_kv =
-    scorer_needs_attention_mass<S> || HeadScorer<S> || WindowScorer<S> || MomentsScorer<S>;
+constexpr DeviceScoring device_scoring_of() {
+  if constexpr (requires { S::device_scoring; })
+    return S::device_scoring;
+  else if constexpr (EntryScorer<S> && !RecordingScorer<S>)
+    return DeviceScoring::by_entry;
+  else
+    return DeviceScoring::none;
+}
 /// Backend: where a Cache's entries live, how its attention runs and how its evictions are planned
 /// and applied, named by the fifth argument of Cache — cpu_backend (the Allocator's host pool,
 /// cpu/backend.hpp) or cuda_backend (device memory and the CUDA kernels, cuda/backend.cuh). A
@@ -229,14 +271,14 @@ constexpr bool scorer_reads_stored_kv =
 /// and gives the Cache its Executor<S, A, E, Alloc> (cache.hpp lists what the Cache calls on it).
 /// There is one Cache class template; the Backend is a policy of it like the other four. What it
 /// can do beyond that it declares with optional traits (default false): emits_attention_mass
-/// (below; H2O needs it), parallel_heads (its attend() may run for different kv heads at once;
+/// (below; a Scorer that records the mass needs it), parallel_heads (its attend() may run for different kv heads at once;
 /// core/parallel.hpp).
 template <class B>
 concept Backend = requires {
   { B::name } -> std::convertible_to<const char*>;
   typename B::Options;
 };
-/// A Backend whose attention accumulates per-key attention mass into the entries' metadata.
+/// A Backend whose attention hands each key's probability to a Scorer that records the mass (H2O).
 template <class B>
 constexpr bool backend_emits_attention_mass = requires { requires B::emits_attention_mass; };
 

@@ -31,8 +31,8 @@ struct EntryMeta {
 ///   key_norm        written with the entry: ||k||_2 of its key as handed in (KNorm, SPEC §1, §5);
 ///   gate            written with the entry: the write gate g handed in beside it, 1 when none
 ///                   (WG-KV's admission, SPEC §3; the vertical-slash mask beside it);
-///   attention_mass  0 when written, then the attention adds the probability each query gives the
-///                   key (H2O, SPEC §5): the one field that changes.
+///   attention_mass  0 when written, then the Scorer's record_mass hook adds the probability each
+///                   query gives the key (H2O, SPEC §5): the one field that changes.
 enum class Field : std::uint8_t { key_norm, gate, attention_mass };
 inline constexpr int field_count = 3;
 inline constexpr Field fields_all[field_count] = {Field::key_norm, Field::gate, Field::attention_mass};

@@ -16,6 +16,11 @@
 
 namespace kvpolicy::evict {
 
+/// The budget and buffer a policy takes when none is given (SPEC §1's M and B), stated once: the
+/// policies' configs, the Evictors and the registry's --budget and --buffer start from these.
+inline constexpr std::int64_t default_budget = 1024;
+inline constexpr std::int64_t default_buffer = 128;
+
 /// What a triggered head keeps (SPEC §1 top-M and threshold, §3 ring and gate, §4 prompt + K, §5
 /// sinks and window). Protected entries rank above every score (+inf); then the head's `guaranteed`
 /// best (protections first) rank there too; then the top `keep` by (score, larger position)

@@ -29,9 +29,9 @@ namespace kvpolicy::cpu {
 /// One Cache's host memory and its steps over it, for the Backend B (its attend()).
 template <class B, Scorer S, Admitter A, Evictor E, Allocator Alloc>
 class Executor {
-  static_assert(!scorer_needs_attention_mass<S> ||
-                    requires(Alloc& a) { a.pool().add_to_field(0, Field::attention_mass, 0.0f); },
-                "kvpolicy::Cache: this Scorer ranks by attention mass, and this Allocator's pool cannot accumulate it");
+  static_assert(!scorer_records_mass<S> || requires(Alloc& a) {
+    { a.pool().fields() } -> std::same_as<EntryFields>;
+  }, "kvpolicy::Cache: this Scorer records the attention mass, and this Allocator's pool cannot hand its fields over");
   using Records = detail::ScorerRecords<S>;
   // what the pool carries per entry beside position and write score: what the parts declare
   static constexpr FieldSet fields = composed_fields<S, A>;
@@ -141,8 +141,8 @@ class Executor {
     }
   }
 
-  /// queries [Hq, T, d] at positions n..n+T-1 over the layer's entries -> out; the attention
-  /// mass, for a Scorer that reads it, into the pool (recorded in `records`, which abort takes back).
+  /// queries [Hq, T, d] at positions n..n+T-1 over the layer's entries -> out; each key's
+  /// probability, for a Scorer that records the mass, handed to its hook (which abort takes back).
   void attend(std::int64_t seq, Sequence&, typename Records::Sequence& records, int layer, std::int64_t n,
               std::int64_t T, View<const float, 3> queries, View<float, 3> out) {
     std::vector<std::int32_t> q_pos(static_cast<std::size_t>(T));
@@ -163,15 +163,24 @@ class Executor {
       B::attend(std::as_const(alloc_).pool(), head_layout, h, shape_.group(), queries, q_pos, out, key_mass, mask);
     };
     detail::for_each_kv_head<B>(shape_.kv_heads, attention_work(seq, layer, T), attend_head);
-    if constexpr (Records::needs_mass)  // applied in head order, undone by abort
-      for (int h = 0; h < shape_.kv_heads; ++h)
-        Records::add_mass(records, alloc_.pool(), alloc_.layout(seq, layer, h), mass[static_cast<std::size_t>(h)]);
+    if constexpr (Records::needs_mass) {  // recorded in head order, undone by abort
+      std::vector<std::int64_t> slots;
+      for (int h = 0; h < shape_.kv_heads; ++h) {
+        const auto head_layout = alloc_.layout(seq, layer, h);
+        slots.resize(static_cast<std::size_t>(head_layout.length));
+        for (std::int64_t j = 0; j < head_layout.length; ++j) slots[static_cast<std::size_t>(j)] = head_layout.slot(j);
+        Records::record_mass(scorer_, records, alloc_.pool().fields(), slots, mass[static_cast<std::size_t>(h)]);
+      }
+    }
   }
 
   /// Takes back the open step (entries at positions >= n) and what its attention recorded. It scans
   /// every head whether or not a step is open (a layer's append takes its own entries back).
   void abort(std::int64_t seq, Sequence&, typename Records::Sequence& records, std::int64_t n, bool) {
-    Records::abort(records, alloc_.pool());  // the mass first, while its entries are there
+    if constexpr (requires { alloc_.pool().fields(); })  // the record first, while its entries are there
+      Records::abort(scorer_, records, alloc_.pool().fields());
+    else
+      Records::abort(scorer_, records, EntryFields{});
     drop_open_entries(seq, n, -1);
   }
 

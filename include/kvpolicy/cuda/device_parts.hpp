@@ -6,6 +6,7 @@
 
 #include <type_traits>
 
+#include "kvpolicy/cache/scorer_records.hpp"
 #include "kvpolicy/core/concepts.hpp"
 #include "kvpolicy/memory/paged.hpp"
 #include "kvpolicy/parts/admit/all.hpp"
@@ -13,12 +14,16 @@
 
 namespace kvpolicy::gpu {
 
-/// The device scores entry by entry (an EntryScorer: its own KVPOLICY_HD operator()), or by the
-/// observed attention (SnapKV's, TOVA's, AdaKV's score) from the queries the Cache records; its
-/// attention emits no attention mass, so no Scorer that ranks by it (H2O's) runs there.
+/// The device scores a Scorer the way it declares (core/record.hpp, DeviceScoring): entry by entry
+/// (its own KVPOLICY_HD operator()), or by the observed attention (SnapKV's, TOVA's, AdaKV's score)
+/// from the queries its record keeps, which the device's kernel reads with score::ObservedAttention's
+/// settings. A Scorer that declares neither (H2O's mass, KeyDiff, Expected Attention, WG-KV's budget, a
+/// user's recording Scorer) runs on the CPU.
 template <class S>
 inline constexpr bool device_scores =
-    (EntryScorer<S> || std::is_same_v<S, score::ObservedAttention>) && !scorer_needs_attention_mass<S>;
+    device_scoring_of<S>() == DeviceScoring::by_entry ||
+    (device_scoring_of<S>() == DeviceScoring::observed_attention && std::is_convertible_v<const S&, const score::ObservedAttention&> &&
+     std::is_same_v<typename kvpolicy::detail::RecordOf<S>::type, score::ObservedAttention::Record>);
 
 /// The device cache admits every token.
 template <class A>

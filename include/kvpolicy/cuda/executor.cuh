@@ -63,10 +63,11 @@ template <Scorer S, Admitter A, Evictor E, int P, class Storage>
 class Executor<S, A, E, memory::Paged<P, Storage>> {
   // the parts the device runs (cuda/device_parts.hpp, which the registry reads too); the observed
   // attention from the queries the Cache records: cuda/kernels/observed_attention.cuh
-  static constexpr bool observes = std::is_same_v<S, score::ObservedAttention>;
+  static constexpr bool observes = device_scoring_of<S>() == DeviceScoring::observed_attention;
   static_assert(device_scores<S>,
-                "kvpolicy::Cache<cuda_backend>: the device scores entry by entry (an EntryScorer) or by "
-                "score::ObservedAttention, and by no attention mass (H2O's)");
+                "kvpolicy::Cache<cuda_backend>: this Scorer (the S of Executor<S, ...> named below) declares no way "
+                "the device scores it (core/record.hpp, DeviceScoring: by_entry, or observed_attention with "
+                "score::ObservedAttention's settings); compose it with cpu_backend");
   static_assert(device_admits<A>, "kvpolicy::Cache<cuda_backend>: the device cache admits every token");
   static_assert(device_evicts<E>,
                 "kvpolicy::Cache<cuda_backend>: the device runs no Evictor whose budget weighs what the gates "
@@ -295,7 +296,7 @@ class Executor<S, A, E, memory::Paged<P, Storage>> {
   /// Takes back the open step: what its attention recorded (the observed queries), and each head
   /// back to its length when the step began.
   void abort(std::int64_t, Sequence& m, typename Records::Sequence& records, std::int64_t, bool open) {
-    Records::abort(records, mem_);  // the device keeps no attention mass (emits_attention_mass is false)
+    Records::abort(scorer_, records, EntryFields{});  // the device's entries' fields are changed by no record
     if (open) truncate(m, m.first);
   }
 
@@ -452,8 +453,7 @@ class Executor<S, A, E, memory::Paged<P, Storage>> {
         if (!active[seg]) continue;
         entries += length[seg];
         const int layer = static_cast<int>(h) / shape_.kv_heads, head = static_cast<int>(h) % shape_.kv_heads;
-        const ObservedQueries q = r.records->windows[static_cast<std::size_t>(layer)].ordered(
-            head, static_cast<int>(group), window, window_position);
+        const ObservedQueries q = r.records->ordered(layer, head, static_cast<int>(group), window, window_position);
         count[seg] = static_cast<std::int32_t>(q.window);
         for (std::size_t g = 0; g < group; ++g)
           for (std::int64_t w = 0; w < q.window; ++w)

@@ -94,7 +94,7 @@ class Contiguous {
   }
 
   const EntryPool<Storage>& pool() const { return pool_; }
-  /// Mutable only for the metadata the attention accumulates (EntryMeta::attention_mass).
+  /// Mutable only for the metadata a Scorer's hooks change (EntryMeta::attention_mass, EntryPool::fields).
   EntryPool<Storage>& pool() { return pool_; }
   std::int64_t capacity() const { return capacity_; }
   /// One "page" per head region: the accounting matches the paged allocator's.

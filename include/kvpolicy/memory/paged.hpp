@@ -151,7 +151,7 @@ class Paged {
   }
 
   const EntryPool<Storage>& pool() const { return pool_; }
-  /// Mutable only for the metadata the attention accumulates (EntryMeta::attention_mass).
+  /// Mutable only for the metadata a Scorer's hooks change (EntryMeta::attention_mass, EntryPool::fields).
   EntryPool<Storage>& pool() { return pool_; }
   std::int64_t pages_total() const { return pages_; }
   std::int64_t pages_free() const {

@@ -15,6 +15,7 @@
 #include "kvpolicy/core/dtype.hpp"
 #include "kvpolicy/core/entry.hpp"
 #include "kvpolicy/core/error.hpp"
+#include "kvpolicy/core/record.hpp"
 
 namespace kvpolicy::memory {
 
@@ -84,11 +85,11 @@ class EntryPool {
   const Storage* value(std::int64_t slot) const { return values_.data() + slot * head_dim_; }
   const EntryMeta& meta(std::int64_t slot) const { return meta_[static_cast<std::size_t>(slot)]; }
 
-  /// Adds to a field the attention accumulates (Field::attention_mass: the probability this step's
-  /// queries gave the entry's key, H2O, SPEC §5).
-  void add_to_field(std::int64_t slot, Field f, float value) { field_of(meta_[static_cast<std::size_t>(slot)], f) += value; }
-  /// Sets a field (puts back what a step taken back had added).
-  void set_field(std::int64_t slot, Field f, float value) { field_of(meta_[static_cast<std::size_t>(slot)], f) = value; }
+  /// Every slot's metadata, for a recording Scorer's hooks to change a field (H2O's attention mass,
+  /// SPEC §5; core/record.hpp).
+  EntryFields fields() { return EntryFields{meta_}; }
+  /// Adds to a field, as the hooks do (for tests and tools that drive a pool directly).
+  void add_to_field(std::int64_t slot, Field f, float value) { fields()(slot, f) += value; }
   /// A static score set after append (Cache::set_step_scores, SPEC §4).
   void set_write_score(std::int64_t slot, float score) { meta_[static_cast<std::size_t>(slot)].write_score = score; }
 
@@ -140,8 +141,8 @@ class EntryPool<engine_owned> {
   std::int64_t slots() const { return static_cast<std::int64_t>(meta_.size()); }
 
   const EntryMeta& meta(std::int64_t slot) const { return meta_[static_cast<std::size_t>(slot)]; }
-  void add_to_field(std::int64_t slot, Field f, float value) { field_of(meta_[static_cast<std::size_t>(slot)], f) += value; }
-  void set_field(std::int64_t slot, Field f, float value) { field_of(meta_[static_cast<std::size_t>(slot)], f) = value; }
+  EntryFields fields() { return EntryFields{meta_}; }
+  void add_to_field(std::int64_t slot, Field f, float value) { fields()(slot, f) += value; }
   void set_write_score(std::int64_t slot, float score) { meta_[static_cast<std::size_t>(slot)].write_score = score; }
 
   /// Stores one entry's metadata; its K/V stay where the engine keeps them.

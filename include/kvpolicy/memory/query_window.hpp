@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kvpolicy/core/entry.hpp"
+#include "kvpolicy/core/shape.hpp"
 #include "kvpolicy/core/view.hpp"
 
 namespace kvpolicy::memory {
@@ -87,6 +88,33 @@ class QueryWindow {
   std::int64_t next_ = 0, count_ = 0;
   std::vector<float> pending_;  // [pending tokens, Hq, d]
   std::vector<std::int32_t> pending_position_;
+};
+
+/// A sequence's QueryWindow at every layer: the record of a Scorer that ranks by the last W queries
+/// (score::ObservedAttention, score::GatedObservedAttention; core/concepts.hpp, RecordingScorer).
+class LayerQueryWindows {
+ public:
+  LayerQueryWindows() = default;
+  LayerQueryWindows(const CacheShape& shape, std::int64_t window)
+      : layers_(static_cast<std::size_t>(shape.layers), QueryWindow(window, shape.q_heads, shape.head_dim)) {}
+
+  void push(int layer, View<const float, 3> queries, std::int64_t first) {
+    layers_[static_cast<std::size_t>(layer)].push(queries, first);
+  }
+  void commit() {
+    for (auto& w : layers_) w.commit();
+  }
+  void discard() {
+    for (auto& w : layers_) w.discard();
+  }
+  /// One layer's window of a kv head's query group (QueryWindow::ordered).
+  ObservedQueries ordered(int layer, int kv_head, int group, std::vector<float>& buffer,
+                          std::vector<std::int32_t>& positions) const {
+    return layers_[static_cast<std::size_t>(layer)].ordered(kv_head, group, buffer, positions);
+  }
+
+ private:
+  std::vector<QueryWindow> layers_;
 };
 
 }  // namespace kvpolicy::memory

@@ -37,7 +37,7 @@ struct adakv {
 
   /// The rule: per layer, at the step that ends the declared prompt.
   struct Evictor {
-    std::int64_t budget = 1024;  // M per head on average
+    std::int64_t budget = evict::default_budget;  // M per head on average
     std::int64_t window = 32;    // W_obs, protected
     std::int64_t sinks = 0;      // S, protected
     double safeguard = 0.2;      // alpha

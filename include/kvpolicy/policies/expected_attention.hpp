@@ -24,7 +24,7 @@ namespace kvpolicy {
 /// positions, covariance and value norm on, ε = 0; no protected window.
 struct ExpectedAttentionConfig {
   [[no_unique_address]] ByName by_name{};
-  std::int64_t budget = 1024;           ///< M per (layer, kv head), after the prompt
+  std::int64_t budget = evict::default_budget;  ///< M per (layer, kv head), after the prompt
   std::int64_t sinks = 4;               ///< S: kept, left out of the softmax and of the query statistics
   std::int64_t window = 0;              ///< w: the newest entries of every head, protected (kvpress: none)
   std::int64_t future_positions = 512;  ///< F

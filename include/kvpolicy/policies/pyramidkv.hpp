@@ -49,7 +49,7 @@ namespace kvpolicy {
 /// PyramidKV's settings, written with designated initialisers (core/by_name.hpp).
 struct PyramidKVConfig {
   [[no_unique_address]] ByName by_name{};
-  std::int64_t budget = 1024;  ///< M: the layers' budgets average M per (layer, kv head)
+  std::int64_t budget = evict::default_budget;  ///< M: the layers' budgets average M per (layer, kv head)
   std::int64_t sinks = 0;      ///< S: the S oldest entries of each head are protected (SPEC §5)
   std::int64_t window = 32;    ///< W_obs: the observation window, also the protected newest entries
   std::int64_t beta = 20;      ///< the pyramid's steepness: the last layer keeps about M / beta, the first 2M - M / beta
@@ -60,10 +60,10 @@ namespace evict {
 /// PyramidKV's rule (see the file's comment): at the step that ends the declared prompt, each head
 /// longer than its layer's budget M_l keeps its top M_l.
 struct Pyramid {
-  std::int64_t budget = 1024;  // M, the layers' mean budget
-  std::int64_t window = 32;    // W_obs, protected
+  std::int64_t budget = evict::default_budget;  // M, the layers' mean budget
+  std::int64_t window = PyramidKVConfig{}.window;  // W_obs, protected
   std::int64_t sinks = 0;      // S, protected
-  std::int64_t beta = 20;
+  std::int64_t beta = PyramidKVConfig{}.beta;
   int layers = 1;              // L of the shape it was built for
   /// Each head triggers and keeps by its own length and entries (core/concepts.hpp): a rank of a
   /// sharded Cache runs it as it is, its heads in the same layer-major order.
@@ -152,7 +152,7 @@ struct pyramidkv {
       registry::option::budget.with_help("M, the layers' mean entries kept per (layer, kv head)"),
       registry::option::sinks,
       registry::option::window.with_help("W_obs, the observation window, also protected (0: min(32, M))"),
-      registry::Option{"beta", registry::Kind::integer, 20, "the pyramid's steepness: the last layer keeps about M/beta, the first 2M - M/beta"}
+      registry::Option{"beta", registry::Kind::integer, static_cast<double>(PyramidKVConfig{}.beta), "the pyramid's steepness: the last layer keeps about M/beta, the first 2M - M/beta"}
           .at_least(1, "beta")};
   static constexpr registry::Inputs inputs = registry::Inputs::none;
   using scorers = registry::scorers<score::ObservedAttention>;
@@ -164,7 +164,7 @@ struct pyramidkv {
     const std::int64_t M = v.integer("budget"), w = v.integer("window");
     const PyramidKVConfig c{.budget = M,
                             .sinks = v.integer("sinks"),
-                            .window = w > 0 ? w : std::min<std::int64_t>(32, M),
+                            .window = w > 0 ? w : std::min<std::int64_t>(PyramidKVConfig{}.window, M),
                             .beta = v.integer("beta")};
     Cache<score::ObservedAttention, admit::All, evict::Pyramid, Alloc, Backend> cache(
         shape, std::move(pool), pyramidkv_evictor(shape, c), pyramidkv_scorer(c));

@@ -23,7 +23,7 @@ namespace kvpolicy {
 /// code: W_obs = 32, avg-pool, kernel 5, GQA mean (kvpress's reduction; docs/policies.md).
 struct SnapKVConfig {
   [[no_unique_address]] ByName by_name{};
-  std::int64_t budget = 1024;  ///< M per (layer, kv head), after the prompt
+  std::int64_t budget = evict::default_budget;  ///< M per (layer, kv head), after the prompt
   std::int64_t sinks = 0;      ///< S: the S oldest entries of each head are protected (SPEC §5)
   std::int64_t window = 32;    ///< W_obs: the observation window, also the protected newest entries
   int pool_kernel = 5;         ///< odd; 1 = no pooling

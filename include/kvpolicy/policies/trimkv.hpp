@@ -28,8 +28,8 @@ namespace kvpolicy {
 /// The knobs of SPEC §1 with its defaults.
 struct TrimKVConfig {
   [[no_unique_address]] ByName by_name{};
-  std::int64_t budget = 1024;  ///< M per (layer, kv head)
-  std::int64_t buffer = 128;   ///< B
+  std::int64_t budget = evict::default_budget;  ///< M per (layer, kv head)
+  std::int64_t buffer = evict::default_buffer;  ///< B
   std::int64_t sinks = 0;      ///< S: the S oldest entries of each head are protected (SPEC §5)
   std::int64_t window = 0;     ///< w: the w newest entries of each head are protected
   double threshold = 0.0;      ///< alpha; > 0 selects the threshold variant

@@ -24,6 +24,7 @@
 #include <string_view>
 
 #include "kvpolicy/core/error.hpp"
+#include "kvpolicy/core/rule.hpp"
 
 namespace kvpolicy::registry {
 
@@ -94,9 +95,9 @@ struct Option {
 /// The options most policies share (SPEC §1 budget and buffer, §5 sinks and window).
 namespace option {
 inline constexpr Option budget =
-    Option{"budget", Kind::integer, 1024, "M, entries kept per (layer, kv head)"}.at_least(1, "M");
+    Option{"budget", Kind::integer, evict::default_budget, "M, entries kept per (layer, kv head)"}.at_least(1, "M");
 inline constexpr Option buffer =
-    Option{"buffer", Kind::integer, 128, "B: a head evicts once it holds M + B, back to M"}.at_least(1, "B");
+    Option{"buffer", Kind::integer, evict::default_buffer, "B: a head evicts once it holds M + B, back to M"}.at_least(1, "B");
 inline constexpr Option sinks =
     Option{"sinks", Kind::integer, 0, "S, the oldest entries of every head, protected"}.at_least(0, "S");
 inline constexpr Option window =
@@ -258,5 +259,11 @@ concept Policy = requires {
   { P::inputs } -> std::convertible_to<Inputs>;
   typename P::scorers;
 };
+
+/// Whether policy P compresses the prompt the engine declares (it states `static constexpr bool
+/// needs_prompt_length = true`: SnapKV, AdaKV, PyramidKV, Expected Attention): read by its value,
+/// false where it states none or states false.
+template <class P>
+inline constexpr bool needs_prompt_length_v = requires { requires P::needs_prompt_length; };
 
 }  // namespace kvpolicy::registry

@@ -6,8 +6,8 @@
 /// the entries outside the observation window, and reduced over the group (mean or max) — the
 /// host's score_window, from the scorer's own settings (its data), in double as there.
 ///
-/// One block per segment. The queries of each active head's window come from the host (the Cache
-/// records them as its attention runs, cache/scorer_records.hpp) in `ObservedWindows`. The
+/// One block per segment. The queries of each active head's window come from the host (the Scorer's
+/// record keeps them as the Cache attends, memory::LayerQueryWindows) in `ObservedWindows`. The
 /// summation order of the softmax differs from the host's, so a score may differ from the host's in
 /// its last bits (equal keys still score equal); the ranking differs only between entries whose
 /// scores are that close.

@@ -27,8 +27,8 @@ namespace trigger {
 /// SPEC §1: a head evicts once its length reaches M + B, and keeps M. Between triggers it holds at
 /// most M + B - 1 entries after a decode step.
 struct Buffered {
-  std::int64_t budget = 1024;  // M, per (layer, kv head)
-  std::int64_t buffer = 128;   // B >= 1 (B = 1 evicts every step: a strict budget M)
+  std::int64_t budget = evict::default_budget;  // M, per (layer, kv head)
+  std::int64_t buffer = evict::default_buffer;  // B >= 1 (B = 1 evicts every step: a strict budget M)
 
   void validate(const char* who) const {
     require(budget >= 1, who, ": budget M = ", budget, " must be >= 1");
@@ -170,8 +170,8 @@ struct Sequence {
 /// head min_tokens. Global is the sequence (M_global = L * Hkv * M), LayerWise a layer.
 template <class Scope>
 struct Pooled {
-  std::int64_t budget = 1024;  // M per (layer, kv head)
-  std::int64_t buffer = 128;
+  std::int64_t budget = default_budget;  // M per (layer, kv head)
+  std::int64_t buffer = default_buffer;
   double floor_ratio = 0.0;    // f in [0, 1)
   std::int64_t window = 0;
   double threshold = 0.0;
@@ -434,7 +434,7 @@ struct WriteGatedBudget {
 /// compresses the prompt); a sequence whose prompt length was not declared is never compressed.
 /// Sinks (SPEC §5): the S oldest entries of a head are kept too, within M.
 struct PromptEnd {
-  std::int64_t budget = 1024;  // M per (layer, kv head)
+  std::int64_t budget = default_budget;  // M per (layer, kv head)
   std::int64_t window = 32;    // W_obs, the protected window
   std::int64_t sinks = 0;      // S oldest entries of each head protected
 

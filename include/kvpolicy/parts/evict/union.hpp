@@ -64,8 +64,8 @@ struct PositionScore {
 /// named with its value. Under tensor parallelism (dist::with_sharded_evictor) it is refused.
 struct Union {
   static constexpr bool needs_every_token = true;
-  std::int64_t budget = 1024;  // M tokens per sequence (L * Hkv * M entries)
-  std::int64_t buffer = 128;   // B
+  std::int64_t budget = default_budget;  // M tokens per sequence (L * Hkv * M entries)
+  std::int64_t buffer = default_buffer;  // B
   std::int64_t window = 0;     // w newest positions protected
   std::int64_t sinks = 0;      // S oldest positions protected
   Aggregate aggregate = Aggregate::max;

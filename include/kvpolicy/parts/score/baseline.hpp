@@ -1,7 +1,7 @@
 /// \file
 /// kvpolicy/parts/score/baseline.hpp — the scores of SPEC §5's training-free baselines: StreamingLLM
 /// (recency with attention sinks), KNorm (low key norm first) and Random (seeded) from an entry's
-/// own metadata; H2O from the attention mass the attention accumulates; KeyDiff from the head's
+/// own metadata; H2O from the attention mass its record adds up; KeyDiff from the head's
 /// keys. Higher = keep, as every Scorer; they compose with any Evictor (the presets in
 /// baselines.hpp use the per-head buffered budget of SPEC §1).
 #pragma once
@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <limits>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "kvpolicy/core/concepts.hpp"
@@ -54,11 +55,27 @@ struct SeededRandom {
 };
 
 /// H2O, SPEC §5: the attention mass the key has received, summed over every query so far (and over
-/// the query heads of its GQA group). The Backend's attention accumulates it into the entry's
-/// metadata; no attention matrix is formed.
+/// the query heads of its GQA group). Its record's hook adds each step's probabilities into the
+/// entry's metadata as the attention hands them over, and keeps what it added until the step closes,
+/// so that a step taken back puts every entry's mass back; no attention matrix is formed.
 struct AttentionMass {
   static constexpr FieldSet entry_fields{Field::attention_mass};
+  /// (slot, mass before) of each addition of the open step
+  using Record = std::vector<std::pair<std::int64_t, float>>;
   void validate() const {}
+  Record open_record(const CacheShape&, std::int64_t) const { return {}; }
+  void record_mass(Record& r, EntryFields fields, std::span<const std::int64_t> slots, std::span<const float> mass) const {
+    for (std::size_t j = 0; j < slots.size(); ++j) {
+      float& m = fields(slots[j], Field::attention_mass);
+      r.emplace_back(slots[j], m);
+      m += mass[j];
+    }
+  }
+  void commit_record(Record& r) const { r.clear(); }
+  void discard_record(Record& r, EntryFields fields) const {  // newest first: each slot ends at its value before the step
+    for (auto it = r.rbegin(); it != r.rend(); ++it) fields(it->first, Field::attention_mass) = it->second;
+    r.clear();
+  }
   KVPOLICY_HD float operator()(EntryMeta m, StepContext) const { return m.attention_mass; }
 };
 

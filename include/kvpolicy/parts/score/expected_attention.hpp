@@ -22,12 +22,17 @@
 #include "kvpolicy/core/concepts.hpp"
 #include "kvpolicy/core/error.hpp"
 #include "kvpolicy/core/rope.hpp"
+#include "kvpolicy/memory/query_statistics.hpp"
 #include "kvpolicy/parts/score/observed_attention.hpp"  // detail::by_position
 
 namespace kvpolicy::score {
 
-/// Expected Attention's Scorer (this file's comment), with kvpress's defaults.
+/// Expected Attention's Scorer (this file's comment), with kvpress's defaults. It records each
+/// layer's query moments (its Record) and scores a head from them, its keys and its values.
 struct ExpectedAttention {
+  using Record = std::vector<memory::QueryStatistics>;  // per layer
+  static constexpr EntryData head_data{.keys = true, .values = true};
+
   std::int64_t sinks = 4;               ///< S: the oldest keys not scored, the first queries not counted (kvpress's n_sink)
   std::int64_t future_positions = 512;  ///< F: the positions after the prompt R̄ averages over
   Rope rope{};                          ///< the model's RoPE, to undo on the queries and to average
@@ -44,9 +49,30 @@ struct ExpectedAttention {
     rope.validate(2);
   }
 
-  Rope query_rope() const { return rope; }
-  std::int64_t query_moments_from() const { return sinks; }
+  /// The RoPE it undoes on the queries pairs d's components.
+  void validate_shape(const CacheShape& shape) const { rope.validate(shape.head_dim); }
 
+  // the record's hooks (core/concepts.hpp, RecordingScorer): the moments of the queries before RoPE,
+  // from position S on, up to the declared prompt's end (none kept where no prompt is declared)
+  Record open_record(const CacheShape& shape, std::int64_t prompt_tokens) const {
+    return Record(static_cast<std::size_t>(shape.layers),
+                  memory::QueryStatistics(shape.q_heads, shape.head_dim, rope, sinks, prompt_tokens));
+  }
+  void record_queries(Record& r, int layer, View<const float, 3> queries, std::int64_t first) const {
+    r[static_cast<std::size_t>(layer)].push(queries, first);
+  }
+  void commit_record(Record& r) const {
+    for (auto& m : r) m.commit();
+  }
+  void discard_record(Record& r, EntryFields) const {
+    for (auto& m : r) m.discard();
+  }
+  void score_recorded(const Record& r, HeadEntries e, StepContext c, std::span<float> out) const {
+    std::vector<double> moments;
+    score_moments(e.keys, e.values, e.meta, c, r[static_cast<std::size_t>(e.layer)].moments(e.kv_head, e.group, moments), out);
+  }
+
+  /// The scores of a head's entries (keys, values [N, d], meta [N]) from the moments m of its query group.
   void score_moments(View<const float, 2> keys, View<const float, 2> values, std::span<const EntryMeta> meta, StepContext,
                      QueryMoments m, std::span<float> out) const {
     const auto N = static_cast<std::int64_t>(meta.size());
@@ -126,6 +152,6 @@ struct ExpectedAttention {
   }
 };
 
-static_assert(MomentsScorer<ExpectedAttention> && Scorer<ExpectedAttention>, "score::ExpectedAttention must model Scorer");
+static_assert(RecordScorer<ExpectedAttention> && Scorer<ExpectedAttention>, "score::ExpectedAttention must model Scorer");
 
 }  // namespace kvpolicy::score

@@ -1,6 +1,6 @@
 /// \file
 /// kvpolicy/parts/score/observed_attention.hpp — SnapKV's score (SPEC §5): the attention the last W_obs
-/// queries give each key, from the window of queries the Cache keeps per layer. Per query head g of
+/// queries give each key, from the window of queries its record keeps per layer. Per query head g of
 /// the kv head's group: softmax(q k^T / sqrt(d)) of each observed query over the keys it may see
 /// (causal), summed over the queries; then pooled along positions (stride 1, same length) over the
 /// keys outside the observation window (the SnapKV reference pools the prefix only): avg-pool with
@@ -20,6 +20,7 @@
 
 #include "kvpolicy/core/concepts.hpp"
 #include "kvpolicy/core/error.hpp"
+#include "kvpolicy/memory/query_window.hpp"
 
 namespace kvpolicy::score {
 
@@ -114,8 +115,14 @@ enum class Pooling : std::uint8_t { avg, max };
 enum class GroupReduce : std::uint8_t { mean, max };
 
 /// The observed-attention Scorer (SPEC §5): SnapKV's score from the last W_obs queries, pooled along
-/// positions and reduced over the GQA group; TOVA's with one query and no pooling.
+/// positions and reduced over the GQA group; TOVA's with one query and no pooling. It records each
+/// layer's last W_obs queries (its Record) and scores a head from them and its keys; the device
+/// scores it in its observed-attention kernel (cuda/kernels/observed_attention.cuh).
 struct ObservedAttention {
+  using Record = memory::LayerQueryWindows;
+  static constexpr EntryData head_data{.keys = true};
+  static constexpr DeviceScoring device_scoring = DeviceScoring::observed_attention;
+
   std::int64_t observation_window = 32;  ///< W_obs
   int pool_kernel = 5;                   ///< odd; 1 = no pooling
   Pooling pooling = Pooling::avg;
@@ -132,6 +139,20 @@ struct ObservedAttention {
             "score::ObservedAttention: group_reduce = ", static_cast<int>(group_reduce), " is neither mean nor max");
   }
 
+  // the record's hooks (core/concepts.hpp, RecordingScorer)
+  Record open_record(const CacheShape& shape, std::int64_t) const { return Record(shape, observation_window); }
+  void record_queries(Record& r, int layer, View<const float, 3> queries, std::int64_t first) const {
+    r.push(layer, queries, first);
+  }
+  void commit_record(Record& r) const { r.commit(); }
+  void discard_record(Record& r, EntryFields) const { r.discard(); }
+  void score_recorded(const Record& r, HeadEntries e, StepContext c, std::span<float> out) const {
+    std::vector<float> queries;
+    std::vector<std::int32_t> positions;
+    score_window(e.keys, e.meta, c, r.ordered(e.layer, e.kv_head, e.group, queries, positions), out);
+  }
+
+  /// The scores of a head's entries (keys [N, d], meta [N]) from the window q of its query group.
   void score_window(View<const float, 2> keys, std::span<const EntryMeta> meta, StepContext, ObservedQueries q,
                     std::span<float> out) const {
     const auto order = detail::by_position(meta);
@@ -172,6 +193,8 @@ struct ObservedAttention {
 /// S_j = MaxPool_5(sum over the last W_obs = 256 queries of the max over the kv head's query group
 /// of softmax(q k^T / sqrt(d))_j), softmax and pooling along the global positions. In double, then fp32.
 struct GatedObservedAttention {
+  using Record = memory::LayerQueryWindows;  // each layer's last W_obs queries
+  static constexpr EntryData head_data{.keys = true};
   static constexpr bool static_score = true;  // write_score is g, in [0, 1]
   double tau = 0.1;
   std::int64_t local = 256;               ///< W_local
@@ -193,6 +216,22 @@ struct GatedObservedAttention {
   /// bind (below); otherwise the metadata alone decides them, and the caller need not gather the rest
   /// (score_window then takes empty keys and queries).
   bool reads_window(StepContext c) const { return budget_entries > 0 && c.entries > budget_entries && c.budget_binds; }
+
+  // the record's hooks (core/concepts.hpp, RecordingScorer): as ObservedAttention's; the keys and the
+  // window are read only where reads_window(ctx)
+  Record open_record(const CacheShape& shape, std::int64_t) const { return Record(shape, observation_window); }
+  void record_queries(Record& r, int layer, View<const float, 3> queries, std::int64_t first) const {
+    r.push(layer, queries, first);
+  }
+  void commit_record(Record& r) const { r.commit(); }
+  void discard_record(Record& r, EntryFields) const { r.discard(); }
+  bool reads_kv(StepContext c) const { return reads_window(c); }
+  void score_recorded(const Record& r, HeadEntries e, StepContext c, std::span<float> out) const {
+    std::vector<float> queries;
+    std::vector<std::int32_t> positions;
+    const ObservedQueries q = reads_window(c) ? r.ordered(e.layer, e.kv_head, e.group, queries, positions) : ObservedQueries{};
+    score_window(e.keys, e.meta, c, q, out);
+  }
 
   void score_window(View<const float, 2> keys, std::span<const EntryMeta> meta, StepContext c, ObservedQueries q,
                     std::span<float> out) const {

@@ -23,8 +23,8 @@ namespace kvpolicy {
 /// The settings the per-head baselines share, written with designated initialisers (core/by_name.hpp).
 struct BaselineConfig {
   [[no_unique_address]] ByName by_name{};
-  std::int64_t budget = 1024;  ///< M per (layer, kv head)
-  std::int64_t buffer = 128;   ///< B
+  std::int64_t budget = evict::default_budget;  ///< M per (layer, kv head)
+  std::int64_t buffer = evict::default_buffer;  ///< B
   std::int64_t sinks = 0;      ///< S: the S oldest entries of each head are protected (SPEC §5)
   std::int64_t window = 0;     ///< w: the w newest entries of each head are protected (SPEC §5); H2O: 0 = M / 2
 };
