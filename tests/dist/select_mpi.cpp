@@ -85,6 +85,13 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", e.what());
     status = 2;
   }
+  // the verdict over every rank, printed once MPI has finalized: ctest passes on this line
+  // (PASS_REGULAR_EXPRESSION), so that Open MPI's launcher losing a rank's finalize notice on a
+  // loaded host ("exiting improperly", after every check has run) cannot fail the entry
+  int rank = 0, worst = status;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Allreduce(&status, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
   MPI_Finalize();
+  if (rank == 0 && worst == 0) std::printf("verdict: every rank passed\n");
   return status;
 }
