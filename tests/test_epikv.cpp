@@ -15,6 +15,7 @@
 #include "kvpolicy/epikv.hpp"
 #include "kvpolicy/trimkv.hpp"
 #include "snapshot.hpp"
+#include "trials.hpp"
 
 using namespace kvpolicy;
 
@@ -347,7 +348,7 @@ TEST_CASE("set_step_scores: scores set after append and before commit survive ex
   // sets the scores before commit; the survivors and every entry's metadata must equal the run that
   // had the scores at append, on random traces with ties, -inf and chunked prefill.
   std::mt19937_64 rng(21);
-  for (int trial = 0; trial < 200; ++trial) {
+  for (int trial = 0; trial < random_trials(200); ++trial) {
     const int kv_heads = std::uniform_int_distribution<int>(1, 2)(rng);
     const CacheShape shape{std::uniform_int_distribution<int>(1, 3)(rng), kv_heads,
                            kv_heads * std::uniform_int_distribution<int>(1, 2)(rng), 4};

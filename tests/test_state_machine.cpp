@@ -7,6 +7,7 @@
 #include "kvpolicy/dbtrimkv.hpp"
 #include "kvpolicy/trimkv.hpp"
 #include "state_machine.hpp"
+#include "trials.hpp"
 
 using namespace kvpolicy;
 
@@ -19,7 +20,7 @@ using Pool = memory::Paged<kPage, float>;
 
 TEST_CASE("state machine: TRIM-KV per-head cache against its model over random operation streams") {
   using C = Cache<score::RetentionDecay, admit::All, evict::PerHead<trigger::Buffered>, Pool, cpu_backend>;
-  state_machine::run_streams<C>(state_machine::Policy::per_head, 100000, 1000, [](const state_machine::Model& m) {
+  state_machine::run_streams<C>(state_machine::Policy::per_head, 100000, random_trials(1000), [](const state_machine::Model& m) {
     return C(m.shape, Pool(m.pages_total),
              trimkv_evictor({.budget = m.params.budget,
                              .buffer = m.params.buffer,
@@ -31,7 +32,7 @@ TEST_CASE("state machine: TRIM-KV per-head cache against its model over random o
 
 TEST_CASE("state machine: DBTrimKV global cache against its model over random operation streams") {
   using C = Cache<score::Lookahead, admit::All, evict::Global, Pool, cpu_backend>;
-  state_machine::run_streams<C>(state_machine::Policy::global, 200000, 600, [](const state_machine::Model& m) {
+  state_machine::run_streams<C>(state_machine::Policy::global, 200000, random_trials(600), [](const state_machine::Model& m) {
     const DBTrimKVConfig c{.budget = m.params.budget,
                            .buffer = m.params.buffer,
                            .window = m.params.window,
@@ -45,7 +46,7 @@ TEST_CASE("state machine: DBTrimKV global cache against its model over random op
 
 TEST_CASE("state machine: DBTrimKV layer-wise cache against its model over random operation streams") {
   using C = Cache<score::Lookahead, admit::All, evict::LayerWise, Pool, cpu_backend>;
-  state_machine::run_streams<C>(state_machine::Policy::layer_wise, 300000, 600, [](const state_machine::Model& m) {
+  state_machine::run_streams<C>(state_machine::Policy::layer_wise, 300000, random_trials(600), [](const state_machine::Model& m) {
     const DBTrimKVConfig c{.budget = m.params.budget,
                            .buffer = m.params.buffer,
                            .window = m.params.window,

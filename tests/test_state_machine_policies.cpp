@@ -47,6 +47,7 @@
 #include "kvpolicy/wgkv.hpp"
 #include "oracle.hpp"
 #include "snapshot.hpp"
+#include "trials.hpp"
 
 using namespace kvpolicy;
 
@@ -651,15 +652,15 @@ void run_registered_streams(std::uint64_t base, int count) {
 TEST_CASE("state machine: every registered policy against its reference over random operation streams") {
   std::uint64_t base = 2000000;  // 2000000 + 10000 k for the k-th registered policy
   registry::for_each([&]<registry::Policy R>() {
-    run_registered_streams<R>(base, 300);
+    run_registered_streams<R>(base, random_trials(300));
     base += 10000;
   });
 }
 
 // Seeds: test_state_machine.cpp uses 100000..399999, the registered policies 2000000 onwards.
 TEST_CASE("state machine: WG-KV under the appendix-K budget, every setting drawn, against its reference over random operation streams") {
-  run_streams<WGKVBudget>(1100000, 300);
+  run_streams<WGKVBudget>(1100000, random_trials(300));
 }
 TEST_CASE("state machine: WG-KV admission + TRIM-KV eviction against its reference over random operation streams") {
-  run_streams<WGKVRetention>(1200000, 300);
+  run_streams<WGKVRetention>(1200000, random_trials(300));
 }
