@@ -10,13 +10,41 @@
 #pragma once
 
 #include <algorithm>
-#include <array>
+#include <tuple>
 #include <cmath>
 
 #include "kvpolicy/policies/snapkv.hpp"
-#include "kvpolicy/registry/policy.hpp"
+#include "kvpolicy/registry/fields.hpp"
 
 namespace kvpolicy::policies {
+
+/// AdaKV's rule: per layer, at the step that ends the declared prompt.
+struct AdaKVEvictor {
+  std::int64_t budget = evict::default_budget;  // M per head on average
+  std::int64_t window = 32;    // W_obs, protected
+  std::int64_t sinks = 0;      // S, protected
+  double safeguard = 0.2;      // alpha
+
+  void validate(const CacheShape& shape) const {
+    evict::PromptEnd{budget, window, sinks}.validate(shape);
+    require(safeguard >= 0.0 && safeguard <= 1.0, "adakv: safeguard alpha = ", safeguard, " must be in [0, 1]");
+  }
+  std::int64_t group_heads(const CacheShape& shape) const { return shape.kv_heads; }
+  KVPOLICY_HD bool fires(std::int64_t length, std::int64_t heads, StepContext c) const {
+    return c.prompt_ends && length > heads * budget;
+  }
+  /// The prompt is compressed once; decode tokens stay.
+  std::optional<evict::MemoryBound> memory_bound(const CacheShape&) const { return std::nullopt; }
+  /// The layer's pooled top Hkv * M over SnapKV's protections, each head's best floor(alpha M) first.
+  evict::PoolSelection selection() const {
+    evict::PoolSelection sel;
+    sel.budget = budget;
+    sel.window = window;
+    sel.sinks = sinks;
+    sel.guaranteed = static_cast<std::int64_t>(std::floor(safeguard * static_cast<double>(budget)));
+    return sel;
+  }
+};
 
 /// AdaKV's registry entry (registry/policy.hpp): its name, help, options and make(), by which `--policy`,
 /// registry::open and the Python package build it.
@@ -24,52 +52,30 @@ struct adakv {
   static constexpr std::string_view name = "adakv";
   static constexpr std::string_view help =
       "AdaKV: compress the prompt once to Hkv*M per layer across its heads by SnapKV's score, each head >= alpha*M";
-  static constexpr std::array options{
-      registry::option::budget.with_help("M, the average entries kept per (layer, kv head); a layer keeps Hkv*M"),
-      registry::option::sinks,
-      registry::option::window.with_help("W_obs, the observation window, also protected (0: min(32, M))"),
-      registry::Option{"safeguard", registry::Kind::real, 0.2,
-                       "alpha in [0, 1]: each head keeps at least its floor(alpha*M) best"}};
   static constexpr registry::Inputs inputs = registry::Inputs::none;
   using scorers = registry::scorers<score::ObservedAttention>;
   /// It compresses the prompt the engine declares (Cache::add_sequence's prompt_tokens).
   static constexpr bool needs_prompt_length = true;
 
-  /// The rule: per layer, at the step that ends the declared prompt.
-  struct Evictor {
-    std::int64_t budget = evict::default_budget;  // M per head on average
-    std::int64_t window = 32;    // W_obs, protected
-    std::int64_t sinks = 0;      // S, protected
-    double safeguard = 0.2;      // alpha
+  /// The rule (AdaKVEvictor).
+  using Evictor = AdaKVEvictor;
 
-    void validate(const CacheShape& shape) const {
-      evict::PromptEnd{budget, window, sinks}.validate(shape);
-      require(safeguard >= 0.0 && safeguard <= 1.0, "adakv: safeguard alpha = ", safeguard, " must be in [0, 1]");
-    }
-    std::int64_t group_heads(const CacheShape& shape) const { return shape.kv_heads; }
-    KVPOLICY_HD bool fires(std::int64_t length, std::int64_t heads, StepContext c) const {
-      return c.prompt_ends && length > heads * budget;
-    }
-    /// The prompt is compressed once; decode tokens stay.
-    std::optional<evict::MemoryBound> memory_bound(const CacheShape&) const { return std::nullopt; }
-    /// The layer's pooled top Hkv * M over SnapKV's protections, each head's best floor(alpha M) first.
-    evict::PoolSelection selection() const {
-      evict::PoolSelection sel;
-      sel.budget = budget;
-      sel.window = window;
-      sel.sinks = sinks;
-      sel.guaranteed = static_cast<std::int64_t>(std::floor(safeguard * static_cast<double>(budget)));
-      return sel;
-    }
-  };
+  static constexpr std::tuple fields{
+      registry::field::budget<Evictor>.with_help("M, the average entries kept per (layer, kv head); a layer keeps Hkv*M"),
+      registry::field::sinks<Evictor>,
+      registry::field::window<Evictor>.with_default(0).with_help(
+          "W_obs, the observation window, also protected (0: min(32, M))"),
+      registry::bind(&Evictor::safeguard, {"safeguard", registry::Kind::real, 0,
+                                           "alpha in [0, 1]: each head keeps at least its floor(alpha*M) best"})};
+  static constexpr auto options = registry::options_of(fields);
 
   template <class Backend, class Alloc, class F>
   static decltype(auto) make(const registry::Values& v, const CacheShape& shape, Alloc pool, F&& f) {
-    const std::int64_t M = v.integer("budget"), w = v.integer("window");
+    Evictor e = registry::read<Evictor>(v, fields);
+    if (e.window == 0) e.window = std::min(Evictor{}.window, e.budget);
     // SnapKV's score with its defaults
-    const SnapKVConfig c{.budget = M, .sinks = v.integer("sinks"), .window = w > 0 ? w : std::min<std::int64_t>(32, M)};
-    Cache<score::ObservedAttention, admit::All, Evictor, Alloc, Backend> cache(
-        shape, std::move(pool), Evictor{M, c.window, c.sinks, v.real("safeguard")}, snapkv_scorer(c));
+    const SnapKVConfig c{.budget = e.budget, .sinks = e.sinks, .window = e.window};
+    Cache<score::ObservedAttention, admit::All, Evictor, Alloc, Backend> cache(shape, std::move(pool), e, snapkv_scorer(c));
     return f(cache);
   }
 };

@@ -14,7 +14,7 @@
 
 #include "kvpolicy/core/cxx20.hpp"  // first: names a missing -std=c++20
 
-#include <array>
+#include <tuple>
 #include <cstdint>
 
 #include "kvpolicy/cache.hpp"
@@ -25,7 +25,7 @@
 #include "kvpolicy/parts/evict/evictors.hpp"
 #include "kvpolicy/parts/score/retention.hpp"
 #include "kvpolicy/policies/common/token_level.hpp"
-#include "kvpolicy/registry/policy.hpp"
+#include "kvpolicy/registry/fields.hpp"
 
 namespace kvpolicy {
 
@@ -92,37 +92,30 @@ struct dbtrimkv {
   static constexpr std::string_view name = "dbtrimkv";
   static constexpr std::string_view help =
       "DBTrimKV: lookahead score over horizon h, one global budget L*Hkv*M per sequence, optional floor f";
-  static constexpr std::array options{
-      registry::option::budget,
-      registry::option::buffer,
-      registry::Option{"horizon", registry::Kind::integer, 2, "h, the lookahead horizon"},
-      registry::Option{"floor", registry::Kind::real, 0, "f in [0, 1): each head keeps floor(f*M) of its own best"}
-          .recorded_as("floor_ratio"),
-      registry::option::window,
-      registry::option::threshold,
-      registry::option::min_tokens,
-      registry::option::sinks,
-      registry::option::gate,
-      registry::option::mode};
+  static constexpr std::tuple fields{
+      registry::field::budget<DBTrimKVConfig>,
+      registry::field::buffer<DBTrimKVConfig>,
+      registry::bind(&DBTrimKVConfig::horizon, {"horizon", registry::Kind::integer, 0, "h, the lookahead horizon"}),
+      registry::bind(&DBTrimKVConfig::floor_ratio,
+                     registry::Option{"floor", registry::Kind::real, 0, "f in [0, 1): each head keeps floor(f*M) of its own best"}
+                         .recorded_as("floor_ratio")),
+      registry::field::window<DBTrimKVConfig>,
+      registry::field::threshold<DBTrimKVConfig>,
+      registry::field::min_tokens<DBTrimKVConfig>,
+      registry::field::sinks<DBTrimKVConfig>};
+  static constexpr auto options = registry::options_of(fields, registry::option::gate, registry::option::mode);
   static constexpr registry::Inputs inputs = registry::Inputs::tied_retention_gate;
   using scorers = registry::scorers<score::Lookahead>;
 
   template <class Backend, class Alloc, class F>
   static decltype(auto) make(const registry::Values& v, const CacheShape& shape, Alloc pool, F&& f) {
-    const std::int64_t h = v.integer("horizon");
+    const DBTrimKVConfig c = registry::read<DBTrimKVConfig>(v, fields);
+    const std::int64_t h = v.integer("horizon");  // read whole: an int member would wrap a huge h
     require(h >= 1 && h <= 1 << 20, "--horizon h = ", h, " must be in [1, 2^20]");
     // the lookahead score is <= log h (SPEC §2): an alpha above h would keep nothing
-    const double alpha = v.real("threshold");
+    const double alpha = c.threshold;
     require(alpha >= 0.0 && alpha <= static_cast<double>(h), "--threshold alpha = ", alpha, " must be in (0, ", h,
             "] for dbtrimkv (its scores are <= log ", h, ": a larger alpha keeps nothing; 0 = off)");
-    const DBTrimKVConfig c{.budget = v.integer("budget"),
-                           .buffer = v.integer("buffer"),
-                           .sinks = v.integer("sinks"),
-                           .window = v.integer("window"),
-                           .threshold = alpha,
-                           .horizon = static_cast<int>(h),
-                           .floor_ratio = v.real("floor"),
-                           .min_tokens = v.integer("min-tokens")};
     // union (SPEC §8): the global ranking of entries becomes one of positions, each at its best
     // head's lookahead score (the max: the tied readout makes scores comparable across heads)
     return detail::make_in_mode<Backend>(v, shape, std::move(pool), dbtrimkv_evictor(c), dbtrimkv_scorer(c),

@@ -7,7 +7,7 @@
 /// length and describes its RoPE (the rope-theta and rope-layout options).
 #pragma once
 
-#include <array>
+#include <tuple>
 
 #include "kvpolicy/cache.hpp"
 #include "kvpolicy/core/by_name.hpp"
@@ -16,7 +16,7 @@
 #include "kvpolicy/parts/admit/all.hpp"
 #include "kvpolicy/parts/evict/evictors.hpp"
 #include "kvpolicy/parts/score/expected_attention.hpp"
-#include "kvpolicy/registry/policy.hpp"
+#include "kvpolicy/registry/fields.hpp"
 
 namespace kvpolicy {
 
@@ -53,30 +53,29 @@ struct expected_attention {
   static constexpr std::string_view name = "expected-attention";
   static constexpr std::string_view help =
       "Expected Attention: compress the prompt once to M per head by the attention future queries are expected to pay";
-  static constexpr std::array options{
-      registry::option::budget, registry::option::sinks.with_default(4),
-      registry::option::window.with_help("w, the newest entries of every head, protected (kvpress: 0)"),
-      registry::Option{"future", registry::Kind::integer, 512, "F, the positions after the prompt RoPE is averaged over"}
-          .at_least(1, "F"),
-      registry::Option{"covariance", registry::Kind::choice, 0, "the query covariance term", {"on", "off"}},
-      registry::Option{"vnorm", registry::Kind::choice, 0, "scale by the value's norm", {"on", "off"}},
-      registry::Option{"epsilon", registry::Kind::real, 0, "added to the score before the value norm"}.at_least(0, "epsilon"),
-      registry::option::rope_theta, registry::option::rope_layout};
+  using Config = ExpectedAttentionConfig;
+  static constexpr std::tuple fields{
+      registry::field::budget<Config>, registry::field::sinks<Config>,
+      registry::field::window<Config>.with_help("w, the newest entries of every head, protected (kvpress: 0)"),
+      registry::bind(&Config::future_positions,
+                     registry::Option{"future", registry::Kind::integer, 0,
+                                      "F, the positions after the prompt RoPE is averaged over"}
+                         .at_least(1, "F")),
+      registry::bind(&Config::covariance, {"covariance", registry::Kind::choice, 0, "the query covariance term", {"off", "on"}}),
+      registry::bind(&Config::value_norm, {"vnorm", registry::Kind::choice, 0, "scale by the value's norm", {"off", "on"}}),
+      registry::bind(&Config::epsilon, registry::Option{"epsilon", registry::Kind::real, 0,
+                                                        "added to the score before the value norm"}
+                                           .at_least(0, "epsilon"))};
+  static constexpr auto options = registry::options_of(fields, registry::option::rope_theta, registry::option::rope_layout);
   static constexpr registry::Inputs inputs = registry::Inputs::none;
   using scorers = registry::scorers<score::ExpectedAttention>;
   /// It compresses the prompt the engine declares (Cache::add_sequence's prompt_tokens).
   static constexpr bool needs_prompt_length = true;
 
   static ExpectedAttentionConfig config(const registry::Values& v) {
-    return {.budget = v.integer("budget"),
-            .sinks = v.integer("sinks"),
-            .window = v.integer("window"),
-            .future_positions = v.integer("future"),
-            .rope = {.theta = v.real("rope-theta"),
-                     .layout = v.choice("rope-layout") == 0 ? RopeLayout::half : RopeLayout::adjacent},
-            .covariance = v.choice("covariance") == 0,
-            .value_norm = v.choice("vnorm") == 0,
-            .epsilon = v.real("epsilon")};
+    Config c = registry::read<Config>(v, fields);
+    c.rope = {.theta = v.real("rope-theta"), .layout = v.choice("rope-layout") == 0 ? RopeLayout::half : RopeLayout::adjacent};
+    return c;
   }
 
   template <class Backend, class Alloc, class F>

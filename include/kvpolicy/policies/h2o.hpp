@@ -3,11 +3,11 @@
 /// newest M/2 protected, per-head budget M with buffer B. Its steps must attend.
 #pragma once
 
-#include <array>
+#include <tuple>
 
 #include "kvpolicy/policies/common/per_head_budget.hpp"
 #include "kvpolicy/policies/common/token_level.hpp"
-#include "kvpolicy/registry/policy.hpp"
+#include "kvpolicy/registry/fields.hpp"
 
 namespace kvpolicy {
 
@@ -29,16 +29,17 @@ namespace policies {
 struct h2o {
   static constexpr std::string_view name = "h2o";
   static constexpr std::string_view help = "H2O: accumulated attention mass, the newest M/2 protected, per-head budget M";
-  static constexpr std::array options{registry::option::budget, registry::option::buffer, registry::option::sinks,
-                                      registry::option::window.with_help("w, the newest entries protected (0: M/2)"),
-                                      registry::option::mode};
+  static constexpr std::tuple fields{
+      registry::field::budget<BaselineConfig>, registry::field::buffer<BaselineConfig>, registry::field::sinks<BaselineConfig>,
+      registry::field::window<BaselineConfig>.with_help("w, the newest entries protected (0: M/2)")};
+  static constexpr auto options = registry::options_of(fields, registry::option::mode);
   static constexpr registry::Inputs inputs = registry::Inputs::none;
   using scorers = registry::scorers<score::AttentionMass>;
 
   template <class Backend, class Alloc, class F>
   static decltype(auto) make(const registry::Values& v, const CacheShape& shape, Alloc pool, F&& f) {
     return detail::make_in_mode<Backend>(v, shape, std::move(pool),
-                                         h2o_evictor({.budget = v.integer("budget"), .buffer = v.integer("buffer"), .sinks = v.integer("sinks"), .window = v.integer("window")}),
+                                         h2o_evictor(registry::read<BaselineConfig>(v, fields)),
                                          score::AttentionMass{}, evict::Aggregate::mean, std::forward<F>(f));
   }
 };

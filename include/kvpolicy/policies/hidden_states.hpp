@@ -6,7 +6,7 @@
 /// kvpolicy/parts/score/epiphany.hpp; Inputs::hidden_states).
 #pragma once
 
-#include <array>
+#include <tuple>
 
 #include "kvpolicy/parts/score/epiphany.hpp"
 #include "kvpolicy/policies/common/generated_budget.hpp"
@@ -17,12 +17,11 @@ namespace detail {
 
 template <epiphany::Variant V>
 struct hidden_state_signal : generated_budget {
-  static constexpr std::array options{
-      generated_budget::options[0], generated_budget::options[1], generated_budget::options[2],
-      generated_budget::options[3],
+  static constexpr auto options = registry::options_of(
+      generated_budget::fields,
       registry::Option{"band-a", registry::Kind::integer, 10,
                        "hidden-state band A, HF indexing (0: the embeddings, l: after layer l-1)"},
-      registry::Option{"band-b", registry::Kind::integer, 21, "hidden-state band B"}};
+      registry::Option{"band-b", registry::Kind::integer, 21, "hidden-state band B"});
   static constexpr registry::Inputs inputs = registry::Inputs::hidden_states;
   static constexpr epiphany::Variant variant = V;
 };

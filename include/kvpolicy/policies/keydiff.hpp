@@ -2,11 +2,10 @@
 /// kvpolicy/policies/keydiff.hpp — KeyDiff (SPEC §5): keep the keys least aligned with the head's mean key direction, per-head budget M.
 #pragma once
 
-#include <array>
 
 #include "kvpolicy/policies/common/per_head_budget.hpp"
 #include "kvpolicy/policies/common/token_level.hpp"
-#include "kvpolicy/registry/policy.hpp"
+#include "kvpolicy/registry/fields.hpp"
 
 namespace kvpolicy {
 
@@ -22,15 +21,15 @@ namespace policies {
 struct keydiff {
   static constexpr std::string_view name = "keydiff";
   static constexpr std::string_view help = "KeyDiff: keep the keys least aligned with the head's mean key direction, per-head budget M";
-  static constexpr std::array options{registry::option::budget, registry::option::buffer, registry::option::sinks,
-                                      registry::option::window, registry::option::mode};
+  static constexpr auto fields = detail::baseline_fields;
+  static constexpr auto options = registry::options_of(fields, registry::option::mode);
   static constexpr registry::Inputs inputs = registry::Inputs::none;
   using scorers = registry::scorers<score::KeyDiff>;
 
   template <class Backend, class Alloc, class F>
   static decltype(auto) make(const registry::Values& v, const CacheShape& shape, Alloc pool, F&& f) {
     return detail::make_in_mode<Backend>(v, shape, std::move(pool),
-                                         baseline_evictor({.budget = v.integer("budget"), .buffer = v.integer("buffer"), .sinks = v.integer("sinks"), .window = v.integer("window")}),
+                                         baseline_evictor(registry::read<BaselineConfig>(v, fields)),
                                          score::KeyDiff{}, evict::Aggregate::mean, std::forward<F>(f));
   }
 };

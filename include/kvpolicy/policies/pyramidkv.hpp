@@ -28,7 +28,7 @@
 #include "kvpolicy/core/cxx20.hpp"  // first: names a missing -std=c++20
 
 #include <algorithm>
-#include <array>
+#include <tuple>
 #include <cmath>
 #include <cstdint>
 #include <span>
@@ -42,7 +42,7 @@
 #include "kvpolicy/parts/evict/evictors.hpp"
 #include "kvpolicy/parts/evict/rank.hpp"
 #include "kvpolicy/parts/score/observed_attention.hpp"
-#include "kvpolicy/registry/policy.hpp"
+#include "kvpolicy/registry/fields.hpp"
 
 namespace kvpolicy {
 
@@ -148,12 +148,16 @@ struct pyramidkv {
   static constexpr std::string_view name = "pyramidkv";
   static constexpr std::string_view help =
       "PyramidKV: SnapKV's prompt compression with per-layer budgets shrinking with depth, averaging M";
-  static constexpr std::array options{
-      registry::option::budget.with_help("M, the layers' mean entries kept per (layer, kv head)"),
-      registry::option::sinks,
-      registry::option::window.with_help("W_obs, the observation window, also protected (0: min(32, M))"),
-      registry::Option{"beta", registry::Kind::integer, static_cast<double>(PyramidKVConfig{}.beta), "the pyramid's steepness: the last layer keeps about M/beta, the first 2M - M/beta"}
-          .at_least(1, "beta")};
+  static constexpr std::tuple fields{
+      registry::field::budget<PyramidKVConfig>.with_help("M, the layers' mean entries kept per (layer, kv head)"),
+      registry::field::sinks<PyramidKVConfig>,
+      registry::field::window<PyramidKVConfig>.with_default(0).with_help(
+          "W_obs, the observation window, also protected (0: min(32, M))"),
+      registry::bind(&PyramidKVConfig::beta,
+                     registry::Option{"beta", registry::Kind::integer, 0,
+                                      "the pyramid's steepness: the last layer keeps about M/beta, the first 2M - M/beta"}
+                         .at_least(1, "beta"))};
+  static constexpr auto options = registry::options_of(fields);
   static constexpr registry::Inputs inputs = registry::Inputs::none;
   using scorers = registry::scorers<score::ObservedAttention>;
   /// It compresses the prompt the engine declares (Cache::add_sequence's prompt_tokens).
@@ -161,11 +165,8 @@ struct pyramidkv {
 
   template <class Backend, class Alloc, class F>
   static decltype(auto) make(const registry::Values& v, const CacheShape& shape, Alloc pool, F&& f) {
-    const std::int64_t M = v.integer("budget"), w = v.integer("window");
-    const PyramidKVConfig c{.budget = M,
-                            .sinks = v.integer("sinks"),
-                            .window = w > 0 ? w : std::min<std::int64_t>(PyramidKVConfig{}.window, M),
-                            .beta = v.integer("beta")};
+    PyramidKVConfig c = registry::read<PyramidKVConfig>(v, fields);
+    if (c.window == 0) c.window = std::min(PyramidKVConfig{}.window, c.budget);
     Cache<score::ObservedAttention, admit::All, evict::Pyramid, Alloc, Backend> cache(
         shape, std::move(pool), pyramidkv_evictor(shape, c), pyramidkv_scorer(c));
     return f(cache);

@@ -3,12 +3,11 @@
 /// position), per-head budget M with buffer B.
 #pragma once
 
-#include <array>
 #include <cstdint>
 
 #include "kvpolicy/policies/common/per_head_budget.hpp"
 #include "kvpolicy/policies/common/token_level.hpp"
-#include "kvpolicy/registry/policy.hpp"
+#include "kvpolicy/registry/fields.hpp"
 
 namespace kvpolicy {
 
@@ -23,17 +22,17 @@ namespace policies {
 struct random {
   static constexpr std::string_view name = "random";
   static constexpr std::string_view help = "Random: seeded uniform scores, per-head budget M";
-  static constexpr std::array options{registry::option::budget, registry::option::buffer, registry::option::sinks,
-                                      registry::option::window,
-                                      registry::Option{"seed", registry::Kind::integer, 0, "the seed of the scores"},
-                                      registry::option::mode};
+  static constexpr auto fields = detail::baseline_fields;
+  static constexpr auto options = registry::options_of(
+      fields, registry::Option{"seed", registry::Kind::integer, 0, "the seed of the scores"},
+      registry::option::mode);
   static constexpr registry::Inputs inputs = registry::Inputs::none;
   using scorers = registry::scorers<score::SeededRandom>;
 
   template <class Backend, class Alloc, class F>
   static decltype(auto) make(const registry::Values& v, const CacheShape& shape, Alloc pool, F&& f) {
     return detail::make_in_mode<Backend>(v, shape, std::move(pool),
-                                         baseline_evictor({.budget = v.integer("budget"), .buffer = v.integer("buffer"), .sinks = v.integer("sinks"), .window = v.integer("window")}),
+                                         baseline_evictor(registry::read<BaselineConfig>(v, fields)),
                                          score::SeededRandom{static_cast<std::uint64_t>(v.integer("seed"))}, evict::Aggregate::max, std::forward<F>(f));
   }
 };

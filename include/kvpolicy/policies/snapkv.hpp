@@ -5,7 +5,7 @@
 #pragma once
 
 #include <algorithm>
-#include <array>
+#include <tuple>
 
 #include "kvpolicy/cache.hpp"
 #include "kvpolicy/core/by_name.hpp"
@@ -14,7 +14,7 @@
 #include "kvpolicy/parts/admit/all.hpp"
 #include "kvpolicy/parts/evict/evictors.hpp"
 #include "kvpolicy/parts/score/observed_attention.hpp"
-#include "kvpolicy/registry/policy.hpp"
+#include "kvpolicy/registry/fields.hpp"
 
 namespace kvpolicy {
 
@@ -54,25 +54,27 @@ struct snapkv {
   static constexpr std::string_view name = "snapkv";
   static constexpr std::string_view help =
       "SnapKV: compress the prompt once to M per head by the attention of its last W_obs queries";
-  static constexpr std::array options{
-      registry::option::budget, registry::option::sinks,
-      registry::option::window.with_help("W_obs, the observation window, also protected (0: min(32, M))"),
-      registry::Option{"pool", registry::Kind::choice, 0, "pooling along positions", {"avg", "max"}}.recorded_as("pooling"),
-      registry::Option{"pool-kernel", registry::Kind::integer, 5, "the pooling kernel, odd (1: none)"},
-      registry::Option{"gqa", registry::Kind::choice, 0, "reduction over a kv head's query heads", {"mean", "max"}}};
+  static constexpr std::tuple fields{
+      registry::field::budget<SnapKVConfig>, registry::field::sinks<SnapKVConfig>,
+      registry::field::window<SnapKVConfig>.with_default(0).with_help(
+          "W_obs, the observation window, also protected (0: min(32, M))"),
+      registry::bind(&SnapKVConfig::pooling,
+                     registry::Option{"pool", registry::Kind::choice, 0, "pooling along positions", {"avg", "max"}}
+                         .recorded_as("pooling")),
+      registry::bind(&SnapKVConfig::pool_kernel,
+                     {"pool-kernel", registry::Kind::integer, 0, "the pooling kernel, odd (1: none)"}),
+      registry::bind(&SnapKVConfig::group_reduce,
+                     {"gqa", registry::Kind::choice, 0, "reduction over a kv head's query heads", {"mean", "max"}})};
+  static constexpr auto options = registry::options_of(fields);
   static constexpr registry::Inputs inputs = registry::Inputs::none;
   using scorers = registry::scorers<score::ObservedAttention>;
   /// It compresses the prompt the engine declares (Cache::add_sequence's prompt_tokens).
   static constexpr bool needs_prompt_length = true;
 
   static SnapKVConfig config(const registry::Values& v) {
-    const std::int64_t M = v.integer("budget"), w = v.integer("window");
-    return {.budget = M,
-            .sinks = v.integer("sinks"),
-            .window = w > 0 ? w : std::min<std::int64_t>(32, M),
-            .pool_kernel = static_cast<int>(v.integer("pool-kernel")),
-            .pooling = v.choice("pool") == 0 ? score::Pooling::avg : score::Pooling::max,
-            .group_reduce = v.choice("gqa") == 0 ? score::GroupReduce::mean : score::GroupReduce::max};
+    SnapKVConfig c = registry::read<SnapKVConfig>(v, fields);
+    if (c.window == 0) c.window = std::min(SnapKVConfig{}.window, c.budget);
+    return c;
   }
 
   template <class Backend, class Alloc, class F>

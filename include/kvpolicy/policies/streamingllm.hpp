@@ -3,11 +3,12 @@
 /// sinks) and the newest, per-head budget M with buffer B.
 #pragma once
 
-#include <array>
+#include <tuple>
+#include <utility>
 
 #include "kvpolicy/policies/common/per_head_budget.hpp"
 #include "kvpolicy/policies/common/token_level.hpp"
-#include "kvpolicy/registry/policy.hpp"
+#include "kvpolicy/registry/fields.hpp"
 
 namespace kvpolicy {
 
@@ -27,17 +28,20 @@ namespace policies {
 struct streamingllm {
   static constexpr std::string_view name = "streamingllm";
   static constexpr std::string_view help = "StreamingLLM: the S first tokens (sinks) and the newest, per-head budget M";
-  static constexpr std::array options{registry::option::budget, registry::option::buffer,
-                                      registry::option::sinks.with_default(4), registry::option::window, registry::option::mode};
+  static constexpr std::tuple fields{registry::field::budget<BaselineConfig>, registry::field::buffer<BaselineConfig>,
+                                     registry::field::sinks<BaselineConfig>.with_default(4),
+                                     registry::field::window<BaselineConfig>};
+  static constexpr auto options = registry::options_of(fields, registry::option::mode);
   static constexpr registry::Inputs inputs = registry::Inputs::none;
   using scorers = registry::scorers<score::Recency>;
 
   template <class Backend, class Alloc, class F>
   static decltype(auto) make(const registry::Values& v, const CacheShape& shape, Alloc pool, F&& f) {
     // the sinks rank first by the score itself (score::Recency), so the evictor protects none
-    return detail::make_in_mode<Backend>(v, shape, std::move(pool),
-                                         baseline_evictor({.budget = v.integer("budget"), .buffer = v.integer("buffer"), .window = v.integer("window")}),
-                                         score::Recency{v.integer("sinks")}, evict::Aggregate::max, std::forward<F>(f));
+    BaselineConfig c = registry::read<BaselineConfig>(v, fields);
+    const score::Recency recency{std::exchange(c.sinks, 0)};
+    return detail::make_in_mode<Backend>(v, shape, std::move(pool), baseline_evictor(c), recency, evict::Aggregate::max,
+                                         std::forward<F>(f));
   }
 };
 

@@ -10,12 +10,12 @@
 /// score per kv head's group, which is what a per-head cache can evict by.
 #pragma once
 
-#include <array>
+#include <tuple>
 
 #include "kvpolicy/policies/common/per_head_budget.hpp"
 #include "kvpolicy/policies/common/token_level.hpp"
 #include "kvpolicy/parts/score/observed_attention.hpp"
-#include "kvpolicy/registry/policy.hpp"
+#include "kvpolicy/registry/fields.hpp"
 
 namespace kvpolicy {
 
@@ -32,8 +32,10 @@ struct tova {
   static constexpr std::string_view name = "tova";
   static constexpr std::string_view help =
       "TOVA: per head, the M entries the step's last query attends to most (mean over its GQA group)";
-  static constexpr std::array options{registry::option::budget, registry::option::buffer.with_default(1),
-                                      registry::option::sinks, registry::option::window, registry::option::mode};
+  static constexpr std::tuple fields{registry::field::budget<BaselineConfig>,
+                                     registry::field::buffer<BaselineConfig>.with_default(1),
+                                     registry::field::sinks<BaselineConfig>, registry::field::window<BaselineConfig>};
+  static constexpr auto options = registry::options_of(fields, registry::option::mode);
   static constexpr registry::Inputs inputs = registry::Inputs::none;
   using scorers = registry::scorers<score::ObservedAttention>;
 
@@ -43,7 +45,7 @@ struct tova {
   template <class Backend, class Alloc, class F>
   static decltype(auto) make(const registry::Values& v, const CacheShape& shape, Alloc pool, F&& f) {
     return detail::make_in_mode<Backend>(v, shape, std::move(pool),
-                                         baseline_evictor({.budget = v.integer("budget"), .buffer = v.integer("buffer"), .sinks = v.integer("sinks"), .window = v.integer("window")}),
+                                         baseline_evictor(registry::read<BaselineConfig>(v, fields)),
                                          scorer, evict::Aggregate::mean, std::forward<F>(f));
   }
 };

@@ -10,7 +10,7 @@
 
 #include "kvpolicy/core/cxx20.hpp"  // first: names a missing -std=c++20
 
-#include <array>
+#include <tuple>
 #include <cstdint>
 
 #include "kvpolicy/cache.hpp"
@@ -21,7 +21,7 @@
 #include "kvpolicy/parts/evict/evictors.hpp"
 #include "kvpolicy/parts/score/retention.hpp"
 #include "kvpolicy/policies/common/token_level.hpp"
-#include "kvpolicy/registry/policy.hpp"
+#include "kvpolicy/registry/fields.hpp"
 
 namespace kvpolicy {
 
@@ -74,27 +74,22 @@ namespace policies {
 struct trimkv {
   static constexpr std::string_view name = "trimkv";
   static constexpr std::string_view help = "TRIM-KV: score log_beta*(n+1-p), per-head budget M, evict when a head reaches M+B";
-  static constexpr std::array options{registry::option::budget,    registry::option::buffer, registry::option::window,
-                                      registry::option::threshold, registry::option::min_tokens, registry::option::sinks,
-                                      registry::option::gate, registry::option::mode};
+  static constexpr std::tuple fields{registry::field::budget<TrimKVConfig>,     registry::field::buffer<TrimKVConfig>,
+                                     registry::field::window<TrimKVConfig>,     registry::field::threshold<TrimKVConfig>,
+                                     registry::field::min_tokens<TrimKVConfig>, registry::field::sinks<TrimKVConfig>};
+  static constexpr auto options = registry::options_of(fields, registry::option::gate, registry::option::mode);
   static constexpr registry::Inputs inputs = registry::Inputs::retention_gate;
   using scorers = registry::scorers<score::RetentionDecay>;
 
   template <class Backend, class Alloc, class F>
   static decltype(auto) make(const registry::Values& v, const CacheShape& shape, Alloc pool, F&& f) {
     // log(beta) * age <= 0 (SPEC §1): an alpha above 1 would keep nothing
-    const double alpha = v.real("threshold");
+    const TrimKVConfig c = registry::read<TrimKVConfig>(v, fields);
+    const double alpha = c.threshold;
     require(alpha >= 0.0 && alpha <= 1.0, "--threshold alpha = ", alpha,
             " must be in (0, 1] for trimkv (its scores are <= log 1: a larger alpha keeps nothing; 0 = off)");
     // union (SPEC §8): a token stays while any head's retention would keep it (the max)
-    return detail::make_in_mode<Backend>(v, shape, std::move(pool),
-                                         trimkv_evictor({.budget = v.integer("budget"),
-                                                         .buffer = v.integer("buffer"),
-                                                         .sinks = v.integer("sinks"),
-                                                         .window = v.integer("window"),
-                                                         .threshold = alpha,
-                                                         .min_tokens = v.integer("min-tokens")}),
-                                         score::RetentionDecay{}, evict::Aggregate::max, std::forward<F>(f));
+    return detail::make_in_mode<Backend>(v, shape, std::move(pool), trimkv_evictor(c), score::RetentionDecay{}, evict::Aggregate::max, std::forward<F>(f));
   }
 };
 

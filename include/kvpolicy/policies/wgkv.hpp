@@ -35,7 +35,7 @@
 
 #include "kvpolicy/core/cxx20.hpp"  // first: names a missing -std=c++20
 
-#include <array>
+#include <tuple>
 #include <cstdint>
 
 #include "kvpolicy/cache.hpp"
@@ -47,7 +47,7 @@
 #include "kvpolicy/parts/evict/evictors.hpp"
 #include "kvpolicy/parts/score/observed_attention.hpp"
 #include "kvpolicy/parts/score/retention.hpp"
-#include "kvpolicy/registry/policy.hpp"
+#include "kvpolicy/registry/fields.hpp"
 
 namespace kvpolicy {
 
@@ -113,30 +113,35 @@ struct wgkv {
   static constexpr std::string_view name = "wgkv";
   static constexpr std::string_view help =
       "WG-KV: the W_local newest tokens of every head and the older ones with write gate g >= tau";
-  static constexpr std::array options{
-      registry::Option{"local", registry::Kind::integer, 256, "W_local, the ring of newest tokens (its protected window)"},
-      registry::Option{"tau", registry::Kind::real, 0.1, "admission threshold on g"},
-      registry::option::sinks,
-      registry::option::gate,
-      registry::Option{"avg-budget", registry::Kind::integer, 0,
-                       "M_avg: a hard budget of L*Hkv*M_avg global entries, by observed attention (0: none)"}
-          .recorded_as("average_budget")};
+  // WGKVBudgetConfig's members; without --avg-budget (0) the Cache has no budget and takes WGKVConfig's
+  static constexpr std::tuple fields{
+      registry::bind(&WGKVBudgetConfig::local,
+                     {"local", registry::Kind::integer, 0, "W_local, the ring of newest tokens (its protected window)"}),
+      registry::bind(&WGKVBudgetConfig::tau, {"tau", registry::Kind::real, 0, "admission threshold on g"}),
+      registry::field::sinks<WGKVBudgetConfig>,
+      registry::bind(&WGKVBudgetConfig::average_budget,
+                     registry::Option{"avg-budget", registry::Kind::integer, 0,
+                                      "M_avg: a hard budget of L*Hkv*M_avg global entries, by observed attention (0: none)"}
+                         .recorded_as("average_budget"))
+          .with_default(0)};
+  static constexpr auto options = registry::options_of(fields, registry::option::gate);
+  static_assert(WGKVConfig{}.local == WGKVBudgetConfig{}.local && WGKVConfig{}.tau == WGKVBudgetConfig{}.tau,
+                "WG-KV's defaults are WGKVBudgetConfig's, with or without a budget");
   static constexpr registry::Inputs inputs = registry::Inputs::write_gate;
   using scorers = registry::scorers<score::Frozen, score::GatedObservedAttention>;
 
   template <class Backend, class Alloc, class F>
   static decltype(auto) make(const registry::Values& v, const CacheShape& shape, Alloc pool, F&& f) {
-    const std::int64_t local = v.integer("local"), sinks = v.integer("sinks"), average = v.integer("avg-budget");
-    const double tau = v.real("tau");
+    const WGKVBudgetConfig c = registry::read<WGKVBudgetConfig>(v, fields);
+    const std::int64_t average = c.average_budget;
     require(average >= 0, "--avg-budget M = ", average, " must be >= 0 (0: no hard budget)");
     if (average > 0) {  // SPEC §3 "Admission with eviction", the authors' W_obs, kernel and fraction
-      const WGKVBudgetConfig c{.sinks = sinks, .local = local, .tau = tau, .average_budget = average};
       Cache<score::GatedObservedAttention, admit::All, evict::WriteGatedBudget, Alloc, Backend> cache(
           shape, std::move(pool), wgkv_budget_evictor(shape, c), wgkv_budget_scorer(shape, c));
       return f(cache);
     }
     Cache<score::Frozen, admit::All, evict::WriteGated, Alloc, Backend> cache(
-        shape, std::move(pool), wgkv_evictor({.sinks = sinks, .local = local, .tau = tau}));
+        shape, std::move(pool), wgkv_evictor({.sinks = c.sinks, .local = c.local, .tau = c.tau}));
     return f(cache);
   }
 };

@@ -7,7 +7,8 @@
 ///
 ///   struct tova {
 ///     static constexpr std::string_view name = "tova", help = "TOVA: ...";
-///     static constexpr std::array options{option::budget, option::buffer(1), option::sinks(0), option::window};
+///     static constexpr std::tuple fields{field::budget<BaselineConfig>, field::buffer<BaselineConfig>.with_default(1)};
+///     static constexpr auto options = options_of(fields, option::mode);  // registry/fields.hpp
 ///     static constexpr Inputs inputs = Inputs::none;
 ///     template <class Backend, class Alloc, class F>
 ///     static decltype(auto) make(const Values& v, const CacheShape& shape, Alloc pool, F&& f);  // f(cache)

@@ -232,7 +232,7 @@ using Global = Pooled<scope::Sequence>;
 /// prompt otherwise may drop token 0, the attention sink).
 struct Generated {
   static constexpr bool counts_prompt_by_length = true;  // so it composes with admit::All only
-  std::int64_t budget = 2048;  // K
+  std::int64_t budget = default_budget;  // K
   std::int64_t recency = -1;   // R; -1 = min(128, K / 4)
   std::int64_t sinks = 0;      // S oldest entries of each head protected (SPEC §5)
   std::int64_t window = 0;     // w newest entries of each head protected (SPEC §5), beside the R newest

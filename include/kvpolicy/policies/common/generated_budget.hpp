@@ -21,7 +21,7 @@
 
 #include "kvpolicy/core/cxx20.hpp"  // first: names a missing -std=c++20
 
-#include <array>
+#include <tuple>
 #include <cstdint>
 #include <span>
 
@@ -32,14 +32,14 @@
 #include "kvpolicy/parts/admit/all.hpp"
 #include "kvpolicy/parts/evict/evictors.hpp"
 #include "kvpolicy/parts/score/retention.hpp"
-#include "kvpolicy/registry/policy.hpp"
+#include "kvpolicy/registry/fields.hpp"
 
 namespace kvpolicy {
 
 /// The settings SPEC §4's policies share, written with designated initialisers (core/by_name.hpp).
 struct EpiKVConfig {
   [[no_unique_address]] ByName by_name{};
-  std::int64_t budget = 2048;  ///< K, generated tokens kept per (layer, kv head)
+  std::int64_t budget = evict::default_budget;  ///< K, generated tokens kept per (layer, kv head)
   std::int64_t sinks = 0;      ///< S: the S oldest entries of each head are protected (SPEC §5)
   std::int64_t window = 0;     ///< w: the w newest entries of each head are protected (SPEC §5)
   std::int64_t recency = -1;   ///< R; -1 = min(128, K / 4)
@@ -70,20 +70,19 @@ namespace policies::detail {
 
 /// The options and the cache every registered policy of SPEC §4 shares.
 struct generated_budget {
-  static constexpr std::array options{
-      registry::option::budget.with_help("K, generated tokens kept per (layer, kv head)"),
-      registry::Option{"recency", registry::Kind::integer, -1, "R, the newest generated tokens kept (-1: min(128, K/4))"},
-      registry::option::sinks, registry::option::window};
+  static constexpr std::tuple fields{
+      registry::field::budget<EpiKVConfig>.with_help("K, generated tokens kept per (layer, kv head)"),
+      registry::bind(&EpiKVConfig::recency,
+                     {"recency", registry::Kind::integer, 0, "R, the newest generated tokens kept (-1: min(128, K/4))"}),
+      registry::field::sinks<EpiKVConfig>, registry::field::window<EpiKVConfig>};
+  static constexpr auto options = registry::options_of(fields);
   using scorers = registry::scorers<score::Frozen>;
 
   template <class Backend, class Alloc, class F>
   static decltype(auto) make(const registry::Values& v, const CacheShape& shape, Alloc pool, F&& f) {
     Cache<score::Frozen, admit::All, evict::Generated, Alloc, Backend> cache(
         shape, std::move(pool),
-        epikv_evictor({.budget = v.integer("budget"),
-                       .sinks = v.integer("sinks"),
-                       .window = v.integer("window"),
-                       .recency = v.integer("recency")}));
+        epikv_evictor(registry::read<EpiKVConfig>(v, fields)));
     return f(cache);
   }
 };

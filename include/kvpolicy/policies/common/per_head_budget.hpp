@@ -9,6 +9,7 @@
 #include "kvpolicy/core/cxx20.hpp"  // first: names a missing -std=c++20
 
 #include <cstdint>
+#include <tuple>
 
 #include "kvpolicy/cache.hpp"
 #include "kvpolicy/core/by_name.hpp"
@@ -17,6 +18,7 @@
 #include "kvpolicy/parts/admit/all.hpp"
 #include "kvpolicy/parts/evict/evictors.hpp"
 #include "kvpolicy/parts/score/baseline.hpp"
+#include "kvpolicy/registry/fields.hpp"
 
 namespace kvpolicy {
 
@@ -43,6 +45,12 @@ std::int64_t baseline_pages(const CacheShape& shape, const BaselineConfig& c, st
   return Paged::pages_for(shape, evict::detail::per_head_peak("baseline_pages", c.budget, c.buffer, 0.0, largest_chunk),
                           sequences);
 }
+
+namespace policies::detail {
+/// A per-head baseline's fields (registry/fields.hpp): M, B, S and w of its BaselineConfig.
+inline constexpr std::tuple baseline_fields{registry::field::budget<BaselineConfig>, registry::field::buffer<BaselineConfig>,
+                                            registry::field::sinks<BaselineConfig>, registry::field::window<BaselineConfig>};
+}  // namespace policies::detail
 
 /// A per-head baseline's Cache: the scorer `S` under the per-head budget, on a paged cache.
 template <class S, class Backend = cpu_backend, class Storage = float, int PageSize = 16>
