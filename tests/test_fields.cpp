@@ -10,7 +10,7 @@
 #include <tuple>
 #include <type_traits>
 
-#include "kvpolicy/registry.hpp"
+#include "kvpolicy/policies.hpp"  // every registered policy, with the CPU backend
 
 using namespace kvpolicy;
 
