@@ -55,6 +55,44 @@ inline std::string policy_list() {
   return out;
 }
 
+/// --list-options: every registered policy's options as a Markdown table (docs/policies.md's
+/// "Options", which a test keeps equal to it): policy, option, default, the values it takes, help.
+inline std::string policy_options_table() {
+  const auto cell = [](std::string_view text) {  // a table cell: '|' escaped
+    std::string out;
+    for (const char c : text) {
+      if (c == '|') out += '\\';
+      out += c;
+    }
+    return out;
+  };
+  std::string out = "| policy | option | default | values | what it sets |\n| --- | --- | --- | --- | --- |\n";
+  registry::for_each([&]<registry::Policy P>() {
+    for (const registry::Option& o : P::options) {
+      std::string values;
+      switch (o.kind) {
+        case registry::Kind::path: values = "a file"; break;
+        case registry::Kind::choice:
+          for (const std::string_view c : o.choices)
+            if (!c.empty()) values += (values.empty() ? "`" : ", `") + std::string(c) + "`";
+          break;
+        case registry::Kind::integer:
+        case registry::Kind::real: {
+          const bool bounded = o.minimum > -1.0e300;
+          std::string least = registry::Option{o.name, o.kind, o.minimum, ""}.default_text();
+          values = std::string(o.kind == registry::Kind::integer ? "integer" : "real") +
+                   (bounded ? " >= " + least : "");
+          break;
+        }
+      }
+      out += "| `" + std::string(P::name) + "` | `--" + std::string(o.name) + "` | " +
+             (o.kind == registry::Kind::path ? std::string("none") : "`" + o.default_text() + "`") + " | " + values +
+             " | " + cell(o.help) + " |\n";
+    }
+  });
+  return out;
+}
+
 /// The policies and their options, from the registry (kvpolicy/registry.hpp), for a tool's --help:
 /// each option once, with the help and default most of its takers state, then the takers that
 /// state it otherwise.

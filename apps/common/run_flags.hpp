@@ -20,8 +20,8 @@
 
 namespace kvpolicy::apps {
 
-/// --help (the program's usage, then the policies and their options) and --list-policies: printed,
-/// and the program ends; any other flag returns.
+/// --help (the program's usage, then the policies and their options), --list-policies and
+/// --list-options: printed, and the program ends; any other flag returns.
 inline void answer_info_flag(const std::string& flag, const char* usage) {
   if (flag == "-h" || flag == "--help") {
     std::fputs(usage, stdout);
@@ -31,6 +31,10 @@ inline void answer_info_flag(const std::string& flag, const char* usage) {
   }
   if (flag == "--list-policies") {
     std::fputs(cli::policy_list().c_str(), stdout);
+    std::exit(0);
+  }
+  if (flag == "--list-options") {
+    std::fputs(cli::policy_options_table().c_str(), stdout);
     std::exit(0);
   }
 }

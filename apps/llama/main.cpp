@@ -60,6 +60,7 @@ steps:   --prefill P       the first step's tokens (default: --chunk)
          --chunk C         tokens per later step of a text (default 16); generation decodes 1
 policy:  --policy P        a policy with a token-level mode (below); its options as --NAME VALUE
          --list-policies   the registered policies, one per line: name, options, inputs, prompt, device
+         --list-options    every policy's options, defaults and values, as a Markdown table
 )";
 
 struct Args : apps::RunFlags {

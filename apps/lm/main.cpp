@@ -64,6 +64,7 @@ steps:   --prefill P       the first step's tokens, declared as the prompt (defa
          --chunk C         tokens per later step of a text (default 16); generation decodes 1
 policy:  --policy P        one of the policies below (default full); its options as --NAME VALUE
          --list-policies   the registered policies, one per line: name, options, inputs, prompt, device
+         --list-options    every policy's options, defaults and values, as a Markdown table
 )";
 
 struct Args : apps::RunFlags {

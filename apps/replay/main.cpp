@@ -36,6 +36,7 @@ options:
   --policy P       one of the policies below (default trimkv); its options as --NAME VALUE
   --prefill P      append the first P tokens as one chunk, the prompt (default 0: one token per step)
   --list-policies  the registered policies, one per line: name, options, inputs, prompt, device
+  --list-options   every policy's options, defaults and values, as a Markdown table
   --png DIR        write retention and eviction heatmaps (TRIM-KV paper, Fig. 4)
   --layers, --heads  which heatmaps (default: layer 0, every kv head)
   --no-reference   skip the full-cache attention (no attn_rel_error; most of a run's time on a
