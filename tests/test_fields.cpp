@@ -90,3 +90,13 @@ TEST_CASE("registry fields: each option sets its Config member, the rest keep th
   });
   CHECK(with_fields >= 18);
 }
+
+TEST_CASE("registry fields: an integer the member cannot hold is an error naming the option") {
+  using P = policies::snapkv;  // pool-kernel is an int member
+  const registry::Values v(P::name, P::options, {{"pool-kernel", "4294967301"}});
+  CHECK_THROWS_WITH_AS(registry::read<SnapKVConfig>(v, P::fields), doctest::Contains("--pool-kernel = 4294967301 is out of range"),
+                       Error);
+  using D = policies::dbtrimkv;  // horizon is an int member
+  CHECK_THROWS_WITH_AS(registry::read<DBTrimKVConfig>(registry::Values(D::name, D::options, {{"horizon", "-4294967295"}}), D::fields),
+                       doctest::Contains("--horizon = -4294967295 is out of range"), Error);
+}

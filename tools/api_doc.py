@@ -38,6 +38,7 @@ SECTIONS = [
     "kvpolicy/wgkv.hpp",
     "kvpolicy/epikv.hpp",
     "kvpolicy/baselines.hpp",
+    "kvpolicy/policies.hpp",
     "kvpolicy/core/by_name.hpp",
     "kvpolicy/policies/",
     "kvpolicy/policies/common/",

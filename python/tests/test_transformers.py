@@ -92,19 +92,27 @@ GATE_KINDS = {"retention_gate": "rg", "tied_retention_gate": "rg10", "write_gate
 POLICIES = kvpolicy.policies()
 
 
-def tiny_options(info):
+# Where a policy's tiny-model run differs from the common one: PyramidKV's 3 layers keep 12, 8 and 4
+# (window 2, beta 2); HS-var reads band 0, the embeddings.
+TINY_SETTINGS = {"pyramidkv": {"window": 2, "beta": 2}, "hs-var": {"band_a": 0}}
+
+
+def tiny_options(name, info):
     """What makes a policy evict within the tiny model's 56 tokens, from the options it takes
     (kvpolicy.policies()): a new policy runs here without an edit. A budget K over generated tokens
-    (the hidden-state and K/V-statistic policies) is 4; PyramidKV's 3 layers keep 12, 8 and 4
-    (window 2, beta 2); WG-KV's untrained gate gives g near 0.88, so tau 0.95 refuses it."""
+    (the hidden-state and K/V-statistic policies) is 4; WG-KV's untrained gate gives g near 0.88, so
+    tau 0.95 refuses it; other options keep their defaults (TOVA's B = 1, H2O's window M/2)."""
     generated = info["inputs"] in ("hidden_states", "key_value_statistic")
-    wanted = {"budget": 4 if generated else 8, "buffer": 4, "window": 2, "beta": 2, "local": 8, "tau": 0.95,
-              "band_a": 1, "band_b": 2}
-    return {k: v for k, v in wanted.items() if k in info["options"]}
+    wanted = {"budget": 4 if generated else 8, "local": 8, "tau": 0.95, "band_a": 1, "band_b": 2}
+    if "buffer" in info["options"] and info["options"]["buffer"]["default"] > 1:
+        wanted["buffer"] = 4
+    options = {k: v for k, v in wanted.items() if k in info["options"]}
+    options.update(TINY_SETTINGS.get(name, {}))
+    return options
 
 
 # Every registered policy but full, which keeps everything.
-GENERATES = [(name, tiny_options(info), GATE_KINDS.get(info["inputs"]))
+GENERATES = [(name, tiny_options(name, info), GATE_KINDS.get(info["inputs"]))
              for name, info in sorted(POLICIES.items()) if name != "full"]
 
 
@@ -226,8 +234,8 @@ PERPLEXITY = [smollm2_args(name, info) for name, info in sorted(POLICIES.items()
 
 
 def test_the_settings_name_registered_policies_and_options():
-    """A setting for a policy or an option the registry no longer has fails here."""
-    for name, settings in SMOLLM2_SETTINGS.items():
+    """A setting naming a policy or an option the registry lacks fails here."""
+    for name, settings in list(SMOLLM2_SETTINGS.items()) + list(TINY_SETTINGS.items()):
         assert name in POLICIES, f"SMOLLM2_SETTINGS names {name}, not a registered policy"
         for option in settings:
             assert option in POLICIES[name]["options"], f"{name} takes no option {option}"

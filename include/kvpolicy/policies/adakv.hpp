@@ -18,7 +18,9 @@
 
 namespace kvpolicy::policies {
 
-/// AdaKV's rule: per layer, at the step that ends the declared prompt.
+/// AdaKV's rule: per layer, at the step that ends the declared prompt. At namespace scope, not in
+/// `adakv`: its `fields` read `AdaKVEvictor{}`'s defaults, which a class nested in one still being
+/// defined does not have yet.
 struct AdaKVEvictor {
   std::int64_t budget = evict::default_budget;  // M per head on average
   std::int64_t window = 32;    // W_obs, protected

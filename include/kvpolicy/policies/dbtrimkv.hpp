@@ -110,7 +110,7 @@ struct dbtrimkv {
   template <class Backend, class Alloc, class F>
   static decltype(auto) make(const registry::Values& v, const CacheShape& shape, Alloc pool, F&& f) {
     const DBTrimKVConfig c = registry::read<DBTrimKVConfig>(v, fields);
-    const std::int64_t h = v.integer("horizon");  // read whole: an int member would wrap a huge h
+    const std::int64_t h = c.horizon;
     require(h >= 1 && h <= 1 << 20, "--horizon h = ", h, " must be in [1, 2^20]");
     // the lookahead score is <= log h (SPEC §2): an alpha above h would keep nothing
     const double alpha = c.threshold;

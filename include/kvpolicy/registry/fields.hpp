@@ -13,6 +13,8 @@
 
 #include <array>
 #include <cstddef>
+#include <cstdint>
+#include <string_view>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -70,24 +72,33 @@ constexpr std::array<Option, sizeof...(F) + sizeof...(O)> options_of(const std::
                     fields);
 }
 
+namespace detail {
+/// Sets `field`'s member of `c` from its option's value; an integer the member cannot hold is an
+/// error that names the option.
+template <class Config, class T>
+void set_field(Config& c, const Values& v, const Field<Config, T>& field) {
+  static_assert(std::is_arithmetic_v<T> || std::is_enum_v<T>, "a Field's member is a number, a bool or an enum");
+  const std::string_view name = field.option.name;
+  if constexpr (std::is_same_v<T, bool>) {
+    c.*field.member = v.choice(name) != 0;
+  } else if constexpr (std::is_enum_v<T>) {
+    c.*field.member = static_cast<T>(v.choice(name));
+  } else if constexpr (std::is_integral_v<T>) {
+    const std::int64_t x = v.integer(name);
+    require(std::in_range<T>(x), "--", name, " = ", x, " is out of range");
+    c.*field.member = static_cast<T>(x);
+  } else {
+    c.*field.member = static_cast<T>(v.real(name));
+  }
+}
+}  // namespace detail
+
 /// The Config the values set: every field's member from its option's value (the given one or its
 /// default), the other members at the Config's defaults.
 template <class Config, class... T>
 Config read(const Values& v, const std::tuple<Field<Config, T>...>& fields) {
   Config c{};
-  std::apply(
-      [&](const auto&... f) {
-        const auto set = [&]<class U>(const Field<Config, U>& field) {
-          static_assert(std::is_arithmetic_v<U> || std::is_enum_v<U>, "a Field's member is a number, a bool or an enum");
-          const std::string_view name = field.option.name;
-          if constexpr (std::is_same_v<U, bool>) c.*field.member = v.choice(name) != 0;
-          else if constexpr (std::is_enum_v<U>) c.*field.member = static_cast<U>(v.choice(name));
-          else if constexpr (std::is_integral_v<U>) c.*field.member = static_cast<U>(v.integer(name));
-          else c.*field.member = static_cast<U>(v.real(name));
-        };
-        (set(f), ...);
-      },
-      fields);
+  std::apply([&](const auto&... f) { (detail::set_field(c, v, f), ...); }, fields);
   return c;
 }
 
