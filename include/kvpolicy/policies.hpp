@@ -4,7 +4,6 @@
 /// as its one file is here without an edit. A program that uses one family may include its header
 /// instead (kvpolicy/trimkv.hpp, dbtrimkv.hpp, wgkv.hpp, epikv.hpp, baselines.hpp).
 ///
-///   #include <kvpolicy/policies.hpp>
 ///   kvpolicy::TOVACache<> cache(shape, kvpolicy::memory::Paged<16>(pages), kvpolicy::baseline_evictor({.budget = 256}),
 ///                               kvpolicy::policies::tova::scorer);
 #pragma once
