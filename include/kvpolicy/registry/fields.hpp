@@ -63,7 +63,6 @@ constexpr Field<Config, T> bind(T Config::*member, Option o) {
   return {o, member};
 }
 
-
 /// The options of a policy's fields, then `more` (options no Config member holds: the gate's file,
 /// the mode, a model's RoPE), in that order.
 template <class... F, class... O>
