@@ -25,17 +25,23 @@ namespace {
 const CacheShape kShape{2, 2, 4, 8};
 
 // The same random steps through `direct` (P::make's Cache) and `door` (AnyCache); returns the
-// entries the door evicted. Queries go with every step of a cache that stores its K/V.
+// entries the door evicted. Queries go with every step of a cache that stores its K/V. With
+// `probe` (a policy whose inputs are a reconstruction, SPEC §10) the step after the prompt is a probe.
 template <class C>
-std::int64_t run_both(C& direct, AnyCache& door, std::mt19937_64& rng) {
+std::int64_t run_both(C& direct, AnyCache& door, std::mt19937_64& rng, bool probe = false) {
   const std::int64_t H = kShape.kv_heads, Hq = kShape.q_heads, d = kShape.head_dim, L = kShape.layers;
   const std::int64_t prompt = std::uniform_int_distribution<std::int64_t>(1, 24)(rng);
   direct.add_sequence(0, prompt);
   door.add_sequence(0, prompt);
   std::normal_distribution<float> normal;
   std::int64_t evicted = 0;
-  for (std::int64_t n = 0; n < 120;) {
-    const std::int64_t T = n == 0 ? prompt : std::uniform_int_distribution<std::int64_t>(1, 3)(rng);
+  for (std::int64_t n = 0, steps = 0; n < 120; ++steps) {
+    const bool probing = probe && steps == 1;
+    if (probing) {
+      if constexpr (C::takes_probes) direct.open_probe(0);
+      door.open_probe(0);
+    }
+    const std::int64_t T = n == 0 ? prompt : std::uniform_int_distribution<std::int64_t>(1, probing ? 9 : 3)(rng);
     std::vector<float> k(static_cast<std::size_t>(L * H * T * d)), val(k.size()), q(static_cast<std::size_t>(L * Hq * T * d)),
         o1(q.size()), o2(q.size()), lb(static_cast<std::size_t>(L * H * T)), g(lb.size());
     for (float& x : k) x = normal(rng);
@@ -60,7 +66,8 @@ std::int64_t run_both(C& direct, AnyCache& door, std::mt19937_64& rng) {
     REQUIRE(same(entries(direct), entries(door)));
     REQUIRE(o1 == o2);
     evicted += r2.evicted;
-    n += T;
+    if (!probing) n += T;
+    REQUIRE(door.tokens(0) == n);
   }
   CHECK(door.tokens(0) == direct.tokens(0));
   CHECK(door.total_length(0) == direct.total_length(0));
@@ -105,14 +112,14 @@ TEST_CASE("registry::open_cache: every policy by name keeps and evicts what its 
           else CHECK(door->protected_window() == 0);
           CHECK(door->pages_total() == direct.pages_total());
           CHECK(door->pool_bytes() == memory::Paged<16>::bytes_for(kShape, pages));
-          evicted += run_both(direct, *door, rng);
+          evicted += run_both(direct, *door, rng, P::inputs == registry::Inputs::reconstruction);
         });
         if constexpr (registry::over_engine_storage<P>()) {
           P::template make<cpu_backend>(v, kShape, memory::Paged<16, engine_owned>(pages), [&](auto& direct) {
             const std::unique_ptr<AnyCache> door = registry::open_cache<engine_owned>(sel, kShape, pages);
             CHECK(!door->stores_kv());
             CHECK(door->pool_bytes() == memory::Paged<16, engine_owned>::bytes_for(kShape, pages));
-            run_both(direct, *door, rng);
+            run_both(direct, *door, rng, P::inputs == registry::Inputs::reconstruction);
           });
         }
       }

@@ -174,6 +174,8 @@ TEST_CASE("replay: every policy runs on the synthetic trace within its budget, a
     o.offer("budget", M).offer("buffer", B);
     o.offer("band-a", 2).offer("band-b", 1);  // the synthetic hidden states jump at layer 2
     o.offer("local", 12);  // wgkv's ring
+    const bool reconstructs = in == registry::Inputs::reconstruction;  // KVzip: a probe after the prompt
+    if (reconstructs) o.probe = 8;
     const auto r = replay::replay(tr, o, &full);
     // EpiKV's family (SPEC §4): a frozen score per token, the prompt protected
     const bool epikv_family = in == registry::Inputs::hidden_states || in == registry::Inputs::key_value_statistic;
@@ -189,7 +191,16 @@ TEST_CASE("replay: every policy runs on the synthetic trace within its budget, a
     }
     // wgkv holds what its gate admits; a prompt-compressing policy keeps every decode token
     const bool write_gated = in == registry::Inputs::write_gate;
-    if (!write_gated && !registry::needs_prompt_length(policy)) CHECK(r.peak_entries_per_head <= std::max(P, bound));
+    if (!write_gated && !registry::needs_prompt_length(policy) && !reconstructs)
+      CHECK(r.peak_entries_per_head <= std::max(P, bound));
+    if (reconstructs) {  // the probe's tokens leave at its own step; the prompt's leave there or never
+      CHECK(r.peak_entries_per_head >= P + 8);                // the prompt and the probe, at the probe's step
+      CHECK(r.peak_entries_per_head <= std::max(P + 8, tr.tokens - 8));  // never the probe's tokens after it
+      for (std::int64_t t = 0; t < tr.tokens; ++t) {
+        const auto e = r.evicted_at[static_cast<std::size_t>(t)];
+        REQUIRE((t < P + 8 ? (t < P ? e == -1 || e == P + 8 : e == P + 8) : e == -1));
+      }
+    }
     std::int64_t evicted = 0;
     for (int l = 0; l < 2; ++l)
       for (int h = 0; h < 2; ++h)

@@ -34,6 +34,7 @@
 #include <limits>
 #include <map>
 #include <random>
+#include <set>
 #include <sstream>
 #include <string>
 #include <tuple>
@@ -73,6 +74,7 @@ struct Coverage {
   std::int64_t fault_refused = 0;      // refused for the injected fault alone
   std::int64_t aborted_attended = 0;   // aborts of a step that had attended (H2O's mass, the windows)
   std::int64_t layer_commits = 0, batch_commits = 0;
+  std::int64_t probes = 0;             // probe steps opened (SPEC §10), where the Cache takes them
 };
 Coverage coverage;
 
@@ -257,6 +259,7 @@ void run_operations(C& sut, C& ref, Rng& rng, const CacheShape& sh, std::uint64_
   for (std::int64_t i = 0; i < kIds; ++i) ids.push_back(i);
   const std::int64_t L = sh.layers, H = sh.kv_heads, Hq = sh.q_heads, D = sh.head_dim;
   std::map<std::int64_t, StepData> open;  // steps open through the layer API, by sequence
+  std::set<std::int64_t> probing;         // sequences whose next or open step is a probe (SPEC §10)
 
   std::ostringstream log;
   INFO(P::name, ": stream seed ", seed, " (replay: KVPOLICY_STREAM_SEED=", seed, "); operations so far:\n", log.str());
@@ -288,6 +291,8 @@ void run_operations(C& sut, C& ref, Rng& rng, const CacheShape& sh, std::uint64_
     for (int l = 0; l < sh.layers; ++l)  // a layer the step did not attend may hold any query (a NaN)
       if (!d.attended[static_cast<std::size_t>(l)]) std::fill_n(r.q.begin() + l * layer_size, layer_size, 0.25f);
     std::vector<EvictedEntry> evicted;
+    if constexpr (C::takes_probes)
+      if (probing.erase(seq) > 0) ref.open_probe(seq);  // the step was a probe in the cache under test
     const EvictionReport want = ref.step(views(r, d.T, D, d.T, d.with_gate, true, seq), &evicted);
     REQUIRE(got.triggered == want.triggered);
     REQUIRE(got.evicted == want.evicted);
@@ -335,6 +340,20 @@ void run_operations(C& sut, C& ref, Rng& rng, const CacheShape& sh, std::uint64_
       }
     };
 
+    if constexpr (C::takes_probes)
+      if (uni(rng, 0, 15) == 0) {  // open_probe: the next step of a sequence is a probe (SPEC §10)
+        if (!known || o != nullptr) {
+          rejected([&] { sut.open_probe(id); }, "open_probe of an unknown id or over an open step");
+          continue;
+        }
+        log << "  open_probe\n";
+        sut.open_probe(id);
+        probing.insert(id);
+        ++coverage.probes;
+        ++coverage.accepted;
+        expect_same(sut, ref, open);
+        continue;
+      }
     if (kind == 0) {  // add_sequence, with a declared prompt now and then, or an invalid one
       const std::int64_t prompt = fault != Fault::none && uni(rng, 0, 3) == 0 ? -2
                                   : P::prompt && uni(rng, 0, 1)             ? uni(rng, 0, 12)
@@ -353,6 +372,7 @@ void run_operations(C& sut, C& ref, Rng& rng, const CacheShape& sh, std::uint64_
       sut.remove_sequence(id);
       ref.remove_sequence(id);
       open.erase(id);
+      probing.erase(id);
     } else if (kind <= 4) {  // step(): the whole forward step of one sequence
       StepData d = make_step<P>(rng, sh, T);
       const bool attend = P::observes || uni(rng, 0, 1) == 0;
@@ -478,6 +498,7 @@ void run_operations(C& sut, C& ref, Rng& rng, const CacheShape& sh, std::uint64_
           continue;
         }
         sut.abort_step(id);
+        probing.erase(id);  // a probe taken back, or one not yet begun, goes too
         if (o != nullptr)
           coverage.aborted_attended += std::any_of(o->attended.begin(), o->attended.end(), [](std::uint8_t a) { return a != 0; });
         coverage.aborted += open.erase(id);
@@ -591,6 +612,8 @@ std::map<std::string, std::string, std::less<>> draw_options(Rng& rng) {
     else if (n == "floor") value = uni(rng, 0, 2) == 0 ? "0.25" : "0";
     else if (n == "tau") value = uni(rng, 0, 1) ? "0.1" : "0.5";
     else if (n == "safeguard") value = uni(rng, 0, 1) ? "0.2" : "0.5";
+    else if (n == "ratio") value = uni(rng, 0, 3) == 0 ? "0" : uni(rng, 0, 1) ? "0.5" : "0.9";
+    else if (n == "prefix") value = std::to_string(uni(rng, 0, 3));
     else if (o.kind == registry::Kind::choice) {
       std::int64_t count = 0;
       while (count < static_cast<std::int64_t>(o.choices.size()) && !o.choices[static_cast<std::size_t>(count)].empty()) ++count;
@@ -637,8 +660,8 @@ void run_registered_streams(std::uint64_t base, int count) {
   if (run_seeds(base, 10000, count, [](std::uint64_t seed) { run_registered_stream<R>(seed); })) return;
   MESSAGE(std::string(R::name), " (registered), ", count, " streams: ", coverage.accepted, " calls accepted, ",
           coverage.rejected, " rejected (", coverage.fault_refused, " for their fault alone), ", coverage.committed,
-          " steps committed, ", coverage.aborted, " taken back, ", coverage.evictions, " evictions removed ",
-          coverage.evicted, " entries");
+          " steps committed, ", coverage.aborted, " taken back, ", coverage.probes, " probes opened, ",
+          coverage.evictions, " evictions removed ", coverage.evicted, " entries");
   // a policy without options (the full cache) has no budget a stream could reach
   CHECK((coverage.evictions > 0 || R::options.empty()));
   CHECK(coverage.fault_refused > count);

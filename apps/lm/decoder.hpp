@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <span>
 #include <utility>
 #include <vector>
@@ -20,6 +21,7 @@
 
 #include "kvpolicy/core/view.hpp"
 #include "kvpolicy/epikv.hpp"
+#include "kvpolicy/inputs/producer.hpp"
 #include "model.hpp"
 
 namespace kvpolicy::lm {
@@ -47,6 +49,8 @@ struct HiddenStateScore {
 struct EntryMetadata {
   LayerMetadata layer;
   HiddenStateScore hidden;
+  /// The probe the policy runs after the prompt (SPEC §10: KVzip's repetition), or none.
+  std::optional<inputs::ReconstructionProbe> reconstruction;
 };
 
 /// Sums a partial product over the ranks of a split model, in place (tensor_parallel.hpp); empty

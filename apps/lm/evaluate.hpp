@@ -37,12 +37,14 @@ inline double nll_of(const Eigen::Ref<const Eigen::RowVectorXf>& row, int id) {
 }
 
 /// Runs `tokens` as sequence 0 of `cache`: a first step of `prefill` tokens (declared as the
-/// prompt), then steps of `chunk`; every step commits (trigger and eviction) before the next.
-/// at_end, when given, sees the cache after the last step, before the sequence is removed.
+/// prompt), then `probe`'s tokens as a probe step where given (SPEC §10: probe_tokens, for a policy
+/// that reads a reconstruction; they are no part of the text and score nothing), then steps of
+/// `chunk`; every step commits (trigger and eviction) before the next. at_end, when given, sees the
+/// cache after the last step, before the sequence is removed.
 template <class CacheT>
 Run score_text(Decoder& dec, CacheT& cache, const EntryMetadata& metadata, std::span<const int> tokens,
                std::int64_t prefill, std::int64_t chunk, bool keep_logits,
-               const std::function<void(const CacheT&)>& at_end = {}) {
+               const std::function<void(const CacheT&)>& at_end = {}, std::span<const int> probe = {}) {
   const auto N = static_cast<std::int64_t>(tokens.size());
   require(prefill >= 1 && chunk >= 1, "kvpolicy-lm: --prefill ", prefill, " and --chunk ", chunk, " must be >= 1");
   Run r;
@@ -61,6 +63,10 @@ Run score_text(Decoder& dec, CacheT& cache, const EntryMetadata& metadata, std::
         r.nll[static_cast<std::size_t>(n + t + 1)] =
             static_cast<float>(nll_of(logits.row(t), tokens[static_cast<std::size_t>(n + t + 1)]));
       if (keep_logits) r.logits.row(n + t) = logits.row(t);
+    }
+    if (n == 0 && !probe.empty()) {  // the probe's entries leave at its commit: it adds no step to the text
+      cache.open_probe(0);
+      r.evictions += dec.step(cache, 0, probe, metadata, nullptr).triggered;
     }
     n += T;
     r.peak_entries = std::max(r.peak_entries, cache.total_length(0));

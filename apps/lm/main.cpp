@@ -122,11 +122,14 @@ int perplexity_mode(const Args& a, const Model& model, const Tokenizer& tok) {
   std::vector<std::int64_t> survivors;
   const Run r = with_policy(a.selection, a.kv, model.config, 1, a.tokens, [&](auto& cache, const EntryMetadata& meta) {
     using CacheT = std::decay_t<decltype(cache)>;
+    const std::vector<int> probe =
+        probe_tokens(meta, tok, std::span<const int>(ids).first(static_cast<std::size_t>(std::min(a.prefill, a.tokens))));
     return score_text<CacheT>(dec, cache, meta, ids, a.prefill, a.chunk, golden,
                               [&](const CacheT& c) {
                                 survivors = survivor_digest(c, 0, model.config, 0);
                                 if (!a.survivors.empty()) apps::write_positions(c, 0, a.survivors);
-                              });
+                              },
+                              probe);
   });
   std::string given;  // the policy's options as given (the registry's defaults for the rest)
   for (const auto& [option, value] : a.selection.given) given += (given.empty() ? " (" : ", ") + option + " " + value;
@@ -231,6 +234,10 @@ int generate_mode(const Args& a, const Model& model, const Tokenizer& tok, const
       }
       prefilled += static_cast<std::int64_t>(p.size());
       logits.row(0).maxCoeff(&next[static_cast<std::size_t>(s)]);
+      if (const std::vector<int> probe = probe_tokens(meta, tok, p); !probe.empty()) {  // SPEC §10, after the prompt
+        cache.open_probe(s);
+        dec.step(cache, s, probe, meta, nullptr);
+      }
     }
     const double prefill_seconds = seconds_since(prefill_start);
     const auto decode_start = Clock::now();

@@ -3,16 +3,19 @@
 // feeds it.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <type_traits>
 #include <vector>
 
 #include "../common/layer_inputs.hpp"
 #include "decoder.hpp"
+#include "tokenizer.hpp"
 #include "kvpolicy/open.hpp"
 
 namespace kvpolicy::lm {
@@ -48,7 +51,20 @@ inline EntryMetadata entry_metadata(const inputs::Producer& p, const std::string
                   p.tokens(seq, View<const float, 2>(h_a.data(), {T, D}), View<const float, 2>(h_b.data(), {T, D}),
                            std::span<float>(out, static_cast<std::size_t>(T)));
                 }};
+  m.reconstruction = needs.reconstruction;
   return m;
+}
+
+/// The probe a policy that reads a reconstruction runs after `prompt` (SPEC §10): its instruction,
+/// "\n" where a chat template would put its assistant header (this program feeds raw text), then the
+/// prompt's tokens from its prefix on. Empty for any other policy.
+inline std::vector<int> probe_tokens(const EntryMetadata& m, const Tokenizer& tok, std::span<const int> prompt) {
+  if (!m.reconstruction) return {};
+  std::vector<int> out = tok.encode(std::string(m.reconstruction->instruction));
+  for (const int id : tok.encode("\n")) out.push_back(id);
+  const auto from = static_cast<std::size_t>(std::min<std::int64_t>(m.reconstruction->prefix, std::ssize(prompt)));
+  out.insert(out.end(), prompt.begin() + static_cast<std::ptrdiff_t>(from), prompt.end());
+  return out;
 }
 
 /// The K/V storage kvpolicy-lm offers (--kv): fp16 (llama.cpp's default cache type; half the bytes

@@ -1,6 +1,6 @@
 // kvpolicy-replay — replay a recorded trace through a KV-cache policy and budget.
 //   kvpolicy-replay --trace IN.safetensors --policy POLICY --budget M --buffer B
-//                   [--horizon h] [--floor f] [--window w] [--threshold a [--min-tokens F]] [--prefill P]
+//                   [--horizon h] [--floor f] [--window w] [--threshold a [--min-tokens F]] [--prefill P] [--probe Q]
 //                   --out OUT.safetensors [--png DIR --layers 0,1 --heads 0,2]
 //   kvpolicy-replay --demo [--png DIR]     the synthetic trace through every policy, as a table
 // Formats: docs/replay.md.
@@ -28,13 +28,15 @@ const char* kUsage = R"(kvpolicy-replay: replay a KV-cache trace through a polic
 usage:
   kvpolicy-replay --trace IN.safetensors --policy POLICY --budget M --buffer B --out OUT.safetensors
                   [--horizon h] [--floor f] [--window w] [--threshold a [--min-tokens F]] [--prefill P]
-                  [--png DIR [--layers 0,1,..] [--heads 0,1,..]]
+                  [--probe Q] [--png DIR [--layers 0,1,..] [--heads 0,1,..]]
   kvpolicy-replay --demo [--png DIR]
   kvpolicy-replay --write-synthetic OUT.safetensors [--tokens T]   the demo's trace, as a file
 
 options:
   --policy P       one of the policies below (default trimkv); its options as --NAME VALUE
   --prefill P      append the first P tokens as one chunk, the prompt (default 0: one token per step)
+  --probe Q        the Q tokens after the prompt are a probe step that never joins the sequence
+                   (a policy whose inputs are a reconstruction, kvzip: the model repeating its prompt)
   --list-policies  the registered policies, one per line: name, options, inputs, prompt, device
   --list-options   every policy's options, defaults and values, as a Markdown table
   --png DIR        write retention and eviction heatmaps (TRIM-KV paper, Fig. 4)
@@ -51,14 +53,15 @@ records every option of the run.
 input  (safetensors): log_beta [L,Hkv,T] f32; optional keys, values [L,Hkv,T,d], queries [L,Hq,T,d],
                       hidden_states [L',T,D], write_gate [L,Hkv,T], keys_pre_rope [L,Hkv,T,d],
                       gate_input [L,T,D]
-output (safetensors): evicted_at [L,Hkv,T] i64 (n at eviction, -1 = survived), step_end [S] i64,
+output (safetensors): evicted_at [L,Hkv,T] i64 (tokens read at eviction, -1 = survived), step_end [S] i64,
                       attn_rel_error [S] f32 (with keys/values/queries)
 )";
 
 // Every option of the run, as the output's metadata (a file describes the run that made it).
 std::vector<std::pair<std::string, std::string>> run_metadata(const replay::Options& o, const std::string& trace,
                                                                bool reference, bool trace_has_attention) {
-  std::vector<std::pair<std::string, std::string>> out{{"trace", trace}, {"policy", o.policy}, {"prefill", std::to_string(o.prefill)}};
+  std::vector<std::pair<std::string, std::string>> out{{"trace", trace}, {"policy", o.policy}, {"prefill", std::to_string(o.prefill)},
+                                                  {"probe", std::to_string(o.probe)}};
   // every registered option, as the run used it (its policy's value, else the registry's default)
   for (const registry::Option& option : registry::all_options())
     out.emplace_back(option.record_key(), o.value(std::string(option.name)));
@@ -123,6 +126,14 @@ int demo(const std::string& png_dir) {
     // a policy that compresses the prompt (SnapKV, AdaKV): the first 1024 tokens as one chunk
     if (registry::needs_prompt_length(policy)) {
       o.prefill = 1024;
+      label += " P=1024";
+    }
+    // one that runs a probe after the prompt (KVzip): the 128 tokens after it as the probe, the
+    // prompt compressed to M per head on average
+    if (registry::inputs_of(policy) == registry::Inputs::reconstruction) {
+      o.prefill = 1024;
+      o.probe = 128;
+      o.set("ratio", 1.0 - static_cast<double>(M) / 1024.0);
       label += " P=1024";
     }
     rows.push_back({std::move(label), o, M, registry::takes(policy, "buffer") ? M / 8 : 0});
@@ -207,6 +218,7 @@ int main(int argc, char** argv) {
       else if (a == "--png") png = value();
       else if (a == "--policy") o.policy = value();
       else if (a == "--prefill") o.prefill = cli::integer(a, value());
+      else if (a == "--probe") o.probe = cli::integer(a, value());
       else if (a.starts_with("--") && registry::is_option(a.substr(2))) o.set(a.substr(2), value());
       else if (a == "--layers") layers = parse_list(value(), "--layers");
       else if (a == "--heads") heads = parse_list(value(), "--heads");

@@ -66,9 +66,13 @@ Result run(AnyCache& cache, const Trace& tr, const Options& opt, const Reference
   }
   std::vector<EvictedEntry> evicted;
   double seconds = 0.0, entries_sum = 0.0;
-  std::int64_t n = 0;
-  const auto steps = step_sizes(T, opt.prefill);
-  for (const std::int64_t len : steps) {
+  std::int64_t n = 0;           // the trace's tokens read
+  std::int64_t probe_skip = 0;  // trace index - cache position, for the tokens after a probe
+  const auto steps = step_sizes(T, opt.prefill, opt.probe);
+  for (std::size_t step = 0; step < steps.size(); ++step) {
+    const std::int64_t len = steps[step];
+    const bool probing = opt.probe > 0 && step == 1;  // the step after the prompt (SPEC §10)
+    if (probing) cache.open_probe(0);
     auto lb = slice(tr.log_beta, L, H, T, 1, n, len);
     std::vector<float> k, v, q, out;
     if (attend) {
@@ -100,8 +104,11 @@ Result run(AnyCache& cache, const Trace& tr, const Options& opt, const Reference
     seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     n += len;
     r.step_end.push_back(n);
-    for (const auto& e : evicted)
-      r.evicted_at[static_cast<std::size_t>((e.layer * H + e.head) * T + e.position)] = n;
+    for (const auto& e : evicted) {
+      const std::int64_t t = e.position + (e.position >= opt.prefill ? probe_skip : 0);  // the entry's trace token
+      r.evicted_at[static_cast<std::size_t>((e.layer * H + e.head) * T + t)] = n;
+    }
+    if (probing) probe_skip = len;
     entries_sum += static_cast<double>(cache.total_length(0));
     if (attend && full != nullptr) {
       double num = 0.0, den = 0.0;
@@ -187,6 +194,12 @@ Result replay_policy(const Trace& tr, const Options& opt, const Reference& full)
   registry::check_options(opt);  // first: an option the policy does not take is the answer
   require(!registry::needs_prompt_length(opt.policy) || opt.prefill > 0, "replay: ", opt.policy,
           " compresses the prompt: give its length with --prefill P");
+  const bool reconstructs = registry::inputs_of(opt.policy) == registry::Inputs::reconstruction;
+  require(!reconstructs || (opt.prefill > 0 && opt.probe > 0), "replay: ", opt.policy,
+          " runs a probe after the prompt (SPEC §10): give the prompt's length with --prefill P and the probe's with "
+          "--probe Q, the trace's Q tokens after the prompt");
+  require(reconstructs || opt.probe == 0, "replay: --probe applies to a policy that runs a probe after the prompt "
+          "(registry inputs: reconstruction), not to ", opt.policy);
   CacheShape shape = tr.shape();
   if (!tr.has_attention()) shape = CacheShape{tr.layers, tr.kv_heads, tr.kv_heads, 1};
   Metadata metadata = step_scores(tr, opt, shape);
@@ -202,6 +215,8 @@ Result replay_policy(const Trace& tr, const Options& opt, const Reference& full)
 
 Result replay(const Trace& trace, const Options& opt, const Reference& full) {
   require(opt.prefill >= 0, "replay: --prefill P = ", opt.prefill, " must be >= 0");
+  require(opt.probe == 0 || (opt.probe > 0 && opt.prefill + opt.probe <= trace.tokens), "replay: --probe Q = ", opt.probe,
+          " must be in [0, T - P = ", trace.tokens - opt.prefill, "], the trace's tokens after the prompt");
   return replay_policy(trace, opt, full);
 }
 

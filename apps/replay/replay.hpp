@@ -19,11 +19,14 @@ namespace kvpolicy::replay {
 struct Options : registry::Selection {
   Options() { policy = "trimkv"; }
   std::int64_t prefill = 0;  // P: the first P tokens as one chunk, the prompt
+  // Q: the trace's Q tokens after the prompt are a probe step (SPEC §10), which a policy whose
+  // inputs are a reconstruction (KVzip) runs; they never join the sequence
+  std::int64_t probe = 0;
 };
 
 struct Result {
-  std::vector<std::int64_t> evicted_at;  // [L, Hkv, T]: n when evicted, -1 if it survived
-  std::vector<std::int64_t> step_end;    // [S]: n after each step
+  std::vector<std::int64_t> evicted_at;  // [L, Hkv, T]: the trace's tokens read when evicted, -1 if it survived
+  std::vector<std::int64_t> step_end;    // [S]: the trace's tokens read after each step (n, but for a probe's)
   std::vector<float> attn_rel_error;     // [S], when the trace has K/V/Q
   std::int64_t peak_entries_per_head = 0;  // resident at any time (before a step's eviction)
   std::int64_t peak_entries_total = 0;
@@ -31,11 +34,15 @@ struct Result {
   double seconds_per_step = 0.0;  // the policy cache's step: append + attend + trigger/evict
 };
 
-// Steps a trace is cut into: one chunk of `prefill` tokens, then one token per step.
-inline std::vector<std::int64_t> step_sizes(std::int64_t tokens, std::int64_t prefill) {
+// Steps a trace is cut into: one chunk of `prefill` tokens, the probe's `probe` tokens as one
+// step, then one token per step.
+inline std::vector<std::int64_t> step_sizes(std::int64_t tokens, std::int64_t prefill, std::int64_t probe = 0) {
   std::vector<std::int64_t> s;
   if (prefill > 0) s.push_back(std::min(prefill, tokens));
-  for (std::int64_t n = s.empty() ? 0 : s[0]; n < tokens; ++n) s.push_back(1);
+  if (probe > 0 && prefill + probe <= tokens) s.push_back(probe);
+  std::int64_t n = 0;
+  for (const std::int64_t len : s) n += len;
+  for (; n < tokens; ++n) s.push_back(1);
   return s;
 }
 

@@ -57,6 +57,8 @@ class AnyCache {
   virtual void attend(std::int64_t seq, int layer, View<const float, 3> queries, View<float, 3> out) = 0;
   virtual EvictionReport commit(std::int64_t seq, std::vector<EvictedEntry>* evicted = nullptr) = 0;
   virtual void abort_step(std::int64_t seq) = 0;
+  /// Cache::open_probe (SPEC §10); refused where the Cache takes no probe steps (Cache::takes_probes).
+  virtual void open_probe(std::int64_t seq) = 0;
   virtual EvictionReport step(const SequenceStep& s, std::vector<EvictedEntry>* evicted = nullptr) = 0;
   virtual std::vector<EvictionReport> step_batch(std::span<const SequenceStep> batch) = 0;
 };
@@ -126,6 +128,13 @@ class AnyCacheOf final : public AnyCache {
   }
   EvictionReport commit(std::int64_t seq, std::vector<EvictedEntry>* evicted = nullptr) override { return c_.commit(seq, evicted); }
   void abort_step(std::int64_t seq) override { c_.abort_step(seq); }
+  void open_probe(std::int64_t seq) override {
+    if constexpr (C::takes_probes)
+      c_.open_probe(seq);
+    else
+      fail("Cache::open_probe: this Cache takes no probe steps (SPEC §10: its Backend keeps the entries of a step it "
+           "forgets, or its Admitter's ring counts tokens a probe's do not join)");
+  }
   EvictionReport step(const SequenceStep& s, std::vector<EvictedEntry>* evicted = nullptr) override { return c_.step(s, evicted); }
   std::vector<EvictionReport> step_batch(std::span<const SequenceStep> batch) override { return c_.step_batch(batch); }
 

@@ -280,6 +280,32 @@ class Cache {
     return close_steps(std::span<const std::int64_t>(&seq, 1), evicted).front();
   }
 
+  /// Whether this Cache takes probe steps (open_probe): its Backend's executor can forget a step's
+  /// record while keeping its entries (cpu_backend), and no Admitter's ring would drop entries by a
+  /// count of tokens that a probe's do not join.
+  static constexpr bool takes_probes =
+      !admitter_has_ring<A> && requires(Executor& x, typename Executor::Sequence& m, typename Records::Sequence& r) {
+        x.discard_record(m, r);
+      };
+
+  /// Makes the next step of `seq` a probe (SPEC §10): tokens the engine runs through the model to
+  /// ask it something about the sequence (KVzip: repeat your context), whose K/V are appended and
+  /// attended as any step's, from position n on; at its commit the Scorer scores with the probe's
+  /// entries present and what it recorded, the Evictor evicts where it declares evicts_at_probe
+  /// (any other keeps what it holds), then every entry of the probe leaves (and is listed among the
+  /// evicted), what it recorded is discarded, and n stays: the next step starts where the probe
+  /// did. abort_step takes it back as any step. Throws for an unknown sequence or one with an open
+  /// step.
+  void open_probe(std::int64_t seq)
+    requires takes_probes
+  {
+    SequenceState& st = state_of(seq);
+    require(st.pending == 0, "Cache::open_probe: sequence ", seq, " has an open step; commit or abort it first");
+    st.probe = true;
+  }
+  /// Whether the next or open step of `seq` is a probe.
+  bool probing(std::int64_t seq) const { return state_of(seq).probe; }
+
   /// Discards the open step of `seq`: the entries its append() calls stored are removed and their
   /// pages go back to the pool, as if the step had never started. For an engine whose forward pass
   /// failed between append() and commit(). A sequence with no open step is left as it is. What the
@@ -399,7 +425,7 @@ class Cache {
   void write_layer(SequenceState& st, std::int64_t seq, int layer, std::int64_t T, View<const float, 3> keys,
                    View<const float, 3> values, View<const float, 2> log_beta, View<const float, 2> gate) {
     const bool opens = st.pending == 0;
-    if (opens) Records::open_step(scorer(), st.records, st.n);
+    if (opens) Records::open_step(scorer(), st.records, st.n, st.probe);
     try {
       executor_.append(seq, st.memory, layer, st.n, T, keys, values, log_beta, gate, opens);
     } catch (...) {  // the step did not open: the record takes back its opening (it recorded nothing yet)
@@ -440,6 +466,12 @@ class Cache {
     const typename Executor::Plan plan = executor_.plan(requests);
     for (std::size_t i = 0; i < seqs.size(); ++i) {
       SequenceState& st = state_of(seqs[i]);
+      if constexpr (takes_probes)
+        if (st.probe) {  // SPEC §10: the record served the plan; it goes before the compaction moves its slots
+          executor_.discard_record(st.memory, st.records);
+          st.commit(plan.context(i));  // n stays
+          continue;
+        }
       st.commit(plan.context(i));  // n += T; the first decode step fixes an undeclared prompt (SPEC §4)
       Records::commit(scorer(), st.records);
     }

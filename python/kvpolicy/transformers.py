@@ -22,6 +22,7 @@ the layer count (the final norm's output, after the last attention) is refused h
 """
 from __future__ import annotations
 
+import inspect
 import threading
 
 import numpy as np
@@ -178,6 +179,39 @@ class Cache(transformers.Cache):
 
     def batch_select_indices(self, indices):
         raise _core.Error("kvpolicy: selecting batch rows of a kvpolicy cache is not supported")
+
+    # ---- a probe after the prompt (SPEC §10) ---------------------------------------------------
+    def probe_ids(self, tokenizer, prompt_ids):
+        """The tokens of the probe a policy that reads a reconstruction (KVzip) runs after the prompt
+        prompt_ids [B, n0]: its instruction, the chat template's assistant header where the tokenizer
+        has a template ("\\n" where it has none), then the prompt from the policy's prefix on; None
+        for any other policy."""
+        r = self.needs["reconstruction"]
+        if r is None:
+            return None
+        header = "\n"
+        if getattr(tokenizer, "chat_template", None):  # what the template puts after a user turn
+            dummy, separator = "dummy context", "\n" + "#" * len("dummy context")
+            header = tokenizer.apply_chat_template([{"role": "user", "content": dummy + separator}],
+                                                   add_generation_prompt=True, tokenize=False).split(separator)[1]
+        lead = tokenizer.encode(r["instruction"], add_special_tokens=False) + tokenizer.encode(header, add_special_tokens=False)
+        lead = torch.tensor([lead] * prompt_ids.shape[0], dtype=prompt_ids.dtype)
+        return torch.cat([lead, prompt_ids[:, r["prefix"]:]], dim=1)
+
+    def probe(self, model, ids):
+        """Runs ids [B, Q] through model as one probe step of every sequence (SPEC §10: KVzip's
+        repetition, probe_ids): the policy scores with them and evicts, their entries leave, and each
+        sequence stays at its length. After the prompt, before the first token after it."""
+        if self.cache is None:
+            raise _core.Error("kvpolicy: a probe follows the prompt; run the prompt through the model first")
+        if ids.shape[0] != self.batch:
+            raise _core.Error(f"kvpolicy: the probe has {ids.shape[0]} rows, this cache {self.batch} sequences")
+        for b in range(self.batch):
+            self.cache.open_probe(b)
+        # the cache argument's name: `cache` from transformers 5.3, `past_key_values` before
+        given = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        with torch.no_grad():
+            model(ids, use_cache=True, **{given: self})
 
     # ---- what the policy holds -----------------------------------------------------------------
     def entries_held(self) -> int:

@@ -146,6 +146,14 @@ nb::dict needs_dict(const inputs::Needs& n) {
   d["values"] = n.values;
   d["bands"] = n.bands ? nb::object(nb::make_tuple((*n.bands)[0], (*n.bands)[1])) : nb::none();
   d["key_layout"] = n.key_layout == inputs::RopeLayout::half ? "half" : n.key_layout == inputs::RopeLayout::adjacent ? "adjacent" : "any";
+  if (n.reconstruction) {  // the probe the engine runs after the prompt (SPEC §10)
+    nb::dict r;
+    r["instruction"] = std::string(n.reconstruction->instruction);
+    r["prefix"] = n.reconstruction->prefix;
+    d["reconstruction"] = r;
+  } else {
+    d["reconstruction"] = nb::none();
+  }
   return d;
 }
 
@@ -449,6 +457,9 @@ NB_MODULE(_core, m) {
           "seq"_a, "return_evicted"_a = false, "Closes the step: the trigger, and the eviction when it fires")
       .def("abort_step", [](PyCache& c, std::int64_t seq) { c.c().abort_step(seq); }, "seq"_a,
            "Takes back the open step: as if it had never started")
+      .def("open_probe", [](PyCache& c, std::int64_t seq) { c.c().open_probe(seq); }, "seq"_a,
+           "Makes the next step of seq a probe (SPEC §10): its tokens are attended and scored with, then leave at "
+           "its commit, and the sequence stays at its length (KVzip's repetition of the prompt)")
       .def(
           "step",
           [](PyCache& c, std::int64_t seq, const Input& keys, const Input& values, const std::optional<Input>& scores,

@@ -144,9 +144,13 @@ def test_every_policy_runs_and_holds_what_it_reports(name):
     cache = kvpolicy.Cache(name, **SHAPE, max_tokens=64, **opts)
     rng = np.random.default_rng(3)
     cache.add_sequence(0, prompt_tokens=12 if info["needs_prompt_length"] else -1)
-    evicted = 0
+    evicted, added = 0, 0
+    probe = info["inputs"] == "reconstruction"  # KVzip: a probe step after the prompt (SPEC §10)
     for step in range(30):
-        T = 12 if step == 0 else 1
+        probing = probe and step == 1
+        T = 12 if step == 0 else 8 if probing else 1
+        if probing:
+            cache.open_probe(0)
         k, v, q = rand(rng, L, H, T, D), rand(rng, L, H, T, D), rand(rng, L, HQ, T, D)
         scores = inputs_for(info, rng, T)
         if info["inputs"] == "hidden_states":  # EpiKV's frozen scores, set after append (SPEC §4)
@@ -158,9 +162,11 @@ def test_every_policy_runs_and_holds_what_it_reports(name):
         else:
             r = cache.step(0, k, v, scores=scores, queries=q)
             assert np.isfinite(r.out).all()
-        evicted += r.evicted
+        evicted += r.evicted - (L * H * T if probing else 0)  # a probe's own entries leave with it
+        added += 0 if probing else T
+    assert cache.tokens(0) == added
     total = sum(cache.length(0, l, h) for l in range(L) for h in range(H))
-    assert total == cache.total_length(0) == L * H * (12 + 29) - evicted
+    assert total == cache.total_length(0) == L * H * added - evicted
     if name != "full":
         assert evicted > 0, f"{name} never evicted in 41 tokens at M = 6"
 

@@ -124,6 +124,10 @@ def test_every_policy_generates_and_evicts(policy, options, gate, tmp_path):
     cache = kt.Cache(policy, max_tokens=256, **options)
     ids = torch.randint(0, 256, (1, 40))
     with torch.no_grad():
+        if cache.needs["reconstruction"] is not None:  # KVzip: the prompt, its probe (SPEC §10), then generation
+            model(ids[:, :-1], cache=cache, use_cache=True)
+            cache.probe(model, ids[:, :-1])  # the tiny model has no tokenizer: the prompt itself is the probe
+            assert cache.get_seq_length() == 39 and cache.entries_held() < 3 * 2 * 39
         out = model.generate(ids, max_new_tokens=16, do_sample=False, cache=cache)
     assert out.shape == (1, 56)
     full = 3 * 2 * cache.get_seq_length()

@@ -8,6 +8,7 @@
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -15,7 +16,9 @@
 #include <map>
 #include <random>
 #include <set>
+#include <span>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 
 #include "evaluate.hpp"
@@ -118,7 +121,10 @@ std::string write_gate(registry::Inputs kind, float bias) {
 Run run_policy(const registry::Selection& o, const std::vector<int>& ids, std::int64_t chunk, std::int64_t prefill = 0) {
   Decoder dec(model());
   return with_policy(o, KvStorage::float32, model().config, 1, static_cast<std::int64_t>(ids.size()), [&](auto& cache, const EntryMetadata& meta) {
-    return score_text(dec, cache, meta, ids, prefill > 0 ? prefill : chunk, chunk, true);
+    const std::int64_t prompt = std::min<std::int64_t>(prefill > 0 ? prefill : chunk, std::ssize(ids));
+    using CacheT = std::decay_t<decltype(cache)>;
+    return score_text<CacheT>(dec, cache, meta, ids, prompt, chunk, true, {},
+                              probe_tokens(meta, tokenizer(), std::span<const int>(ids).first(static_cast<std::size_t>(prompt))));
   });
 }
 
@@ -153,7 +159,7 @@ TEST_CASE("every policy at a budget the text never reaches gives the full cache'
     const registry::Inputs in = registry::inputs_of(name);
     registry::Selection o;
     o.policy = name;
-    o.offer("budget", 128).offer("buffer", 16);  // > 96 tokens: nothing is ever evicted
+    o.offer("budget", 128).offer("buffer", 16).offer("ratio", 0);  // > 96 tokens, none of the prompt: nothing is ever evicted
     if (in == registry::Inputs::retention_gate || in == registry::Inputs::tied_retention_gate)
       o.set("gate", write_gate(in, 0.0f));
     if (in == registry::Inputs::write_gate) o.set("gate", write_gate(in, 30.0f));  // g = 1: every token admitted
@@ -187,13 +193,16 @@ TEST_CASE("at a small budget every policy evicts, holds what its rule allows, an
       o.set("local", M);
     }
     const bool compresses_prompt = registry::needs_prompt_length(name);  // SnapKV, AdaKV: the prompt only
-    const std::int64_t prompt = compresses_prompt ? 64 : chunk;
+    const bool reconstructs = in == registry::Inputs::reconstruction;    // KVzip: at its probe, after the prompt
+    const std::int64_t prompt = compresses_prompt || reconstructs ? 64 : chunk;
     const Run got = run_policy(o, ids, chunk, prompt);
     const double ppl = perplexity(got.nll, 1);
     CAPTURE(ppl);
     CHECK(got.final_entries < 160 * heads);  // something was dropped
     if (compresses_prompt) {                 // the prompt (the first chunk) compressed once; decode keeps all
       CHECK(got.final_entries <= (160 - prompt + M) * heads);
+    } else if (reconstructs) {  // floor(N r) of the prompt's N entries leave at the probe (r = 0.5); decode keeps all
+      CHECK(got.final_entries == (160 - prompt) * heads + prompt * heads - prompt * heads / 2);
     } else if (in == registry::Inputs::key_value_statistic || in == registry::Inputs::hidden_states) {
       // the prompt plus K generated
       CHECK(got.final_entries <= (chunk + M) * heads);

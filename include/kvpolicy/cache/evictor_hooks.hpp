@@ -14,6 +14,7 @@
 ///   select(shape, ctx, scores, keep)      the stated selection()          WG-KV's budget, dist::Sharded*
 ///   counts_prompt_by_length               false                           EpiKV's budget (evict::Generated)
 ///   needs_every_token                     false                           token-level eviction (evict::Union)
+///   evicts_at_probe                       false (no trigger at a probe)   KVzip (SPEC §10)
 ///   selects_heads_alone                   false                           evict::Pyramid
 ///
 /// The attention's mask (core/concepts.hpp, composed_attention_mask) is the Evictor's or the
@@ -43,6 +44,8 @@ struct EvictorHooks {
   static constexpr bool selects_heads_alone = evictor_selects_heads_alone<E>;
   /// budget_binds() reads the active heads' entries, which the planner gathers only for it.
   static constexpr bool tells_binding = evictor_tells_binding<E>;
+  /// Its trigger runs at a probe's commit (SPEC §10); any other Evictor's never fires there.
+  static constexpr bool evicts_at_probe = evictor_evicts_at_probe<E>;
 
   /// At construction: the Scorer it is composed with (a horizon its config named, WG-KV's budget).
   template <class S>
@@ -61,6 +64,7 @@ struct EvictorHooks {
   /// and returns whether any does (parts/evict/selection.hpp).
   static bool trigger(const E& e, const CacheShape& shape, StepContext c, std::span<const std::int64_t> lengths,
                       std::span<std::uint8_t> active) {
+    if (c.probe > 0 && !evicts_at_probe) return false;  // a probe's entries are not the sequence's (SPEC §10)
     return evict::trigger_heads(e, shape, c, lengths, active);
   }
   /// Whether the budget binds this step, from the entries' metadata alone (meta[offsets[i],

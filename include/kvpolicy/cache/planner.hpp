@@ -169,7 +169,7 @@ class HostPlanner {
     EvictionPlan& made = p.plans[i];
     made.context = ctx;
     made.triggered = fires;
-    made.removes_any = fires || working_[i].ring_drops;
+    made.removes_any = fires || working_[i].ring_drops || ctx.probe > 0;  // a probe's entries always leave
     made.active = std::move(active);
   }
   /// The active heads' score segments, sized.
@@ -229,7 +229,9 @@ class HostPlanner {
       std::vector<std::uint8_t> keep(w.score.size(), 1);
       if (made.triggered)
         EvictorHooks<E>::select(evictor_, shape_, made.context, SegmentedScores{w.score, w.position, w.offsets}, keep);
-      if (!w.ring_drops) {
+      if (made.context.probe > 0) {
+        release_probe(p.seqs[i], made, w, keep);
+      } else if (!w.ring_drops) {
         made.offsets = std::move(w.offsets);
         made.keep = std::move(keep);
         made.position = std::move(w.position);
@@ -309,6 +311,34 @@ class HostPlanner {
           std::uint8_t k = in_ring ? 1 : 0;
           if (in_ring && made.active[i]) k = keep[static_cast<std::size_t>(w.offsets[i] + seen++)];
           made.keep[at] = k;
+        }
+        made.active[i] = 1;
+      }
+  }
+
+  /// A probe's commit (SPEC §10): the keep flags over every stored entry of every head, the
+  /// Evictor's where it fired (`keep`, over its active heads) and 0 for each of the probe's own
+  /// entries (positions n - probe .. n - 1), which leave whatever it chose. A probe never meets an
+  /// Admitter's ring (Cache::open_probe), so the Evictor saw every stored entry.
+  void release_probe(std::int64_t seq, EvictionPlan& made, const Working& w, const std::vector<std::uint8_t>& keep) const {
+    const auto heads = made.active.size();
+    const std::int64_t first = made.context.n - made.context.probe;
+    made.offsets.assign(heads + 1, 0);
+    for (std::size_t i = 0; i < heads; ++i) made.offsets[i + 1] = made.offsets[i] + made.lengths[i];
+    made.keep.assign(static_cast<std::size_t>(made.offsets.back()), 1);
+    made.position.assign(made.keep.size(), 0);
+    for (int l = 0; l < shape_.layers; ++l)
+      for (int h = 0; h < shape_.kv_heads; ++h) {
+        const auto i = static_cast<std::size_t>(head_index(shape_, l, h));
+        const auto head_layout = alloc_.layout(seq, l, h);
+        for (std::int64_t j = 0; j < made.lengths[i]; ++j) {
+          const auto at = static_cast<std::size_t>(made.offsets[i] + j);
+          const std::int32_t position = alloc_.pool().meta(head_layout.slot(j)).position;
+          made.position[at] = position;
+          if (position >= first)
+            made.keep[at] = 0;
+          else if (made.active[i])
+            made.keep[at] = keep[static_cast<std::size_t>(w.offsets[i] + j)];
         }
         made.active[i] = 1;
       }

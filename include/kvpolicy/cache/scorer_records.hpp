@@ -66,8 +66,10 @@ class ScorerRecords {
       return {};
   }
 
-  /// A step opens at position `first`.
-  static void open_step(const S& scorer, Sequence& s, std::int64_t first) {
+  /// A step opens at position `first`; `probe`: it is a probe (SPEC §10).
+  static void open_step(const S& scorer, Sequence& s, std::int64_t first, bool probe) {
+    if constexpr (requires { scorer.open_probe(s, first); })
+      if (probe) return scorer.open_probe(s, first);
     if constexpr (requires { scorer.open_step(s, first); }) scorer.open_step(s, first);
   }
 

@@ -113,6 +113,7 @@ struct StepState {
   std::int64_t n = 0;        // tokens processed by committed steps
   std::int64_t pending = 0;  // T of the open step, 0 when none
   std::int64_t prompt = -1;  // declared or detected prompt length; -1 while unknown
+  bool probe = false;        // the next or open step is a probe (SPEC §10): its tokens never join n
   std::vector<std::uint8_t> appended, attended;
 
   StepState() = default;
@@ -123,18 +124,28 @@ struct StepState {
   /// The prompt length the policies see (declared, or detected at the first decode step; while
   /// the sequence is still in its prefill, every committed token).
   std::int64_t prompt_tokens() const { return prompt >= 0 ? std::min(prompt, n) : n; }
-  /// The context the open step's eviction is planned in (SPEC §4 for the prompt).
-  StepContext context() const { return step_context(n, pending, prompt); }
+  /// The context the open step's eviction is planned in (SPEC §4 for the prompt; SPEC §10 for a
+  /// probe, which neither ends nor detects the prompt).
+  StepContext context() const {
+    if (!probe) return step_context(n, pending, prompt);
+    StepContext c{n + pending, prompt_tokens(), false};
+    c.probe = pending;
+    return c;
+  }
   /// Commits the open step planned in `planned` (its context()): the first decode step fixes an
-  /// undeclared prompt (SPEC §4 protects it from then on), n += T, and the step ends.
+  /// undeclared prompt (SPEC §4 protects it from then on), n += T, and the step ends. A probe's
+  /// tokens leave with their entries: n stays.
   void commit(const StepContext& planned) {
-    if (prompt < 0 && planned.prompt < planned.n) prompt = planned.prompt;
-    n += pending;
+    if (!probe) {
+      if (prompt < 0 && planned.prompt < planned.n) prompt = planned.prompt;
+      n += pending;
+    }
     end();
   }
-  /// No step open: every layer may append again.
+  /// No step open: every layer may append again, and the next step is an ordinary one.
   void end() {
     pending = 0;
+    probe = false;
     std::fill(appended.begin(), appended.end(), std::uint8_t{0});
     std::fill(attended.begin(), attended.end(), std::uint8_t{0});
   }

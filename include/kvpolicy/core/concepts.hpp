@@ -42,8 +42,10 @@ concept HeadScorer = requires(const S& s, View<const float, 2> keys, std::span<c
 ///   void record_mass(Record&, EntryFields, slots [N], mass [N])      a kv head's attention: each key's
 ///                                                     probability summed over the step's queries and the group
 /// Optional: open_step(Record&, first) when a step opens at position `first` (before its first
-/// layer is stored; a store that fails then discards the record's step); validate_shape(shape) at
-/// the Cache's construction. commit_record and discard_record run where the Cache can no longer take
+/// layer is stored; a store that fails then discards the record's step); open_probe(Record&, first)
+/// when the step that opens is a probe (SPEC §10; open_step where it declares none; what a probe
+/// records serves its commit's scoring and is then discarded); validate_shape(shape) at the Cache's
+/// construction. commit_record and discard_record run where the Cache can no longer take
 /// a step back (SPEC §7): they must not throw.
 template <class S>
 concept RecordingScorer = requires { typename S::Record; } &&
@@ -132,6 +134,10 @@ constexpr bool evictor_counts_prompt_by_length = requires { requires E::counts_p
 /// its positions are every head's).
 template <class E>
 constexpr bool evictor_needs_every_token = requires { requires E::needs_every_token; };
+/// An Evictor whose trigger runs at a probe step's commit (SPEC §10: KVzip selects there); every
+/// other Evictor keeps what it holds through a probe.
+template <class E>
+constexpr bool evictor_evicts_at_probe = requires { requires E::evicts_at_probe; };
 /// An Admitter that decides by the gate field (it declares Field::gate), which append must then be given.
 template <class A>
 constexpr bool admitter_reads_gate = reads_field<A>(Field::gate);

@@ -87,6 +87,9 @@ KVPOLICY_HD float field_of(const EntryMeta& m, Field f) {
 /// entry the scores could choose between this step (WG-KV's hard budget within L·Hkv·M_avg:
 /// evictor_tells_binding); a Scorer may then skip what only a binding budget reads (appendix K's
 /// attention), since no survivor depends on it. True otherwise.
+/// probe: the tokens of a probe step (SPEC §10; Cache::open_probe), 0 for any other step. A probe's
+/// entries are at positions n - probe .. n - 1 and leave at its commit; n - probe is the sequence's
+/// length before and after it.
 struct StepContext {
   std::int64_t n = 0;
   std::int64_t prompt = 0;
@@ -94,6 +97,7 @@ struct StepContext {
   std::int64_t entries = 0;
   std::int64_t head = 0;
   bool budget_binds = true;
+  std::int64_t probe = 0;
 };
 
 /// The last queries a sequence attended with at one layer (oldest first), for scorers that rank

@@ -176,12 +176,18 @@ class Executor {
 
   /// Takes back the open step (entries at positions >= n) and what its attention recorded. It scans
   /// every head whether or not a step is open (a layer's append takes its own entries back).
-  void abort(std::int64_t seq, Sequence&, typename Records::Sequence& records, std::int64_t n, bool) {
-    if constexpr (requires { alloc_.pool().fields(); })  // the record first, while its entries are there
+  void abort(std::int64_t seq, Sequence& m, typename Records::Sequence& records, std::int64_t n, bool) {
+    discard_record(m, records);  // the record first, while its entries are there
+    drop_open_entries(seq, n, -1);
+  }
+
+  /// What the open step recorded goes, its entries staying (a probe's commit, SPEC §10: after its
+  /// plan read the record, before the plan's compaction moves the slots the record names).
+  void discard_record(Sequence&, typename Records::Sequence& records) {
+    if constexpr (requires { alloc_.pool().fields(); })
       Records::abort(scorer_, records, alloc_.pool().fields());
     else
       Records::abort(scorer_, records, EntryFields{});
-    drop_open_entries(seq, n, -1);
   }
 
   // ---- eviction: plan, then apply ----------------------------------------------------------------

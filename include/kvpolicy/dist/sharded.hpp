@@ -185,8 +185,13 @@ decltype(auto) with_sharded_evictor(const E& e, C* comm, const CacheShape& full,
     fail("dist::with_sharded_evictor: token-level eviction (SPEC §8, --mode union) aggregates each position over "
          "every kv head, which a rank holding a share of them cannot; run it unsharded or with --mode per-head");
     return f(e);  // not reached: the refusal above is the answer, this keeps the return type
+  } else if constexpr (!evictor_states_selection<E>) {
+    // a rule of its own over every head (KVzip's global selection at a probe, SPEC §10) states no
+    // pooled selection that Sharded could run across the ranks
+    fail("dist::with_sharded_evictor: this policy selects over every kv head of the sequence by a rule of its own, "
+         "which has no sharded form; run it unsharded");
+    return f(e);  // not reached: the refusal above is the answer, this keeps the return type
   } else {
-    static_assert(evictor_states_selection<E>, "dist::with_sharded_evictor: an Evictor that selects itself has no sharded form");
     return f(Sharded<E, C>{e, comm, full});
   }
 }

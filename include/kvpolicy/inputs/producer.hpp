@@ -7,6 +7,8 @@
 ///   write_gate                           g from the keys before and after RoPE (SPEC §3)
 ///   key_value_statistic                  a rolling statistic of each sequence's keys and values (SPEC §4)
 ///   hidden_states                        one score per token from two hidden-state bands (SPEC §4)
+///   reconstruction                       nothing per token: a probe step after the prompt (SPEC §10),
+///                                        which Needs::reconstruction describes and the engine runs
 ///   none                                 nothing: the score comes from the cache itself
 /// Per-layer kinds write [Hkv, T] for a layer's new tokens (Cache::append's log_beta); the
 /// hidden-state kind writes [T] once per step, which the engine gives every (layer, kv head)
@@ -48,6 +50,15 @@ struct ModelShape {
 /// The RoPE layout a producer expects its keys in (core/rope.hpp).
 using kvpolicy::RopeLayout;
 
+/// The probe an engine runs once the prompt is in the cache, before the first token after it
+/// (SPEC §10; Inputs::reconstruction), as one probe step (Cache::open_probe) of these tokens: the
+/// instruction's, then the chat template's assistant header where the engine applies one ("\n"
+/// where it does not), then the prompt's own tokens from position `prefix` on.
+struct ReconstructionProbe {
+  std::string_view instruction;
+  std::int64_t prefix = 0;
+};
+
 /// What a producer reads from the forward pass. An engine passes these and may leave the rest empty.
 struct Needs {
   bool normed_input = false;   ///< the layer's attention input after its norm, [T, D]
@@ -60,6 +71,8 @@ struct Needs {
   /// The RoPE layout the producer expects its keys in (a write gate's file says which it was
   /// trained in; an engine in the other layout reorders the keys it passes).
   RopeLayout key_layout = RopeLayout::any;
+  /// The probe the engine runs after the prompt, or none.
+  std::optional<ReconstructionProbe> reconstruction;
 
   bool per_layer() const { return normed_input || keys_pre_rope || keys || values; }
   bool per_token() const { return bands.has_value(); }
@@ -172,6 +185,8 @@ Needs needs(const registry::Values& v) {
     n.keys = n.values = true;
   } else if constexpr (P::inputs == Inputs::hidden_states) {
     n.bands = std::array{static_cast<int>(v.integer("band-a")), static_cast<int>(v.integer("band-b"))};
+  } else if constexpr (P::inputs == Inputs::reconstruction) {
+    n.reconstruction = ReconstructionProbe{P::probe_instruction, v.integer("prefix")};
   } else {
     static_assert(P::inputs == Inputs::none, "inputs::needs: a registry::Inputs without a producer");
   }
@@ -240,9 +255,10 @@ Producer producer(const registry::Values& v, const ModelShape& model) {
               (*signals)(seq).push(h_a, h_b, out);
             },
             [signals](std::int64_t seq) { signals->drop(seq); }};
-  } else {
-    static_assert(P::inputs == Inputs::none, "inputs::producer: a registry::Inputs without a producer");
-    return {};
+  } else {  // the probe is the engine's to run (Needs::reconstruction); nothing per token
+    static_assert(P::inputs == Inputs::none || P::inputs == Inputs::reconstruction,
+                  "inputs::producer: a registry::Inputs without a producer");
+    return Producer(n, {}, {}, {});
   }
 }
 

@@ -128,6 +128,8 @@ enum class Inputs : std::uint8_t {
   write_gate,           ///< g from WG-KV's write gate on the keys before and after RoPE (SPEC §3)
   key_value_statistic,  ///< a rolling statistic of the keys and values (SPEC §4; the policy's `statistic`)
   hidden_states,        ///< one score per token from two hidden-state bands (SPEC §4; the policy's `variant`)
+  reconstruction,       ///< nothing per token; after the prompt the engine runs a probe step asking the model
+                        ///< to repeat its context (SPEC §10, KVzip; the policy's `probe_instruction`)
 };
 
 /// The name of an Inputs, as a tool prints it.
@@ -139,6 +141,7 @@ constexpr std::string_view name_of(Inputs i) {
     case Inputs::write_gate: return "write_gate";
     case Inputs::key_value_statistic: return "key_value_statistic";
     case Inputs::hidden_states: return "hidden_states";
+    case Inputs::reconstruction: return "reconstruction";
   }
   return "?";
 }
