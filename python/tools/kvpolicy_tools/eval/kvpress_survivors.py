@@ -22,8 +22,9 @@ recomputes, kvpolicy in double). Exit status 1 if any differs otherwise.
 
 Pairs: StreamingLLM (4 sinks), KNorm, KeyDiff, SnapKV (window 64, avg-pool 5), AdaKV over SnapKV
 (alpha 0.2), PyramidKV (window 64, beta 3: each layer its own budget, averaging --keep), Expected
-Attention (kvpress's defaults: 4 sinks, 512 future positions; kvpolicy told the model's RoPE), and
-TOVA, whose kvpress press averages the last query's attention over every query head of the layer
+Attention (kvpress's defaults: 4 sinks, 512 future positions; kvpolicy told the model's RoPE), KVzip
+at ratios 0.5 and 0.75 (kvzip_check: the chat template's header and the text as the prompt, kvpress's
+repeat pass as kvpolicy-replay's --probe; with kvpolicy-replay only), and TOVA, whose kvpress press averages the last query's attention over every query head of the layer
 while kvpolicy's averages over the kv head's query group (docs/policies.md): its row is reported,
 not required to match.
 """
@@ -153,6 +154,73 @@ def kvpolicy_survivors_python(trace, policy, args):
     return kept
 
 
+def kvzip_check(model, tok, text_ids, a, tmp, ratios=(0.5, 0.75)):
+    """KVzip (SPEC §10) against kvpress's KVzipPress: the prompt is the chat template's header and the
+    text (as kvpress's pipeline builds it), kvpress runs its repeat pass after the prefill; kvpolicy
+    replays a trace of the prompt followed by the same repeat tokens, the prompt as --prefill and
+    the repeat tokens as the --probe. KVzip selects over every layer and head at once, so where the
+    kept sets differ the entries that differ are explained together. Returns whether any differs
+    otherwise."""
+    import types
+
+    import kvpress.presses.kvzip_press as kvzip_module
+    from kvpress import KVzipPress
+    from transformers import DynamicCache
+
+    # kvpress loads the tokenizer by the model's name; this model is a local GGUF
+    kvzip_module.AutoTokenizer = types.SimpleNamespace(from_pretrained=lambda *args, **kwargs: tok)
+    dummy, separator = "dummy context", "\n" + "#" * len("dummy context")
+    templated = tok.apply_chat_template([{"role": "user", "content": dummy + separator}], add_generation_prompt=True,
+                                        tokenize=False, enable_thinking=False)
+    head, suffix = templated.split(separator)
+    prefix_ids = tok.encode(head.split(dummy)[0], add_special_tokens=False)
+    suffix_ids = tok.encode(suffix, add_special_tokens=False)
+    P = len(prefix_ids)
+    ids = torch.tensor([prefix_ids + text_ids[: a.tokens - P]])
+    T = ids.shape[1]
+    # the probe: kvpress's first chunk's instruction, the template's assistant header, the text again
+    probe = tok.encode("\n\nRepeat the previous context exactly.", add_special_tokens=False) + suffix_ids + ids[0, P:].tolist()
+    trace = os.path.join(tmp, "kvzip-trace.safetensors")
+    L, H = record_trace(model, torch.tensor([ids[0].tolist() + probe]), trace)
+    print(f"\nKVzip: {T} tokens ({P} of them the chat template's header), a probe of {len(probe)} tokens; kvpress's "
+          f"chunk_size {T} (one chunk)")
+    print(f"{'ratio':<20}{'heads equal':>12}{'entries differ':>16}{'at a tie':>10}{'near-tie':>10}{'other':>8}")
+    failed = False
+    for ratio in ratios:
+        press = KVzipPress(compression_ratio=ratio, chunk_size=T)
+        scores = {}
+        original_post = KVzipPress.compress_post
+
+        def keeping_scores(self, m):
+            scores["val"] = self.score_val[:, 0].detach().float().clone()  # [L, Hkv, T], before the sinks' raise
+            return original_post(self, m)
+
+        KVzipPress.compress_post = keeping_scores
+        try:
+            with torch.no_grad(), press(model):
+                model(input_ids=ids, past_key_values=DynamicCache(config=model.config))
+        finally:
+            KVzipPress.compress_post = original_post
+        theirs = np.ones((L, H, T), bool)
+        for layer in model.model.layers:
+            attn = layer.self_attn
+            _, heads, seq = attn.masked_key_indices
+            theirs[attn.layer_idx, heads.numpy(), seq.numpy()] = False
+            attn.masked_key_indices = None
+        args = ["--prefill", str(T), "--probe", str(len(probe)), "--ratio", repr(ratio), "--prefix", str(P)]
+        ours = kvpolicy_survivors(a.replay, trace, "kvzip", args, os.path.join(tmp, "kvzip.safetensors"))[:, :, :T]
+        equal = sum(np.array_equal(ours[l, h], theirs[l, h]) for l in range(L) for h in range(H))
+        differ = int((ours != theirs).sum())
+        why = {"tie": 0, "near-tie": 0, "differs": 0}
+        if differ:
+            score = scores["val"].numpy()
+            score[..., :4] = np.inf  # the sinks, which both keep last
+            why[explain(torch.from_numpy(score), ours, theirs)] += 1
+        print(f"{ratio:<20}{equal:>8} / {L * H:<3}{differ:>16}{why['tie']:>10}{why['near-tie']:>10}{why['differs']:>8}")
+        failed = failed or why["differs"] > 0
+    return failed
+
+
 def explain(score, ours, theirs):
     """For entries whose fate differs (one head, or a whole layer for AdaKV's pooled choice): do the
     ones only kvpolicy keeps score what the ones only kvpress keeps score (a tie), or within 1e-6?"""
@@ -226,6 +294,8 @@ def main():
             print(f"{name:<20}{equal:>8} / {L * H:<3}{differ:>16}{why['tie']:>10}{why['near-tie']:>10}{why['differs']:>8}"
                   + ("" if required else "   (kvpress averages over every head of the layer)"))
             failed = failed or (required and why["differs"] > 0)
+        if a.engine == "replay":  # the probe is kvpolicy-replay's --probe; the Python package's comes with its engine
+            failed = kvzip_check(model, tok, tok(open(a.text).read())["input_ids"], a, tmp) or failed
     sys.exit(1 if failed else 0)
 
 
