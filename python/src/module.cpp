@@ -184,8 +184,11 @@ class PyCache {
   const std::string& storage() const { return storage_; }
   registry::Inputs inputs() const { return inputs_; }
 
-  /// scores [.., T] for append/step: the given array, or zeros where the policy computes none.
-  bool needs_scores() const { return inputs_ != registry::Inputs::none && !cache_->takes_step_scores(); }
+  /// scores [.., T] for append/step: the given array, or zeros where the policy computes none (it
+  /// reads nothing, or only a probe after the prompt: KVzip, SPEC §10).
+  bool needs_scores() const {
+    return inputs_ != registry::Inputs::none && inputs_ != registry::Inputs::reconstruction && !cache_->takes_step_scores();
+  }
   void require_scores(bool given, const char* where) const {
     require(given || !needs_scores(), where, ": policy ", selection_.policy, " ranks by scores the model computes (",
             registry::name_of(inputs_), "): pass scores=");

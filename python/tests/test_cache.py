@@ -281,7 +281,8 @@ def test_the_producer_of_a_policys_inputs():
     window moves; another sequence starts fresh), and refuses what its policy does not read."""
     rng = np.random.default_rng(8)
     s = kvpolicy.Producer("kv-key", hidden=32, **SHAPE)
-    assert s.needs == dict(normed_input=False, keys_pre_rope=False, keys=True, values=True, bands=None, key_layout="any")
+    assert s.needs == dict(normed_input=False, keys_pre_rope=False, keys=True, values=True, bands=None, key_layout="any",
+                           reconstruction=None)
     k, v = rand(rng, H, 5, D), rand(rng, H, 5, D)
     out = s.layer(0, 0, keys=k, values=v)
     assert out.shape == (H, 5) and np.isfinite(out).all()

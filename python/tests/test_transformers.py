@@ -178,13 +178,16 @@ def smollm2():
     return model, ids
 
 
-def chunked_nll(model, ids, cache, chunk=16, first=16):
+def chunked_nll(model, ids, cache, chunk=16, first=16, probe=None):
     """Per-token NLL of ids[1:], the text fed as a first step of `first` tokens (the prompt), then
-    steps of `chunk` tokens (kvpolicy-lm --prefill, --chunk)."""
+    `probe`'s tokens as a probe where given (SPEC §10), then steps of `chunk` tokens (kvpolicy-lm
+    --prefill, --chunk)."""
     logp, bounds = [], [0] + list(range(first, ids.shape[1], chunk)) + [ids.shape[1]]
     with torch.no_grad():
         for s, e in zip(bounds, bounds[1:]):
             logp.append(torch.log_softmax(model(ids[:, s:e], cache=cache).logits[0].float(), -1))
+            if s == 0 and probe is not None:
+                cache.probe(model, probe)
     return -torch.cat(logp)[:-1].gather(1, ids[0, 1:, None])[:, 0]
 
 
@@ -229,7 +232,7 @@ def smollm2_args(name, info):
     settings.update(SMOLLM2_SETTINGS.get(name, {}))
     if info["inputs"] in GATE_FILES:
         settings["gate"] = os.path.join(GATES, GATE_FILES[info["inputs"]] + ".safetensors")
-    if info["needs_prompt_length"]:
+    if info["needs_prompt_length"] or info["inputs"] == "reconstruction":  # a prompt compressed once
         settings["prefill"] = 128
     return [name] + [a for k, v in settings.items() for a in ("--" + k.replace("_", "-"), str(v))]
 
@@ -253,7 +256,14 @@ def test_smollm2_perplexity_equals_kvpolicy_lm(smollm2, policy):
     name, args = policy[0], policy[1:]
     options = {args[i][2:].replace("-", "_"): args[i + 1] for i in range(0, len(args), 2)}
     prefill = int(options.pop("prefill", 16))  # the first step, the prompt (kvpolicy-lm --prefill)
-    ppl = chunked_nll(model, ids, kt.Cache(name, max_tokens=1024, **options), first=prefill).mean().exp().item()
+    cache = kt.Cache(name, max_tokens=1024, **options)
+    probe = None
+    if cache.needs["reconstruction"] is not None:  # KVzip: kvpolicy-lm's probe, which feeds raw text ("\n", no template)
+        d, f = os.path.split(GGUF)
+        tok = transformers.AutoTokenizer.from_pretrained(d, gguf_file=f)
+        tok.chat_template = None
+        probe = cache.probe_ids(tok, ids[:, :prefill])
+    ppl = chunked_nll(model, ids, cache, first=prefill, probe=probe).mean().exp().item()
     run = subprocess.run([LM, "--model", LM_MODEL, "--text", "/usr/share/common-licenses/GPL-3", "--tokens", "256",
                           "--chunk", "16", "--threads", "1", "--kv", "f32", "--policy", name, *args],
                          capture_output=True, text=True, check=True)

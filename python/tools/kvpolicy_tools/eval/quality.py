@@ -3,7 +3,8 @@
 (layer, kv head), each with and without 4 protected sinks where a policy takes both, against the
 full cache; then the plot (kvpolicy-quality-plot). Eviction is decided inside kvpolicy-lm's own
 loop: a 16-token first step (the prompt), then 16-token steps (a prompt-compressing policy gets a
-1,024-token prompt). One thread per run, F32 K/V.
+1,024-token prompt; KVzip compresses the same prompt to M per head on average, ratio 1 - M/1024,
+after its probe). One thread per run, F32 K/V.
 
     kvpolicy-quality [OUT_DIR] [--budgets "64 128 256 512"] [--append] [--only "epikv hs-var"]
                      [--text FILE] [--gates DIR] [--mode union] [--sinks "0 4"] [--window W]
@@ -108,10 +109,13 @@ def main(argv=None):
                 if opts == "-":
                     run(p, 1, 0, [])
         for m in a.budgets:
-            for p, opts, _inputs, prompt, *_ in policies:
+            for p, opts, inputs, prompt, *_ in policies:
                 if opts == "-":
                     continue
                 takes = set(opts.split(","))
+                if inputs == "reconstruction":  # KVzip: the 1,024-token prompt to M per head on average, 4 sinks (kvpress's)
+                    run(p, m, 4, ["--prefill", "1024", "--ratio", repr(1 - m / 1024), "--sinks", "4"])
+                    continue
                 args = ["--budget", str(m)] if "budget" in takes else ["--local", str(m)] if "local" in takes else []
                 if "buffer" in takes:
                     args += ["--buffer", "16"]

@@ -101,7 +101,9 @@ def run_batch(lm, model, prompts, policy, budget, sinks, gate, threads, options,
     args = [lm, "--model", model, "--generate", str(generate), "--prefill", "64", "--chunk", "64", "--threads", str(threads),
             "--kv", "f32", "--decode-activations", "f32", "--policy", policy]
     takes = options[policy]
-    if policy != "full":  # M as the budget, or as the ring of a policy without one (WG-KV); B = 16 where taken
+    if "ratio" in takes:  # KVzip: the ~1,024-token context to M per head on average, at its probe (SPEC §10)
+        args += ["--ratio", repr(1 - budget / 1024), "--sinks", str(sinks)]
+    elif policy != "full":  # M as the budget, or as the ring of a policy without one (WG-KV); B = 16 where taken
         args += ["--budget" if "budget" in takes else "--local", str(budget)]
         args += ["--buffer", "16"] if "buffer" in takes else []
         args += ["--sinks", str(sinks)] if "sinks" in takes else []
