@@ -4,7 +4,6 @@
 // evict there: tests/policies/test_kvzip.cpp.)
 #include <doctest/doctest.h>
 
-#include <functional>
 #include <random>
 #include <vector>
 
@@ -12,34 +11,10 @@
 #include "kvpolicy/memory/paged.hpp"
 #include "kvpolicy/policies/h2o.hpp"
 #include "kvpolicy/policies/streamingllm.hpp"
+#include "random_step.hpp"
 
 using namespace kvpolicy;
-
-namespace {
-
-/// A step of T random tokens for every layer: keys, values and queries.
-struct Step {
-  std::vector<float> k, v, lb, q, o;
-  Step(const CacheShape& s, std::int64_t T, const std::function<float()>& draw)
-      : k(static_cast<std::size_t>(s.layers * s.kv_heads * T * s.head_dim)), v(k.size()),
-        lb(static_cast<std::size_t>(s.layers * s.kv_heads * T), 0.0f),
-        q(static_cast<std::size_t>(s.layers * s.q_heads * T * s.head_dim)), o(q.size()) {
-    for (float& x : k) x = draw();
-    for (float& x : v) x = draw();
-    for (float& x : q) x = draw();
-  }
-  SequenceStep view(const CacheShape& s, std::int64_t seq) {
-    const std::int64_t T = static_cast<std::int64_t>(lb.size()) / (s.layers * s.kv_heads);
-    return {seq,
-            {k.data(), {s.layers, s.kv_heads, T, s.head_dim}},
-            {v.data(), {s.layers, s.kv_heads, T, s.head_dim}},
-            {lb.data(), {s.layers, s.kv_heads, T}},
-            {q.data(), {s.layers, s.q_heads, T, s.head_dim}},
-            {o.data(), {s.layers, s.q_heads, T, s.head_dim}}};
-  }
-};
-
-}  // namespace
+using kvpolicy::test::Step;
 
 TEST_CASE("a probe step leaves a cache whose Evictor does not evict at probes as it found it") {
   std::mt19937_64 rng(9);

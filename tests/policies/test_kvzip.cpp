@@ -18,9 +18,11 @@
 #include "kvpolicy/memory/paged.hpp"
 #include "kvpolicy/policies/kvzip.hpp"
 #include "kvpolicy/registry.hpp"
+#include "random_step.hpp"
 #include "trials.hpp"
 
 using namespace kvpolicy;
+using kvpolicy::test::Step;
 
 namespace {
 
@@ -70,34 +72,6 @@ std::vector<double> oracle_scores(const std::vector<std::int32_t>& positions, co
     }
   return score;
 }
-
-/// A step of T tokens for every layer: keys, values, queries from `draw`.
-struct Step {
-  std::vector<float> k, v, lb, q, o;
-  Step(const CacheShape& s, std::int64_t T, const std::function<float()>& draw)
-      : k(static_cast<std::size_t>(s.layers * s.kv_heads * T * s.head_dim)), v(k.size()),
-        lb(static_cast<std::size_t>(s.layers * s.kv_heads * T), 0.0f),
-        q(static_cast<std::size_t>(s.layers * s.q_heads * T * s.head_dim)), o(q.size()) {
-    for (float& x : k) x = draw();
-    for (float& x : v) x = draw();
-    for (float& x : q) x = draw();
-  }
-  SequenceStep view(const CacheShape& s, std::int64_t seq) {
-    const std::int64_t T = static_cast<std::int64_t>(lb.size()) / (s.layers * s.kv_heads);
-    return {seq,
-            {k.data(), {s.layers, s.kv_heads, T, s.head_dim}},
-            {v.data(), {s.layers, s.kv_heads, T, s.head_dim}},
-            {lb.data(), {s.layers, s.kv_heads, T}},
-            {q.data(), {s.layers, s.q_heads, T, s.head_dim}},
-            {o.data(), {s.layers, s.q_heads, T, s.head_dim}}};
-  }
-  float key(const CacheShape& s, int l, int h, std::int64_t t, int x, std::int64_t T) const {
-    return k[static_cast<std::size_t>(((l * s.kv_heads + h) * T + t) * s.head_dim + x)];
-  }
-  float query(const CacheShape& s, int l, int qh, std::int64_t t, int x, std::int64_t T) const {
-    return q[static_cast<std::size_t>(((l * s.q_heads + qh) * T + t) * s.head_dim + x)];
-  }
-};
 
 }  // namespace
 
