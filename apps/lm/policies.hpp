@@ -78,14 +78,18 @@ decltype(auto) with_lm_storage(KvStorage kv, F&& f) {
 
 /// Opens the policy `o` names (registry::open) for `sequences` sequences of up to `max_tokens`
 /// tokens each, its K/V stored as `kv`, and calls f(cache, metadata). The pool holds every token
-/// in every head: the policy, not the pool, bounds what stays (docs/quality.md reports the entries
-/// held).
+/// in every head (and a probe's beside them): the policy, not the pool, bounds what stays
+/// (docs/quality.md reports the entries held).
 template <class F>
 decltype(auto) with_policy(const registry::Selection& o, KvStorage kv, const Config& c, std::int64_t sequences,
                            std::int64_t max_tokens, F&& f) {
   const CacheShape shape = c.cache_shape();
   const registry::Selection sel = for_model(o, c);
-  const std::int64_t pages = pages_for(shape, max_tokens + 16, sequences, registry::page_entries);
+  // a probe after the prompt (SPEC §10: KVzip) holds the prompt again beside it until its commit,
+  // with its instruction (probe_tokens; under 48 tokens)
+  const bool probes = registry::inputs_of(sel.policy) == registry::Inputs::reconstruction;
+  const std::int64_t pages =
+      pages_for(shape, (probes ? 2 * max_tokens + 48 : max_tokens) + 16, sequences, registry::page_entries);
   const registry::Opened p = with_lm_storage(kv, [&]<class Storage>(std::type_identity<Storage>) {
     return registry::open<Storage>(sel, {shape, c.hidden}, pages);
   });

@@ -132,8 +132,8 @@ class AnyCacheOf final : public AnyCache {
     if constexpr (C::takes_probes)
       c_.open_probe(seq);
     else
-      fail("Cache::open_probe: this Cache takes no probe steps (SPEC §10: its Backend keeps the entries of a step it "
-           "forgets, or its Admitter's ring counts tokens a probe's do not join)");
+      fail("Cache::open_probe: this Cache takes no probe steps (SPEC §10: its Backend cannot forget a step's record "
+           "while keeping its entries, or its Admitter's ring counts tokens a probe's never join)");
   }
   EvictionReport step(const SequenceStep& s, std::vector<EvictedEntry>* evicted = nullptr) override { return c_.step(s, evicted); }
   std::vector<EvictionReport> step_batch(std::span<const SequenceStep> batch) override { return c_.step_batch(batch); }

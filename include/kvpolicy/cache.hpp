@@ -294,8 +294,9 @@ class Cache {
   /// entries present and what it recorded, the Evictor evicts where it declares evicts_at_probe
   /// (any other keeps what it holds), then every entry of the probe leaves (and is listed among the
   /// evicted), what it recorded is discarded, and n stays: the next step starts where the probe
-  /// did. abort_step takes it back as any step. Throws for an unknown sequence or one with an open
-  /// step.
+  /// did. abort_step takes it back as any step (and cancels a probe not yet begun); a step() or
+  /// step_batch() that throws leaves it opened. Throws for an unknown sequence or one with an open
+  /// step. The pool must hold the probe's entries beside the sequence's until its commit.
   void open_probe(std::int64_t seq)
     requires takes_probes
   {
@@ -344,7 +345,7 @@ class Cache {
       write_and_attend(s);
       return commit(s.seq, evicted);
     } catch (...) {  // whatever failed (a user Scorer, Admitter or Backend; an allocation), the step leaves no trace
-      abort_step(s.seq);
+      take_back(s.seq);
       throw;
     }
   }
@@ -383,7 +384,7 @@ class Cache {
       }
       return close_steps(seqs, nullptr);
     } catch (...) {
-      for (std::size_t i = started; i-- > 0;) abort_step(batch[i].seq);  // last first: pages return in reverse
+      for (std::size_t i = started; i-- > 0;) take_back(batch[i].seq);  // last first: pages return in reverse
       throw;
     }
   }
@@ -417,6 +418,15 @@ class Cache {
     if constexpr (admitter_validates<A>) admitter.validate();
     EvictorHooks<E>::validate_scorer(evictor, scorer);
     return shape;
+  }
+
+  /// A step that failed inside step() or step_batch() taken back: as abort_step, but a probe the
+  /// sequence had opened stays opened, as before the call (a call that throws changes nothing).
+  void take_back(std::int64_t seq) {
+    SequenceState& st = state_of(seq);
+    const bool probe = st.probe;
+    abort_step(seq);
+    st.probe = probe;
   }
 
   const SequenceState& state_of(std::int64_t seq) const { return state_.at(seq); }

@@ -103,7 +103,8 @@ class Cache(transformers.Cache):
 
     policy, options: as kvpolicy.Cache takes them (budget=, buffer=, sinks=, ...); gate: the policy's
     trained gate (a safetensors file) for trimkv, dbtrimkv and wgkv. max_tokens: the most tokens a
-    sequence reaches (the pool holds that many entries per head: the policy bounds what stays).
+    sequence reaches (the pool holds that many entries per head, twice that and 64 for a policy whose
+    probe repeats the prompt beside it: the policy bounds what stays).
     """
 
     def __init__(self, policy: str, *, gate=None, max_tokens: int = 4096, storage: str = "float32", **options):
@@ -202,6 +203,8 @@ class Cache(transformers.Cache):
         """Runs ids [B, Q] through model as one probe step of every sequence (SPEC §10: KVzip's
         repetition, probe_ids): the policy scores with them and evicts, their entries leave, and each
         sequence stays at its length. After the prompt, before the first token after it."""
+        if self.needs["reconstruction"] is None:  # another policy's inputs would take the probe's tokens in
+            raise _core.Error(f"kvpolicy: policy {self.policy} reads no probe (its inputs are not a reconstruction)")
         if self.cache is None:
             raise _core.Error("kvpolicy: a probe follows the prompt; run the prompt through the model first")
         if ids.shape[0] != self.batch:
@@ -232,8 +235,10 @@ class Cache(transformers.Cache):
             raise _core.Error(f"kvpolicy: model type '{c.model_type}' is not LLaMA-family ({', '.join(MODEL_TYPES)})")
         head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
         self.config, self.head_dim = c, head_dim
+        # a probe after the prompt (KVzip, SPEC §10) holds the prompt again beside it until its commit
+        held = 2 * self.max_tokens + 64 if self.needs["reconstruction"] is not None else self.max_tokens
         self.cache = _core.Cache(self.policy, layers=c.num_hidden_layers, kv_heads=c.num_key_value_heads,
-                                 q_heads=c.num_attention_heads, head_dim=head_dim, max_tokens=self.max_tokens,
+                                 q_heads=c.num_attention_heads, head_dim=head_dim, max_tokens=held,
                                  max_sequences=batch, storage=self.storage,
                                  **{**_model_options(self.policy, c), **self.options})
         self.batch = batch

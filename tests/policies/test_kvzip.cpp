@@ -1,7 +1,8 @@
 // KVzip (kvpolicy/policies/kvzip.hpp, docs/policies.md) against brute-force oracles: its selection on
 // scores with many ties (exact), its score recomputed in double from the recorded probe queries and
 // the head's keys (to 1e-5), and the whole Cache — prompt, probe step, decode — keeping what the
-// two oracles together keep, the probe's own entries gone and n where the probe found it.
+// two oracles together keep, the probe's own entries gone and n where the probe found it; a
+// probe whose commit throws stays opened.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -18,6 +19,7 @@
 #include "kvpolicy/memory/paged.hpp"
 #include "kvpolicy/policies/kvzip.hpp"
 #include "kvpolicy/registry.hpp"
+#include "nan_scorer.hpp"
 #include "random_step.hpp"
 #include "trials.hpp"
 
@@ -289,4 +291,25 @@ TEST_CASE("oracle: a KVzip Cache keeps after its probe what the score and select
   }
   MESSAGE(compared, " trials compared, ", near_ties, " skipped at a near-tie");
   CHECK(compared >= random_trials(300) * 9 / 10);
+}
+
+TEST_CASE("a probe whose step() throws (a user Scorer's NaN at its commit) is still opened, and nothing changed") {
+  std::mt19937_64 rng(12);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const auto draw = [&] { return normal(rng); };
+  const CacheShape shape{2, 2, 4, 4};
+  Cache<testing::NaNScorer, admit::All, KVzipEvictor, memory::Paged<16>, cpu_backend> cache(
+      shape, memory::Paged<16>(256), KVzipEvictor{0.5, 1});
+  cache.add_sequence(0);
+  Step prompt(shape, 6, draw), probe(shape, 3, draw);
+  prompt.lb[5] = -0.125f;  // one prompt entry the scorer answers NaN for
+  cache.step(prompt.view(shape, 0));
+  cache.open_probe(0);
+  CHECK_THROWS_WITH(cache.step(probe.view(shape, 0)), doctest::Contains("NaN"));
+  CHECK(cache.probing(0));  // as before the call
+  CHECK(cache.tokens(0) == 6);
+  CHECK(cache.total_length(0) == 2 * 2 * 6);
+  CHECK_THROWS_WITH(cache.step_batch(std::vector<SequenceStep>{probe.view(shape, 0)}), doctest::Contains("NaN"));
+  CHECK(cache.probing(0));
+  CHECK(cache.total_length(0) == 2 * 2 * 6);
 }
