@@ -174,6 +174,10 @@ TEST_CASE("replay: every policy runs on the synthetic trace within its budget, a
     o.offer("budget", M).offer("buffer", B);
     o.offer("band-a", 2).offer("band-b", 1);  // the synthetic hidden states jump at layer 2
     o.offer("local", 12);  // wgkv's ring
+    // KVzap (SPEC §11): the trace's log_beta as its scores, a window of 12 and a threshold between
+    // the synthetic heads' values (kind 1 keeps all, kinds 0 and 2 lose what is not a gist)
+    const bool thresholded = in == registry::Inputs::surrogate;
+    if (thresholded) o.offer("window", 12).offer("tau", -0.02);
     const bool reconstructs = in == registry::Inputs::reconstruction;  // KVzip: a probe after the prompt
     if (reconstructs) o.probe = 8;
     const auto r = replay::replay(tr, o, &full);
@@ -191,7 +195,7 @@ TEST_CASE("replay: every policy runs on the synthetic trace within its budget, a
     }
     // wgkv holds what its gate admits; a prompt-compressing policy keeps every decode token
     const bool write_gated = in == registry::Inputs::write_gate;
-    if (!write_gated && !registry::needs_prompt_length(policy) && !reconstructs)
+    if (!write_gated && !thresholded && !registry::needs_prompt_length(policy) && !reconstructs)
       CHECK(r.peak_entries_per_head <= std::max(P, bound));
     if (reconstructs) {  // the probe's tokens leave at its own step; the prompt's leave there or never
       CHECK(r.peak_entries_per_head >= P + 8);                // the prompt and the probe, at the probe's step
@@ -211,6 +215,11 @@ TEST_CASE("replay: every policy runs on the synthetic trace within its budget, a
           if (write_gated && e != -1) {  // SPEC §3: dropped only once out of the ring, and only if g < tau
             REQUIRE(e >= t + 12 + 1);
             REQUIRE(tr.write_gate[static_cast<std::size_t>((l * 2 + h) * tr.tokens + t)] < 0.1f);
+          }
+          if (thresholded) {  // SPEC §11: dropped iff its score is < tau, once out of the window
+            const bool below = tr.log_beta[static_cast<std::size_t>((l * 2 + h) * tr.tokens + t)] < -0.02f;
+            REQUIRE((e != -1) == (below && t < tr.tokens - 12));
+            if (e != -1) REQUIRE(e >= t + 12 + 1);
           }
           evicted += e != -1;
         }

@@ -130,6 +130,8 @@ def inputs_for(info, rng, T):
         return rng.uniform(0, 1, (L, H, T)).astype(np.float32)
     if kind in ("key_value_statistic",):
         return rng.uniform(0, 1, (L, H, T)).astype(np.float32)
+    if kind == "surrogate":  # KVzap's predicted log scores, around its tau
+        return rng.normal(-6, 2, (L, H, T)).astype(np.float32)
     return None
 
 
@@ -141,6 +143,8 @@ def test_every_policy_runs_and_holds_what_it_reports(name):
         opts["buffer"] = 2
     if "local" in info["options"]:
         opts["local"] = 4
+    if info["inputs"] == "surrogate":  # KVzap: a window shorter than the 41 tokens
+        opts["window"] = 4
     cache = kvpolicy.Cache(name, **SHAPE, max_tokens=64, **opts)
     rng = np.random.default_rng(3)
     cache.add_sequence(0, prompt_tokens=12 if info["needs_prompt_length"] else -1)

@@ -100,6 +100,12 @@ std::string write_gate(registry::Inputs kind, float bias) {
       w.add_f32(p + "linear3.weight", {H, I}, w3);
       w.add_f32(p + "bias", {H}, fill(H, bias));
     }
+  } else if (kind == registry::Inputs::surrogate) {  // KVzap's linear surrogate (SPEC §11): scores near the bias
+    for (int l = 0; l < c.layers; ++l) {
+      const auto p = gate::Surrogate::prefix(l);
+      w.add_f32(p + "weight", {H, D}, random(H * D));
+      w.add_f32(p + "bias", {H}, fill(H, bias));
+    }
   } else {
     const int E = d;
     for (int l = 0; l < c.layers; ++l) {
@@ -163,6 +169,7 @@ TEST_CASE("every policy at a budget the text never reaches gives the full cache'
     if (in == registry::Inputs::retention_gate || in == registry::Inputs::tied_retention_gate)
       o.set("gate", write_gate(in, 0.0f));
     if (in == registry::Inputs::write_gate) o.set("gate", write_gate(in, 30.0f));  // g = 1: every token admitted
+    if (in == registry::Inputs::surrogate) o.set("gate", write_gate(in, 30.0f));   // every score far above tau
     const Run got = run_policy(o, ids, chunk);
     CHECK(got.evictions == 0);
     CHECK(got.final_entries == want.final_entries);
@@ -192,6 +199,10 @@ TEST_CASE("at a small budget every policy evicts, holds what its rule allows, an
       o.set("gate", write_gate(in, -30.0f));  // g = 1e-3 < tau: only the local ring stays
       o.set("local", M);
     }
+    if (in == registry::Inputs::surrogate) {  // every score far below tau: only the window stays
+      o.set("gate", write_gate(in, -30.0f));
+      o.set("window", M);
+    }
     const bool compresses_prompt = registry::needs_prompt_length(name);  // SnapKV, AdaKV: the prompt only
     const bool reconstructs = in == registry::Inputs::reconstruction;    // KVzip: at its probe, after the prompt
     const std::int64_t prompt = compresses_prompt || reconstructs ? 64 : chunk;
@@ -208,6 +219,8 @@ TEST_CASE("at a small budget every policy evicts, holds what its rule allows, an
       CHECK(got.final_entries <= (chunk + M) * heads);
     } else if (in == registry::Inputs::write_gate) {  // the W_local ring (and the step's tokens)
       CHECK(got.final_entries <= (M + chunk) * heads);
+    } else if (in == registry::Inputs::surrogate) {  // the window of M, after every step
+      CHECK(got.final_entries == M * heads);
     } else {  // M + B - 1 per head after every step; DBTrimKV on the sum
       CHECK(got.final_entries <= (M + B - 1) * heads);
     }

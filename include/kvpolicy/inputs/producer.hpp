@@ -4,6 +4,7 @@
 /// builds the one producer of that kind, and an engine (kvpolicy-lm, kvpolicy-replay, Python's
 /// transformers cache) hands it the tensors its `needs()` lists and appends what it writes:
 ///   retention_gate, tied_retention_gate  log beta from the layer's normed input (SPEC §1, §2)
+///   surrogate                            KVzap's predicted log KVzip+ score from the normed input (SPEC §11)
 ///   write_gate                           g from the keys before and after RoPE (SPEC §3)
 ///   key_value_statistic                  a rolling statistic of each sequence's keys and values (SPEC §4)
 ///   hidden_states                        one score per token from two hidden-state bands (SPEC §4)
@@ -31,6 +32,7 @@
 #include "kvpolicy/core/shape.hpp"
 #include "kvpolicy/core/view.hpp"
 #include "kvpolicy/gate/load.hpp"
+#include "kvpolicy/gate/surrogate.hpp"
 #include "kvpolicy/gate/write_gate.hpp"
 #include "kvpolicy/parts/score/epiphany.hpp"
 #include "kvpolicy/parts/score/kvstats.hpp"
@@ -164,13 +166,14 @@ inline void require_given(const View<const float, 3>& x, std::string_view name) 
 template <registry::Policy P>
 Needs needs(const registry::Values& v) {
   using registry::Inputs;
-  constexpr bool gated =
-      P::inputs == Inputs::retention_gate || P::inputs == Inputs::tied_retention_gate || P::inputs == Inputs::write_gate;
+  constexpr bool gated = P::inputs == Inputs::retention_gate || P::inputs == Inputs::tied_retention_gate ||
+                         P::inputs == Inputs::write_gate || P::inputs == Inputs::surrogate;
   if constexpr (gated)
     require(!v.text("gate").empty(), "policy ", P::name,
             " needs its trained gate: --gate FILE (gate= in Python), a safetensors file under SPEC's tensor names");
   Needs n;
-  if constexpr (P::inputs == Inputs::retention_gate || P::inputs == Inputs::tied_retention_gate) {
+  if constexpr (P::inputs == Inputs::retention_gate || P::inputs == Inputs::tied_retention_gate ||
+                P::inputs == Inputs::surrogate) {
     n.normed_input = true;
   } else if constexpr (P::inputs == Inputs::write_gate) {
     n.keys_pre_rope = n.keys = true;
@@ -202,7 +205,7 @@ Producer producer(const registry::Values& v, const ModelShape& model) {
   shape.validate();
   const int L = shape.layers, H = shape.kv_heads, d = shape.head_dim, D = model.hidden;
   constexpr bool reads_hidden = P::inputs == Inputs::retention_gate || P::inputs == Inputs::tied_retention_gate ||
-                               P::inputs == Inputs::hidden_states;
+                               P::inputs == Inputs::surrogate || P::inputs == Inputs::hidden_states;
   if constexpr (reads_hidden)  // the width of the normed input or of the hidden states
     require(D >= 1, "inputs::producer: policy ", P::name, ": the hidden size D = ", D, " must be >= 1");
   Needs n = needs<P>(v);
@@ -215,6 +218,16 @@ Producer producer(const registry::Values& v, const ModelShape& model) {
               detail::require_given(a.normed_input, "normed input");
               require_shape(a.normed_input, {out.dim(1), D}, "inputs::Producer: normed input");
               g(l, a.normed_input, out);
+            },
+            {}, {}};
+  } else if constexpr (P::inputs == Inputs::surrogate) {  // SPEC §11: the score from the normed input
+    auto g = std::make_shared<const gate::Surrogate>(
+        gate::Surrogate::load(safetensors::File::read(v.text("gate")), {.layers = L, .hidden = D, .kv_heads = H}));
+    return {n,
+            [g, D](std::int64_t, int l, const LayerActivations& a, View<float, 2> out) {
+              detail::require_given(a.normed_input, "normed input");
+              require_shape(a.normed_input, {out.dim(1), D}, "inputs::Producer: normed input");
+              g->forward(l, a.normed_input, out);
             },
             {}, {}};
   } else if constexpr (P::inputs == Inputs::write_gate) {  // SPEC §3: g on the keys before and after RoPE

@@ -130,6 +130,7 @@ enum class Inputs : std::uint8_t {
   hidden_states,        ///< one score per token from two hidden-state bands (SPEC §4; the policy's `variant`)
   reconstruction,       ///< nothing per token; after the prompt the engine runs a probe step asking the model
                         ///< to repeat its context (SPEC §10, KVzip; the policy's `probe_instruction`)
+  surrogate,            ///< a score per kv head from KVzap's surrogate on the layer's normed input (SPEC §11)
 };
 
 /// The name of an Inputs, as a tool prints it.
@@ -142,6 +143,7 @@ constexpr std::string_view name_of(Inputs i) {
     case Inputs::key_value_statistic: return "key_value_statistic";
     case Inputs::hidden_states: return "hidden_states";
     case Inputs::reconstruction: return "reconstruction";
+    case Inputs::surrogate: return "surrogate";
   }
   return "?";
 }

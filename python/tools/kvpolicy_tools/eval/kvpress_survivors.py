@@ -24,7 +24,9 @@ Pairs: StreamingLLM (4 sinks), KNorm, KeyDiff, SnapKV (window 64, avg-pool 5), A
 (alpha 0.2), PyramidKV (window 64, beta 3: each layer its own budget, averaging --keep), Expected
 Attention (kvpress's defaults: 4 sinks, 512 future positions; kvpolicy told the model's RoPE), KVzip
 at ratios 0.5 and 0.75 (kvzip_check: the chat template's header and the text as the prompt, kvpress's
-repeat pass as kvpolicy-replay's --probe; with kvpolicy-replay only), and TOVA, whose kvpress press averages the last query's attention over every query head of the layer
+repeat pass as kvpolicy-replay's --probe; with kvpolicy-replay only), KVzap at two thresholds
+(kvzap_check: DMSPress over KVzapPress, both given the surrogate --kvzap; with kvpolicy-replay
+only), and TOVA, whose kvpress press averages the last query's attention over every query head of the layer
 while kvpolicy's averages over the kv head's query group (docs/policies.md): its row is reported,
 not required to match.
 """
@@ -54,7 +56,7 @@ def load(gguf):
 
 def record_trace(model, ids, path):
     """Runs the prompt once and writes what each layer's attention saw (post-RoPE queries and keys,
-    values) as a kvpolicy-replay trace."""
+    values, and its input after the input RMSNorm as gate_input) as a kvpolicy-replay trace."""
     from safetensors.numpy import save_file
     from transformers import AttentionInterface
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -65,16 +67,28 @@ def record_trace(model, ids, path):
         seen[module.layer_idx] = (query[0].detach().clone(), key[0].detach().clone(), value[0].detach().clone())
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
 
+    normed = {}
+
+    def record_input(module, args, kwargs):
+        normed[module.layer_idx] = kwargs["hidden_states"][0].detach().clone()
+
     AttentionInterface.register("kvpolicy_record", recording)
     model.set_attn_implementation("kvpolicy_record")
-    with torch.no_grad():
-        model(ids)
+    hooks = [layer.self_attn.register_forward_pre_hook(record_input, with_kwargs=True) for layer in model.model.layers]
+    try:
+        with torch.no_grad():
+            model(ids)
+    finally:
+        for h in hooks:
+            h.remove()
     model.set_attn_implementation("sdpa")
     L = len(seen)
     # C order: the query states are a transposed view, and safetensors writes memory as it lies
     q, k, v = (np.ascontiguousarray(np.stack([seen[l][i].numpy() for l in range(L)]), dtype=np.float32) for i in range(3))
     T = ids.shape[1]
-    save_file({"keys": k, "values": v, "queries": q, "log_beta": np.zeros((L, k.shape[1], T), np.float32)}, path)
+    x = np.ascontiguousarray(np.stack([normed[l].numpy() for l in range(L)]), dtype=np.float32)
+    save_file({"keys": k, "values": v, "queries": q, "log_beta": np.zeros((L, k.shape[1], T), np.float32),
+               "gate_input": x}, path)
     return L, k.shape[1]
 
 
@@ -221,6 +235,65 @@ def kvzip_check(model, tok, text_ids, a, tmp, ratios=(0.5, 0.75)):
     return failed
 
 
+def kvzap_check(model, ids, a, tmp, trace, taus=(-6.0, -4.0)):
+    """KVzap (SPEC §11) against kvpress's DMSPress(KVzapPress) given the same surrogate (--kvzap, a
+    file kvpolicy-train-kvzap wrote, loaded into kvpress's KVzapModel): kvpress masks, in its
+    prefill, every entry before the last 128 whose score is < tau; kvpolicy-replay runs the policy
+    on the recorded attention inputs, the prompt as one step. Where a head differs, the entries
+    that differ are explained by the score kvpress computed (a score within 1e-5 of tau is a near
+    tie: the two surrogates sum the same products in a different order). Returns whether any
+    differs otherwise."""
+    from kvpress import DMSPress, KVzapPress
+    from kvpress.presses.kvzap_press import KVzapConfig, KVzapModel
+    from safetensors.torch import load_file
+
+    weights = load_file(a.kvzap)
+    L = len(model.model.layers)
+    H, D = weights["layers.0.weight"].shape
+    surrogate = KVzapModel(KVzapConfig(input_dim=D, output_dim=H, n_modules=L)).eval()
+    surrogate.load_state_dict(weights)
+    T = ids.shape[1]
+    print(f"\nKVzap: {T} tokens, the surrogate {os.path.basename(a.kvzap)} (linear), window 128")
+    print(f"{'tau':<20}{'heads equal':>12}{'entries differ':>16}{'near-tau':>10}{'other':>8}{'kept':>10}")
+    failed = False
+    for tau in taus:
+        press = KVzapPress(model_type="linear")
+        press.post_init_from_model = lambda model: None  # the surrogate is given, not fetched by the model's name
+        press.kvzap_model = surrogate
+        dms = DMSPress(press=press, threshold=tau, sliding_window_size=128)
+        scores = {}
+        original = KVzapPress.score
+
+        def keeping(self, module, hidden_states, *args):
+            s = original(self, module, hidden_states, *args)
+            scores[module.layer_idx] = s[0].detach().clone()
+            return s
+
+        KVzapPress.score = keeping
+        try:
+            with torch.no_grad(), dms(model):
+                model(ids)
+        finally:
+            KVzapPress.score = original
+        theirs = np.ones((L, H, T), bool)
+        for layer in model.model.layers:
+            attn = layer.self_attn
+            if attn.masked_key_indices is not None:
+                _, heads, seq = attn.masked_key_indices
+                theirs[attn.layer_idx, heads.numpy(), seq.numpy()] = False
+            attn.masked_key_indices = None
+        args = ["--prefill", str(T), "--gate", a.kvzap, "--tau", repr(tau)]
+        ours = kvpolicy_survivors(a.replay, trace, "kvzap", args, os.path.join(tmp, "kvzap.safetensors"))
+        equal = sum(np.array_equal(ours[l, h], theirs[l, h]) for l in range(L) for h in range(H))
+        differ = ours != theirs
+        score = np.stack([scores[l].numpy() for l in range(L)])
+        near = int((differ & (np.abs(score - tau) <= 1e-5)).sum())
+        other = int(differ.sum()) - near
+        print(f"{tau:<20}{equal:>8} / {L * H:<3}{int(differ.sum()):>16}{near:>10}{other:>8}{ours.mean():>10.3f}")
+        failed = failed or other > 0
+    return failed
+
+
 def explain(score, ours, theirs):
     """For entries whose fate differs (one head, or a whole layer for AdaKV's pooled choice): do the
     ones only kvpolicy keeps score what the ones only kvpress keeps score (a tie), or within 1e-6?"""
@@ -240,6 +313,8 @@ def main():
     ap.add_argument("--text", default="/usr/share/common-licenses/GPL-3")
     ap.add_argument("--tokens", type=int, default=1024)
     ap.add_argument("--keep", type=int, default=256, help="n_kept of kvpress, M of kvpolicy")
+    ap.add_argument("--kvzap", default="gates/smollm2-135m/kvzap.safetensors",
+                    help="KVzap's surrogate, given to both sides (kvpolicy-train-kvzap writes it); none: no KVzap check")
     ap.add_argument("--engine", choices=["replay", "python"], default="replay",
                     help="kvpolicy's side: kvpolicy-replay, or the Python package's Cache")
     a = ap.parse_args()
@@ -296,6 +371,8 @@ def main():
             failed = failed or (required and why["differs"] > 0)
         if a.engine == "replay":  # the probe is kvpolicy-replay's --probe; the Python package's comes with its engine
             failed = kvzip_check(model, tok, tok(open(a.text).read())["input_ids"], a, tmp) or failed
+            if a.kvzap and os.path.isfile(a.kvzap):
+                failed = kvzap_check(model, ids, a, tmp, trace) or failed
     sys.exit(1 if failed else 0)
 
 

@@ -4,7 +4,9 @@
 full cache; then the plot (kvpolicy-quality-plot). Eviction is decided inside kvpolicy-lm's own
 loop: a 16-token first step (the prompt), then 16-token steps (a prompt-compressing policy gets a
 1,024-token prompt; KVzip compresses the same prompt to M per head on average, ratio 1 - M/1024,
-after its probe). One thread per run, F32 K/V.
+after its probe; KVzap, which has no budget, runs with a window of M/2 and the threshold its
+surrogate's file gives for M, calibrated on training text: its rows' mean_entries say what it held).
+One thread per run, F32 K/V.
 
     kvpolicy-quality [OUT_DIR] [--budgets "64 128 256 512"] [--append] [--only "epikv hs-var"]
                      [--text FILE] [--gates DIR] [--mode union] [--sinks "0 4"] [--window W]
@@ -75,6 +77,16 @@ def measure(a, model, policy, args):
             secs.group(1) if secs else "", mean.group(1).strip() if mean else ""]
 
 
+def safetensors_metadata(path):
+    """The __metadata__ of a safetensors file (its JSON header), without a tensor library."""
+    import json
+    import struct
+
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        return json.loads(f.read(n)).get("__metadata__", {})
+
+
 def main(argv=None):
     a = parse(argv)
     if not os.access(a.lm, os.X_OK):
@@ -115,6 +127,16 @@ def main(argv=None):
                 takes = set(opts.split(","))
                 if inputs == "reconstruction":  # KVzip: the 1,024-token prompt to M per head on average, 4 sinks (kvpress's)
                     run(p, m, 4, ["--prefill", "1024", "--ratio", repr(1 - m / 1024), "--sinks", "4"])
+                    continue
+                if inputs == "surrogate":  # KVzap: window M/2, the threshold calibrated for M (kvpolicy-train-kvzap)
+                    gate = os.path.join(a.gates, p + ".safetensors")
+                    tau = safetensors_metadata(gate).get(f"tau_m{m}") if os.path.exists(gate) else None
+                    if tau is None:
+                        if not a.only or p in a.only:
+                            print(f"kvpolicy-quality: no surrogate with a threshold for M = {m} ({gate}): {p} not run",
+                                  file=sys.stderr)
+                        continue
+                    run(p, m, 0, ["--gate", gate, "--window", str(m // 2), "--tau", tau])
                     continue
                 args = ["--budget", str(m)] if "budget" in takes else ["--local", str(m)] if "local" in takes else []
                 if "buffer" in takes:

@@ -103,6 +103,13 @@ def run_batch(lm, model, prompts, policy, budget, sinks, gate, threads, options,
     takes = options[policy]
     if "ratio" in takes:  # KVzip: the ~1,024-token context to M per head on average, at its probe (SPEC §10)
         args += ["--ratio", repr(1 - budget / 1024), "--sinks", str(sinks)]
+    elif "tau" in takes and "local" not in takes:  # KVzap: window M/2, the threshold its file calibrates for M
+        from kvpolicy_tools.eval.quality import safetensors_metadata
+
+        tau = safetensors_metadata(gate).get(f"tau_m{budget}")
+        if tau is None:
+            raise Refused(f"the surrogate {gate} has no threshold calibrated for M = {budget}")
+        args += ["--gate", gate, "--window", str(budget // 2), "--tau", tau]
     elif policy != "full":  # M as the budget, or as the ring of a policy without one (WG-KV); B = 16 where taken
         args += ["--budget" if "budget" in takes else "--local", str(budget)]
         args += ["--buffer", "16"] if "buffer" in takes else []
