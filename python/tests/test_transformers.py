@@ -44,6 +44,13 @@ def tiny_gate(kind, model, path):
     from kvpolicy_tools.train import runs
     from kvpolicy_tools.train.gates import make_gate
     torch.manual_seed(1)
+    if kind == "kvzap":  # KVzap's surrogate: one linear map per layer, kvpress's names (SPEC §11)
+        from safetensors.torch import save_file
+        c = model.config
+        save_file({f"layers.{l}.{k}": t for l in range(c.num_hidden_layers) for k, t in
+                   (("weight", torch.randn(c.num_key_value_heads, c.hidden_size) * 0.5),
+                    ("bias", torch.randn(c.num_key_value_heads)))}, path)
+        return path
     gate = make_gate(kind, model.config, 16, bias_init=None if kind == "wg" else 2.0)
     runs.export(gate, path, 16, kind == "wg", {"kvpolicy_gate": kind})
     return path
@@ -88,13 +95,13 @@ def test_llama_family_shapes_equal_sdpa(family, tmp_path):
 
 
 # The gate file each kind of learned input reads (for the tiny model: an untrained one, tiny_gate).
-GATE_KINDS = {"retention_gate": "rg", "tied_retention_gate": "rg10", "write_gate": "wg"}
+GATE_KINDS = {"retention_gate": "rg", "tied_retention_gate": "rg10", "write_gate": "wg", "surrogate": "kvzap"}
 POLICIES = kvpolicy.policies()
 
 
 # Where a policy's tiny-model run differs from the common one: PyramidKV's 3 layers keep 12, 8 and 4
-# (window 2, beta 2); HS-var reads band 0, the embeddings.
-TINY_SETTINGS = {"pyramidkv": {"window": 2, "beta": 2}, "hs-var": {"band_a": 0}}
+# (window 2, beta 2); HS-var reads band 0, the embeddings; KVzap a window of 8.
+TINY_SETTINGS = {"pyramidkv": {"window": 2, "beta": 2}, "hs-var": {"band_a": 0}, "kvzap": {"window": 8}}
 
 
 def tiny_options(name, info):
@@ -222,8 +229,9 @@ SMOLLM2_SETTINGS = {
     "kv-val": {"budget": 32},
     "lag-kv": {"budget": 128},
     "wgkv": {"local": 64},
+    "kvzap": {"window": 32},
 }
-GATE_FILES = {"retention_gate": "trimkv", "tied_retention_gate": "dbtrimkv", "write_gate": "wgkv"}
+GATE_FILES = {"retention_gate": "trimkv", "tied_retention_gate": "dbtrimkv", "write_gate": "wgkv", "surrogate": "kvzap"}
 
 
 def smollm2_args(name, info):

@@ -5,7 +5,7 @@
 /// score is frozen in the entry, and after every step each (layer, kv head) drops its entries
 /// scoring below tau, except its W newest. No budget: what stays depends on the text.
 ///
-///   kvpolicy::KVzapCache<> cache(shape, kvpolicy::memory::Paged<16>(pages), kvpolicy::kvzap_evictor({.tau = -6}));
+///   kvpolicy::KVzapCache<> cache(shape, kvpolicy::memory::Paged<16>(pages), kvpolicy::kvzap_evictor({.tau = -3.5}));
 ///   surrogate.forward(layer, normed_input /* [T, D] */, scores /* [Hkv, T] */);   // per layer
 ///   cache.step(seq, keys, values, scores /* [L, Hkv, T], in place of log_beta */);
 #pragma once
@@ -31,7 +31,7 @@ namespace kvpolicy {
 /// KVzap's settings: tau on the predicted log score, and kvpress's window of 128 tokens.
 struct KVzapConfig {
   [[no_unique_address]] ByName by_name{};
-  double tau = -6.0;           ///< an entry past the window leaves when its score is < tau
+  double tau = -4.0;           ///< an entry past the window leaves when its score is < tau (kvpress's example)
   std::int64_t window = 128;   ///< W: the W newest entries of each head stay whatever their score
 };
 
@@ -40,7 +40,7 @@ struct KVzapConfig {
 /// Every token is written to every head and none of the W newest leaves, so a head's W newest are
 /// the sequence's last W positions: kvpress's rule (masked once t < N - W and s < tau) exactly.
 struct KVzapEvictor {
-  double tau = -6.0;
+  double tau = -4.0;
   std::int64_t window = 128;
 
   void validate(const CacheShape& shape) const {

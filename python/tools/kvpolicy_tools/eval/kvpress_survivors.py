@@ -235,7 +235,7 @@ def kvzip_check(model, tok, text_ids, a, tmp, ratios=(0.5, 0.75)):
     return failed
 
 
-def kvzap_check(model, ids, a, tmp, trace, taus=(-6.0, -4.0)):
+def kvzap_check(model, ids, a, tmp, trace, taus=(-4.0, -1.5)):
     """KVzap (SPEC §11) against kvpress's DMSPress(KVzapPress) given the same surrogate (--kvzap, a
     file kvpolicy-train-kvzap wrote, loaded into kvpress's KVzapModel): kvpress masks, in its
     prefill, every entry before the last 128 whose score is < tau; kvpolicy-replay runs the policy
