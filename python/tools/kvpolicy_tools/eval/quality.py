@@ -107,7 +107,7 @@ def main(argv=None):
             if got is None:
                 print(f"kvpolicy-quality: skipped {policy} M = {m}", file=sys.stderr)
                 return
-            name = policy + ("/union" if "--mode" in args else "") + (f"/w{a.window}" if "--window" in args else "")
+            name = policy + ("/union" if "--mode" in args else "") + (f"/w{a.window}" if a.window > 0 else "")
             row = [name, m, sinks, *got]
             out.writerow(row)
             f.flush()
