@@ -284,7 +284,7 @@ def main():
                     before = have.get((task, str(context), name, str(budget), str(a.seed)))
                     if before and int(before["instances"]) >= len(prompts):
                         continue
-                    if before and before["sinks"] != str(cell_sinks(a, policy)):
+                    if before and before["sinks"] != str(cell_sinks(a, policy, options)):
                         print(f"retrieval: skipped {task} {context} {name} M = {budget}: results.csv has it with "
                               f"{before['sinks']} sinks; give another --out", file=sys.stderr, flush=True)
                         continue
@@ -301,7 +301,7 @@ def run_cell(a, options, path, fields, task, context, prompts, needed, generate,
     """Runs one cell and appends its row; `before`, the cell's row of fewer instances of the same seed:
     only the instances after its count run, and the row counts them all."""
     gate = os.path.join(a.gates, policy + ".safetensors") if "gate" in options[policy] else None
-    sinks = cell_sinks(a, policy)
+    sinks = cell_sinks(a, policy, options)
     first = int(before["instances"]) if before else 0
     t0, wrong_examples = time.time() - (float(before["seconds"]) if before else 0), []
     hits = int(before["correct"]) if before else 0
@@ -383,9 +383,10 @@ def digits_table(path, context, budget, seed=0, parts=4):
     return "\n".join(out)
 
 
-def cell_sinks(a, policy):
-    """The sinks a cell runs with: none for the full cache and for WG-KV, which takes none."""
-    return 0 if policy in ("full", "wgkv") else a.sinks
+def cell_sinks(a, policy, options):
+    """The sinks a cell runs with: none for the full cache, WG-KV (its rows have none) and a policy
+    that takes none (KVzap)."""
+    return 0 if policy in ("full", "wgkv") or "sinks" not in options[policy] else a.sinks
 
 
 def cell_key(r):
