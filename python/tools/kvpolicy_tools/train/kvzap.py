@@ -75,6 +75,18 @@ def spans(tok, text):
     return torch.tensor([enc["input_ids"]]), inside(first, first + len(text)), inside(second, second + len(text))
 
 
+def run_hooked(model, ids, register):
+    """The base model (no LM head) on ids with a hook on every layer's attention (`register(attn)`
+    installs it and returns its handle), removed afterwards."""
+    hooks = [register(layer.self_attn) for layer in model.model.layers]
+    try:
+        with torch.no_grad():
+            model.model(input_ids=ids)
+    finally:
+        for h in hooks:
+            h.remove()
+
+
 def targets(model, ids, text_span, repeat_span):
     """X [L, C, D] (each text token's attention input) and y [L, C, Hkv] (log KVzip+), C = the text's tokens."""
     cfg = model.config
@@ -82,7 +94,7 @@ def targets(model, ids, text_span, repeat_span):
     G, d = Hq // Hkv, cfg.hidden_size // Hq
     sp, ep = text_span
     sr, er = repeat_span
-    X, Y, hooks = {}, {}, []
+    X, Y = {}, {}
 
     def hook(module, args, kwargs, output):
         hs = kwargs["hidden_states"][0]  # [S, D], after the input RMSNorm
@@ -97,14 +109,7 @@ def targets(model, ids, text_span, repeat_span):
         X[module.layer_idx] = hs[sp:ep].detach().clone()
         Y[module.layer_idx] = torch.log(s.clamp_min(1e-30)).T.detach().clone()  # an attention fp32 rounds to 0
 
-    for layer in model.model.layers:
-        hooks.append(layer.self_attn.register_forward_hook(hook, with_kwargs=True))
-    try:
-        with torch.no_grad():
-            model.model(input_ids=ids)
-    finally:
-        for h in hooks:
-            h.remove()
+    run_hooked(model, ids, lambda attn: attn.register_forward_hook(hook, with_kwargs=True))
     L = len(model.model.layers)
     if len(Y) != L:
         raise SystemExit("kvzap: the attention layers gave no weights (eager attention is needed)")
@@ -154,19 +159,12 @@ class Sums:
 def calibration_scores(model, tok, text, W, b, tokens=2048):
     """The surrogate's scores [L, H, T] on the first `tokens` tokens of `text`."""
     ids = torch.tensor([tok(text, add_special_tokens=False)["input_ids"][:tokens]])
-    X, hooks = {}, []
+    X = {}
 
     def hook(module, args, kwargs):
         X[module.layer_idx] = kwargs["hidden_states"][0].detach().double().numpy()
 
-    for layer in model.model.layers:
-        hooks.append(layer.self_attn.register_forward_pre_hook(hook, with_kwargs=True))
-    try:
-        with torch.no_grad():
-            model.model(input_ids=ids)
-    finally:
-        for h in hooks:
-            h.remove()
+    run_hooked(model, ids, lambda attn: attn.register_forward_pre_hook(hook, with_kwargs=True))
     return np.stack([(X[l] @ W[l].T + b[l]).T for l in range(len(X))]).astype(np.float32)
 
 
