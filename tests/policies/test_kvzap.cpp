@@ -56,7 +56,6 @@ st::Writer surrogate_file(std::mt19937_64& rng, int L, int D, int H, int I) {
 
 /// The surrogate of layer l in double, from the file's fp32 values: x [D] -> [H].
 std::vector<double> oracle_surrogate(const st::File& f, int l, const std::vector<double>& x, int H, int I) {
-  const auto D = static_cast<std::int64_t>(x.size());
   const std::string p = gate::Surrogate::prefix(l);
   const auto affine = [&](const std::string& w, const std::string& b, const std::vector<double>& in, std::int64_t rows) {
     const auto W = f.floats(w, {rows, static_cast<std::int64_t>(in.size())});
@@ -72,7 +71,6 @@ std::vector<double> oracle_surrogate(const st::File& f, int l, const std::vector
   if (I == 0) return affine(p + "weight", p + "bias", x, H);
   auto u = affine(p + "0.weight", p + "0.bias", x, I);
   for (double& v : u) v = 0.5 * v * (1.0 + std::erf(v / std::sqrt(2.0)));
-  (void)D;
   return affine(p + "2.weight", p + "2.bias", u, H);
 }
 

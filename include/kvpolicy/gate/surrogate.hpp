@@ -85,16 +85,14 @@ class Surrogate {
     require_shape(View<const float, 2>(scores), {config_.kv_heads, T}, "Surrogate: scores");
     const Layer& w = layers_[static_cast<std::size_t>(layer)];
     const Eigen::Map<const RowMatrix> X(x.data, T, config_.hidden);
-    RowMatrix Z;  // [Hkv, T]
+    Eigen::Map<RowMatrix> S(scores.data, config_.kv_heads, T);  // [Hkv, T]
     if (mlp_) {
       RowMatrix U = (X * w.w1.transpose()).rowwise() + w.b1.col(0).transpose();  // [T, I]
       U = U.unaryExpr([](float v) { return activate(Activation::gelu, v); });
-      Z = (w.w2 * U.transpose()).colwise() + w.b2.col(0);
+      S = (w.w2 * U.transpose()).colwise() + w.b2.col(0);
     } else {
-      Z = (w.w1 * X.transpose()).colwise() + w.b1.col(0);
+      S = (w.w1 * X.transpose()).colwise() + w.b1.col(0);
     }
-    for (std::int64_t h = 0; h < config_.kv_heads; ++h)
-      for (std::int64_t t = 0; t < T; ++t) scores(h, t) = Z(h, t);
   }
 
  private:

@@ -32,7 +32,6 @@
 #include "kvpolicy/core/shape.hpp"
 #include "kvpolicy/core/view.hpp"
 #include "kvpolicy/gate/load.hpp"
-#include "kvpolicy/gate/surrogate.hpp"
 #include "kvpolicy/gate/write_gate.hpp"
 #include "kvpolicy/parts/score/epiphany.hpp"
 #include "kvpolicy/parts/score/kvstats.hpp"
@@ -210,24 +209,17 @@ Producer producer(const registry::Values& v, const ModelShape& model) {
     require(D >= 1, "inputs::producer: policy ", P::name, ": the hidden size D = ", D, " must be >= 1");
   Needs n = needs<P>(v);
 
-  if constexpr (P::inputs == Inputs::retention_gate || P::inputs == Inputs::tied_retention_gate) {
-    // SPEC §1, §2: log beta from the gate on the layer's normed input
-    auto g = gate::load_retention_gate(v.text("gate"), L, D, H, P::inputs == Inputs::tied_retention_gate);
+  if constexpr (P::inputs == Inputs::retention_gate || P::inputs == Inputs::tied_retention_gate ||
+                P::inputs == Inputs::surrogate) {
+    // SPEC §1, §2: log beta from the gate on the layer's normed input; §11: KVzap's predicted score
+    auto g = P::inputs == Inputs::surrogate
+                 ? gate::load_surrogate(v.text("gate"), L, D, H)
+                 : gate::load_retention_gate(v.text("gate"), L, D, H, P::inputs == Inputs::tied_retention_gate);
     return {n,
             [g, D](std::int64_t, int l, const LayerActivations& a, View<float, 2> out) {
               detail::require_given(a.normed_input, "normed input");
               require_shape(a.normed_input, {out.dim(1), D}, "inputs::Producer: normed input");
               g(l, a.normed_input, out);
-            },
-            {}, {}};
-  } else if constexpr (P::inputs == Inputs::surrogate) {  // SPEC §11: the score from the normed input
-    auto g = std::make_shared<const gate::Surrogate>(
-        gate::Surrogate::load(safetensors::File::read(v.text("gate")), {.layers = L, .hidden = D, .kv_heads = H}));
-    return {n,
-            [g, D](std::int64_t, int l, const LayerActivations& a, View<float, 2> out) {
-              detail::require_given(a.normed_input, "normed input");
-              require_shape(a.normed_input, {out.dim(1), D}, "inputs::Producer: normed input");
-              g->forward(l, a.normed_input, out);
             },
             {}, {}};
   } else if constexpr (P::inputs == Inputs::write_gate) {  // SPEC §3: g on the keys before and after RoPE

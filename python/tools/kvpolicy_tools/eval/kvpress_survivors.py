@@ -373,6 +373,8 @@ def main():
             failed = kvzip_check(model, tok, tok(open(a.text).read())["input_ids"], a, tmp) or failed
             if a.kvzap and os.path.isfile(a.kvzap):
                 failed = kvzap_check(model, ids, a, tmp, trace) or failed
+            elif a.kvzap:
+                print(f"\nKVzap: no surrogate at {a.kvzap}: not checked")
     sys.exit(1 if failed else 0)
 
 
