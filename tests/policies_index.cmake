@@ -4,7 +4,7 @@
 # Python are "yes" (every policy runs there), GPU is "yes" where the registry says it runs on the
 # device with its defaults (registry::runs_on) and "no" elsewhere, token level is "yes" where the
 # policy takes --mode (SPEC §8), and `reads` is what it reads,
-# `registry::Inputs` by name, as the registry states it. docs/policies.md's index (SECTION Index) and the README's table (SECTION
+# its input source's name, as the registry states it. docs/policies.md's index (SECTION Index) and the README's table (SECTION
 # Policies, READS ON) are checked so.
 #   -DREPLAY=<kvpolicy-replay> -DDOC=<file.md> [-DSECTION=Index] [-DREADS=ON]
 include(${CMAKE_CURRENT_LIST_DIR}/registered_policies.cmake)

@@ -1,5 +1,5 @@
 # registered_policies(<names-var> [<inputs-var> [<devices-var> [<token-level-var>]]]): the registered
-# policies' names, what each reads (registry::Inputs by name), whether it runs on the device with its
+# policies' names, what each reads (its input source's name), whether it runs on the device with its
 # defaults ("cuda" or "-") and whether it has a token-level mode (SPEC §8: it takes --mode; "yes" or "no"), from ${REPLAY} --list-policies (one per line: name, options, inputs, prompt,
 # device, separated by tabs). For the cmake -P checks that compare a list with the registry.
 function(registered_policies out)

@@ -174,7 +174,7 @@ std::unique_ptr<Lane> lane_of() {
     using C = Cache<S, A, std::decay_t<decltype(parts.evictor())>, Pool, cpu_backend>;
     const auto bound = evict::memory_bound(parts.evictor(), kShape);
     if (!bound) return nullptr;
-    const Meta meta = P::inputs == registry::Inputs::write_gate ? Meta::gate
+    const Meta meta = P::inputs::scores == inputs::Scores::gate ? Meta::gate
                       : scorer_static_score<S>                  ? Meta::score
                                                                 : Meta::log_beta;
     return std::make_unique<LaneOf<C>>(C(kShape, pool_for(*bound), parts.evictor(), parts.scorer(), parts.admitter()),

@@ -6,6 +6,8 @@
 // error that names it; one rank's open_sharded_cache is the unsharded Cache.
 #include <doctest/doctest.h>
 
+#include <cmath>
+#include <filesystem>
 #include <random>
 #include <string>
 #include <type_traits>
@@ -112,14 +114,14 @@ TEST_CASE("registry::open_cache: every policy by name keeps and evicts what its 
           else CHECK(door->protected_window() == 0);
           CHECK(door->pages_total() == direct.pages_total());
           CHECK(door->pool_bytes() == memory::Paged<16>::bytes_for(kShape, pages));
-          evicted += run_both(direct, *door, rng, P::inputs == registry::Inputs::reconstruction);
+          evicted += run_both(direct, *door, rng, inputs::probes_v<typename P::inputs>);
         });
         if constexpr (registry::over_engine_storage<P>()) {
           P::template make<cpu_backend>(v, kShape, memory::Paged<16, engine_owned>(pages), [&](auto& direct) {
             const std::unique_ptr<AnyCache> door = registry::open_cache<engine_owned>(sel, kShape, pages);
             CHECK(!door->stores_kv());
             CHECK(door->pool_bytes() == memory::Paged<16, engine_owned>::bytes_for(kShape, pages));
-            run_both(direct, *door, rng, P::inputs == registry::Inputs::reconstruction);
+            run_both(direct, *door, rng, inputs::probes_v<typename P::inputs>);
           });
         }
       }
@@ -183,6 +185,52 @@ TEST_CASE("registry::open: the Cache and the producer of its inputs for the mode
   CHECK(kv.inputs.needs().per_layer());
   CHECK_THROWS_WITH_AS(registry::open({"epikv", {}}, model, 8), doctest::Contains("--band-a 10 and --band-b 21"), Error);
   CHECK_THROWS_WITH_AS(registry::open({"trimkv", {}}, model, 8), doctest::Contains("gate"), Error);
+}
+
+TEST_CASE("registry: every gated policy runs its source's example gate, whose level orders its scores") {
+  // registry::example_gate (the file the tests give every gated policy): the producer reads what its
+  // needs() list, writes one score per (kv head, token), finite, and a high level scores above a
+  // low one on every entry (the example's contract: high keeps, low drops)
+  const inputs::ModelShape model{kShape, 24, 0};
+  std::mt19937_64 rng(11);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const std::int64_t T = 5, H = kShape.kv_heads, d = kShape.head_dim;
+  std::vector<float> x(static_cast<std::size_t>(T * model.hidden)), k(static_cast<std::size_t>(H * T * d)), k_pre(k.size()),
+      v(k.size());
+  for (auto* buf : {&x, &k, &k_pre, &v})
+    for (float& e : *buf) e = normal(rng);
+  int gated = 0;
+  for (const auto name : registry::names()) {
+    const registry::InputSource source = registry::input_source(name);
+    if (!source.gated) {
+      CHECK_THROWS_WITH_AS(registry::example_gate(name, "unused.safetensors", model, 0.0f), doctest::Contains("reads no gate file"),
+                           Error);
+      continue;
+    }
+    CAPTURE(name);
+    ++gated;
+    std::vector<std::vector<float>> scores;
+    for (const float level : {-30.0f, 30.0f}) {
+      const std::string path = (std::filesystem::temp_directory_path() / ("kvpolicy-example-" + std::string(name) + ".safetensors")).string();
+      registry::example_gate(name, path, model, level);
+      const registry::Selection sel{std::string(name), {{"gate", path}}};
+      const inputs::Producer p = registry::open_inputs(sel, model);
+      const inputs::Needs& n = p.needs();
+      CHECK(n.per_layer());
+      inputs::LayerActivations a;
+      if (n.normed_input) a.normed_input = View<const float, 2>(x.data(), {T, model.hidden});
+      if (n.keys_pre_rope) a.keys_pre_rope = View<const float, 3>(k_pre.data(), {H, T, d});
+      if (n.keys) a.keys = View<const float, 3>(k.data(), {H, T, d});
+      if (n.values) a.values = View<const float, 3>(v.data(), {H, T, d});
+      std::vector<float> out(static_cast<std::size_t>(H * T));
+      for (int l = 0; l < kShape.layers; ++l) p.layer(0, l, a, View<float, 2>(out.data(), {H, T}));
+      for (float e : out) REQUIRE(std::isfinite(e));
+      scores.push_back(out);
+      std::filesystem::remove(path);
+    }
+    for (std::size_t i = 0; i < scores[0].size(); ++i) REQUIRE(scores[0][i] < scores[1][i]);
+  }
+  CHECK(gated >= 4);  // TRIM-KV's, DBTrimKV's and WG-KV's gates, KVzap's surrogate
 }
 
 TEST_CASE("registry::open_sharded_cache: one rank's Cache is the unsharded Cache, and the ranks must divide the heads") {

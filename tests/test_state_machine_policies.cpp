@@ -582,7 +582,7 @@ struct Registered {
   static constexpr bool gated = admitter_reads_gate<typename C::admitter_type>;
   static constexpr bool prompt = true;
   static float meta(Rng& rng) {
-    if constexpr (R::inputs == registry::Inputs::write_gate)
+    if constexpr (R::inputs::scores == inputs::Scores::gate)
       return GateMeta::meta(rng);
     else if constexpr (scorer_static_score<S>)
       return FrozenMeta::meta(rng);

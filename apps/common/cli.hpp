@@ -34,7 +34,7 @@ inline std::int64_t integer(const std::string& flag, const std::string& v) {
 
 /// --list-policies: one registered policy per line, for scripts (kvpolicy-quality):
 /// name, its options (comma-separated, "-" for none), what its entries need from the forward pass
-/// (registry::Inputs), "prompt" when it compresses a prompt the engine declares, else "-", and
+/// (its input source's name, inputs/source.hpp), "prompt" when it compresses a prompt the engine declares, else "-", and
 /// "cuda" when it runs on the device with its defaults (registry::runs_on), else "-"; tab-separated.
 inline std::string policy_list() {
   std::string out;
@@ -48,7 +48,7 @@ inline std::string policy_list() {
     }
     if (out.size() == before) out += '-';
     out += '\t';
-    out += registry::name_of(P::inputs);
+    out += P::inputs::name;
     out += registry::needs_prompt_length_v<P> ? "\tprompt" : "\t-";
     out += registry::runs_on<P, cuda_backend>() ? "\tcuda\n" : "\t-\n";
   });

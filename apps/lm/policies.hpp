@@ -87,7 +87,7 @@ decltype(auto) with_policy(const registry::Selection& o, KvStorage kv, const Con
   const registry::Selection sel = for_model(o, c);
   // a probe after the prompt (SPEC §10: KVzip) holds the prompt again beside it until its commit,
   // with its instruction (probe_tokens; under 48 tokens)
-  const bool probes = registry::inputs_of(sel.policy) == registry::Inputs::reconstruction;
+  const bool probes = registry::input_source(sel.policy).probes;
   const std::int64_t pages =
       pages_for(shape, (probes ? 2 * max_tokens + 48 : max_tokens) + 16, sequences, registry::page_entries);
   const registry::Opened p = with_lm_storage(kv, [&]<class Storage>(std::type_identity<Storage>) {

@@ -130,7 +130,7 @@ int demo(const std::string& png_dir) {
     }
     // one that runs a probe after the prompt (KVzip): the 128 tokens after it as the probe, the
     // prompt compressed to M per head on average
-    if (registry::inputs_of(policy) == registry::Inputs::reconstruction) {
+    if (registry::input_source(policy).probes) {
       o.prefill = 1024;
       o.probe = 128;
       o.set("ratio", 1.0 - static_cast<double>(M) / 1024.0);

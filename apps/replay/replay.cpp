@@ -135,10 +135,10 @@ std::int64_t pool_pages(const Trace& tr) {
   return pages_for(CacheShape{tr.layers, tr.kv_heads, 1, 1}, tr.tokens, 1, registry::page_entries);
 }
 
-/// The scores the trace recorded from the run it was taken from, for a policy of input kind `kind`
-/// run without its gate file: WG-KV's g (write_gate), else log_beta.
-const std::vector<float>& recorded_scores(const Trace& tr, registry::Inputs kind, std::string_view policy) {
-  if (kind != registry::Inputs::write_gate) return tr.log_beta;
+/// The scores the trace recorded from the run it was taken from, for a policy whose source writes
+/// `scores`, run without its gate file: WG-KV's g (inputs::Scores::gate), else log_beta.
+const std::vector<float>& recorded_scores(const Trace& tr, inputs::Scores scores, std::string_view policy) {
+  if (scores != inputs::Scores::gate) return tr.log_beta;
   require(!tr.write_gate.empty(), "replay: policy ", policy, " needs the trace's write_gate, or --gate with keys_pre_rope");
   return tr.write_gate;
 }
@@ -149,7 +149,7 @@ const std::vector<float>& recorded_scores(const Trace& tr, registry::Inputs kind
 /// that reads nothing.
 Metadata step_scores(const Trace& tr, const registry::Selection& sel, const CacheShape& shape) {
   if (registry::takes(sel.policy, "gate") && sel.value("gate").empty()) {
-    const std::vector<float>& recorded = recorded_scores(tr, registry::inputs_of(sel.policy), sel.policy);
+    const std::vector<float>& recorded = recorded_scores(tr, registry::input_source(sel.policy).scores, sel.policy);
     if (&recorded == &tr.log_beta) return {};
     return [&tr, &recorded](std::int64_t n, std::int64_t len, const std::vector<float>&, const std::vector<float>&,
                             std::vector<float>& out) { out = slice(recorded, tr.layers, tr.kv_heads, tr.tokens, 1, n, len); };
@@ -194,12 +194,12 @@ Result replay_policy(const Trace& tr, const Options& opt, const Reference& full)
   registry::check_options(opt);  // first: an option the policy does not take is the answer
   require(!registry::needs_prompt_length(opt.policy) || opt.prefill > 0, "replay: ", opt.policy,
           " compresses the prompt: give its length with --prefill P");
-  const bool reconstructs = registry::inputs_of(opt.policy) == registry::Inputs::reconstruction;
+  const bool reconstructs = registry::input_source(opt.policy).probes;
   require(!reconstructs || (opt.prefill > 0 && opt.probe > 0), "replay: ", opt.policy,
           " runs a probe after the prompt (SPEC §10): give the prompt's length with --prefill P and the probe's with "
           "--probe Q, the trace's Q tokens after the prompt");
   require(reconstructs || opt.probe == 0, "replay: --probe applies to a policy that runs a probe after the prompt "
-          "(registry inputs: reconstruction), not to ", opt.policy);
+          "(its input source probes), not to ", opt.policy);
   CacheShape shape = tr.shape();
   if (!tr.has_attention()) shape = CacheShape{tr.layers, tr.kv_heads, tr.kv_heads, 1};
   Metadata metadata = step_scores(tr, opt, shape);

@@ -116,6 +116,30 @@ inline inputs::Needs input_needs(const Selection& selection) {
   return visit(selection.policy, [&]<Policy P>() { return inputs::needs<P>(values<P>(selection.given)); });
 }
 
+/// A policy's input source as its type states it (inputs/source.hpp); nothing is built.
+struct InputSource {
+  std::string_view name;                         ///< as a tool prints it ("retention_gate", ...)
+  inputs::Scores scores = inputs::Scores::none;  ///< what its producer writes for each entry
+  bool gated = false;                            ///< it reads the file --gate gives
+  bool probes = false;                           ///< the engine runs a probe step after the prompt (SPEC §10)
+};
+
+/// The input source of the policy named `policy` (an unknown name is an error naming the known ones).
+inline InputSource input_source(std::string_view policy) {
+  return visit(policy, [&]<Policy P>() {
+    using I = typename P::inputs;
+    return InputSource{I::name, I::scores, inputs::gated_v<I>, inputs::probes_v<I>};
+  });
+}
+
+/// Writes to `path` an example of the file the policy's --gate takes, of `model`'s shapes (its
+/// source's example_gate: small random weights, every readout bias `level`; a large level keeps
+/// every entry, a very negative one drops every entry the policy may drop). What the tests run a
+/// gated policy with, whichever it is. Refused for a policy whose source reads no file.
+inline void example_gate(std::string_view policy, const std::string& path, const inputs::ModelShape& model, float level) {
+  visit(policy, [&]<Policy P>() { inputs::example_gate<P>(path, model, level); });
+}
+
 /// The producer of the inputs of the policy `selection` names, for `model` (inputs::producer).
 inline inputs::Producer open_inputs(const Selection& selection, const inputs::ModelShape& model) {
   return visit(selection.policy,

@@ -145,20 +145,6 @@ inline bool needs_prompt_length(std::string_view name) {
   return found;
 }
 
-/// What the policy named `name` reads from the forward pass (its registry::Inputs; an unknown name
-/// is an error that lists the known ones).
-inline Inputs inputs_of(std::string_view name) {
-  Inputs kind = Inputs::none;
-  bool found = false;
-  for_each([&]<Policy P>() {
-    if (P::name != name) return;
-    kind = P::inputs;
-    found = true;
-  });
-  require(found, "unknown policy '", name, "' (known: ", known(), ")");
-  return kind;
-}
-
 namespace detail {
 template <class... S>
 constexpr bool metadata_scorers(scorers<S...>) {

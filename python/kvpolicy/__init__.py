@@ -12,7 +12,7 @@ kvpolicy.policies() lists every policy with its options and defaults; kvpolicy._
 library's version. Errors are kvpolicy.Error
 (a ValueError) with the library's message; a call that fails changes nothing.
 """
-from ._core import Cache, Error, Producer, Report, policies
+from ._core import Cache, Error, Producer, Report, example_gate, policies
 from ._core import __version__
 
-__all__ = ["Cache", "Error", "Producer", "Report", "policies"]
+__all__ = ["Cache", "Error", "Producer", "Report", "example_gate", "policies"]

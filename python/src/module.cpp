@@ -157,7 +157,7 @@ nb::dict needs_dict(const inputs::Needs& n) {
   return d;
 }
 
-/// The policy's needs (registry::Inputs) beside its Cache, for the checks that name them.
+/// The policy's input source (registry::input_source) beside its Cache, for the checks that name it.
 class PyCache {
  public:
   PyCache(std::string policy, const CacheShape& shape, std::int64_t max_tokens, std::int64_t max_sequences,
@@ -173,7 +173,7 @@ class PyCache {
                                                    KvStorage::float32);
     // every token in every head by default: the policy, not the pool, bounds what stays
     if (pages <= 0) pages = pages_for(shape, max_tokens + 16, max_sequences, 16);
-    inputs_ = registry::inputs_of(selection_.policy);
+    source_ = registry::input_source(selection_.policy);
     cache_ = make_cache(selection_, shape, pages, s);
     storage_ = storage;
   }
@@ -182,23 +182,22 @@ class PyCache {
   const AnyCache& c() const { return *cache_; }
   const registry::Selection& selection() const { return selection_; }
   const std::string& storage() const { return storage_; }
-  registry::Inputs inputs() const { return inputs_; }
 
   /// scores [.., T] for append/step: the given array, or zeros where the policy computes none (it
   /// reads nothing, or only a probe after the prompt: KVzip, SPEC §10).
   bool needs_scores() const {
-    return inputs_ != registry::Inputs::none && inputs_ != registry::Inputs::reconstruction && !cache_->takes_step_scores();
+    return source_.scores != inputs::Scores::none && !cache_->takes_step_scores();
   }
   void require_scores(bool given, const char* where) const {
     require(given || !needs_scores(), where, ": policy ", selection_.policy, " ranks by scores the model computes (",
-            registry::name_of(inputs_), "): pass scores=");
+            source_.name, "): pass scores=");
   }
 
  private:
   registry::Selection selection_;
   std::unique_ptr<AnyCache> cache_;
   std::string storage_;
-  registry::Inputs inputs_ = registry::Inputs::none;
+  registry::InputSource source_;
 };
 
 /// One sequence's step, converted and checked while the GIL is held.
@@ -301,7 +300,11 @@ nb::dict policy_info() {
     }
     nb::dict p;
     p["help"] = std::string(P::help);
-    p["inputs"] = std::string(registry::name_of(P::inputs));
+    using I = typename P::inputs;
+    p["inputs"] = std::string(I::name);
+    p["scores"] = std::string(inputs::name_of(I::scores));
+    p["gated"] = inputs::gated_v<I>;
+    p["probes"] = inputs::probes_v<I>;
     p["needs_prompt_length"] = kvpolicy::registry::needs_prompt_length_v<P>;
     p["options"] = options;
     all[std::string(P::name).c_str()] = p;
@@ -332,7 +335,21 @@ NB_MODULE(_core, m) {
   nb::exception<Error>(m, "Error", PyExc_ValueError);
 
   m.def("policies", &policy_info,
-        "Every registered policy: its help, the inputs its scores need, and its options with defaults.");
+        "Every registered policy: its help, its input source (inputs: its name; scores: what it writes per entry, "
+        "log_beta, gate, score or none; gated: it reads the file gate= names; probes: the engine runs a probe after "
+        "the prompt), whether it compresses a declared prompt, and its options with defaults.");
+  m.def(
+      "example_gate",
+      [](const std::string& policy, const std::string& path, int layers, int kv_heads, int head_dim, int hidden, float level) {
+        const CacheShape shape{layers, kv_heads, kv_heads, head_dim};
+        shape.validate();
+        registry::example_gate(policy, path, {shape, hidden}, level);
+      },
+      nb::arg("policy"), nb::arg("path"), nb::arg("layers"), nb::arg("kv_heads"), nb::arg("head_dim"), nb::arg("hidden"),
+      nb::arg("level") = 0.0f,
+      "Writes to path an example of the file a gated policy's gate= takes, for a model of these shapes: small random "
+      "weights, every readout bias `level` (large: every entry kept; very negative: every entry the policy may drop "
+      "dropped). What the tests run every gated policy with.");
 
   nb::class_<Report>(m, "Report", "What a step or commit did.")
       .def_ro("triggered", &Report::triggered, "whether the evictor's trigger fired")

@@ -49,6 +49,8 @@ def test_registry_lists_every_policy_with_its_options():
     for name in ("full", "trimkv", "dbtrimkv", "wgkv", "epikv", "streamingllm", "h2o", "snapkv", "tova", "adakv"):
         assert name in p
     assert p["trimkv"]["inputs"] == "retention_gate"
+    assert (p["trimkv"]["scores"], p["trimkv"]["gated"], p["trimkv"]["probes"]) == ("log_beta", True, False)
+    assert (p["wgkv"]["scores"], p["kvzip"]["probes"], p["h2o"]["scores"]) == ("gate", True, "none")
     assert p["trimkv"]["options"]["budget"]["default"] == 1024
     assert p["snapkv"]["options"]["pool"]["choices"] == ["avg", "max"]
     assert p["snapkv"]["needs_prompt_length"] is True
@@ -122,15 +124,14 @@ def test_layer_by_layer_equals_one_step_and_the_batch_equals_each_step():
 
 
 def inputs_for(info, rng, T):
-    """The scores a policy's entries need (log beta in (-inf, 0], g in [0, 1], a statistic)."""
-    kind = info["inputs"]
-    if kind in ("retention_gate", "tied_retention_gate"):
+    """The scores a policy's entries need, by what its input source writes (info["scores"]): log
+    beta in (-inf, 0], g in [0, 1], or a frozen score (any real: around KVzap's tau)."""
+    kind = info["scores"]
+    if kind == "log_beta":
         return -rng.uniform(0, 0.2, (L, H, T)).astype(np.float32)
-    if kind == "write_gate":
+    if kind == "gate":
         return rng.uniform(0, 1, (L, H, T)).astype(np.float32)
-    if kind in ("key_value_statistic",):
-        return rng.uniform(0, 1, (L, H, T)).astype(np.float32)
-    if kind == "surrogate":  # KVzap's predicted log scores, around its tau
+    if kind == "score":
         return rng.normal(-6, 2, (L, H, T)).astype(np.float32)
     return None
 
@@ -143,13 +144,13 @@ def test_every_policy_runs_and_holds_what_it_reports(name):
         opts["buffer"] = 2
     if "local" in info["options"]:
         opts["local"] = 4
-    if info["inputs"] == "surrogate":  # KVzap: a window shorter than the 41 tokens
-        opts["window"] = 4
+    if "window" in info["options"] and info["options"]["window"]["default"] > 6:
+        opts["window"] = 4  # a window longer than the budget (KVzap's 128) would keep all 41 tokens
     cache = kvpolicy.Cache(name, **SHAPE, max_tokens=64, **opts)
     rng = np.random.default_rng(3)
     cache.add_sequence(0, prompt_tokens=12 if info["needs_prompt_length"] else -1)
     evicted, added = 0, 0
-    probe = info["inputs"] == "reconstruction"  # KVzip: a probe step after the prompt (SPEC §10)
+    probe = info["probes"]  # KVzip: a probe step after the prompt (SPEC §10)
     for step in range(30):
         probing = probe and step == 1
         T = 12 if step == 0 else 8 if probing else 1

@@ -13,6 +13,7 @@ import copy
 import os
 import re
 import subprocess
+import tempfile
 
 import pytest
 
@@ -44,13 +45,6 @@ def tiny_gate(kind, model, path):
     from kvpolicy_tools.train import runs
     from kvpolicy_tools.train.gates import make_gate
     torch.manual_seed(1)
-    if kind == "kvzap":  # KVzap's surrogate: one linear map per layer, kvpress's names (SPEC §11)
-        from safetensors.torch import save_file
-        c = model.config
-        save_file({f"layers.{l}.{k}": t for l in range(c.num_hidden_layers) for k, t in
-                   (("weight", torch.randn(c.num_key_value_heads, c.hidden_size) * 0.5),
-                    ("bias", torch.randn(c.num_key_value_heads)))}, path)
-        return path
     gate = make_gate(kind, model.config, 16, bias_init=None if kind == "wg" else 2.0)
     runs.export(gate, path, 16, kind == "wg", {"kvpolicy_gate": kind})
     return path
@@ -94,40 +88,49 @@ def test_llama_family_shapes_equal_sdpa(family, tmp_path):
     assert 0 < cache.entries_held() < 2 * 2 * cache.get_seq_length()
 
 
-# The gate file each kind of learned input reads (for the tiny model: an untrained one, tiny_gate).
-GATE_KINDS = {"retention_gate": "rg", "tied_retention_gate": "rg10", "write_gate": "wg", "surrogate": "kvzap"}
 POLICIES = kvpolicy.policies()
 
 
+def example_gate(policy, config, path, level):
+    """The file a gated policy's gate= takes, for a model of this config (kvpolicy.example_gate:
+    small random weights, every readout bias `level`)."""
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    kvpolicy.example_gate(policy, path, config.num_hidden_layers, config.num_key_value_heads, head_dim,
+                          config.hidden_size, level)
+    return path
+
+
 # Where a policy's tiny-model run differs from the common one: PyramidKV's 3 layers keep 12, 8 and 4
-# (window 2, beta 2); HS-var reads band 0, the embeddings; KVzap a window of 8.
-TINY_SETTINGS = {"pyramidkv": {"window": 2, "beta": 2}, "hs-var": {"band_a": 0}, "kvzap": {"window": 8}}
+# (window 2, beta 2); HS-var reads band 0, the embeddings.
+TINY_SETTINGS = {"pyramidkv": {"window": 2, "beta": 2}, "hs-var": {"band_a": 0}}
 
 
 def tiny_options(name, info):
     """What makes a policy evict within the tiny model's 56 tokens, from the options it takes
     (kvpolicy.policies()): a new policy runs here without an edit. A budget K over generated tokens
     (the hidden-state and K/V-statistic policies) is 4; WG-KV's untrained gate gives g near 0.88, so
-    tau 0.95 refuses it; other options keep their defaults (TOVA's B = 1, H2O's window M/2)."""
+    tau 0.95 refuses it; a window longer than the budget (KVzap's 128) is 8; other options keep their
+    defaults (TOVA's B = 1, H2O's window M/2)."""
     generated = info["inputs"] in ("hidden_states", "key_value_statistic")
     wanted = {"budget": 4 if generated else 8, "local": 8, "tau": 0.95, "band_a": 1, "band_b": 2}
     if "buffer" in info["options"] and info["options"]["buffer"]["default"] > 1:
         wanted["buffer"] = 4
     options = {k: v for k, v in wanted.items() if k in info["options"]}
+    if "window" in info["options"] and info["options"]["window"]["default"] > options.get("budget", 0):
+        options["window"] = 8
     options.update(TINY_SETTINGS.get(name, {}))
     return options
 
 
 # Every registered policy but full, which keeps everything.
-GENERATES = [(name, tiny_options(name, info), GATE_KINDS.get(info["inputs"]))
-             for name, info in sorted(POLICIES.items()) if name != "full"]
+GENERATES = [(name, tiny_options(name, info), info["gated"]) for name, info in sorted(POLICIES.items()) if name != "full"]
 
 
-@pytest.mark.parametrize("policy, options, gate", GENERATES)
-def test_every_policy_generates_and_evicts(policy, options, gate, tmp_path):
+@pytest.mark.parametrize("policy, options, gated", GENERATES)
+def test_every_policy_generates_and_evicts(policy, options, gated, tmp_path):
     _, model = tiny()
-    if gate is not None:
-        options = dict(options, gate=tiny_gate(gate, model, str(tmp_path / f"{gate}.safetensors")))
+    if gated:  # bias -8: beta and g near 3e-4 (below WG-KV's tau 0.95), a score below KVzap's tau -4
+        options = dict(options, gate=example_gate(policy, model.config, str(tmp_path / "gate.safetensors"), -8.0))
     cache = kt.Cache(policy, max_tokens=256, **options)
     ids = torch.randint(0, 256, (1, 40))
     with torch.no_grad():
@@ -229,18 +232,33 @@ SMOLLM2_SETTINGS = {
     "kv-val": {"budget": 32},
     "lag-kv": {"budget": 128},
     "wgkv": {"local": 64},
-    "kvzap": {"window": 32},
 }
-GATE_FILES = {"retention_gate": "trimkv", "tied_retention_gate": "dbtrimkv", "write_gate": "wgkv", "surrogate": "kvzap"}
+
+
+# Where a gated policy without a committed SmolLM2 gate gets an example one (example_gate, bias -2).
+SMOLLM2_EXAMPLE_GATES = os.path.join(tempfile.gettempdir(), "kvpolicy-smollm2-example-gates")
+
+
+def committed_gate(name, info):
+    """The committed SmolLM2 gate a gated policy reads: its own file under gates/smollm2-135m, else
+    that of a policy with the same input source; None when there is none."""
+    for candidate in [name] + sorted(n for n, i in POLICIES.items() if i["inputs"] == info["inputs"]):
+        path = os.path.join(GATES, candidate + ".safetensors")
+        if os.path.isfile(path):
+            return path
+    return None
 
 
 def smollm2_args(name, info):
-    """kvpolicy-lm's arguments for the policy (its options as --name value, --prefill P)."""
+    """kvpolicy-lm's arguments for the policy (its options as --name value, --prefill P); a gated
+    policy with no committed gate runs an example one (SMOLLM2_EXAMPLE_GATES), the same in both runs."""
     settings = {"budget": 64} if "budget" in info["options"] else {}
+    if "window" in info["options"] and info["options"]["window"]["default"] > 64:
+        settings["window"] = 32  # a window longer than the budget (KVzap's 128): half of it
     settings.update(SMOLLM2_SETTINGS.get(name, {}))
-    if info["inputs"] in GATE_FILES:
-        settings["gate"] = os.path.join(GATES, GATE_FILES[info["inputs"]] + ".safetensors")
-    if info["needs_prompt_length"] or info["inputs"] == "reconstruction":  # a prompt compressed once
+    if info["gated"]:
+        settings["gate"] = committed_gate(name, info) or os.path.join(SMOLLM2_EXAMPLE_GATES, name + ".safetensors")
+    if info["needs_prompt_length"] or info["probes"]:  # a prompt compressed once
         settings["prefill"] = 128
     return [name] + [a for k, v in settings.items() for a in ("--" + k.replace("_", "-"), str(v))]
 
@@ -264,6 +282,9 @@ def test_smollm2_perplexity_equals_kvpolicy_lm(smollm2, policy):
     name, args = policy[0], policy[1:]
     options = {args[i][2:].replace("-", "_"): args[i + 1] for i in range(0, len(args), 2)}
     prefill = int(options.pop("prefill", 16))  # the first step, the prompt (kvpolicy-lm --prefill)
+    if "gate" in options and not os.path.isfile(options["gate"]):  # no committed gate: an example one
+        os.makedirs(SMOLLM2_EXAMPLE_GATES, exist_ok=True)
+        example_gate(name, model.config, options["gate"], -2.0)
     cache = kt.Cache(name, max_tokens=1024, **options)
     probe = None
     if cache.needs["reconstruction"] is not None:  # KVzip: kvpolicy-lm's probe, which feeds raw text ("\n", no template)

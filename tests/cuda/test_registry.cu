@@ -70,7 +70,7 @@ TEST_CASE_TEMPLATE_DEFINE("a registered policy on the device keeps what it keeps
                                              .declare_prompt = requires { P::needs_prompt_length; },
                                              .steps = steps};
         std::int64_t evicted = 0;
-        if constexpr (P::inputs == kp::registry::Inputs::write_gate)  // g in [0, 1], ties at tau
+        if constexpr (P::inputs::scores == kp::inputs::Scores::gate)  // g in [0, 1], ties at tau
           evicted = cudatest::drive(cpu, gpu, shape, seed * 23, 1e-5, [](std::mt19937_64& rng) {
             static const float g[] = {0.0f, 0.25f, 0.5f, 0.5f, 1.0f};
             return g[std::uniform_int_distribution<int>(0, 4)(rng)];

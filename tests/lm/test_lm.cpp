@@ -60,67 +60,18 @@ std::vector<int> text_tokens(std::size_t n) {
   return ids;
 }
 
-// Gate files of the right shapes for this model (SPEC §1-3 tensor names), random weights; `bias`
-// sets the readouts' bias (large: every g and beta near 1).
 // Whether a registered policy takes any option (the full cache takes none: it has no budget a text could reach).
 bool without_options(std::string_view name) {
   return registry::visit(name, []<registry::Policy P>() { return std::size(P::options) == 0; });
 }
 
-std::string write_gate(registry::Inputs kind, float bias) {
+// The file a gated policy's --gate takes, for this model (registry::example_gate: small random
+// weights, every readout bias `level`: large keeps every entry, very negative drops what it may).
+std::string example_gate(std::string_view policy, float level) {
   const Config& c = model().config;
-  std::mt19937 rng(7);
-  std::normal_distribution<float> normal(0.0f, 0.05f);
-  auto random = [&](std::int64_t n) {
-    std::vector<float> v(static_cast<std::size_t>(n));
-    for (auto& e : v) e = normal(rng);
-    return v;
-  };
-  auto fill = [](std::int64_t n, float x) { return std::vector<float>(static_cast<std::size_t>(n), x); };
-  safetensors::Writer w;
-  const int H = c.kv_heads, D = c.hidden, d = c.head_dim;
-  if (kind == registry::Inputs::retention_gate) {
-    const int I = 32;
-    for (int l = 0; l < c.layers; ++l) {
-      const auto p = gate::RetentionGate::prefix(l);
-      w.add_f32(p + "linear1.weight", {I, D}, random(I * D));
-      w.add_f32(p + "linear1.bias", {I}, random(I));
-      w.add_f32(p + "linear2.weight", {H, I}, random(H * I));
-      w.add_f32(p + "bias", {H}, fill(H, bias));
-    }
-  } else if (kind == registry::Inputs::tied_retention_gate) {  // the authors' rg10 (SPEC §2): the tied readout under every layer's name
-    const int I = 32;
-    const auto w3 = random(H * I);
-    for (int l = 0; l < c.layers; ++l) {
-      const auto p = gate::Rg10Gate::prefix(l);
-      w.add_f32(p + "linear1.weight", {I, D}, random(I * D));
-      w.add_f32(p + "linear1.bias", {I}, random(I));
-      w.add_f32(p + "linear2.weight", {I, I}, random(I * I));
-      w.add_f32(p + "linear2.bias", {I}, random(I));
-      w.add_f32(p + "linear3.weight", {H, I}, w3);
-      w.add_f32(p + "bias", {H}, fill(H, bias));
-    }
-  } else if (kind == registry::Inputs::surrogate) {  // KVzap's linear surrogate (SPEC §11): scores near the bias
-    for (int l = 0; l < c.layers; ++l) {
-      const auto p = gate::Surrogate::prefix(l);
-      w.add_f32(p + "weight", {H, D}, random(H * D));
-      w.add_f32(p + "bias", {H}, fill(H, bias));
-    }
-  } else {
-    const int E = d;
-    for (int l = 0; l < c.layers; ++l) {
-      const auto p = gate::WriteGate::prefix(l);
-      w.add_f32(p + "pre_norm.weight", {d}, fill(d, 1.0f));
-      w.add_f32(p + "post_norm.weight", {d}, fill(d, 1.0f));
-      w.add_f32(p + "w1.weight", {H, E, 2 * d}, random(std::int64_t{H} * E * 2 * d));
-      w.add_f32(p + "w1.bias", {H, E}, random(H * E));
-      w.add_f32(p + "w2.weight", {H, E}, random(H * E));
-      w.add_f32(p + "w2.bias", {H}, fill(H, bias));
-    }
-  }
   const std::string path =
-      "lm_gate_" + std::string(registry::name_of(kind)) + "_" + std::to_string(static_cast<int>(bias)) + ".safetensors";
-  w.write(path);
+      "lm_gate_" + std::string(policy) + "_" + std::to_string(static_cast<int>(level)) + ".safetensors";
+  registry::example_gate(policy, path, {c.cache_shape(), c.hidden}, level);
   return path;
 }
 
@@ -162,14 +113,10 @@ TEST_CASE("every policy at a budget the text never reaches gives the full cache'
     const std::string name(policy_name);
     if (without_options(name)) continue;  // the full cache itself
     CAPTURE(name);
-    const registry::Inputs in = registry::inputs_of(name);
     registry::Selection o;
     o.policy = name;
     o.offer("budget", 128).offer("buffer", 16).offer("ratio", 0);  // > 96 tokens, none of the prompt: nothing is ever evicted
-    if (in == registry::Inputs::retention_gate || in == registry::Inputs::tied_retention_gate)
-      o.set("gate", write_gate(in, 0.0f));
-    if (in == registry::Inputs::write_gate) o.set("gate", write_gate(in, 30.0f));  // g = 1: every token admitted
-    if (in == registry::Inputs::surrogate) o.set("gate", write_gate(in, 30.0f));   // every score far above tau
+    if (registry::input_source(name).gated) o.set("gate", example_gate(name, 30.0f));  // every entry kept, every token admitted
     const Run got = run_policy(o, ids, chunk);
     CHECK(got.evictions == 0);
     CHECK(got.final_entries == want.final_entries);
@@ -189,22 +136,15 @@ TEST_CASE("at a small budget every policy evicts, holds what its rule allows, an
     const std::string name(policy_name);
     if (without_options(name)) continue;  // the full cache itself
     CAPTURE(name);
-    const registry::Inputs in = registry::inputs_of(name);
+    const registry::InputSource source = registry::input_source(name);
     registry::Selection o;
     o.policy = name;
-    o.offer("budget", M).offer("buffer", B).offer("recency", 8);
-    if (in == registry::Inputs::retention_gate || in == registry::Inputs::tied_retention_gate)
-      o.set("gate", write_gate(in, 0.0f));
-    if (in == registry::Inputs::write_gate) {
-      o.set("gate", write_gate(in, -30.0f));  // g = 1e-3 < tau: only the local ring stays
-      o.set("local", M);
-    }
-    if (in == registry::Inputs::surrogate) {  // every score far below tau: only the window stays
-      o.set("gate", write_gate(in, -30.0f));
-      o.set("window", M);
-    }
+    o.offer("budget", M).offer("buffer", B).offer("recency", 8).offer("local", M);  // WG-KV: only its local ring of M stays
+    if (registry::takes(name, "window") && std::stod(registry::default_text(name, "window")) > M)
+      o.set("window", M / 2);  // a window longer than the budget (KVzap's 128) would keep the whole text
+    if (source.gated) o.set("gate", example_gate(name, -30.0f));  // beta, g, the score far below any threshold
     const bool compresses_prompt = registry::needs_prompt_length(name);  // SnapKV, AdaKV: the prompt only
-    const bool reconstructs = in == registry::Inputs::reconstruction;    // KVzip: at its probe, after the prompt
+    const bool reconstructs = source.probes;                             // KVzip: at its probe, after the prompt
     const std::int64_t prompt = compresses_prompt || reconstructs ? 64 : chunk;
     const Run got = run_policy(o, ids, chunk, prompt);
     const double ppl = perplexity(got.nll, 1);
@@ -214,15 +154,9 @@ TEST_CASE("at a small budget every policy evicts, holds what its rule allows, an
       CHECK(got.final_entries <= (160 - prompt + M) * heads);
     } else if (reconstructs) {  // floor(N r) of the prompt's N entries leave at the probe (r = 0.5); decode keeps all
       CHECK(got.final_entries == (160 - prompt) * heads + prompt * heads - prompt * heads / 2);
-    } else if (in == registry::Inputs::key_value_statistic || in == registry::Inputs::hidden_states) {
-      // the prompt plus K generated
-      CHECK(got.final_entries <= (chunk + M) * heads);
-    } else if (in == registry::Inputs::write_gate) {  // the W_local ring (and the step's tokens)
-      CHECK(got.final_entries <= (M + chunk) * heads);
-    } else if (in == registry::Inputs::surrogate) {  // the window of M, after every step
-      CHECK(got.final_entries == M * heads);
-    } else {  // M + B - 1 per head after every step; DBTrimKV on the sum
-      CHECK(got.final_entries <= (M + B - 1) * heads);
+    } else {  // M + B - 1 per head after every step (DBTrimKV on the sum), or M and the step's tokens: the
+              // budget K over generated tokens, WG-KV's local ring, KVzap's window
+      CHECK(got.final_entries <= (M + std::max(B - 1, chunk)) * heads);
     }
     CHECK(std::isfinite(ppl));
     CHECK(ppl < 50.0 * full_ppl);  // a model that still reads the text, not noise (vocab 49152)

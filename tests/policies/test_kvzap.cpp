@@ -1,7 +1,7 @@
 // KVzap (kvpolicy/policies/kvzap.hpp, SPEC §11) against brute-force oracles: the Cache, stepped in
 // random chunks with scores that tie with tau and with each other, holds after every step exactly
 // each head's last W positions and every older entry scoring >= tau; the surrogate
-// (gate/surrogate.hpp), linear and MLP, equals a double-precision oracle and refuses a file that
+// (KVzapSurrogate), linear and MLP, equals a double-precision oracle and refuses a file that
 // is not one; the registry's producer scores each layer by the file given as --gate.
 #include <doctest/doctest.h>
 
@@ -16,7 +16,6 @@
 #include <vector>
 
 #include "kvpolicy/cpu/backend.hpp"
-#include "kvpolicy/gate/surrogate.hpp"
 #include "kvpolicy/memory/paged.hpp"
 #include "kvpolicy/open.hpp"
 #include "kvpolicy/policies/kvzap.hpp"
@@ -40,7 +39,7 @@ st::Writer surrogate_file(std::mt19937_64& rng, int L, int D, int H, int I) {
   };
   st::Writer w;
   for (int l = 0; l < L; ++l) {
-    const std::string p = gate::Surrogate::prefix(l);
+    const std::string p = KVzapSurrogate::prefix(l);
     if (I == 0) {
       w.add_f32(p + "weight", {H, D}, draw(std::int64_t{H} * D));
       w.add_f32(p + "bias", {H}, draw(H));
@@ -56,7 +55,7 @@ st::Writer surrogate_file(std::mt19937_64& rng, int L, int D, int H, int I) {
 
 /// The surrogate of layer l in double, from the file's fp32 values: x [D] -> [H].
 std::vector<double> oracle_surrogate(const st::File& f, int l, const std::vector<double>& x, int H, int I) {
-  const std::string p = gate::Surrogate::prefix(l);
+  const std::string p = KVzapSurrogate::prefix(l);
   const auto affine = [&](const std::string& w, const std::string& b, const std::vector<double>& in, std::int64_t rows) {
     const auto W = f.floats(w, {rows, static_cast<std::int64_t>(in.size())});
     const auto B = f.floats(b, {rows});
@@ -154,7 +153,7 @@ TEST_CASE("Surrogate: linear and MLP scores equal a double oracle, and a file th
     const int L = 1 + trial % 3, D = 1 + static_cast<int>(rng() % 24), H = 1 + static_cast<int>(rng() % 4);
     const int I = trial % 2 == 0 ? 0 : 1 + static_cast<int>(rng() % 16);
     const st::File f = st::File::parse(surrogate_file(rng, L, D, H, I).bytes());
-    const gate::Surrogate s = gate::Surrogate::load(f, {L, D, H});
+    const KVzapSurrogate s = KVzapSurrogate::load(inputs::gate_tensors(f), {L, D, H});
     REQUIRE(s.mlp() == (I > 0));
     REQUIRE(s.width() == I);
     const std::int64_t T = 1 + static_cast<std::int64_t>(rng() % 7);
@@ -178,21 +177,21 @@ TEST_CASE("Surrogate: linear and MLP scores equal a double oracle, and a file th
 
   const int L = 2, D = 5, H = 3;
   const auto bytes = [&](int layers, int I) { return surrogate_file(rng, layers, D, H, I).bytes(); };
-  CHECK_THROWS_WITH_AS(gate::Surrogate::load(st::File::parse(bytes(L - 1, 0)), {L, D, H}), doctest::Contains("layers.1.weight"),
+  CHECK_THROWS_WITH_AS(KVzapSurrogate::load(inputs::gate_tensors(st::File::parse(bytes(L - 1, 0))), {L, D, H}), doctest::Contains("layers.1.weight"),
                        Error);
-  CHECK_THROWS_WITH_AS(gate::Surrogate::load(st::File::parse(bytes(L + 1, 4)), {L, D, H}),
+  CHECK_THROWS_WITH_AS(KVzapSurrogate::load(inputs::gate_tensors(st::File::parse(bytes(L + 1, 4))), {L, D, H}),
                        doctest::Contains("more layers than the model's 2"), Error);
-  CHECK_THROWS_WITH_AS(gate::Surrogate::load(st::File::parse(bytes(L, 0)), {L, D + 1, H}), doctest::Contains("layers.0.weight"),
+  CHECK_THROWS_WITH_AS(KVzapSurrogate::load(inputs::gate_tensors(st::File::parse(bytes(L, 0))), {L, D + 1, H}), doctest::Contains("layers.0.weight"),
                        Error);
   st::Writer other;
   other.add_f32("model.layers.0.self_attn.retention_gate.bias", {H}, std::vector<float>(H, 0.0f));
-  CHECK_THROWS_WITH_AS(gate::Surrogate::load(st::File::parse(other.bytes()), {L, D, H}), doctest::Contains("holds no KVzap surrogate"),
+  CHECK_THROWS_WITH_AS(KVzapSurrogate::load(inputs::gate_tensors(st::File::parse(other.bytes())), {L, D, H}), doctest::Contains("holds no KVzap surrogate"),
                        Error);
   st::Writer nan = surrogate_file(rng, 1, D, H, 0);
-  nan.add_f32(gate::Surrogate::prefix(1) + "weight", {H, D}, std::vector<float>(H * D, NAN));
-  nan.add_f32(gate::Surrogate::prefix(1) + "bias", {H}, std::vector<float>(H, 0.0f));
-  CHECK_THROWS_AS(gate::Surrogate::load(st::File::parse(nan.bytes()), {L, D, H}), Error);
-  const gate::Surrogate s = gate::Surrogate::load(st::File::parse(bytes(L, 0)), {L, D, H});
+  nan.add_f32(KVzapSurrogate::prefix(1) + "weight", {H, D}, std::vector<float>(H * D, NAN));
+  nan.add_f32(KVzapSurrogate::prefix(1) + "bias", {H}, std::vector<float>(H, 0.0f));
+  CHECK_THROWS_AS(KVzapSurrogate::load(inputs::gate_tensors(st::File::parse(nan.bytes())), {L, D, H}), Error);
+  const KVzapSurrogate s = KVzapSurrogate::load(inputs::gate_tensors(st::File::parse(bytes(L, 0))), {L, D, H});
   std::vector<float> x(D, NAN), out(H);
   CHECK_THROWS_WITH_AS(s.forward(0, View<const float, 2>(x.data(), {1, D}), View<float, 2>(out.data(), {H, 1})),
                        doctest::Contains("Surrogate: x"), Error);
@@ -209,7 +208,7 @@ TEST_CASE("registry: kvzap reads each layer's normed input, scored by the surrog
   const registry::Opened opened = registry::open({"kvzap", {{"gate", path}, {"tau", "-1.5"}}}, {shape, D, 0}, 64);
   CHECK(opened.inputs.needs().normed_input);
   CHECK(!opened.inputs.needs().keys);
-  const gate::Surrogate s = gate::Surrogate::load(st::File::read(path), {shape.layers, D, shape.kv_heads});
+  const KVzapSurrogate s = KVzapSurrogate::load(inputs::read_gate(path), {shape.layers, D, shape.kv_heads});
   std::vector<float> x(3 * D), got(2 * 3), want(2 * 3);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   for (float& e : x) e = normal(rng);

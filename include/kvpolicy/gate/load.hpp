@@ -1,9 +1,9 @@
 /// \file
 /// kvpolicy/gate/load.hpp — a gate on the normed input from its file, as one callable per layer:
-/// TRIM-KV's gate (SPEC §1), DBTrimKV's tied gate (SPEC §2: the authors' rg10 when the file holds
-/// it, else the paper's literal tied gate), or KVzap's surrogate (SPEC §11). TRIM-KV also runs an
-/// rg10 file (SPEC §1, "Gate kind"): the authors' code takes the gate's kind from the model's
-/// config, apart from the cache that evicts by it. The width (I, or the readout's projection) is
+/// TRIM-KV's gate (SPEC §1) or DBTrimKV's tied gate (SPEC §2: the authors' rg10 when the file
+/// holds it, else the paper's literal tied gate). TRIM-KV also runs an rg10 file (SPEC §1, "Gate
+/// kind"): the authors' code takes the gate's kind from the model's config, apart from the cache
+/// that evicts by it. The width (I, or the readout's projection) is
 /// read from the file.
 #pragma once
 
@@ -13,7 +13,6 @@
 
 #include "kvpolicy/gate/retention_gate.hpp"
 #include "kvpolicy/gate/rg10_gate.hpp"
-#include "kvpolicy/gate/surrogate.hpp"
 #include "kvpolicy/gate/tied_gate.hpp"
 
 namespace kvpolicy::gate {
@@ -36,13 +35,6 @@ inline LayerGate load_retention_gate(const std::string& path, int layers, int hi
     return wrap(RetentionGate::load(
         file, {layers, hidden, kv_heads, width(RetentionGate::prefix(0) + "linear1.weight"), Activation::silu}));
   return wrap(TiedGate::load(file, {layers, hidden, kv_heads, width(TiedGate::readout_weight), Activation::silu}));
-}
-
-/// KVzap's surrogate (SPEC §11) from its file, as the same callable: input [T, D] -> its predicted
-/// log KVzip+ score [Hkv, T] in place of log beta.
-inline LayerGate load_surrogate(const std::string& path, int layers, int hidden, int kv_heads) {
-  auto s = std::make_shared<const Surrogate>(Surrogate::load(safetensors::File::read(path), {layers, hidden, kv_heads}));
-  return [s](int layer, View<const float, 2> input, View<float, 2> out) { s->forward(layer, input, out); };
 }
 
 }  // namespace kvpolicy::gate

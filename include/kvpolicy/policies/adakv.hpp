@@ -13,6 +13,7 @@
 #include <tuple>
 #include <cmath>
 
+#include "kvpolicy/inputs/sources.hpp"
 #include "kvpolicy/policies/snapkv.hpp"
 #include "kvpolicy/registry/fields.hpp"
 
@@ -54,7 +55,7 @@ struct adakv {
   static constexpr std::string_view name = "adakv";
   static constexpr std::string_view help =
       "AdaKV: compress the prompt once to Hkv*M per layer across its heads by SnapKV's score, each head >= alpha*M";
-  static constexpr registry::Inputs inputs = registry::Inputs::none;
+  using inputs = kvpolicy::inputs::None;
   using scorers = registry::scorers<score::ObservedAttention>;
   /// It compresses the prompt the engine declares (Cache::add_sequence's prompt_tokens).
   static constexpr bool needs_prompt_length = true;

@@ -20,6 +20,7 @@
 #include "kvpolicy/cache.hpp"
 #include "kvpolicy/core/by_name.hpp"
 #include "kvpolicy/cpu/backend_fwd.hpp"
+#include "kvpolicy/inputs/sources.hpp"
 #include "kvpolicy/memory/paged.hpp"
 #include "kvpolicy/parts/admit/all.hpp"
 #include "kvpolicy/parts/evict/evictors.hpp"
@@ -104,7 +105,7 @@ struct dbtrimkv {
       registry::field::min_tokens<DBTrimKVConfig>,
       registry::field::sinks<DBTrimKVConfig>};
   static constexpr auto options = registry::options_of(fields, registry::option::gate, registry::option::mode);
-  static constexpr registry::Inputs inputs = registry::Inputs::tied_retention_gate;
+  using inputs = kvpolicy::inputs::TiedRetentionGate;
   using scorers = registry::scorers<score::Lookahead>;
 
   template <class Backend, class Alloc, class F>

@@ -12,6 +12,7 @@
 #include "kvpolicy/cache.hpp"
 #include "kvpolicy/core/by_name.hpp"
 #include "kvpolicy/cpu/backend_fwd.hpp"
+#include "kvpolicy/inputs/sources.hpp"
 #include "kvpolicy/memory/paged.hpp"
 #include "kvpolicy/parts/admit/all.hpp"
 #include "kvpolicy/parts/evict/evictors.hpp"
@@ -67,7 +68,7 @@ struct expected_attention {
                                                         "added to the score before the value norm"}
                                            .at_least(0, "epsilon"))};
   static constexpr auto options = registry::options_of(fields, registry::option::rope_theta, registry::option::rope_layout);
-  static constexpr registry::Inputs inputs = registry::Inputs::none;
+  using inputs = kvpolicy::inputs::None;
   using scorers = registry::scorers<score::ExpectedAttention>;
   /// It compresses the prompt the engine declares (Cache::add_sequence's prompt_tokens).
   static constexpr bool needs_prompt_length = true;

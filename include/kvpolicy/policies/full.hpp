@@ -6,6 +6,7 @@
 #include <array>
 #include <limits>
 
+#include "kvpolicy/inputs/sources.hpp"
 #include "kvpolicy/policies/common/per_head_budget.hpp"
 #include "kvpolicy/registry/policy.hpp"
 
@@ -23,7 +24,7 @@ struct full {
   static constexpr std::string_view name = "full";
   static constexpr std::string_view help = "the full cache: every token stays";
   static constexpr std::array<registry::Option, 0> options{};
-  static constexpr registry::Inputs inputs = registry::Inputs::none;
+  using inputs = kvpolicy::inputs::None;
   using scorers = registry::scorers<score::Recency>;
 
   template <class Backend, class Alloc, class F>

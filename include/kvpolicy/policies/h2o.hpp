@@ -5,6 +5,7 @@
 
 #include <tuple>
 
+#include "kvpolicy/inputs/sources.hpp"
 #include "kvpolicy/policies/common/per_head_budget.hpp"
 #include "kvpolicy/policies/common/token_level.hpp"
 #include "kvpolicy/registry/fields.hpp"
@@ -33,7 +34,7 @@ struct h2o {
       registry::field::budget<BaselineConfig>, registry::field::buffer<BaselineConfig>, registry::field::sinks<BaselineConfig>,
       registry::field::window<BaselineConfig>.with_help("w, the newest entries protected (0: M/2)")};
   static constexpr auto options = registry::options_of(fields, registry::option::mode);
-  static constexpr registry::Inputs inputs = registry::Inputs::none;
+  using inputs = kvpolicy::inputs::None;
   using scorers = registry::scorers<score::AttentionMass>;
 
   template <class Backend, class Alloc, class F>

@@ -3,11 +3,12 @@
 /// the change of the hidden states between bands A and B, the same in every layer and head, a
 /// budget K over the generated tokens, the prompt and the R newest protected
 /// (policies/common/generated_budget.hpp). The engine computes the score (epiphany::Signal,
-/// kvpolicy/parts/score/epiphany.hpp; Inputs::hidden_states).
+/// kvpolicy/parts/score/epiphany.hpp; inputs::HiddenStates).
 #pragma once
 
 #include <tuple>
 
+#include "kvpolicy/inputs/sources.hpp"
 #include "kvpolicy/parts/score/epiphany.hpp"
 #include "kvpolicy/policies/common/generated_budget.hpp"
 
@@ -22,7 +23,7 @@ struct hidden_state_signal : generated_budget {
       registry::Option{"band-a", registry::Kind::integer, 10,
                        "hidden-state band A, HF indexing (0: the embeddings, l: after layer l-1)"},
       registry::Option{"band-b", registry::Kind::integer, 21, "hidden-state band B"});
-  static constexpr registry::Inputs inputs = registry::Inputs::hidden_states;
+  using inputs = kvpolicy::inputs::HiddenStates;
   static constexpr epiphany::Variant variant = V;
 };
 

@@ -3,6 +3,7 @@
 #pragma once
 
 
+#include "kvpolicy/inputs/sources.hpp"
 #include "kvpolicy/policies/common/per_head_budget.hpp"
 #include "kvpolicy/policies/common/token_level.hpp"
 #include "kvpolicy/registry/fields.hpp"
@@ -23,7 +24,7 @@ struct keydiff {
   static constexpr std::string_view help = "KeyDiff: keep the keys least aligned with the head's mean key direction, per-head budget M";
   static constexpr auto fields = detail::baseline_fields;
   static constexpr auto options = registry::options_of(fields, registry::option::mode);
-  static constexpr registry::Inputs inputs = registry::Inputs::none;
+  using inputs = kvpolicy::inputs::None;
   using scorers = registry::scorers<score::KeyDiff>;
 
   template <class Backend, class Alloc, class F>

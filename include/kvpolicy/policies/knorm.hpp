@@ -3,6 +3,7 @@
 #pragma once
 
 
+#include "kvpolicy/inputs/sources.hpp"
 #include "kvpolicy/policies/common/per_head_budget.hpp"
 #include "kvpolicy/policies/common/token_level.hpp"
 #include "kvpolicy/registry/fields.hpp"
@@ -22,7 +23,7 @@ struct knorm {
   static constexpr std::string_view help = "KNorm: keep the keys of smallest L2 norm, per-head budget M";
   static constexpr auto fields = detail::baseline_fields;
   static constexpr auto options = registry::options_of(fields, registry::option::mode);
-  static constexpr registry::Inputs inputs = registry::Inputs::none;
+  using inputs = kvpolicy::inputs::None;
   using scorers = registry::scorers<score::NegKeyNorm>;
 
   template <class Backend, class Alloc, class F>

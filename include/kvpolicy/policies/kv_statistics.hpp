@@ -4,6 +4,7 @@
 /// score, under the generated-token budget K (policies/common/generated_budget.hpp).
 #pragma once
 
+#include "kvpolicy/inputs/sources.hpp"
 #include "kvpolicy/parts/score/kvstats.hpp"
 #include "kvpolicy/policies/common/generated_budget.hpp"
 
@@ -13,7 +14,7 @@ namespace detail {
 
 template <kvstats::Statistic S>
 struct kv_statistic : generated_budget {
-  static constexpr registry::Inputs inputs = registry::Inputs::key_value_statistic;
+  using inputs = kvpolicy::inputs::KeyValueStatistic;
   static constexpr kvstats::Statistic statistic = S;
 };
 

@@ -28,6 +28,7 @@
 #include "kvpolicy/memory/paged.hpp"
 #include "kvpolicy/parts/admit/all.hpp"
 #include "kvpolicy/parts/evict/memory_bound.hpp"
+#include "kvpolicy/inputs/source.hpp"
 #include "kvpolicy/registry/fields.hpp"
 
 namespace kvpolicy {
@@ -186,6 +187,25 @@ struct KVzipEvictor {
 inline KVzipEvictor kvzip_evictor(const KVzipConfig& c = {}) { return KVzipEvictor{c.ratio, c.sinks}; }
 inline KVzipScorer kvzip_scorer(const KVzipConfig& c = {}) { return KVzipScorer{c.sinks, c.prefix}; }
 
+/// KVzip's input source (inputs/source.hpp): nothing per token; once the prompt is in the cache the
+/// engine runs a probe step asking the model to repeat it (SPEC §10), as Needs::reconstruction
+/// describes: P::probe_instruction, then the prompt from position --prefix on.
+struct KVzipInputs {
+  static constexpr std::string_view name = "reconstruction";
+  static constexpr inputs::Scores scores = inputs::Scores::none;
+  static constexpr bool probes = true;
+  template <class P>
+  static inputs::Needs needs(const registry::Values& v) {
+    inputs::Needs n;
+    n.reconstruction = inputs::ReconstructionProbe{P::probe_instruction, v.integer("prefix")};
+    return n;
+  }
+  template <class P>
+  static inputs::Producer producer(const registry::Values& v, const inputs::ModelShape&) {
+    return inputs::Producer(needs<P>(v), {}, {}, {});
+  }
+};
+
 /// KVzip's Cache: after the prompt, open_probe(seq) and step the probe's tokens (SPEC §10); every
 /// step attends.
 template <class Backend = cpu_backend, class Storage = float, int PageSize = 16>
@@ -195,7 +215,7 @@ namespace policies {
 
 /// KVzip's registry entry (registry/policy.hpp): its name, help, options and make(), by which
 /// `--policy`, registry::open and the Python package build it; the engines run its probe by its
-/// inputs (registry::Inputs::reconstruction).
+/// input source (KVzipInputs: Needs::reconstruction).
 struct kvzip {
   static constexpr std::string_view name = "kvzip";
   static constexpr std::string_view help =
@@ -212,7 +232,7 @@ struct kvzip {
                                       "P, the prompt's leading chat-template tokens: positions S .. P-1 are not scored"}
                          .at_least(0, "P"))};
   static constexpr auto options = registry::options_of(fields);
-  static constexpr registry::Inputs inputs = registry::Inputs::reconstruction;
+  using inputs = KVzipInputs;
   /// What the probe asks (kvpress's KVzipPress, its first chunk's).
   static constexpr std::string_view probe_instruction = "\n\nRepeat the previous context exactly.";
   using scorers = registry::scorers<KVzipScorer>;

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "kvpolicy/inputs/sources.hpp"
 #include "kvpolicy/policies/common/per_head_budget.hpp"
 #include "kvpolicy/policies/common/token_level.hpp"
 #include "kvpolicy/registry/fields.hpp"
@@ -26,7 +27,7 @@ struct random {
   static constexpr auto options = registry::options_of(
       fields, registry::Option{"seed", registry::Kind::integer, 0, "the seed of the scores"},
       registry::option::mode);
-  static constexpr registry::Inputs inputs = registry::Inputs::none;
+  using inputs = kvpolicy::inputs::None;
   using scorers = registry::scorers<score::SeededRandom>;
 
   template <class Backend, class Alloc, class F>

@@ -10,6 +10,7 @@
 #include "kvpolicy/cache.hpp"
 #include "kvpolicy/core/by_name.hpp"
 #include "kvpolicy/cpu/backend_fwd.hpp"
+#include "kvpolicy/inputs/sources.hpp"
 #include "kvpolicy/memory/paged.hpp"
 #include "kvpolicy/parts/admit/all.hpp"
 #include "kvpolicy/parts/evict/evictors.hpp"
@@ -66,7 +67,7 @@ struct snapkv {
       registry::bind(&SnapKVConfig::group_reduce,
                      {"gqa", registry::Kind::choice, 0, "reduction over a kv head's query heads", {"mean", "max"}})};
   static constexpr auto options = registry::options_of(fields);
-  static constexpr registry::Inputs inputs = registry::Inputs::none;
+  using inputs = kvpolicy::inputs::None;
   using scorers = registry::scorers<score::ObservedAttention>;
   /// It compresses the prompt the engine declares (Cache::add_sequence's prompt_tokens).
   static constexpr bool needs_prompt_length = true;

@@ -6,6 +6,7 @@
 #include <tuple>
 #include <utility>
 
+#include "kvpolicy/inputs/sources.hpp"
 #include "kvpolicy/policies/common/per_head_budget.hpp"
 #include "kvpolicy/policies/common/token_level.hpp"
 #include "kvpolicy/registry/fields.hpp"
@@ -32,7 +33,7 @@ struct streamingllm {
                                      registry::field::sinks<BaselineConfig>.with_default(4),
                                      registry::field::window<BaselineConfig>};
   static constexpr auto options = registry::options_of(fields, registry::option::mode);
-  static constexpr registry::Inputs inputs = registry::Inputs::none;
+  using inputs = kvpolicy::inputs::None;
   using scorers = registry::scorers<score::Recency>;
 
   template <class Backend, class Alloc, class F>

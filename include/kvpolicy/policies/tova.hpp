@@ -12,6 +12,7 @@
 
 #include <tuple>
 
+#include "kvpolicy/inputs/sources.hpp"
 #include "kvpolicy/policies/common/per_head_budget.hpp"
 #include "kvpolicy/policies/common/token_level.hpp"
 #include "kvpolicy/parts/score/observed_attention.hpp"
@@ -36,7 +37,7 @@ struct tova {
                                      registry::field::buffer<BaselineConfig>.with_default(1),
                                      registry::field::sinks<BaselineConfig>, registry::field::window<BaselineConfig>};
   static constexpr auto options = registry::options_of(fields, registry::option::mode);
-  static constexpr registry::Inputs inputs = registry::Inputs::none;
+  using inputs = kvpolicy::inputs::None;
   using scorers = registry::scorers<score::ObservedAttention>;
 
   /// The attention of the last query alone, unpooled, averaged over the group.

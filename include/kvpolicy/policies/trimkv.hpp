@@ -16,6 +16,7 @@
 #include "kvpolicy/cache.hpp"
 #include "kvpolicy/core/by_name.hpp"
 #include "kvpolicy/cpu/backend_fwd.hpp"
+#include "kvpolicy/inputs/sources.hpp"
 #include "kvpolicy/memory/paged.hpp"
 #include "kvpolicy/parts/admit/all.hpp"
 #include "kvpolicy/parts/evict/evictors.hpp"
@@ -78,7 +79,7 @@ struct trimkv {
                                      registry::field::window<TrimKVConfig>,     registry::field::threshold<TrimKVConfig>,
                                      registry::field::min_tokens<TrimKVConfig>, registry::field::sinks<TrimKVConfig>};
   static constexpr auto options = registry::options_of(fields, registry::option::gate, registry::option::mode);
-  static constexpr registry::Inputs inputs = registry::Inputs::retention_gate;
+  using inputs = kvpolicy::inputs::RetentionGate;
   using scorers = registry::scorers<score::RetentionDecay>;
 
   template <class Backend, class Alloc, class F>

@@ -41,6 +41,7 @@
 #include "kvpolicy/cache.hpp"
 #include "kvpolicy/core/by_name.hpp"
 #include "kvpolicy/cpu/backend_fwd.hpp"
+#include "kvpolicy/inputs/sources.hpp"
 #include "kvpolicy/memory/paged.hpp"
 #include "kvpolicy/parts/admit/all.hpp"
 #include "kvpolicy/parts/admit/write_gate.hpp"
@@ -127,7 +128,7 @@ struct wgkv {
   static constexpr auto options = registry::options_of(fields, registry::option::gate);
   static_assert(WGKVConfig{}.local == WGKVBudgetConfig{}.local && WGKVConfig{}.tau == WGKVBudgetConfig{}.tau,
                 "WG-KV's defaults are WGKVBudgetConfig's, with or without a budget");
-  static constexpr registry::Inputs inputs = registry::Inputs::write_gate;
+  using inputs = kvpolicy::inputs::WriteGate;
   using scorers = registry::scorers<score::Frozen, score::GatedObservedAttention>;
 
   template <class Backend, class Alloc, class F>

@@ -1,7 +1,8 @@
 /// \file
 /// kvpolicy/registry/policy.hpp — what a registered policy declares (kvpolicy/policies/NAME.hpp),
 /// as kvpress's presses do: its name, a line of help, the options it takes with their defaults and
-/// help text, what its entries need from the forward pass, and a factory that builds its Cache.
+/// help text, the input source its entries' scores come from (inputs/source.hpp), and a factory
+/// that builds its Cache.
 /// The tools (kvpolicy-lm, kvpolicy-replay, kvpolicy-quality) and the tests iterate the
 /// registry (kvpolicy/registry.hpp) instead of naming policies.
 ///
@@ -9,7 +10,7 @@
 ///     static constexpr std::string_view name = "tova", help = "TOVA: ...";
 ///     static constexpr std::tuple fields{field::budget<BaselineConfig>, field::buffer<BaselineConfig>.with_default(1)};
 ///     static constexpr auto options = options_of(fields, option::mode);  // registry/fields.hpp
-///     static constexpr Inputs inputs = Inputs::none;
+///     using inputs = kvpolicy::inputs::None;  // inputs/sources.hpp, or a source of the policy's own
 ///     template <class Backend, class Alloc, class F>
 ///     static decltype(auto) make(const Values& v, const CacheShape& shape, Alloc pool, F&& f);  // f(cache)
 ///   };
@@ -118,35 +119,6 @@ inline constexpr Option rope_layout{"rope-layout", Kind::choice, 0,
                                     {"half", "adjacent"}};
 inline constexpr std::array<std::string_view, 2> model_options{"rope-theta", "rope-layout"};
 }  // namespace option
-
-/// What a policy's entries need from the forward pass, as the write score append() takes (its
-/// log_beta argument): the tools compute it by this, never by the policy's name.
-enum class Inputs : std::uint8_t {
-  none,                 ///< the score comes from the cache itself (position, keys, attention)
-  retention_gate,       ///< log beta from TRIM-KV's gate on the layer's normed input (SPEC §1)
-  tied_retention_gate,  ///< log beta from DBTrimKV's tied gate (rg10, or the paper's; SPEC §2)
-  write_gate,           ///< g from WG-KV's write gate on the keys before and after RoPE (SPEC §3)
-  key_value_statistic,  ///< a rolling statistic of the keys and values (SPEC §4; the policy's `statistic`)
-  hidden_states,        ///< one score per token from two hidden-state bands (SPEC §4; the policy's `variant`)
-  reconstruction,       ///< nothing per token; after the prompt the engine runs a probe step asking the model
-                        ///< to repeat its context (SPEC §10, KVzip; the policy's `probe_instruction`)
-  surrogate,            ///< a score per kv head from KVzap's surrogate on the layer's normed input (SPEC §11)
-};
-
-/// The name of an Inputs, as a tool prints it.
-constexpr std::string_view name_of(Inputs i) {
-  switch (i) {
-    case Inputs::none: return "none";
-    case Inputs::retention_gate: return "retention_gate";
-    case Inputs::tied_retention_gate: return "tied_retention_gate";
-    case Inputs::write_gate: return "write_gate";
-    case Inputs::key_value_statistic: return "key_value_statistic";
-    case Inputs::hidden_states: return "hidden_states";
-    case Inputs::reconstruction: return "reconstruction";
-    case Inputs::surrogate: return "surrogate";
-  }
-  return "?";
-}
 
 /// The option values a policy is built from: what the user gave, checked against the policy's
 /// options (kind, and that the policy takes it), the defaults for the rest.
@@ -262,7 +234,7 @@ concept Policy = requires {
   { P::name } -> std::convertible_to<std::string_view>;
   { P::help } -> std::convertible_to<std::string_view>;
   { std::span<const Option>(P::options) };
-  { P::inputs } -> std::convertible_to<Inputs>;
+  { P::inputs::name } -> std::convertible_to<std::string_view>;  // its input source (inputs/source.hpp)
   typename P::scorers;
 };
 
