@@ -189,8 +189,9 @@ TEST_CASE("registry::open: the Cache and the producer of its inputs for the mode
 
 TEST_CASE("registry: every gated policy runs its source's example gate, whose level orders its scores") {
   // registry::example_gate (the file the tests give every gated policy): the producer reads what its
-  // needs() list, writes one score per (kv head, token), finite, and a high level scores above a
-  // low one on every entry (the example's contract: high keeps, low drops)
+  // needs() list, writes one score per (kv head, token), finite, and a high level scores at least as
+  // high as a low one on every entry (the example's contract: high keeps, low drops; a source whose
+  // file has no bias, Q-Filters', scores the same at every level)
   const inputs::ModelShape model{kShape, 24, 0};
   std::mt19937_64 rng(11);
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -199,7 +200,7 @@ TEST_CASE("registry: every gated policy runs its source's example gate, whose le
       v(k.size());
   for (auto* buf : {&x, &k, &k_pre, &v})
     for (float& e : *buf) e = normal(rng);
-  int gated = 0;
+  int gated = 0, ordered = 0;
   for (const auto name : registry::names()) {
     const registry::InputSource source = registry::input_source(name);
     if (!source.gated) {
@@ -228,9 +229,15 @@ TEST_CASE("registry: every gated policy runs its source's example gate, whose le
       scores.push_back(out);
       std::filesystem::remove(path);
     }
-    for (std::size_t i = 0; i < scores[0].size(); ++i) REQUIRE(scores[0][i] < scores[1][i]);
+    bool strictly = true;
+    for (std::size_t i = 0; i < scores[0].size(); ++i) {
+      REQUIRE(scores[0][i] <= scores[1][i]);
+      strictly = strictly && scores[0][i] < scores[1][i];
+    }
+    ordered += strictly;
   }
-  CHECK(gated >= 4);  // TRIM-KV's, DBTrimKV's and WG-KV's gates, KVzap's surrogate
+  CHECK(gated >= 4);
+  CHECK(ordered >= 4);  // TRIM-KV's, DBTrimKV's and WG-KV's gates, KVzap's surrogate: a bias per head
 }
 
 TEST_CASE("registry::open_sharded_cache: one rank's Cache is the unsharded Cache, and the ranks must divide the heads") {

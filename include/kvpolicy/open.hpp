@@ -133,9 +133,10 @@ inline InputSource input_source(std::string_view policy) {
 }
 
 /// Writes to `path` an example of the file the policy's --gate takes, of `model`'s shapes (its
-/// source's example_gate: small random weights, every readout bias `level`; a large level keeps
-/// every entry, a very negative one drops every entry the policy may drop). What the tests run a
-/// gated policy with, whichever it is. Refused for a policy whose source reads no file.
+/// source's example_gate: small random weights, every readout bias `level` where the file has one;
+/// a large level keeps every entry, a very negative one drops every entry the policy may drop).
+/// What the tests run a gated policy with, whichever it is. Refused for a policy whose source
+/// reads no file.
 inline void example_gate(std::string_view policy, const std::string& path, const inputs::ModelShape& model, float level) {
   visit(policy, [&]<Policy P>() { inputs::example_gate<P>(path, model, level); });
 }
