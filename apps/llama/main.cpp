@@ -439,6 +439,7 @@ int run(const Args& a) {
     go(static_cast<std::function<void(std::int64_t)>*>(nullptr));
   } else {
     registry::Selection given = a.selection;  // a token-level mode, --mode union: parse() made sure
+    given.describe_model("rope-layout", "adjacent");  // llama.cpp's LLaMA keys pair components adjacently
     // every head holds what llama.cpp's context holds: at most M + B - 1 + one step, or the text.
     // Over llama.cpp's own K/V where the policy allows it (its Scorers read metadata only): the
     // Cache keeps each entry's metadata; else it keeps a copy of the K/V it ranks by in F16, the

@@ -127,7 +127,7 @@ TEST_CASE("QFilters: scores equal a double oracle, and a file that is not the mo
   for (int trial = 0; trial < random_trials(200); ++trial) {
     const CacheShape shape{1 + trial % 3, 1 + trial % 4, 1 + trial % 4, 1 + static_cast<int>(rng() % 64)};
     const st::File file = st::File::parse(filters_file(shape, draw).bytes());
-    const QFilters q = QFilters::load(inputs::gate_tensors(file), shape);
+    const QFilters q = QFilters::load(inputs::gate_tensors(file), shape, RopeLayout::half);
     const auto f = file.floats("q_filters");
     const std::int64_t H = shape.kv_heads, T = 1 + static_cast<std::int64_t>(rng() % 7), d = shape.head_dim;
     std::vector<float> k(static_cast<std::size_t>(H * T * d)), got(static_cast<std::size_t>(H * T));
@@ -149,13 +149,13 @@ TEST_CASE("QFilters: scores equal a double oracle, and a file that is not the mo
 
   const CacheShape shape{2, 2, 4, 8};
   const auto parse = [](const st::Writer& w) { return inputs::gate_tensors(st::File::parse(w.bytes())); };
-  CHECK_THROWS_WITH_AS(QFilters::load(parse(filters_file({2, 2, 4, 4}, draw)), shape), doctest::Contains("q_filters"), Error);
-  CHECK_THROWS_WITH_AS(QFilters::load(parse(filters_file({3, 2, 4, 8}, draw)), shape), doctest::Contains("q_filters"), Error);
+  CHECK_THROWS_WITH_AS(QFilters::load(parse(filters_file({2, 2, 4, 4}, draw)), shape, RopeLayout::half), doctest::Contains("q_filters"), Error);
+  CHECK_THROWS_WITH_AS(QFilters::load(parse(filters_file({3, 2, 4, 8}, draw)), shape, RopeLayout::half), doctest::Contains("q_filters"), Error);
   st::Writer other;
   other.add_f32("layers.0.weight", {1}, std::vector<float>{1.0f});
-  CHECK_THROWS_WITH_AS(QFilters::load(parse(other), shape), doctest::Contains("q_filters"), Error);
-  CHECK_THROWS_AS(QFilters::load(parse(filters_file(shape, [] { return NAN; })), shape), Error);
-  const QFilters q = QFilters::load(parse(filters_file(shape, draw)), shape);
+  CHECK_THROWS_WITH_AS(QFilters::load(parse(other), shape, RopeLayout::half), doctest::Contains("q_filters"), Error);
+  CHECK_THROWS_AS(QFilters::load(parse(filters_file(shape, [] { return NAN; })), shape, RopeLayout::half), Error);
+  const QFilters q = QFilters::load(parse(filters_file(shape, draw)), shape, RopeLayout::half);
   std::vector<float> k(2 * 3 * 8), out(2 * 3);
   CHECK_THROWS_WITH_AS(q.score(2, View<const float, 3>(k.data(), {2, 3, 8}), View<float, 2>(out.data(), {2, 3})),
                        doctest::Contains("layer 2 out of range"), Error);
@@ -163,6 +163,45 @@ TEST_CASE("QFilters: scores equal a double oracle, and a file that is not the mo
   CHECK_THROWS_WITH_AS(q.score(0, View<const float, 3>(k.data(), {2, 3, 8}), View<float, 2>(out.data(), {2, 3})),
                        doctest::Contains("QFilters: keys"), Error);
   CHECK_THROWS_WITH_AS(registry::open({"qfilter", {}}, {shape, 8, 0}, 8), doctest::Contains("needs its trained gate"), Error);
+}
+
+TEST_CASE("QFilters: filters saved in one RoPE layout score keys in the other as the same pairs") {
+  // a filter's pair i is components (i, i + d/2) in transformers' rotate-half layout and (2i, 2i + 1)
+  // in llama.cpp's adjacent one: the same key written in either layout gets the same score
+  std::mt19937_64 rng(2202);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const auto draw = [&] { return normal(rng); };
+  const CacheShape shape{2, 2, 4, 8};
+  const std::int64_t H = 2, T = 3, d = 8;
+  std::vector<float> half_keys(static_cast<std::size_t>(H * T * d)), adjacent_keys(half_keys.size());
+  for (float& x : half_keys) x = draw();
+  for (std::int64_t r = 0; r < H * T; ++r)
+    for (std::int64_t i = 0; i < d / 2; ++i) {
+      adjacent_keys[static_cast<std::size_t>(r * d + 2 * i)] = half_keys[static_cast<std::size_t>(r * d + i)];
+      adjacent_keys[static_cast<std::size_t>(r * d + 2 * i + 1)] = half_keys[static_cast<std::size_t>(r * d + i + d / 2)];
+    }
+  for (const char* saved : {"", "half", "adjacent"}) {
+    CAPTURE(saved);
+    st::Writer w = filters_file(shape, draw);
+    if (*saved) w.metadata("rope_layout", saved);
+    const auto file = inputs::gate_tensors(st::File::parse(w.bytes()));
+    std::vector<float> own_scores(static_cast<std::size_t>(H * T)), other_scores(own_scores.size());
+    const bool saved_adjacent = std::string(saved) == "adjacent";
+    // the keys in the file's own layout, scored by the file as it is, and in the other layout
+    const std::vector<float>& own = saved_adjacent ? adjacent_keys : half_keys;
+    const std::vector<float>& other = saved_adjacent ? half_keys : adjacent_keys;
+    const RopeLayout own_layout = saved_adjacent ? RopeLayout::adjacent : RopeLayout::half;
+    const RopeLayout other_layout = saved_adjacent ? RopeLayout::half : RopeLayout::adjacent;
+    QFilters::load(file, shape, own_layout).score(1, View<const float, 3>(own.data(), {H, T, d}), View<float, 2>(own_scores.data(), {H, T}));
+    QFilters::load(file, shape, other_layout)
+        .score(1, View<const float, 3>(other.data(), {H, T, d}), View<float, 2>(other_scores.data(), {H, T}));
+    CHECK(own_scores == other_scores);
+    CHECK(own_scores != std::vector<float>(own_scores.size(), 0.0f));
+  }
+  st::Writer bad = filters_file(shape, draw);
+  bad.metadata("rope_layout", "interleaved");
+  CHECK_THROWS_WITH_AS(QFilters::load(inputs::gate_tensors(st::File::parse(bad.bytes())), shape, RopeLayout::half),
+                       doctest::Contains("rope_layout 'interleaved'"), Error);
 }
 
 TEST_CASE("registry: qfilter reads the step's keys only, so it runs over an engine's own K/V, and has a token-level mode") {

@@ -61,7 +61,7 @@ Producer producer(const registry::Values& v, const ModelShape& model) {
 /// The tensors of a safetensors file already read (File::read, or File::parse of its bytes).
 inline GateTensors gate_tensors(safetensors::File file) {
   auto f = std::make_shared<const safetensors::File>(std::move(file));
-  return {f->source(), [f](const std::string& name) { return f->contains(name); },
+  return {f->source(), f->metadata(), [f](const std::string& name) { return f->contains(name); },
           [f](const std::string& name) { return f->info(name).shape; },
           [f](const std::string& name, const std::vector<std::int64_t>& shape) { return f->floats(name, shape, true); }};
 }

@@ -187,6 +187,7 @@ concept Source = requires {
 /// opens the file (read_gate: safetensors, F32, F16 or BF16), so that a policy file needs no parser.
 struct GateTensors {
   std::string source;  ///< the file's path, for messages
+  std::map<std::string, std::string> metadata;  ///< the file's own (safetensors' __metadata__)
   std::function<bool(const std::string& name)> contains;
   std::function<std::vector<std::int64_t>(const std::string& name)> shape;  ///< a missing tensor throws, naming it
   /// The tensor as fp32; throws, naming it, when it is missing, has another shape than `shape`, or

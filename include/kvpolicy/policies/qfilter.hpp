@@ -5,13 +5,18 @@
 /// filter, computed once when the key is written and frozen; the per-head budget of SPEC §5 keeps
 /// the M best. The filters are the file given as --gate, under kvpress's name: `q_filters`
 /// [L, Hkv, d] (QFilters' state dict, as the authors publish them), so a published file loads
-/// here. The score reads only the step's keys, so the policy runs over an engine's own K/V.
+/// here. A filter's components pair up as RoPE pairs the keys' it was computed from: the file's
+/// metadata `rope_layout` says how (half, transformers' and so the authors', where it says
+/// nothing), and the filters are reordered at load to the layout of the engine's keys, the
+/// `rope-layout` option an engine fills (kvpolicy-lm and kvpolicy-llama: adjacent). The score reads
+/// only the step's keys, so the policy runs over an engine's own K/V.
 ///
 ///   kvpolicy::QFilterCache<> cache(shape, kvpolicy::memory::Paged<16>(pages), kvpolicy::baseline_evictor({.budget = 256}));
 ///   filters.score(layer, keys /* [Hkv, T, d] */, scores /* [Hkv, T] */);   // per layer
 ///   cache.step(seq, keys, values, scores /* [L, Hkv, T], in place of log_beta */);
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <random>
@@ -20,6 +25,7 @@
 #include <utility>
 #include <vector>
 
+#include "kvpolicy/core/rope.hpp"
 #include "kvpolicy/core/view.hpp"
 #include "kvpolicy/inputs/source.hpp"
 #include "kvpolicy/parts/score/retention.hpp"
@@ -36,13 +42,35 @@ class QFilters {
   /// kvpress's tensor name (the QFilters module's parameter).
   static constexpr std::string_view tensor = "q_filters";
 
-  /// Loads `q_filters` [L, Hkv, d] (F32, F16 or BF16) for the model's shape; throws, naming the file,
-  /// for a missing tensor, another shape, or a value that is not finite.
-  static QFilters load(const inputs::GateTensors& f, const CacheShape& shape) {
+  /// Loads `q_filters` [L, Hkv, d] (F32, F16 or BF16) for the model's shape, reordered from the
+  /// file's RoPE layout (metadata `rope_layout`, half where unsaid) to `keys`, the layout of the keys
+  /// it will score; throws, naming the file, for a missing tensor, another shape, a value that is
+  /// not finite, or a layout other than half or adjacent.
+  static QFilters load(const inputs::GateTensors& f, const CacheShape& shape, RopeLayout keys) {
     shape.validate();
+    const auto it = f.metadata.find("rope_layout");
+    const std::string saved = it == f.metadata.end() ? "half" : it->second;
+    require(saved == "half" || saved == "adjacent", "QFilters: '", f.source, "' says rope_layout '", saved,
+            "'; it must be half or adjacent");
+    require(keys == RopeLayout::half || keys == RopeLayout::adjacent, "QFilters: the keys' layout must be half or adjacent");
+    const Rope from{.layout = saved == "half" ? RopeLayout::half : RopeLayout::adjacent}, to{.layout = keys};
     QFilters q;
     q.shape_ = shape;
-    q.f_ = f.floats(std::string(tensor), {shape.layers, shape.kv_heads, shape.head_dim});
+    const std::vector<float> file = f.floats(std::string(tensor), {shape.layers, shape.kv_heads, shape.head_dim});
+    q.f_.resize(file.size());
+    const std::int64_t d = shape.head_dim, heads = shape.heads_total();
+    require(from.layout == to.layout || d % 2 == 0, "QFilters: head_dim = ", d, " must be even to change RoPE layout");
+    for (std::int64_t h = 0; h < heads; ++h)
+      if (from.layout == to.layout) {
+        std::copy_n(file.begin() + h * d, d, q.f_.begin() + h * d);
+      } else {
+        for (std::int64_t i = 0; i < d / 2; ++i) {  // pair i: its two components, in each layout
+          const auto [a, b] = from.pair(i, d);
+          const auto [x, y] = to.pair(i, d);
+          q.f_[static_cast<std::size_t>(h * d + x)] = file[static_cast<std::size_t>(h * d + a)];
+          q.f_[static_cast<std::size_t>(h * d + y)] = file[static_cast<std::size_t>(h * d + b)];
+        }
+      }
     return q;
   }
 
@@ -86,7 +114,8 @@ struct QFilterInputs {
   }
   template <class P>
   static inputs::Producer producer(const registry::Values& v, const inputs::ModelShape& m) {
-    auto q = std::make_shared<const QFilters>(QFilters::load(inputs::read_gate(v.text("gate")), m.cache));
+    const RopeLayout keys = v.choice("rope-layout") == 0 ? RopeLayout::half : RopeLayout::adjacent;
+    auto q = std::make_shared<const QFilters>(QFilters::load(inputs::read_gate(v.text("gate")), m.cache, keys));
     return {needs<P>(v),
             [q](std::int64_t, int l, const inputs::LayerActivations& a, View<float, 2> out) {
               inputs::detail::require_given(a.keys, "keys");
@@ -124,7 +153,8 @@ struct qfilter {
   static constexpr auto fields = detail::baseline_fields;
   static constexpr auto options = registry::options_of(
       fields, registry::option::mode,
-      registry::option::gate.with_help("the filters, a safetensors file holding q_filters [L, Hkv, d] (kvpress's QFilters)"));
+      registry::option::gate.with_help("the filters, a safetensors file holding q_filters [L, Hkv, d] (kvpress's QFilters)"),
+      registry::option::rope_layout);
   using inputs = QFilterInputs;
   using scorers = registry::scorers<score::Frozen>;
 
