@@ -76,4 +76,5 @@ fi
 tools_path=$root/python/tools
 [[ " $* " == *" --engine python "* ]] && tools_path=
 env ${tools_path:+"PYTHONPATH=$tools_path"} "$venv/bin/python" -m kvpolicy_tools.eval.kvpress_survivors --gguf "$gguf" \
-  --replay "$root/build/default/apps/kvpolicy-replay" --kvzap "$root/gates/smollm2-135m/kvzap.safetensors" "$@"
+  --replay "$root/build/default/apps/kvpolicy-replay" --kvzap "$root/gates/smollm2-135m/kvzap.safetensors" \
+  --qfilter "$root/gates/smollm2-135m/qfilter.safetensors" "$@"

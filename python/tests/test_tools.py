@@ -15,6 +15,7 @@ COMMANDS = {
     "kvpolicy-gate-targets": "kvpolicy_tools.train.attention_targets:main",
     "kvpolicy-rank-gates": "kvpolicy_tools.train.ranking:main",
     "kvpolicy-train-kvzap": "kvpolicy_tools.train.kvzap:main",
+    "kvpolicy-train-qfilters": "kvpolicy_tools.train.qfilters:main",
     "kvpolicy-gguf-to-lm": "kvpolicy_tools.convert.gguf_to_lm:main",
     "kvpolicy-fetch-model": "kvpolicy_tools.convert.fetch_model:main",
     "kvpolicy-convert-checkpoint": "kvpolicy_tools.convert.convert_checkpoint:main",

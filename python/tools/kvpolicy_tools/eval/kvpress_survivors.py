@@ -235,6 +235,21 @@ def kvzip_check(model, tok, text_ids, a, tmp, ratios=(0.5, 0.75)):
     return failed
 
 
+def qfilter_press(path, ratio):
+    """kvpress's QFilterPress given the filters of the file at `path` (q_filters [L, Hkv, d], as
+    kvpolicy-train-qfilters writes them and the policy qfilter reads them) instead of the Hub's."""
+    from kvpress import QFilterPress
+    from safetensors.torch import load_file
+
+    filters = load_file(path)["q_filters"]
+
+    class GivenFilters(QFilterPress):
+        def post_init_from_model(self, model):
+            self.q_filters = filters.to(model.dtype)
+
+    return GivenFilters(compression_ratio=ratio)
+
+
 def kvzap_check(model, ids, a, tmp, trace, taus=(-4.0, -1.5)):
     """KVzap (SPEC §11) against kvpress's DMSPress(KVzapPress) given the same surrogate (--kvzap, a
     file kvpolicy-train-kvzap wrote, loaded into kvpress's KVzapModel): kvpress masks, in its
@@ -315,6 +330,8 @@ def main():
     ap.add_argument("--keep", type=int, default=256, help="n_kept of kvpress, M of kvpolicy")
     ap.add_argument("--kvzap", default="gates/smollm2-135m/kvzap.safetensors",
                     help="KVzap's surrogate, given to both sides (kvpolicy-train-kvzap writes it); none: no KVzap check")
+    ap.add_argument("--qfilter", default="gates/smollm2-135m/qfilter.safetensors",
+                    help="Q-Filters' filters, given to both sides (kvpolicy-train-qfilters writes them); none: not checked")
     ap.add_argument("--engine", choices=["replay", "python"], default="replay",
                     help="kvpolicy's side: kvpolicy-replay, or the Python package's Cache")
     a = ap.parse_args()
@@ -345,6 +362,11 @@ def main():
          ["--prefill", str(T), "--budget", str(M), "--rope-theta", repr(float(rope_theta(model.config))),
           "--rope-layout", "half"], True),
     ]
+    # the replay engine only: the Python package's side here steps without the scores a gated policy needs
+    if a.engine == "replay" and a.qfilter and os.path.isfile(a.qfilter):
+        pairs.append(("qfilter", qfilter_press(a.qfilter, ratio), False, per_head + ["--gate", a.qfilter], True))
+    elif a.engine == "replay" and a.qfilter:
+        print(f"Q-Filters: no filters at {a.qfilter}: not checked")
     failed = False
     with tempfile.TemporaryDirectory() as tmp:
         trace = os.path.join(tmp, "trace.safetensors")
