@@ -14,6 +14,7 @@ COMMANDS = {
     "kvpolicy-train-gates": "kvpolicy_tools.train.train_gates:main",
     "kvpolicy-gate-targets": "kvpolicy_tools.train.attention_targets:main",
     "kvpolicy-rank-gates": "kvpolicy_tools.train.ranking:main",
+    "kvpolicy-pack-gates": "kvpolicy_tools.train.pack_gates:main",
     "kvpolicy-train-kvzap": "kvpolicy_tools.train.kvzap:main",
     "kvpolicy-train-qfilters": "kvpolicy_tools.train.qfilters:main",
     "kvpolicy-gguf-to-lm": "kvpolicy_tools.convert.gguf_to_lm:main",

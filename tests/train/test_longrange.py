@@ -115,6 +115,44 @@ def test_numeral_lines_sit_before_the_questions_outside_the_facts():
     fail_with(failures)
 
 
+def test_the_probe_asks_every_fact_and_leaves_the_document_alone():
+    failures = []
+    for n in range(300):
+        doc = longrange.train_document(random.Random(n), 400, prose_only=n % 5 == 0, haystack_text=prose_a)
+        text, spans, facts, inserted, probe = longrange.train_document_probed(
+            random.Random(n), 400, prose_only=n % 5 == 0, haystack_text=prose_a)
+        if (text, spans, facts, inserted) != doc:
+            failures.append(f"document {n}: the probed document is not train_document's")
+        longrange.check_train_document(probe.split("\n"))  # a refusal (SystemExit) fails the test
+        if n % 5 == 0:
+            if probe:
+                failures.append(f"document {n}: plain prose with a probe")
+            continue
+        questions = re.findall(r"\nQuestion: ([^\n]*)\nAnswer: ([^\n]*)", probe)
+        if "".join(f"\nQuestion: {q}\nAnswer: {a}" for q, a in questions) != probe:
+            failures.append(f"document {n}: the probe is not question and answer lines: {probe!r}")
+        # every fact is asked: each stated fact's values are in an answer (a reassigned variable's last
+        # value only, so the statements' values are checked as a set against the answers')
+        stated = "\n".join(text[s:e] for s, e in facts)
+        answers = " ".join(a for _, a in questions)
+        asked = set(re.findall(r"\d+", text[text.find("\nQuestion: "):]))
+        if not set(re.findall(r"\d+", answers)) >= asked & set(re.findall(r"\d+", stated)):
+            failures.append(f"document {n}: a fact the document asks is not in the probe")
+        if len(questions) < text.count("\nQuestion: "):
+            failures.append(f"document {n}: the probe asks {len(questions)}, the document {text.count(chr(10) + 'Question: ')}")
+        # and each stated line names something (a number, an entity) the probe asks or answers
+        names = {v for values in longrange.entities("train").values() for v in values}
+        for s, e in facts:
+            line = text[s:e]
+            named = set(re.findall(r"\d+", line)) | {v for v in names if re.search(rf"\b{re.escape(v)}\b", line)}
+            if not any(re.search(rf"\b{re.escape(v)}\b", probe) for v in named):
+                failures.append(f"document {n}: the stated '{line}' is not asked by the probe")
+        for a in re.findall(r"\d+", answers):
+            if not re.search(rf"\b{a}\b", stated):
+                failures.append(f"document {n}: the probe's answer {a} is stated nowhere")
+    fail_with(failures)
+
+
 def test_heldout_instances_state_their_answer_before_the_question():
     failures = []
     for task in longrange.TASKS:

@@ -109,6 +109,30 @@ def test_ranking_pairs_loss_and_recall():
     assert recall.item() == 0.5
 
 
+def test_fact_pairs_take_the_facts_the_oracle_keeps():
+    torch.manual_seed(2)
+    R, n, M, pairs, focus_pairs = 3, 40, 8, 64, 16
+    y = torch.rand(R, n) + 1e-3
+    focus = torch.zeros(R, n, dtype=torch.bool)
+    fact = y[0].argsort(descending=True)[M // 2]  # row 0: a fact inside the oracle's keep set
+    focus[0, fact] = True
+    focus[1, y[1].argsort()[0]] = True  # row 1: a fact the oracle drops; row 2: none
+    for fp in (0, focus_pairs):
+        keys = torch.randn(R, n)
+        keys[0, fact] = -100.0  # the gate ranks the fact last: every pair holding it is wrong by a wide margin
+        keys.requires_grad_(True)
+        loss, _ = ranking.ranking_pairs(keys, y, M, pairs, torch.Generator().manual_seed(0), focus=focus, focus_pairs=fp)
+        loss.backward()
+        # each pair (kept = the fact) adds -1 / (R * pairs) to the fact's gradient (softplus' slope is 1 there)
+        share = -keys.grad[0, fact].item() * R * pairs
+        if fp:
+            assert share >= focus_pairs - 1e-3, f"{share:.2f} pairs hold the fact, not at least {focus_pairs}"
+            assert keys.grad[1].abs().sum() > 0 and keys.grad[2].abs().sum() > 0
+        else:
+            without = share
+    assert share > without + focus_pairs / 2, f"the fact's pairs: {without:.1f} without focus, {share:.1f} with"
+
+
 def test_token_level_ranks_positions_by_the_heads_mean_target():
     gen = torch.Generator().manual_seed(0)
     T = 12
@@ -178,3 +202,64 @@ def test_ranking_refuses_a_policy_the_gate_is_not_for(targets, tmp_path):
     assert rc != 0 and "--policy dbtrimkv" in log, log
     rc, log = run("kvpolicy_tools.train.ranking", "--gate", "rg", "--targets", str(tmp_path), "--out", str(tmp_path / "y"))
     assert rc != 0 and "no targets.json" in log, log
+
+
+def test_probe_targets_read_the_document_with_every_fact_asked(targets, tmp_path):
+    probed = str(tmp_path / "probed")
+    rc, log = run("kvpolicy_tools.train.attention_targets", *TARGET_ARGS, "--out", probed, "--documents", "4", "--probe")
+    assert rc == 0, log
+    model, _ = train_gates.tiny_model(0)
+    model.config._attn_implementation = "eager"
+    groups = model.config.num_attention_heads // model.config.num_key_value_heads
+    data = train_gates.LongRangeData(types.SimpleNamespace(seed=0, prose_fraction=0.25, seq_len=256, numerals=0.25,
+                                                           text=text), None)
+    grew = 0
+    for d in range(4):
+        plain = torch.load(os.path.join(targets, f"doc-{d:05d}.pt"))
+        with_probe = torch.load(os.path.join(probed, f"doc-{d:05d}.pt"))
+        # the shard holds the document alone, and a causal model reads it the same with the probe after it
+        assert torch.equal(plain["ids"], with_probe["ids"]) and torch.equal(plain["steps"], with_probe["steps"])
+        assert plain["x"].shape == with_probe["x"].shape and torch.allclose(plain["x"].float(), with_probe["x"].float(), atol=1e-2)
+        # every target is the max over a superset of later queries: never lower, higher where the probe reads more
+        assert (with_probe["y"] >= plain["y"] - 1e-5).all(), f"document {d}: a probed target below the plain one"
+        # and the probe's queries are among them: eager attention over the document and its probe
+        # (longrange.probe's text, as LongRangeData gives it) has these targets
+        _, _, _, probe = data.probed(d)
+        grew += probe.numel() > 0
+        ids = torch.cat([plain["ids"], probe[0]])
+        with torch.no_grad():
+            ref = model.model(input_ids=ids[None], use_cache=False, output_attentions=True)
+        for l in range(len(model.model.layers)):
+            y = future_max(ref.attentions[l][0], groups, with_probe["steps"].tolist())[..., :plain["ids"].numel()]
+            assert torch.allclose(with_probe["y"][l], y, atol=1e-6), f"document {d}, layer {l}: not the probed targets"
+    assert grew, "no document with a probe among the four"
+    rc, log = run("kvpolicy_tools.train.attention_targets", *TARGET_ARGS, "--out", targets, "--documents", "4", "--probe")
+    assert rc != 0 and "other settings (probe)" in log, log
+
+
+def test_pack_gates_holds_both_layouts_gates(tmp_path):
+    from kvpolicy_tools.train.pack_gates import pack
+    from kvpolicy_tools.train.runs import export
+
+    config = types.SimpleNamespace(num_hidden_layers=2, hidden_size=24, num_key_value_heads=2, num_attention_heads=4,
+                                   head_dim=6, hidden_act="silu")
+    torch.manual_seed(0)
+    per_head, token = make_gate("rg", config, 8, bias_init=3.0), make_gate("rg10", config, 4, bias_init=9.0)
+    paths = {name: str(tmp_path / f"{name}.safetensors") for name in ("per_head", "token", "both", "again")}
+    export(per_head, paths["per_head"], 6, True, {"kvpolicy_gate": "rg"})
+    export(token, paths["token"], 6, True, {"kvpolicy_gate": "rg10", "trained_for": "token"})
+    pack(paths["per_head"], paths["token"], paths["both"])
+    for token_level, source in ((False, per_head), (True, token)):
+        kind, width, load = gate_file(paths["both"], token_level=token_level)
+        assert (kind, width) == (source.kind, 8 if source is per_head else 4)
+        loaded = make_gate(kind, config, width)
+        load(loaded, 6)
+        x = torch.randn(1, 5, 24)
+        assert torch.allclose(loaded(0, x), source(0, x), atol=0.05), f"token_level={token_level}: another gate"
+    with safe_open(paths["both"], "pt") as f:
+        assert json.loads(f.metadata()["token_level"])["trained_for"] == "token"
+        assert f.metadata()["kvpolicy_gate"] == "rg"
+    with pytest.raises(ValueError, match="no token-level gate"):
+        gate_file(paths["per_head"], token_level=True)
+    with pytest.raises(SystemExit, match="already holds a token-level gate"):
+        pack(paths["both"], paths["token"], paths["again"])

@@ -278,16 +278,30 @@ def numeral_line(rng):
 
 
 def train_document(rng, tokens, prose_only=False, haystack_text=None, numerals=0.0):
-    """(text, answer spans, fact spans, the inserted lines) of about `tokens` tokens: prose from the
+    """train_document_probed's document without its probe."""
+    return train_document_probed(rng, tokens, prose_only, haystack_text, numerals)[:4]
+
+
+def probe(facts):
+    """Every fact asked, with its answer, in the form the documents' own questions take: what a
+    later reader could ask of the document (the probe a target pass appends, kvpolicy-gate-targets
+    --probe), so every stated fact, asked in the document or not, is read by a later query."""
+    return "".join(f"\nQuestion: {f.question}\nAnswer: {f.prefix} {f.answer}." for f in facts)
+
+
+def train_document_probed(rng, tokens, prose_only=False, haystack_text=None, numerals=0.0):
+    """(text, answer spans, fact spans, the inserted lines, probe) of about `tokens` tokens: prose from the
     train haystack, 1-4 facts (and same-form distractors) at random depths, then 1-3 questions with
     their answers. Spans are character ranges: the answers after the questions, and every fact
     statement in the prose (asked or not: a gate cannot know which will be). prose_only: plain
     prose, no spans. haystack_text: another training haystack (tests). numerals: the chance that a
     document with facts also holds 2-6 numeral lines (numeral_line) at random depths, numbers a gate
-    must not take for facts; 0 draws nothing, so documents are those of a run without them."""
+    must not take for facts; 0 draws nothing, so documents are those of a run without them. The
+    probe (`probe`: every fact, distractors included, asked after the document) draws nothing from
+    rng, so the document is the one train_document makes; plain prose has an empty one."""
     split = "train"
     if prose_only:
-        return _prose(rng, split, int(tokens * CHARS_PER_TOKEN), haystack_text), [], [], []
+        return _prose(rng, split, int(tokens * CHARS_PER_TOKEN), haystack_text), [], [], [], ""
     facts = []
     for _ in range(rng.randrange(1, 5)):
         kind = rng.choice(KINDS)
@@ -315,7 +329,7 @@ def train_document(rng, tokens, prose_only=False, haystack_text=None, numerals=0
         spans.append((len(text), len(text) + len(f.answer) + 2))  # " answer."
         text += f" {f.answer}."
         inserted += [f.question, f"{f.prefix} {f.answer}."]
-    return text, spans, fact_spans, inserted
+    return text, spans, fact_spans, inserted, probe(facts)
 
 
 TASKS = ("multikey", "multivalue", "variable", "multihop")  # the single key is kvpolicy-retrieval's pass key

@@ -107,6 +107,10 @@ def parse():
     ap.add_argument("--numerals", type=float, default=0.25,
                     help="the share of documents with facts that also hold lines of numbers nothing asks about")
     ap.add_argument("--text", help="a haystack file instead of the train haystack (kvpolicy_tools.data.longrange)")
+    ap.add_argument("--probe", action="store_true",
+                    help="read each document with its probe after it (every fact asked, distractors included: "
+                         "longrange.probe), so a fact's target is what a question about it reads, whether or not the "
+                         "document asks it; the shard holds the document alone")
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args()
@@ -130,6 +134,8 @@ def main():
         torch.set_num_threads(a.threads)
     settings = {k: getattr(a, k) for k in ("seq_len", "steps_per_document", "first_step", "prose_fraction",
                                            "numerals", "text", "seed")}
+    if a.probe:  # a folder made before the probe existed holds settings without it
+        settings["probe"] = True
     settings["model"] = os.path.basename(a.gguf or a.hf or "tiny")
     meta_path = os.path.join(a.out, "targets.json")
     if os.path.exists(meta_path):
@@ -158,16 +164,21 @@ def main():
         if os.path.exists(path):
             continue
         t0 = time.time()
-        ids, answers, facts = (t[0] for t in documents(d))
+        ids, answers, facts, probe = (t[0] for t in documents.probed(d))
         rng = random.Random(a.seed * 1_000_033 + d)
-        steps = sample_steps(rng, ids.numel(), a.steps_per_document, min(a.first_step, ids.numel() - 1))
-        x, y = recorder(ids, steps)
+        T = ids.numel()
+        steps = sample_steps(rng, T, a.steps_per_document, min(a.first_step, T - 1))
+        # with the probe, the queries after T read the document too: every step's target (the max
+        # from the step on) includes them, and the shard keeps the document's T positions
+        x, y = recorder(torch.cat([ids, probe]) if a.probe else ids, steps)
+        x, y = x[:, :T], y[..., :T]
         torch.save({"ids": ids, "answers": answers, "facts": facts, "steps": torch.tensor(steps),
                     "x": x.to(torch.float16), "y": y.float()}, path + ".tmp")
         os.replace(path + ".tmp", path)
         seconds += time.time() - t0
-        tokens += ids.numel()
-        print(f"kvpolicy-gate-targets: {path}: {ids.numel()} tokens, {tokens / seconds:.0f} tokens/s", flush=True)
+        tokens += T
+        print(f"kvpolicy-gate-targets: {path}: {T} tokens (probe {probe.numel() if a.probe else 0}), "
+              f"{tokens / seconds:.0f} tokens/s", flush=True)
 
 
 if __name__ == "__main__":

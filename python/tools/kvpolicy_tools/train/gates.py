@@ -163,17 +163,28 @@ def load_exported(gate, tensors, head_dim):
             param.copy_(tensors[name])
 
 
-def gate_file(path, device="cpu"):
+TOKEN_LEVEL = "token_level."  # the names of a file's gate for the token-level layout (SPEC §8)
+
+
+def gate_file(path, device="cpu", token_level=False):
     """(kind, width) of the gate a file training wrote holds, and a function that loads it into a
     gate of that kind and width: a run's checkpoint.pt (any kind, as its args say) or a retention
     gate's `.safetensors` export (rg or rg10, as its tensors say: the tied readout `linear3` is
-    rg10's). ValueError naming the file when it is neither (a write gate's export included: it is
-    reordered for RoPE, so a write gate is read from its checkpoint.pt)."""
+    rg10's). token_level: the export's gate for the token-level layout (SPEC §8, the names under
+    TOKEN_LEVEL), which a file may hold beside its per-head gate. ValueError naming the file when it
+    is neither (a write gate's export included: it is reordered for RoPE, so a write gate is read
+    from its checkpoint.pt)."""
     if path.endswith(".pt"):
+        if token_level:
+            raise ValueError(f"{path}: a checkpoint holds one gate; its token-level gate is in an export")
         ck = torch.load(path, map_location=device)
         return ck["args"]["gate"], ck["args"]["width"], lambda gate, head_dim: gate.load_state_dict(ck["gate"])
     from safetensors.torch import load_file
-    tensors = load_file(path, device=str(device))
+    every = load_file(path, device=str(device))
+    tensors = {k[len(TOKEN_LEVEL):] if token_level else k: v for k, v in every.items()
+               if k.startswith(TOKEN_LEVEL) == token_level}
+    if token_level and not tensors:
+        raise ValueError(f"{path} holds no token-level gate (no {TOKEN_LEVEL}* tensors)")
     first = "model.layers.0.self_attn.retention_gate."
     if first + "linear1.weight" not in tensors:
         raise ValueError(f"{path} is not a retention gate's export (no {first}linear1.weight)")

@@ -53,7 +53,7 @@ def rank_keys(log_beta, steps):
     return -(log_decay_rate(log_beta)[:, :, None, :] + log_age)
 
 
-def ranking_pairs(keys, targets, memory, pairs, gen, weighted=False):
+def ranking_pairs(keys, targets, memory, pairs, gen, weighted=False, focus=None, focus_pairs=0):
     """RankNet loss and keep-set recall of one ranking per row: keys, targets [R, n] (every column a
     candidate), the oracle keeping the `memory` largest targets of each row; `pairs` pairs per row.
     Half the pairs are drawn uniformly (a kept token, a dropped one); the other half from the gate's
@@ -61,7 +61,11 @@ def ranking_pairs(keys, targets, memory, pairs, gen, weighted=False):
     its place: a pair far from the boundary is rarely in doubt, and a fact the gate ranks just too
     low competes with the entries at the boundary, not with old prose.
     weighted: each pair weighs log(y_kept / y_dropped), so a token later queries read far more than
-    what it displaces counts more than one at the margin."""
+    what it displaces counts more than one at the margin.
+    focus [R, n] (bool) and focus_pairs: in a row where the oracle keeps focus tokens (the stated
+    facts), that many of the uniform pairs take one of them as the kept token, against a token the
+    gate keeps in its place where it misses one, else against one the oracle drops: a fact is a few
+    tokens of a thousand, so uniform pairs would almost never hold one."""
     R, n = targets.shape
     order = targets.argsort(dim=1, descending=True)
     kept = order.gather(1, torch.randint(0, memory, (R, pairs), generator=gen).to(order.device))
@@ -75,6 +79,15 @@ def ranking_pairs(keys, targets, memory, pairs, gen, weighted=False):
     if half and rows.numel():  # rows the gate ranks without error keep uniform pairs only
         kept[rows, :half] = torch.multinomial(missed[rows].float(), half, replacement=True, generator=gen)
         dropped[rows, :half] = torch.multinomial(intruders[rows].float(), half, replacement=True, generator=gen)
+    if focus_pairs and focus is not None:
+        wanted = oracle & focus
+        rows = wanted.any(dim=1).nonzero()[:, 0]
+        if rows.numel():
+            against = torch.where(intruders[rows].any(dim=1, keepdim=True), intruders[rows], ~oracle[rows])
+            cols = slice(half, half + min(focus_pairs, pairs - half))
+            n_focus = cols.stop - cols.start
+            kept[rows, cols] = torch.multinomial(wanted[rows].float(), n_focus, replacement=True, generator=gen)
+            dropped[rows, cols] = torch.multinomial(against.float(), n_focus, replacement=True, generator=gen)
     terms = F.softplus(keys.gather(1, dropped) - keys.gather(1, kept))
     if weighted:
         tiny = torch.finfo(targets.dtype).tiny
@@ -84,10 +97,16 @@ def ranking_pairs(keys, targets, memory, pairs, gen, weighted=False):
     return terms.mean(), recall
 
 
-def document_loss(log_beta, shard, policy, memories, pairs, tau, gen, weighted=False):
+def document_loss(log_beta, shard, policy, memories, pairs, tau, gen, weighted=False, fact_pairs=0, keep_facts=False):
     """The mean over the shard's steps of the ranking loss (and recall) for `policy`; memories[k] is
-    the step's M (a step with M or fewer candidates has nothing to evict and is skipped)."""
+    the step's M (a step with M or fewer candidates has nothing to evict and is skipped);
+    fact_pairs: of each ranking's pairs, how many take a stated fact the oracle keeps (ranking_pairs'
+    focus, the shard's fact mask); keep_facts: every stated fact's token is the oracle's first choice
+    in every head (its target raised to the step's largest), whoever reads it."""
     steps, y = shard["steps"], shard["y"]
+    facts = shard.get("facts") if fact_pairs or keep_facts else None
+    if keep_facts and facts is not None:
+        y = torch.where(facts, y.amax(dim=-1, keepdim=True), y)
     L, H, K, T = y.shape
     q = rank_keys(log_beta, steps) / tau
     losses, recalls = [], []
@@ -96,16 +115,20 @@ def document_loss(log_beta, shard, policy, memories, pairs, tau, gen, weighted=F
         M = memories[k]
         if n <= M:
             continue
+        focus = facts[:n][None, :] if facts is not None else None  # [1, n]: a fact in every head
         if policy == "trimkv":
             keys, targets = q[:, :, k, :n].reshape(L * H, n), y[:, :, k, :n].reshape(L * H, n)
-            loss, recall = ranking_pairs(keys, targets, M, pairs, gen, weighted)
+            loss, recall = ranking_pairs(keys, targets, M, pairs, gen, weighted,
+                                         None if focus is None else focus.expand(L * H, n), fact_pairs)
         elif policy == "dbtrimkv":
             keys, targets = q[:, :, k, :n].reshape(1, -1), y[:, :, k, :n].reshape(1, -1)
-            loss, recall = ranking_pairs(keys, targets, L * H * M, L * H * pairs, gen, weighted)
+            loss, recall = ranking_pairs(keys, targets, L * H * M, L * H * pairs, gen, weighted,
+                                         None if focus is None else focus.repeat(L * H, 1).reshape(1, -1),
+                                         L * H * fact_pairs)
         else:  # token level: a position's key is its best head's, its target the heads' mean
             keys = q[:, :, k, :n].reshape(L * H, n).amax(dim=0, keepdim=True)
             targets = y[:, :, k, :n].reshape(L * H, n).mean(dim=0, keepdim=True)
-            loss, recall = ranking_pairs(keys, targets, M, 8 * pairs, gen, weighted)
+            loss, recall = ranking_pairs(keys, targets, M, 8 * pairs, gen, weighted, focus, 8 * fact_pairs)
         losses.append(loss)
         recalls.append(recall)
     if not losses:
@@ -150,6 +173,12 @@ def parse():
     ap.add_argument("--pairs", type=int, default=64, help="pairs drawn per ranking (per head and step)")
     ap.add_argument("--tau", type=float, default=1.0, help="the loss's temperature on the key axis")
     ap.add_argument("--weighted", action="store_true", help="weigh each pair by the log ratio of its targets")
+    ap.add_argument("--fact-pairs", type=int, default=0,
+                    help="of each ranking's uniform pairs, how many take a stated fact the oracle keeps (at most half "
+                         "of --pairs)")
+    ap.add_argument("--keep-facts", action="store_true",
+                    help="a stated fact's tokens are the oracle's first choice in every head, not only where later "
+                         "queries read them")
     ap.add_argument("--width", type=int, default=128, help="gate MLP width I")
     ap.add_argument("--bias-init", type=float, default=8.0)
     ap.add_argument("--init", metavar="GATE", help="start from this gate (.safetensors or checkpoint.pt)")
@@ -167,7 +196,7 @@ def parse():
     if a.policy not in POLICIES[a.gate]:
         ap.error(f"--policy {a.policy}: a {a.gate} gate ranks for {' or '.join(POLICIES[a.gate])}")
     for name, low in (("epochs", 1), ("pairs", 1), ("width", 1), ("checkpoint_every", 1), ("stop_after", 0),
-                      ("threads", 0), ("documents", 0), ("validate", 0)):
+                      ("threads", 0), ("documents", 0), ("validate", 0), ("fact_pairs", 0)):
         if getattr(a, name) < low:
             ap.error(f"--{name.replace('_', '-')} {getattr(a, name)} must be >= {low}")
     if not 1 <= a.memory_range[0] <= a.memory_range[1]:
@@ -214,8 +243,8 @@ def main():
     if os.path.exists(ckpt_path):
         ck = torch.load(ckpt_path)
         for key in ("gate", "policy", "width", "epochs", "seed", "memory_range", "pairs", "tau", "init", "documents",
-                    "validate", "weighted"):
-            if ck["args"][key] != getattr(a, key):
+                    "validate", "weighted", "fact_pairs", "keep_facts"):
+            if ck["args"].get(key, {"fact_pairs": 0, "keep_facts": False}.get(key)) != getattr(a, key):  # before the options
                 raise SystemExit(f"kvpolicy-rank-gates: {ckpt_path} is a run with --{key.replace('_', '-')} "
                                  f"{ck['args'][key]}, not {getattr(a, key)}: give another --out, or delete it")
         if ck["shards"] != [os.path.basename(s) for s in shards]:
@@ -259,7 +288,8 @@ def main():
             group["lr"] = a.lr * schedule(step, total, a.warmup)
         x = shard["x"].float()
         log_beta = torch.stack([gate(l, x[l][None])[0] for l in range(L)])  # [L, Hkv, T]
-        loss, recall = document_loss(log_beta, shard, a.policy, memories, a.pairs, a.tau, gen, a.weighted)
+        loss, recall = document_loss(log_beta, shard, a.policy, memories, a.pairs, a.tau, gen, a.weighted,
+                                     a.fact_pairs, a.keep_facts)
         if loss is None:
             continue
         opt.zero_grad(set_to_none=True)
@@ -281,7 +311,7 @@ def main():
     log_file.close()
     meta = {"kvpolicy_gate": a.gate, "policy": "trimkv" if a.policy == "token" else a.policy,
             "trained_for": a.policy, "method": "ranking", "epochs": a.epochs, "documents": len(shards),
-            "memory": "%d-%d drawn" % tuple(a.memory_range), "pairs": a.pairs, "tau": a.tau, "weighted": a.weighted, "lr": a.lr,
+            "memory": "%d-%d drawn" % tuple(a.memory_range), "pairs": a.pairs, "tau": a.tau, "weighted": a.weighted, "fact_pairs": a.fact_pairs, "keep_facts": a.keep_facts, "lr": a.lr,
             "seed": a.seed, "width": a.width, "targets": held["settings"], **({"init": a.init} if a.init else {})}
     with open(log_path) as f:
         rows = list(csv.DictReader(f))

@@ -244,6 +244,11 @@ class LongRangeData:
         corpus.check_disjoint(text, extra=[("the held-out haystack", held_out)] if held_out else [])
 
     def __call__(self, step):
+        return self.probed(step)[:3]
+
+    def probed(self, step):
+        """(ids, answer mask, fact mask) of step's document and, fourth, its probe's ids [1, P]
+        (longrange.probe: every fact asked after the document; P = 0 for plain prose)."""
         a = self.a
         rng = random.Random(a.seed * 1_000_003 + step)
         prose = rng.random() < a.prose_fraction
@@ -251,14 +256,15 @@ class LongRangeData:
         if self.tok is None:
             target = int(a.seq_len / longrange.CHARS_PER_TOKEN)  # byte tokens: one a character
         for _ in range(4):  # shrink the document until it fits T tokens
-            text, spans, facts, inserted = longrange.train_document(rng, target, prose_only=prose,
-                                                                    haystack_text=self.haystack, numerals=a.numerals)
-            longrange.check_train_document(inserted)
+            text, spans, facts, inserted, probe = longrange.train_document_probed(
+                rng, target, prose_only=prose, haystack_text=self.haystack, numerals=a.numerals)
+            longrange.check_train_document(inserted + probe.split("\n"))
             ids, answers, stated = encode(self.tok, text, spans, facts)
             if ids.numel() <= a.seq_len:
                 break
             target = int(target * a.seq_len / ids.numel() * 0.97)
-        return tuple(t[-a.seq_len:].unsqueeze(0) for t in (ids, answers, stated))
+        probe_ids = encode(self.tok, probe)[0] if probe else torch.zeros(0, dtype=ids.dtype)
+        return tuple(t[-a.seq_len:].unsqueeze(0) for t in (ids, answers, stated)) + (probe_ids.unsqueeze(0),)
 
 
 def training_memory(a, step):

@@ -1,0 +1,50 @@
+"""Packs a per-head retention gate and one trained for the token-level layout into one file (SPEC §8,
+"Gate for the layout"): the first under SPEC's names, the second under the same names prefixed
+`token_level.`. A cache in the token-level mode (kvpolicy-lm --mode union, kvpolicy-llama) reads the
+second, the per-head mode the first, so a user passes one --gate either way.
+
+  python -m kvpolicy_tools.train.pack_gates PER_HEAD TOKEN_LEVEL OUT
+
+Both are retention gates' exports (kvpolicy-rank-gates, kvpolicy-train-gates); each may be of either
+kind (rg, rg10). OUT's metadata is PER_HEAD's, with `token_level` holding TOKEN_LEVEL's as JSON.
+Refuses a file that is not a retention gate's export, or one that already holds a token-level gate.
+"""
+import argparse
+import json
+import os
+
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from kvpolicy_tools.train.gates import TOKEN_LEVEL, gate_file
+
+
+def pack(per_head, token_level, out):
+    parts = []
+    for path in (per_head, token_level):
+        try:
+            gate_file(path)  # a retention gate's export, or ValueError naming it
+        except ValueError as e:
+            raise SystemExit(f"pack_gates: {e}")
+        with safe_open(path, "pt") as f:
+            names = list(f.keys())
+            if any(n.startswith(TOKEN_LEVEL) for n in names):
+                raise SystemExit(f"pack_gates: {path} already holds a token-level gate ({TOKEN_LEVEL}*)")
+            parts.append(({n: f.get_tensor(n) for n in names}, f.metadata() or {}))
+    (first, meta), (second, second_meta) = parts
+    tensors = {**first, **{TOKEN_LEVEL + n: t for n, t in second.items()}}
+    save_file(tensors, out + ".tmp", metadata={**meta, "token_level": json.dumps(second_meta, sort_keys=True)})
+    os.replace(out + ".tmp", out)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("per_head", help="the per-head gate's export")
+    ap.add_argument("token_level", help="the export of the gate trained for the token-level layout")
+    ap.add_argument("out")
+    a = ap.parse_args()
+    pack(a.per_head, a.token_level, a.out)
+
+
+if __name__ == "__main__":
+    main()
