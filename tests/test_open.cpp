@@ -11,10 +11,13 @@
 #include <random>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "oracle.hpp"
 #include "same_entries.hpp"
+#include "kvpolicy/gate/load.hpp"
+#include "kvpolicy/gate/safetensors.hpp"
 #include "kvpolicy/open_sharded.hpp"
 #include "kvpolicy/open.hpp"
 
@@ -238,6 +241,50 @@ TEST_CASE("registry: every gated policy runs its source's example gate, whose le
   }
   CHECK(gated >= 4);
   CHECK(ordered >= 4);  // TRIM-KV's, DBTrimKV's and WG-KV's gates, KVzap's surrogate: a bias per head
+}
+
+TEST_CASE("registry: in the token-level mode a retention policy reads the file's token-level gate where it holds one") {
+  // SPEC §8, "Gate for the layout": a file may hold a second gate under names prefixed token_level.;
+  // --mode union reads it, --mode per-head the plain names; a file without one serves both modes
+  const inputs::ModelShape model{kShape, 24, 0};
+  const std::int64_t T = 3, H = kShape.kv_heads;
+  std::vector<float> x(static_cast<std::size_t>(T * model.hidden));
+  std::mt19937_64 rng(5);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (float& e : x) e = normal(rng);
+  const auto dir = std::filesystem::temp_directory_path();
+  for (const char* name : {"trimkv", "dbtrimkv"}) {
+    CAPTURE(name);
+    const auto path = [&](const std::string& what) { return (dir / ("kvpolicy-" + std::string(name) + "-" + what + ".safetensors")).string(); };
+    registry::example_gate(name, path("low"), model, -30.0f);
+    registry::example_gate(name, path("high"), model, 30.0f);
+    // one file: the low gate under the plain names, the high one under token_level.
+    safetensors::Writer both;
+    for (const auto& [file, prefix] : {std::pair{path("low"), std::string()}, std::pair{path("high"), std::string(gate::token_level_prefix)}}) {
+      const auto f = safetensors::File::read(file);
+      for (const auto& n : f.names()) {
+        const auto values = f.floats(n);
+        both.add_f32(prefix + n, f.info(n).shape, values);
+      }
+    }
+    both.write(path("both"));
+    const auto scores = [&](const std::string& file, const char* mode) {
+      const inputs::Producer p = registry::open_inputs({name, {{"gate", file}, {"mode", mode}}}, model);
+      inputs::LayerActivations a;
+      a.normed_input = View<const float, 2>(x.data(), {T, model.hidden});
+      std::vector<float> out(static_cast<std::size_t>(H * T * kShape.layers));
+      for (int l = 0; l < kShape.layers; ++l) p.layer(0, l, a, View<float, 2>(out.data() + l * H * T, {H, T}));
+      return out;
+    };
+    const auto low = scores(path("low"), "per-head"), high = scores(path("high"), "per-head");
+    REQUIRE(low != high);
+    CHECK(scores(path("both"), "per-head") == low);
+    CHECK(scores(path("both"), "union") == high);
+    CHECK(scores(path("low"), "union") == low);  // no token-level gate: the per-head one in both modes
+    CHECK(gate::holds_token_level_gate(safetensors::File::read(path("both"))));
+    CHECK_FALSE(gate::holds_token_level_gate(safetensors::File::read(path("low"))));
+    for (const char* what : {"low", "high", "both"}) std::filesystem::remove(path(what));
+  }
 }
 
 TEST_CASE("registry::open_sharded_cache: one rank's Cache is the unsharded Cache, and the ranks must divide the heads") {

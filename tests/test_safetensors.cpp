@@ -62,6 +62,26 @@ TEST_CASE("safetensors round trip: F32, F16, BF16, I64 and metadata") {
   CHECK(f.names().size() == 5);
 }
 
+TEST_CASE("safetensors: a section is the tensors under a prefix, renamed, with the file's metadata") {
+  st::Writer w;
+  w.add_f32("w", {2}, std::vector<float>{1.0f, 2.0f});
+  w.add_f32("tl.w", {3}, std::vector<float>{3.0f, 4.0f, 5.0f});
+  w.add_f32_as("tl.inner.b", st::DType::F16, {1}, std::vector<float>{0.5f});
+  w.add_f32("tlx", {1}, std::vector<float>{9.0f});  // shares the prefix's letters, not the prefix
+  w.metadata("kind", "rg");
+  const auto f = st::File::parse(w.bytes(), "gate.safetensors");
+  const auto s = f.section("tl.");
+  CHECK(s.names() == std::vector<std::string>{"inner.b", "w"});
+  CHECK(s.floats("w", {3}) == std::vector<float>{3.0f, 4.0f, 5.0f});
+  CHECK(s.floats("inner.b") == std::vector<float>{0.5f});
+  CHECK(s.info("w").name == "w");
+  CHECK(s.metadata().at("kind") == "rg");
+  CHECK_FALSE(s.empty());
+  CHECK(f.floats("w") == std::vector<float>{1.0f, 2.0f});  // the file itself unchanged
+  CHECK(f.section("none.").empty());
+  CHECK_THROWS_WITH_AS(s.floats("tlx"), doctest::Contains("gate.safetensors (tensors tl.*)"), Error);
+}
+
 TEST_CASE("safetensors: a hand-built file with known bits in every dtype") {
   // F16 1.0 = 0x3C00, F16 -2.0 = 0xC000, BF16 1.0 = 0x3F80, BF16 -0.5 = 0xBF00, F32 0.5, I32 -7, I64 2^40
   const std::string header =

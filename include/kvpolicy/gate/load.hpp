@@ -20,10 +20,21 @@ namespace kvpolicy::gate {
 /// input [T, D] of `layer` (its attention input, after the input RMSNorm) -> log_beta [Hkv, T].
 using LayerGate = std::function<void(int layer, View<const float, 2> input, View<float, 2> log_beta)>;
 
+/// The names under which a gate file holds its gate for the token-level layout (SPEC §8, "Gate for
+/// the layout"), beside the per-head gate under the plain names.
+inline constexpr const char* token_level_prefix = "token_level.";
+
+/// True when the file at `path` holds a token-level gate (SPEC §8) beside its per-head one.
+inline bool holds_token_level_gate(const safetensors::File& file) { return !file.section(token_level_prefix).empty(); }
+
 /// tied = false: TRIM-KV's gate, or rg10 when the file holds it; true: DBTrimKV's (rg10 or the paper's
-/// literal tied gate). Activation: SiLU, as the authors' gates.
-inline LayerGate load_retention_gate(const std::string& path, int layers, int hidden, int kv_heads, bool tied) {
-  const auto file = safetensors::File::read(path);
+/// literal tied gate). token_level: the cache evicts whole positions (SPEC §8), so the file's
+/// token-level gate is read where it holds one, its per-head gate otherwise. Activation: SiLU, as
+/// the authors' gates.
+inline LayerGate load_retention_gate(const std::string& path, int layers, int hidden, int kv_heads, bool tied,
+                                     bool token_level = false) {
+  auto file = safetensors::File::read(path);
+  if (token_level && holds_token_level_gate(file)) file = file.section(token_level_prefix);
   const auto width = [&](const std::string& name) { return static_cast<int>(file.info(name).shape.at(0)); };
   const auto wrap = [](auto gate) -> LayerGate {
     auto g = std::make_shared<const decltype(gate)>(std::move(gate));

@@ -113,6 +113,23 @@ class File {
   }
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
 
+  /// The tensors named `prefix` + name, each under its name without the prefix, and the file's
+  /// metadata: a second set of weights a file holds beside its first (SPEC §8's token-level gate).
+  /// Empty (no tensor) when no name has the prefix; errors name the file and the prefix.
+  File section(const std::string& prefix) const {
+    File f = *this;
+    f.source_ = source_ + " (tensors " + prefix + "*)";
+    f.tensors_.clear();
+    for (const auto& [name, t] : tensors_) {
+      if (name.compare(0, prefix.size(), prefix) != 0) continue;
+      TensorInfo renamed = t;
+      renamed.name = name.substr(prefix.size());
+      f.tensors_.emplace(renamed.name, std::move(renamed));
+    }
+    return f;
+  }
+  bool empty() const { return tensors_.empty(); }
+
   const TensorInfo& info(const std::string& name) const {
     auto it = tensors_.find(name);
     if (it == tensors_.end()) fail("safetensors '", source_, "': tensor '", name, "' is missing");

@@ -126,7 +126,8 @@ inline constexpr int example_width = 32;
 
 }  // namespace detail
 
-// SPEC §1: log beta from TRIM-KV's gate (or an rg10 file) on the layer's normed input.
+// SPEC §1: log beta from TRIM-KV's gate (or an rg10 file) on the layer's normed input; in the
+// token-level mode, from the file's token-level gate where it holds one (SPEC §8).
 template <class P>
 Needs RetentionGate::needs(const registry::Values&) {
   Needs n;
@@ -137,7 +138,9 @@ template <class P>
 Producer RetentionGate::producer(const registry::Values& v, const ModelShape& m) {
   detail::require_hidden<P>(m);
   return detail::normed_input_producer(
-      needs<P>(v), gate::load_retention_gate(v.text("gate"), m.cache.layers, m.hidden, m.cache.kv_heads, false), m.hidden);
+      needs<P>(v),
+      gate::load_retention_gate(v.text("gate"), m.cache.layers, m.hidden, m.cache.kv_heads, false, registry::token_level(v)),
+      m.hidden);
 }
 /// `level`: every layer's readout bias (beta near sigmoid(level)).
 inline void RetentionGate::example_gate(const GateSink& add, const ModelShape& m, float level) {
@@ -152,7 +155,8 @@ inline void RetentionGate::example_gate(const GateSink& add, const ModelShape& m
   }
 }
 
-// SPEC §2: log beta from DBTrimKV's tied gate (rg10 when the file holds it, else the paper's).
+// SPEC §2: log beta from DBTrimKV's tied gate (rg10 when the file holds it, else the paper's); in
+// the token-level mode, from the file's token-level gate where it holds one (SPEC §8).
 template <class P>
 Needs TiedRetentionGate::needs(const registry::Values&) {
   Needs n;
@@ -163,7 +167,9 @@ template <class P>
 Producer TiedRetentionGate::producer(const registry::Values& v, const ModelShape& m) {
   detail::require_hidden<P>(m);
   return detail::normed_input_producer(
-      needs<P>(v), gate::load_retention_gate(v.text("gate"), m.cache.layers, m.hidden, m.cache.kv_heads, true), m.hidden);
+      needs<P>(v),
+      gate::load_retention_gate(v.text("gate"), m.cache.layers, m.hidden, m.cache.kv_heads, true, registry::token_level(v)),
+      m.hidden);
 }
 /// The authors' rg10: one readout tied across layers under every layer's name; `level`: its bias.
 inline void TiedRetentionGate::example_gate(const GateSink& add, const ModelShape& m, float level) {

@@ -110,6 +110,11 @@ inline constexpr Option min_tokens =
     Option{"min-tokens", Kind::integer, 0, "F, the threshold variant's floor: each head keeps at least its F best"}
         .at_least(0, "F");
 inline constexpr Option gate{"gate", Kind::path, 0, "the trained gate, a safetensors file under SPEC's tensor names"};
+/// The token-level mode a policy offers beside its per-head one (SPEC §8; policies/common/token_level.hpp).
+inline constexpr Option mode{"mode", Kind::choice, 0,
+                             "per-head: each (layer, kv head) keeps its own M; union: a token leaves every head at "
+                             "once, M tokens per sequence",
+                             {"per-head", "union"}};
 /// Options that describe the model rather than the policy: an engine that knows its model fills
 /// them (registry::Selection::describe_model), a value the user gives wins.
 inline constexpr Option rope_theta =
@@ -144,6 +149,8 @@ class Values {
 
   std::string_view policy() const { return policy_; }
   bool given(std::string_view name) const { return given_.contains(name); }
+  /// Whether the policy takes the option (given or at its default).
+  bool takes(std::string_view name) const { return number_.contains(name); }
   std::int64_t integer(std::string_view name) const { return static_cast<std::int64_t>(number(name)); }
   double real(std::string_view name) const { return number(name); }
   /// A choice's index into the option's choices (text() gives its name).
@@ -214,6 +221,9 @@ class Values {
   std::map<std::string, std::string, std::less<>> given_, text_;
   std::map<std::string, double, std::less<>> number_;
 };
+
+/// Whether the values build the policy's token-level mode (SPEC §8: option::mode is union).
+inline bool token_level(const Values& v) { return v.takes(option::mode.name) && v.text(option::mode.name) == "union"; }
 
 /// Several policies from one file (a family sharing its code, e.g. the KV statistics).
 template <class... P>

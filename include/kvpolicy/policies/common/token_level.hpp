@@ -20,16 +20,7 @@
 
 namespace kvpolicy {
 
-namespace registry::option {
-inline constexpr Option mode{"mode", Kind::choice, 0,
-                             "per-head: each (layer, kv head) keeps its own M; union: a token leaves every head at "
-                             "once, M tokens per sequence",
-                             {"per-head", "union"}};
-}  // namespace registry::option
-
 namespace policies::detail {
-
-inline bool union_mode(const registry::Values& v) { return v.text("mode") == "union"; }
 
 /// A per-head rule's token-level form: the same M, B, S and w, over positions (SPEC §8).
 inline evict::Union as_union(const registry::Values& v, const evict::PerHead<trigger::Buffered>& e, evict::Aggregate a) {
@@ -55,7 +46,7 @@ inline evict::Union as_union(const registry::Values& v, const evict::Global& e, 
 template <class Backend, class Alloc, class S, class E, class F>
 decltype(auto) make_in_mode(const registry::Values& v, const CacheShape& shape, Alloc pool, E per_head, S scorer,
                             evict::Aggregate a, F&& f) {
-  if (union_mode(v)) {
+  if (registry::token_level(v)) {
     Cache<S, admit::All, evict::Union, Alloc, Backend> cache(shape, std::move(pool), as_union(v, per_head, a),
                                                              std::move(scorer));
     return f(cache);
