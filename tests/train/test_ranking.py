@@ -7,7 +7,8 @@
     as SPEC §8's max over heads;
   - the RankNet pairs: a gate that orders as the targets has recall 1 and a lower loss than one that
     orders against them; recall counted by hand;
-  - kvpolicy-gate-targets writes resumable shards and refuses a folder made with other settings;
+  - kvpolicy-gate-targets writes resumable shards, in parts one process each, and refuses a folder made
+    with other settings;
     kvpolicy-rank-gates lowers the held-out loss, a run stopped and resumed writes the same gate as
     one run, and its gate is a retention gate gate_file reads; a gate kind and policy that do not go
     together, and a checkpoint of another run, are refused.
@@ -46,9 +47,11 @@ def targets(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("ranking") / "targets")
     rc, log = run("kvpolicy_tools.train.attention_targets", *TARGET_ARGS, "--out", out, "--documents", "2")
     assert rc == 0, log
-    rc, log = run("kvpolicy_tools.train.attention_targets", *TARGET_ARGS, "--out", out, "--documents", "4")
-    assert rc == 0, log
-    assert log.count("doc-") == 2, f"a second run remade the shards it found:\n{log}"
+    for part in ("0/2", "1/2"):  # two processes' parts fill the folder: documents 2 and 3, one each
+        rc, log = run("kvpolicy_tools.train.attention_targets", *TARGET_ARGS, "--out", out, "--documents", "4",
+                      "--part", part)
+        assert rc == 0, log
+        assert log.count("doc-") == 1, f"part {part} remade the shards it found, or made another part's:\n{log}"
     return out
 
 

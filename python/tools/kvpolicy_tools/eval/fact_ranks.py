@@ -5,7 +5,7 @@ rank r survives a top-M eviction there when r < M. Retrieval fails when the head
 answer lose it; this says which layers' gates do not rank the fact, before any retrieval run.
 
   python -m kvpolicy_tools.eval.fact_ranks --gguf build/train/SmolLM2-135M-Instruct.Q4_1.gguf \\
-      --gate gates/smollm2-135m/long-range/dbtrimkv.safetensors [--gate OTHER ...] \\
+      --gate gates/smollm2-135m/dbtrimkv.safetensors [--gate OTHER ...] \\
       [--source passkey|train] [--instances 4] [--context 1024] [--sinks 4] [--budgets "64 128"]
 
 --source passkey: kvpolicy-retrieval's pass-key prompts (held-out prose; the fact is the key's digits).

@@ -111,12 +111,20 @@ def parse():
                     help="read each document with its probe after it (every fact asked, distractors included: "
                          "longrange.probe), so a fact's target is what a question about it reads, whether or not the "
                          "document asks it; the shard holds the document alone")
+    ap.add_argument("--part", default="0/1", metavar="I/N",
+                    help="make only the documents d with d %% N == I (N processes, one per core, fill one folder)")
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args()
     for name, low in (("documents", 1), ("seq_len", 8), ("steps_per_document", 1), ("first_step", 1), ("threads", 0)):
         if getattr(a, name) < low:
             ap.error(f"--{name.replace('_', '-')} {getattr(a, name)} must be >= {low}")
+    try:
+        a.part_index, a.parts = (int(x) for x in a.part.split("/"))
+    except ValueError:
+        ap.error(f"--part {a.part}: I/N, two integers")
+    if not 0 <= a.part_index < a.parts:
+        ap.error(f"--part {a.part}: need 0 <= I < N")
     if a.first_step >= a.seq_len:
         ap.error(f"--first-step {a.first_step} must be below --seq-len {a.seq_len}")
     if not 0 <= a.prose_fraction <= 1 or not 0 <= a.numerals <= 1:
@@ -151,8 +159,9 @@ def main():
         shape = {"num_hidden_layers": c.num_hidden_layers, "hidden_size": c.hidden_size, "hidden_act": c.hidden_act,
                  "num_attention_heads": c.num_attention_heads, "num_key_value_heads": c.num_key_value_heads,
                  "head_dim": attention_head_size(c)}
-        with open(meta_path, "w") as f:
+        with open(meta_path + f".tmp{a.part_index}", "w") as f:  # whole or absent, whichever part writes it
             json.dump({"settings": settings, "model": shape}, f, indent=2)
+        os.replace(meta_path + f".tmp{a.part_index}", meta_path)
     model.requires_grad_(False)
     recorder = TargetRecorder(model)
     data_args = argparse.Namespace(seed=a.seed, prose_fraction=a.prose_fraction, seq_len=a.seq_len, numerals=a.numerals,
@@ -161,7 +170,7 @@ def main():
     tokens, seconds = 0, 0.0
     for d in range(a.documents):
         path = os.path.join(a.out, f"doc-{d:05d}.pt")
-        if os.path.exists(path):
+        if d % a.parts != a.part_index or os.path.exists(path):
             continue
         t0 = time.time()
         ids, answers, facts, probe = (t[0] for t in documents.probed(d))

@@ -5,8 +5,8 @@ second, the per-head mode the first, so a user passes one --gate either way.
 
   python -m kvpolicy_tools.train.pack_gates PER_HEAD TOKEN_LEVEL OUT
 
-Both are retention gates' exports (kvpolicy-rank-gates, kvpolicy-train-gates); each may be of either
-kind (rg, rg10). OUT's metadata is PER_HEAD's, with `token_level` holding TOKEN_LEVEL's as JSON.
+Both are retention gates' exports (kvpolicy-rank-gates, kvpolicy-train-gates), each of a kind the
+policy reads (TRIM-KV: rg or rg10; DBTrimKV: rg10, SPEC §2). OUT's metadata is PER_HEAD's, with `token_level` holding TOKEN_LEVEL's as JSON.
 Refuses a file that is not a retention gate's export, or one that already holds a token-level gate.
 """
 import argparse
