@@ -64,9 +64,15 @@ if [ "$method" = ranking ]; then
       || { echo "train-gates: targets failed (its log: $out/targets-$1.log)" >&2; tail -n 20 "$out/targets-$1.log" >&2; return 1; }
   }
   echo "train-gates: targets of $documents documents ($out/targets-{0,1}.log)"
+  both() {  # waits for two background jobs; fails when either failed (after both ended)
+    local ok=0
+    wait "$1" || ok=1
+    wait "$2" || ok=1
+    return $ok
+  }
   targets 0 & t0=$!
   targets 1 & t1=$!
-  wait $t0 && wait $t1
+  both $t0 $t1
   # name, gate kind, ranking, extra arguments: DBTrimKV's and the token level first (side by side), then
   # TRIM-KV's from DBTrimKV's gate
   rank() {
@@ -80,11 +86,11 @@ if [ "$method" = ranking ]; then
   # TRIM-KV's, from DBTrimKV's per-head gate, beside its token-level one (rg)
   rank dbtrimkv rg10 dbtrimkv --epochs 3 --fact-pairs 16 --keep-facts & r0=$!
   rank dbtrimkv-token rg10 token --epochs 3 --fact-pairs 16 & r1=$!
-  wait $r0 && wait $r1
+  both $r0 $r1
   case " $only " in *" trimkv "*)
     rank trimkv rg10 trimkv --epochs 2 --fact-pairs 32 --keep-facts --lr 3e-4 --init "$out/dbtrimkv/gate.safetensors" & r0=$!
     rank trimkv-token rg token --epochs 3 --fact-pairs 16 & r1=$!
-    wait $r0 && wait $r1 ;;
+    both $r0 $r1 ;;
   esac
   dest=$root/gates/smollm2-135m
   for p in $only; do
