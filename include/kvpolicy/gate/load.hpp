@@ -24,8 +24,13 @@ using LayerGate = std::function<void(int layer, View<const float, 2> input, View
 /// the layout"), beside the per-head gate under the plain names.
 inline constexpr const char* token_level_prefix = "token_level.";
 
-/// True when the file at `path` holds a token-level gate (SPEC §8) beside its per-head one.
-inline bool holds_token_level_gate(const safetensors::File& file) { return !file.section(token_level_prefix).empty(); }
+/// True when the file holds a token-level gate (SPEC §8) beside its per-head one: a tensor under the prefix.
+inline bool holds_token_level_gate(const safetensors::File& file) {
+  const std::string prefix = token_level_prefix;
+  for (const auto& name : file.names())
+    if (name.compare(0, prefix.size(), prefix) == 0) return true;
+  return false;
+}
 
 /// tied = false: TRIM-KV's gate, or rg10 when the file holds it; true: DBTrimKV's (rg10 or the paper's
 /// literal tied gate). token_level: the cache evicts whole positions (SPEC §8), so the file's
