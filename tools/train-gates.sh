@@ -15,8 +15,9 @@
 # its checkpoint (DIR, default build/train/rank).
 # end-to-end: each paper's objective with the model in the loop (kvpolicy-train-gates), the CPU schedule
 # (400 steps of up to 512 tokens per gate, M drawn in [16, 256], about an hour per retention gate on one
-# core) or the GPU schedule (rg and rg10 fine-tuned from the committed gates, 1,528 steps of up to 2,048
-# tokens, written to build/train/gates-gpu/). WG-KV's write gate trains this way (--only wg).
+# core; the retention gates written to build/train/gates-cpu/, WG-KV's to gates/smollm2-135m/) or the GPU
+# schedule (rg10 fine-tuned from the committed gate, rg from its bias, 1,528 steps of up to 2,048 tokens,
+# written to build/train/gates-gpu/). WG-KV's committed write gate trains this way (--only wg).
 # rg10t: the tied rg10 gate trained for TRIM-KV's per-head eviction, written as trimkv.safetensors.
 # Fixed seed: the same command gives the same gates.
 set -euo pipefail
@@ -85,7 +86,10 @@ if [ "$method" = ranking ]; then
   # DBTrimKV's per-head gate and its token-level one (rg10: DBTrimKV reads a tied gate) side by side; then
   # TRIM-KV's, from DBTrimKV's per-head gate, beside its token-level one (rg)
   rank dbtrimkv rg10 dbtrimkv --epochs 3 --fact-pairs 16 --keep-facts & r0=$!
-  rank dbtrimkv-token rg10 token --epochs 3 --fact-pairs 16 & r1=$!
+  case " $only " in
+    *" dbtrimkv "*) rank dbtrimkv-token rg10 token --epochs 3 --fact-pairs 16 & r1=$! ;;
+    *) true & r1=$! ;;
+  esac
   both $r0 $r1
   case " $only " in *" trimkv "*)
     rank trimkv rg10 trimkv --epochs 2 --fact-pairs 32 --keep-facts --lr 3e-4 --init "$out/dbtrimkv/gate.safetensors" & r0=$!
@@ -104,7 +108,7 @@ if [ "$method" = ranking ]; then
 fi
 [ "$method" = end-to-end ] || { echo "train-gates: --method $method: ranking or end-to-end" >&2; exit 2; }
 case $schedule in
-  cpu) steps=400 seq=512 memory="16 256" threads=${threads:-1} only=${only:-"rg rg10 wg"} dest=$root/gates/smollm2-135m
+  cpu) steps=400 seq=512 memory="16 256" threads=${threads:-1} only=${only:-"rg rg10 wg"} dest=$root/build/train/gates-cpu
        out=${out:-$root/build/train/runs} ;;
   gpu) steps=1528 seq=2048 memory="32 256" threads=${threads:-0} only=${only:-"rg rg10"}
        dest=$root/build/train/gates-gpu out=${out:-$root/build/train/runs-gpu} ;;
@@ -118,10 +122,9 @@ done
 # per gate: the bias at the start (the retention gates: TRIM-KV's "e.g. 8.0", beta ~ 1), lambda
 declare -A extra=([rg]="--bias-init 8 --keep-weight 1" [rg10]="--bias-init 8 --keep-weight 1"
                   [rg10t]="--bias-init 8 --keep-weight 1 --policy trimkv" [wg]="--lam 0.1 --local-window 64")
-if [ "$schedule" = gpu ]; then  # a fine-tuning of the committed retention gates
-  for g in rg rg10; do
-    extra[$g]="--init $root/gates/smollm2-135m/${policy[$g]}.safetensors --keep-weight 1 --rank-weight 1 --prose-fraction 0.5 --lr 3e-4"
-  done
+if [ "$schedule" = gpu ]; then  # rg10 a fine-tuning of the committed (rg10) gate; rg, of which none is committed, from its bias
+  extra[rg]="--bias-init 8 --keep-weight 1 --rank-weight 1 --prose-fraction 0.5 --lr 3e-4"
+  extra[rg10]="--init $root/gates/smollm2-135m/dbtrimkv.safetensors --keep-weight 1 --rank-weight 1 --prose-fraction 0.5 --lr 3e-4"
   extra[rg10t]="--init $root/gates/smollm2-135m/dbtrimkv.safetensors --policy trimkv --keep-weight 1 --rank-weight 1 --prose-fraction 0.5 --lr 3e-4"
 fi
 mkdir -p "$dest"
@@ -131,10 +134,15 @@ train() {
   PYTHONPATH=$root/python/tools "$python" -m kvpolicy_tools.train.train_gates --gate "${kind[$g]}" --gguf "$gguf" --out "$out/$g" --steps $steps \
     --seq-len $seq --data longrange --memory-range $memory --threads $threads --seed 0 --no-progress ${extra[$g]} \
     >"$out/$g.log" 2>&1 || { echo "train-gates: $g failed (its log: $out/$g.log)" >&2; tail -n 20 "$out/$g.log" >&2; return 1; }
-  cp "$out/$g/gate.safetensors" "$dest/${policy[$g]}.safetensors"
-  cp "$out/$g/summary.json" "$dest/${policy[$g]}.json"
-  cp "$out/$g/curves.png" "$dest/${policy[$g]}-curves.png"
-  echo "train-gates: $g done: $dest/${policy[$g]}.safetensors ($out/$g/log.csv)"
+  # WG-KV's gate is the committed one; the retention gates are the ranking method's, so an end-to-end
+  # one goes beside them, never over a committed file (which also holds the token-level gate)
+  local d=$dest
+  [ "$g" = wg ] && [ "$schedule" = cpu ] && d=$root/gates/smollm2-135m
+  mkdir -p "$d"
+  cp "$out/$g/gate.safetensors" "$d/${policy[$g]}.safetensors"
+  cp "$out/$g/summary.json" "$d/${policy[$g]}.json"
+  cp "$out/$g/curves.png" "$d/${policy[$g]}-curves.png"
+  echo "train-gates: $g done: $d/${policy[$g]}.safetensors ($out/$g/log.csv)"
 }
 mkdir -p "$out"
 # the gates side by side, one process per core on the CPU schedule (one core each runs faster in

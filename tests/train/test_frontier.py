@@ -34,7 +34,9 @@ def test_a_malformed_csv_is_refused_by_line(tmp_path):
     for body, why in (("trimkv,g,both,64,20.0,1,10", "line 2: layout 'both'"),
                       ("trimkv,g,token,64,20.0,11,10", "line 2: passkeys 11 of instances 10"),
                       ("trimkv,g,token,64,20.0,3,", "line 2: passkeys 3 of instances"),
-                      ("trimkv,g,token,sixty,20.0,,", "line 2")):
+                      ("trimkv,g,token,sixty,20.0,,", "line 2"),
+                      ("trimkv,g,token,64,20.0,0,0", "line 2: passkeys 0 of instances 0"),
+                      ("trimkv,g,token,64", "line 2")):
         path.write_text(f"{head}\n{body}\n")
         with pytest.raises(SystemExit, match=why):
             frontier.read(str(path))

@@ -203,6 +203,9 @@ def test_ranking_refuses_a_policy_the_gate_is_not_for(targets, tmp_path):
     rc, log = run("kvpolicy_tools.train.ranking", "--gate", "rg", "--policy", "dbtrimkv", "--targets", targets,
                   "--out", str(tmp_path / "x"))
     assert rc != 0 and "--policy dbtrimkv" in log, log
+    rc, log = run("kvpolicy_tools.train.ranking", "--gate", "rg", "--fact-pairs", "40", "--targets", targets,
+                  "--out", str(tmp_path / "z"))
+    assert rc != 0 and "--fact-pairs 40" in log, log
     rc, log = run("kvpolicy_tools.train.ranking", "--gate", "rg", "--targets", str(tmp_path), "--out", str(tmp_path / "y"))
     assert rc != 0 and "no targets.json" in log, log
 
@@ -238,6 +241,8 @@ def test_probe_targets_read_the_document_with_every_fact_asked(targets, tmp_path
     assert grew, "no document with a probe among the four"
     rc, log = run("kvpolicy_tools.train.attention_targets", *TARGET_ARGS, "--out", targets, "--documents", "4", "--probe")
     assert rc != 0 and "other settings (probe)" in log, log
+    rc, log = run("kvpolicy_tools.train.attention_targets", *TARGET_ARGS, "--out", probed, "--documents", "4")
+    assert rc != 0 and "other settings (probe)" in log, log  # a setting the folder has and the run lacks
 
 
 def test_pack_gates_holds_both_layouts_gates(tmp_path):

@@ -35,9 +35,10 @@ def read(path):
                        "ppl": float(r["ppl"]), "passkeys": int(r["passkeys"]) if r["passkeys"] else None,
                        "instances": int(r["instances"]) if r["instances"] else None}
                 if (row["passkeys"] is None) != (row["instances"] is None) or \
-                        (row["instances"] is not None and not 0 <= row["passkeys"] <= row["instances"]):
+                        (row["instances"] is not None and not 0 <= row["passkeys"] <= row["instances"]) or \
+                        row["instances"] == 0:
                     raise ValueError(f"passkeys {r['passkeys']} of instances {r['instances']}")
-            except ValueError as e:
+            except (ValueError, TypeError) as e:  # TypeError: a short row (a missing field reads None)
                 raise SystemExit(f"frontier: {path} line {n}: {e}")
             rows.append(row)
     return rows

@@ -150,7 +150,7 @@ def main():
         with open(meta_path) as f:
             held = json.load(f)["settings"]
         if held != settings:
-            diff = sorted(k for k in settings if held.get(k) != settings[k])
+            diff = sorted(k for k in held.keys() | settings.keys() if held.get(k) != settings.get(k))
             raise SystemExit(f"kvpolicy-gate-targets: {a.out} holds targets made with other settings ({', '.join(diff)}): "
                              "give another --out, or delete it to start again")
     model, tok = load_model(a)

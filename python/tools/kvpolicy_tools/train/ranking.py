@@ -199,6 +199,8 @@ def parse():
                       ("threads", 0), ("documents", 0), ("validate", 0), ("fact_pairs", 0)):
         if getattr(a, name) < low:
             ap.error(f"--{name.replace('_', '-')} {getattr(a, name)} must be >= {low}")
+    if a.fact_pairs > a.pairs - a.pairs // 2:
+        ap.error(f"--fact-pairs {a.fact_pairs} is more than the {a.pairs - a.pairs // 2} uniform pairs of --pairs {a.pairs}")
     if not 1 <= a.memory_range[0] <= a.memory_range[1]:
         ap.error(f"--memory-range {a.memory_range[0]} {a.memory_range[1]}: need 1 <= LO <= HI")
     if not a.tau > 0 or not a.lr > 0 or a.weight_decay < 0 or not 0 <= a.warmup < 1:
@@ -244,9 +246,10 @@ def main():
         ck = torch.load(ckpt_path)
         for key in ("gate", "policy", "width", "epochs", "seed", "memory_range", "pairs", "tau", "init", "documents",
                     "validate", "weighted", "fact_pairs", "keep_facts"):
-            if ck["args"].get(key, {"fact_pairs": 0, "keep_facts": False}.get(key)) != getattr(a, key):  # before the options
+            held_value = ck["args"].get(key, {"fact_pairs": 0, "keep_facts": False}.get(key))  # before the options
+            if held_value != getattr(a, key):
                 raise SystemExit(f"kvpolicy-rank-gates: {ckpt_path} is a run with --{key.replace('_', '-')} "
-                                 f"{ck['args'][key]}, not {getattr(a, key)}: give another --out, or delete it")
+                                 f"{held_value}, not {getattr(a, key)}: give another --out, or delete it")
         if ck["shards"] != [os.path.basename(s) for s in shards]:
             raise SystemExit(f"kvpolicy-rank-gates: {ckpt_path} trained on other shards than {a.targets} holds now")
         gate.load_state_dict(ck["gate"])
