@@ -310,7 +310,7 @@ def train_document_probed(rng, tokens, prose_only=False, haystack_text=None, num
         if kind in ("number", "keyvalue") and rng.random() < 0.5:  # a distractor of the same form
             facts.append(make_fact(kind, rng, split))
     asked = rng.sample(facts, min(len(facts), rng.randrange(1, 4)))
-    tail = "".join(f"\nQuestion: {f.question}\nAnswer: {f.prefix} {f.answer}." for f in asked)
+    tail = probe(asked)  # the questions the document ends with, sized before the prose is cut
     noise = [numeral_line(rng) for _ in range(rng.randrange(2, 7))] if numerals and rng.random() < numerals else []
     fact_chars = sum(len(s) + 1 for f in facts for s in f.statements) + len(tail) + sum(len(x) + 1 for x in noise)
     body = _prose(rng, split, max(200, int(tokens * CHARS_PER_TOKEN) - fact_chars), haystack_text)
