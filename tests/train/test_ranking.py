@@ -11,7 +11,10 @@
     with other settings;
     kvpolicy-rank-gates lowers the held-out loss, a run stopped and resumed writes the same gate as
     one run, and its gate is a retention gate gate_file reads; a gate kind and policy that do not go
-    together, and a checkpoint of another run, are refused.
+    together, and a checkpoint of another run, are refused;
+  - kvpolicy-rank-gates making its documents' targets itself (--tiny, as --gguf) trains on the
+    targets kvpolicy-gate-targets stores (x to fp16), resumes to the same gate, and a --time-budget
+    overrun exports the gate it has, marked truncated.
 usage: PYTHONPATH=python/tools tests/with_torch.sh -m pytest -q -p no:cacheprovider tests/train/test_ranking.py
 """
 import glob
@@ -271,3 +274,43 @@ def test_pack_gates_holds_both_layouts_gates(tmp_path):
         gate_file(paths["per_head"], token_level=True)
     with pytest.raises(SystemExit, match="already holds a token-level gate"):
         pack(paths["both"], paths["token"], paths["again"])
+
+
+def test_ranking_makes_its_own_targets(targets, tmp_path):
+    online = ("--tiny", "--text", text, "--seq-len", "256", "--steps-per-document", "4", "--first-step", "32",
+              "--documents", "3", "--device", "cpu")
+    args = RANK_ARGS[:RANK_ARGS.index("--validate")]  # (the last option)
+    whole, parts = str(tmp_path / "whole"), str(tmp_path / "parts")
+    rc, log = run("kvpolicy_tools.train.ranking", *args, *online, "--out", whole)
+    assert rc == 0, log
+    rc, log = run("kvpolicy_tools.train.ranking", *args, *online, "--out", parts, "--stop-after", "4")
+    assert rc == 0 and "stopped after step 4" in log, log
+    rc, log = run("kvpolicy_tools.train.ranking", *args, *online, "--out", parts)
+    assert rc == 0 and "resumed at step 4" in log, log
+    gates = []
+    for d in (whole, parts):
+        with safe_open(os.path.join(d, "gate.safetensors"), "pt") as f:
+            gates.append({k: f.get_tensor(k) for k in f.keys()})
+            assert f.metadata()["targets_made"] == "while training"
+    for k in gates[0]:
+        assert torch.equal(gates[0][k], gates[1][k]), f"{k}: a resumed run wrote another gate"
+    # the targets it made are the stored ones: the same documents, steps and targets
+    from kvpolicy_tools.train.attention_targets import document_shard
+    from kvpolicy_tools.train.documents import document_data
+    a = types.SimpleNamespace(seed=0, prose_fraction=0.25, seq_len=256, numerals=0.25, text=text, probe=False,
+                              steps_per_document=4, first_step=32)
+    model, tok = train_gates.tiny_model(0)
+    made = document_shard(TargetRecorder(model), document_data(a, tok), 1, a)
+    stored = torch.load(os.path.join(targets, "doc-00001.pt"))
+    for k in ("ids", "answers", "facts", "steps"):
+        assert torch.equal(made[k], stored[k]), k
+    assert torch.equal(made["x"].to(torch.float16), stored["x"]) and torch.allclose(made["y"], stored["y"])
+    rc, log = run("kvpolicy_tools.train.ranking", *args, *online, "--out", str(tmp_path / "v"), "--validate", "1")
+    assert rc != 0 and "--validate 1" in log, log
+    rc, log = run("kvpolicy_tools.train.ranking", *args, "--tiny", "--out", str(tmp_path / "n"))
+    assert rc != 0 and "--documents 0" in log, log
+    # a run past its time budget exports what it has
+    rc, log = run("kvpolicy_tools.train.ranking", *args, *online, "--out", str(tmp_path / "t"), "--time-budget", "1e-6")
+    assert rc == 0 and "overrun: exported after step 1 " in log, log
+    with safe_open(os.path.join(tmp_path, "t", "gate.safetensors"), "pt") as f:
+        assert f.metadata()["truncated_at"] == "1"

@@ -30,6 +30,9 @@ import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
 
+from kvpolicy_tools.train.documents import (add_document_arguments, check_document_arguments, document_data,
+                                           document_settings)
+
 NAME = "kvpolicy_targets"
 
 
@@ -92,6 +95,31 @@ def sample_steps(rng, T, count, first):
     return sorted(rng.sample(range(first, T), min(count, T - first)))
 
 
+def model_shape(model):
+    """The model's shape the gates are made for (targets.json's "model")."""
+    from kvpolicy_tools.train.gates import attention_head_size
+
+    c = model.config
+    return {"num_hidden_layers": c.num_hidden_layers, "hidden_size": c.hidden_size, "hidden_act": c.hidden_act,
+            "num_attention_heads": c.num_attention_heads, "num_key_value_heads": c.num_key_value_heads,
+            "head_dim": attention_head_size(c)}
+
+
+def document_shard(recorder, documents, d, a):
+    """Document d's shard: its ids, answer and fact masks, the K sampled steps, and the gate input
+    x [L, T, D] and targets y [L, Hkv, K, T] on the recorder's model's device. With the probe, the
+    queries after T read the document too: every step's target (the max from the step on) includes
+    them, and the shard keeps the document's T positions."""
+    ids, answers, facts, probe = (t[0] for t in documents.probed(d))
+    rng = random.Random(a.seed * 1_000_033 + d)
+    T = ids.numel()
+    steps = sample_steps(rng, T, a.steps_per_document, min(a.first_step, T - 1))
+    device = next(recorder.model.parameters()).device
+    x, y = recorder((torch.cat([ids, probe]) if a.probe else ids).to(device), steps)
+    return {"ids": ids, "answers": answers, "facts": facts, "steps": torch.tensor(steps), "x": x[:, :T], "y": y[..., :T],
+            "probe_tokens": probe.numel() if a.probe else 0}
+
+
 def parse():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     src = ap.add_mutually_exclusive_group(required=True)
@@ -100,51 +128,33 @@ def parse():
     src.add_argument("--tiny", action="store_true", help="a tiny random LLaMA built in code, byte tokens (tests)")
     ap.add_argument("--out", required=True, help="the folder of the shards (doc-NNNNN.pt)")
     ap.add_argument("--documents", type=int, default=400, help="how many documents (shards) the folder holds when done")
-    ap.add_argument("--seq-len", type=int, default=1024, help="tokens per document")
-    ap.add_argument("--steps-per-document", type=int, default=16, help="K: the steps a shard holds targets at")
-    ap.add_argument("--first-step", type=int, default=64, help="the earliest step sampled")
-    ap.add_argument("--prose-fraction", type=float, default=0.25, help="the share of documents that are plain prose")
-    ap.add_argument("--numerals", type=float, default=0.25,
-                    help="the share of documents with facts that also hold lines of numbers nothing asks about")
-    ap.add_argument("--text", help="a haystack file instead of the train haystack (kvpolicy_tools.data.longrange)")
-    ap.add_argument("--probe", action="store_true",
-                    help="read each document with its probe after it (every fact asked, distractors included: "
-                         "longrange.probe), so a fact's target is what a question about it reads, whether or not the "
-                         "document asks it; the shard holds the document alone")
+    add_document_arguments(ap)
     ap.add_argument("--part", default="0/1", metavar="I/N",
                     help="make only the documents d with d %% N == I (N processes, one per core, fill one folder)")
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args()
-    for name, low in (("documents", 1), ("seq_len", 8), ("steps_per_document", 1), ("first_step", 1), ("threads", 0)):
+    for name, low in (("documents", 1), ("threads", 0)):
         if getattr(a, name) < low:
             ap.error(f"--{name.replace('_', '-')} {getattr(a, name)} must be >= {low}")
+    check_document_arguments(ap, a)
     try:
         a.part_index, a.parts = (int(x) for x in a.part.split("/"))
     except ValueError:
         ap.error(f"--part {a.part}: I/N, two integers")
     if not 0 <= a.part_index < a.parts:
         ap.error(f"--part {a.part}: need 0 <= I < N")
-    if a.first_step >= a.seq_len:
-        ap.error(f"--first-step {a.first_step} must be below --seq-len {a.seq_len}")
-    if not 0 <= a.prose_fraction <= 1 or not 0 <= a.numerals <= 1:
-        ap.error(f"--prose-fraction {a.prose_fraction} and --numerals {a.numerals} must be in [0, 1]")
     return a
 
 
 def main():
-    from kvpolicy_tools.train.gates import attention_head_size
-    from kvpolicy_tools.train.train_gates import LongRangeData, load_model
+    from kvpolicy_tools.train.train_gates import load_model
 
     a = parse()
     os.makedirs(a.out, exist_ok=True)
     if a.threads:
         torch.set_num_threads(a.threads)
-    settings = {k: getattr(a, k) for k in ("seq_len", "steps_per_document", "first_step", "prose_fraction",
-                                           "numerals", "text", "seed")}
-    if a.probe:  # a folder made before the probe existed holds settings without it
-        settings["probe"] = True
-    settings["model"] = os.path.basename(a.gguf or a.hf or "tiny")
+    settings = document_settings(a)
     meta_path = os.path.join(a.out, "targets.json")
     if os.path.exists(meta_path):
         with open(meta_path) as f:
@@ -154,39 +164,27 @@ def main():
             raise SystemExit(f"kvpolicy-gate-targets: {a.out} holds targets made with other settings ({', '.join(diff)}): "
                              "give another --out, or delete it to start again")
     model, tok = load_model(a)
-    if not os.path.exists(meta_path):  # the settings, and the model's shape the gates are made for
-        c = model.config
-        shape = {"num_hidden_layers": c.num_hidden_layers, "hidden_size": c.hidden_size, "hidden_act": c.hidden_act,
-                 "num_attention_heads": c.num_attention_heads, "num_key_value_heads": c.num_key_value_heads,
-                 "head_dim": attention_head_size(c)}
+    if not os.path.exists(meta_path):
         with open(meta_path + f".tmp{a.part_index}", "w") as f:  # whole or absent, whichever part writes it
-            json.dump({"settings": settings, "model": shape}, f, indent=2)
+            json.dump({"settings": settings, "model": model_shape(model)}, f, indent=2)
         os.replace(meta_path + f".tmp{a.part_index}", meta_path)
     model.requires_grad_(False)
     recorder = TargetRecorder(model)
-    data_args = argparse.Namespace(seed=a.seed, prose_fraction=a.prose_fraction, seq_len=a.seq_len, numerals=a.numerals,
-                                   text=a.text)
-    documents = LongRangeData(data_args, tok)
+    documents = document_data(a, tok)
     tokens, seconds = 0, 0.0
     for d in range(a.documents):
         path = os.path.join(a.out, f"doc-{d:05d}.pt")
         if d % a.parts != a.part_index or os.path.exists(path):
             continue
         t0 = time.time()
-        ids, answers, facts, probe = (t[0] for t in documents.probed(d))
-        rng = random.Random(a.seed * 1_000_033 + d)
-        T = ids.numel()
-        steps = sample_steps(rng, T, a.steps_per_document, min(a.first_step, T - 1))
-        # with the probe, the queries after T read the document too: every step's target (the max
-        # from the step on) includes them, and the shard keeps the document's T positions
-        x, y = recorder(torch.cat([ids, probe]) if a.probe else ids, steps)
-        x, y = x[:, :T], y[..., :T]
-        torch.save({"ids": ids, "answers": answers, "facts": facts, "steps": torch.tensor(steps),
-                    "x": x.to(torch.float16), "y": y.float()}, path + ".tmp")
+        shard = document_shard(recorder, documents, d, a)
+        shard["x"], shard["y"] = shard["x"].to(torch.float16), shard["y"].float()
+        probe_tokens = shard.pop("probe_tokens")
+        torch.save(shard, path + ".tmp")
         os.replace(path + ".tmp", path)
         seconds += time.time() - t0
-        tokens += T
-        print(f"kvpolicy-gate-targets: {path}: {T} tokens (probe {probe.numel() if a.probe else 0}), "
+        tokens += shard["ids"].numel()
+        print(f"kvpolicy-gate-targets: {path}: {shard['ids'].numel()} tokens (probe {probe_tokens}), "
               f"{tokens / seconds:.0f} tokens/s", flush=True)
 
 

@@ -192,6 +192,16 @@ def gate_file(path, device="cpu", token_level=False):
     return kind, tensors[first + "linear1.weight"].shape[0], lambda gate, head_dim: load_exported(gate, tensors, head_dim)
 
 
+def holds_token_level_gate(path):
+    """Whether a retention gate's export holds a gate for the token-level layout (SPEC §8) beside its
+    per-head one; read from the file's names, its tensors left unread."""
+    if path.endswith(".pt"):
+        return False
+    from safetensors import safe_open
+    with safe_open(path, "pt") as f:
+        return any(k.startswith(TOKEN_LEVEL) for k in f.keys())
+
+
 def attention_head_size(config):
     """A transformers config's attention head size: its head_dim, or hidden_size / num_attention_heads
     where it has none (LLaMA-family configs before head_dim)."""

@@ -19,6 +19,11 @@ Which ranking depends on the policy the gate is for:
 
   kvpolicy-rank-gates --gate rg --targets build/train/targets --out build/train/rank/rg --epochs 4
 
+or, where the model's forward is cheap (a GPU), makes each document's targets itself as it trains,
+with kvpolicy-gate-targets' settings and none stored (documents beyond any disk):
+
+  kvpolicy-rank-gates --gate rg --gguf MODEL.gguf --documents 20000 --probe --seq-len 2048 --out DIR
+
 Resumes from OUT/checkpoint.pt; logs every step to OUT/log.csv (the loss and the recall of the oracle's
 keep set by the gate's top-M); writes OUT/gate.safetensors under SPEC's names and OUT/summary.json.
 """
@@ -37,7 +42,8 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from kvpolicy_tools.train.gates import gate_file, make_gate
+from kvpolicy_tools.train.documents import add_document_arguments, check_document_arguments
+from kvpolicy_tools.train.gates import gate_file, holds_token_level_gate, make_gate
 from kvpolicy_tools.train.objectives import log_decay_rate
 from kvpolicy_tools.train.runs import export, plot, schedule
 
@@ -68,8 +74,8 @@ def ranking_pairs(keys, targets, memory, pairs, gen, weighted=False, focus=None,
     tokens of a thousand, so uniform pairs would almost never hold one."""
     R, n = targets.shape
     order = targets.argsort(dim=1, descending=True)
-    kept = order.gather(1, torch.randint(0, memory, (R, pairs), generator=gen).to(order.device))
-    dropped = order.gather(1, torch.randint(memory, n, (R, pairs), generator=gen).to(order.device))
+    kept = order.gather(1, torch.randint(0, memory, (R, pairs), generator=gen, device=gen.device).to(order.device))
+    dropped = order.gather(1, torch.randint(memory, n, (R, pairs), generator=gen, device=gen.device).to(order.device))
     oracle = torch.zeros_like(targets, dtype=torch.bool).scatter_(1, order[:, :memory], True)
     with torch.no_grad():
         chosen = torch.zeros_like(oracle).scatter_(1, keys.topk(memory, dim=1).indices, True)
@@ -103,8 +109,9 @@ def document_loss(log_beta, shard, policy, memories, pairs, tau, gen, weighted=F
     fact_pairs: of each ranking's pairs, how many take a stated fact the oracle keeps (ranking_pairs'
     focus, the shard's fact mask); keep_facts: every stated fact's token is the oracle's first choice
     in every head (its target raised to the step's largest), whoever reads it."""
-    steps, y = shard["steps"], shard["y"]
+    steps, y = shard["steps"], shard["y"].to(log_beta.device)
     facts = shard.get("facts") if fact_pairs or keep_facts else None
+    facts = None if facts is None else facts.to(log_beta.device)
     if keep_facts and facts is not None:
         y = torch.where(facts, y.amax(dim=-1, keepdim=True), y)
     L, H, K, T = y.shape
@@ -163,8 +170,15 @@ def parse():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--gate", required=True, choices=sorted(POLICIES))
     ap.add_argument("--policy", help="the eviction the gate ranks for: trimkv (rg's default), dbtrimkv (rg10's) or token")
-    ap.add_argument("--targets", required=True, help="kvpolicy-gate-targets' folder")
-    ap.add_argument("--documents", type=int, default=0, help="train on the first N shards only (default: all)")
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--targets", help="kvpolicy-gate-targets' folder")
+    src.add_argument("--gguf", help="make each document's targets with this model while training (no folder): "
+                                    "--documents of them, with the document options below")
+    src.add_argument("--tiny", action="store_true", help="--gguf's way with a tiny random LLaMA built in code (tests)")
+    ap.add_argument("--documents", type=int, default=0,
+                    help="with --targets, train on the first N shards only (default: all); with --gguf, how many "
+                         "documents to make and train on (required)")
+    add_document_arguments(ap.add_argument_group("documents made with --gguf (kvpolicy-gate-targets' options)"))
     ap.add_argument("--validate", type=int, default=0, metavar="N",
                     help="hold the last N shards out of training; the summary gives the gate's loss and recall on them")
     ap.add_argument("--out", required=True)
@@ -181,24 +195,36 @@ def parse():
                          "queries read them")
     ap.add_argument("--width", type=int, default=128, help="gate MLP width I")
     ap.add_argument("--bias-init", type=float, default=8.0)
-    ap.add_argument("--init", metavar="GATE", help="start from this gate (.safetensors or checkpoint.pt)")
+    ap.add_argument("--init", metavar="GATE", help="start from this gate (.safetensors or checkpoint.pt; a token-level "
+                                                   "ranking reads a file's token-level gate where it holds one)")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--weight-decay", type=float, default=0.01)
     ap.add_argument("--warmup", type=float, default=0.05)
     ap.add_argument("--grad-clip", type=float, default=1.0)
     ap.add_argument("--checkpoint-every", type=int, default=100)
     ap.add_argument("--stop-after", type=int, default=0, help="stop after this many steps of this run (resume later)")
+    ap.add_argument("--time-budget", type=float, default=0, metavar="SECONDS",
+                    help="at step 20, shorten the run to the steps that fit SECONDS at the rate measured so far (the "
+                         "learning rate's schedule follows); a run still going at 1.15x stops and exports there")
+    ap.add_argument("--device", default="auto", help="auto (CUDA when torch sees a GPU), cpu, cuda or cuda:N")
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-progress", action="store_true")
     a = ap.parse_args()
+    a.online = bool(a.gguf or a.tiny)
+    a.hf = None
     a.policy = a.policy or POLICIES[a.gate][0]
     if a.policy not in POLICIES[a.gate]:
         ap.error(f"--policy {a.policy}: a {a.gate} gate ranks for {' or '.join(POLICIES[a.gate])}")
     for name, low in (("epochs", 1), ("pairs", 1), ("width", 1), ("checkpoint_every", 1), ("stop_after", 0),
-                      ("threads", 0), ("documents", 0), ("validate", 0), ("fact_pairs", 0)):
+                      ("threads", 0), ("documents", 1 if a.online else 0), ("validate", 0), ("fact_pairs", 0),
+                      ("time_budget", 0)):
         if getattr(a, name) < low:
-            ap.error(f"--{name.replace('_', '-')} {getattr(a, name)} must be >= {low}")
+            ap.error(f"--{name.replace('_', '-')} {getattr(a, name)} must be >= {low}"
+                     + (" (the documents made with --gguf)" if name == "documents" and a.online else ""))
+    check_document_arguments(ap, a)
+    if a.online and a.validate:
+        ap.error(f"--validate {a.validate} holds out shards of --targets; with --gguf there are none")
     if a.fact_pairs > a.pairs - a.pairs // 2:
         ap.error(f"--fact-pairs {a.fact_pairs} is more than the {a.pairs - a.pairs // 2} uniform pairs of --pairs {a.pairs}")
     if not 1 <= a.memory_range[0] <= a.memory_range[1]:
@@ -209,52 +235,110 @@ def parse():
     return a
 
 
+class StoredTargets:
+    """--targets: kvpolicy-gate-targets' folder, its shards (the first --documents, less the last
+    --validate held out) read one at a time."""
+
+    def __init__(self, a):
+        meta_path = os.path.join(a.targets, "targets.json")
+        if not os.path.exists(meta_path):
+            raise SystemExit(f"kvpolicy-rank-gates: {a.targets} has no targets.json: not kvpolicy-gate-targets' folder")
+        with open(meta_path) as f:
+            held = json.load(f)
+        shards = sorted(glob.glob(os.path.join(a.targets, "doc-*.pt")))
+        if a.documents:
+            shards = shards[:a.documents]
+        self.paths, self.held_out = shards[:len(shards) - a.validate], shards[len(shards) - a.validate:]
+        if not self.paths:
+            raise SystemExit(f"kvpolicy-rank-gates: {a.targets} holds no shard (doc-*.pt) to train on "
+                             f"(--validate {a.validate})")
+        self.shape, self.settings = held["model"], held["settings"]
+        self.names = [os.path.basename(s) for s in self.paths]  # what a checkpoint trained on
+
+    def __len__(self):
+        return len(self.paths)
+
+    def shard(self, i, device):
+        shard = torch.load(self.paths[i])
+        shard["x"] = shard["x"].to(device).float()
+        return shard
+
+
+class MadeDocuments:
+    """--gguf (or --tiny): document d's targets made when it is drawn, by the frozen model on the
+    training device (attention_targets.document_shard), nothing stored."""
+
+    def __init__(self, a, device):
+        from kvpolicy_tools.train.attention_targets import TargetRecorder, document_shard, model_shape
+        from kvpolicy_tools.train.documents import document_data, document_settings
+        from kvpolicy_tools.train.train_gates import load_model
+
+        model, tok = load_model(a)
+        model.requires_grad_(False)
+        self.recorder, self.make, self.a = TargetRecorder(model.to(device)), document_shard, a
+        self.documents = document_data(a, tok)
+        self.shape, self.settings = model_shape(model), document_settings(a)
+        self.names, self.held_out = self.settings, []
+
+    def __len__(self):
+        return self.a.documents
+
+    def shard(self, d, device):
+        return self.make(self.recorder, self.documents, d, self.a)
+
+
+def training_device(name):
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError as e:
+        raise SystemExit(f"kvpolicy-rank-gates: --device {name}: {e}")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(f"kvpolicy-rank-gates: --device {name}: torch sees no CUDA device")
+    return device
+
+
 def main():
     a = parse()
+    device = training_device(a.device)
     os.makedirs(a.out, exist_ok=True)
     if a.threads:
         torch.set_num_threads(a.threads)
-    meta_path = os.path.join(a.targets, "targets.json")
-    if not os.path.exists(meta_path):
-        raise SystemExit(f"kvpolicy-rank-gates: {a.targets} has no targets.json: not kvpolicy-gate-targets' folder")
-    with open(meta_path) as f:
-        held = json.load(f)
-    shards = sorted(glob.glob(os.path.join(a.targets, "doc-*.pt")))
-    if a.documents:
-        shards = shards[:a.documents]
-    shards, held_out = shards[:len(shards) - a.validate], shards[len(shards) - a.validate:]
-    if not shards:
-        raise SystemExit(f"kvpolicy-rank-gates: {a.targets} holds no shard (doc-*.pt) to train on "
-                         f"(--validate {a.validate})")
-    config = types.SimpleNamespace(**held["model"])
+    source = MadeDocuments(a, device) if a.online else StoredTargets(a)
+    config = types.SimpleNamespace(**source.shape)
     torch.manual_seed(a.seed)
     gate = make_gate(a.gate, config, a.width, bias_init=a.bias_init)
     if a.init:
         try:
-            kind, width, load = gate_file(a.init)
+            # a token-level ranking starts from the file's token-level gate where it holds one (SPEC §8)
+            kind, width, load = gate_file(a.init, token_level=a.policy == "token" and holds_token_level_gate(a.init))
             if (kind, width) != (a.gate, a.width):
                 raise ValueError(f"holds a gate of kind {kind} and width {width}, not {a.gate} and {a.width}")
             load(gate, config.head_dim)
         except ValueError as e:
             raise SystemExit(f"kvpolicy-rank-gates: --init {a.init}: {e}")
+    gate.to(device)
     opt = torch.optim.AdamW(gate.parameters(), lr=a.lr, weight_decay=a.weight_decay)
-    total = a.epochs * len(shards)
+    total = a.epochs * len(source)
 
     ckpt_path, log_path = os.path.join(a.out, "checkpoint.pt"), os.path.join(a.out, "log.csv")
     start, elapsed, tokens = 0, 0.0, 0
     if os.path.exists(ckpt_path):
-        ck = torch.load(ckpt_path)
+        ck = torch.load(ckpt_path, map_location=device)
         for key in ("gate", "policy", "width", "epochs", "seed", "memory_range", "pairs", "tau", "init", "documents",
-                    "validate", "weighted", "fact_pairs", "keep_facts"):
-            held_value = ck["args"].get(key, {"fact_pairs": 0, "keep_facts": False}.get(key))  # before the options
-            if held_value != getattr(a, key):
+                    "validate", "weighted", "fact_pairs", "keep_facts", "time_budget"):
+            held_value = ck["args"].get(key, {"fact_pairs": 0, "keep_facts": False, "time_budget": 0}.get(key))
+            if held_value != getattr(a, key):  # (the defaults: a checkpoint from before the options)
                 raise SystemExit(f"kvpolicy-rank-gates: {ckpt_path} is a run with --{key.replace('_', '-')} "
                                  f"{held_value}, not {getattr(a, key)}: give another --out, or delete it")
-        if ck["shards"] != [os.path.basename(s) for s in shards]:
-            raise SystemExit(f"kvpolicy-rank-gates: {ckpt_path} trained on other shards than {a.targets} holds now")
+        if ck["shards"] != source.names:
+            raise SystemExit(f"kvpolicy-rank-gates: {ckpt_path} trained on other documents than "
+                             f"{a.targets or 'these settings make'}: give another --out, or delete it")
         gate.load_state_dict(ck["gate"])
         opt.load_state_dict(ck["optimizer"])
         start, elapsed, tokens = ck["step"], ck["seconds"], ck["tokens"]
+        total = ck.get("total", total)  # the steps a --time-budget chose
         print(f"kvpolicy-rank-gates: resumed at step {start} from {ckpt_path}")
         with open(log_path) as f:  # steps logged after the checkpoint run again: keep one row each
             kept = [r for r in csv.DictReader(f) if int(r["step"]) <= start]
@@ -270,62 +354,88 @@ def main():
 
     def save_checkpoint(step):
         torch.save({"gate": gate.state_dict(), "optimizer": opt.state_dict(), "step": step, "seconds": elapsed,
-                    "tokens": tokens, "args": vars(a), "shards": [os.path.basename(s) for s in shards]},
+                    "tokens": tokens, "total": total, "args": vars(a), "shards": source.names},
                    ckpt_path + ".tmp")
         os.replace(ckpt_path + ".tmp", ckpt_path)
         log_file.flush()
         plot(log_path, os.path.join(a.out, "curves.png"))
 
     L = config.num_hidden_layers
-    bar = tqdm(range(start, total), initial=start, total=total, disable=a.no_progress, dynamic_ncols=True)
-    for step in bar:
+    bar = tqdm(initial=start, total=total, disable=a.no_progress, dynamic_ncols=True)
+    step, order, truncated, measured_from = start, None, 0, None
+    while step < total:
         t0 = time.time()
-        epoch, i = divmod(step, len(shards))
-        order = list(range(len(shards)))
-        random.Random(a.seed * 7_919 + epoch).shuffle(order)  # each epoch its own order, seeded
-        shard = torch.load(shards[order[i]])
+        epoch, i = divmod(step, len(source))
+        if order is None or order[0] != epoch:
+            order = (epoch, list(range(len(source))))
+            random.Random(a.seed * 7_919 + epoch).shuffle(order[1])  # each epoch its own order, seeded
+        shard = source.shard(order[1][i], device)
         rng = random.Random(a.seed * 1_000_003 + step)
         memories = drawn_memories(rng, len(shard["steps"]), *a.memory_range)
-        gen = torch.Generator().manual_seed(a.seed * 104_729 + step)
+        gen = torch.Generator(device=device).manual_seed(a.seed * 104_729 + step)
         for group in opt.param_groups:
             group["lr"] = a.lr * schedule(step, total, a.warmup)
-        x = shard["x"].float()
+        x = shard["x"]
         log_beta = torch.stack([gate(l, x[l][None])[0] for l in range(L)])  # [L, Hkv, T]
         loss, recall = document_loss(log_beta, shard, a.policy, memories, a.pairs, a.tau, gen, a.weighted,
                                      a.fact_pairs, a.keep_facts)
+        step += 1
+        bar.update(1)
         if loss is None:
             continue
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(gate.parameters(), a.grad_clip)
         opt.step()
+        loss, recall = loss.item(), recall.item()  # (waits for the device: the step's time is its own)
         elapsed += time.time() - t0
         tokens += x.shape[1]
-        writer.writerow({"step": step + 1, "lr": f"{opt.param_groups[0]['lr']:.3g}", "loss": f"{loss.item():.5f}",
-                         "recall": f"{recall.item():.4f}", "memory": sum(memories) // len(memories),
+        writer.writerow({"step": step, "lr": f"{opt.param_groups[0]['lr']:.3g}", "loss": f"{loss:.5f}",
+                         "recall": f"{recall:.4f}", "memory": sum(memories) // len(memories),
                          "seconds": f"{elapsed:.1f}", "tokens": tokens})
-        bar.set_postfix(loss=f"{loss.item():.4f}", recall=f"{recall.item():.3f}")
-        if (step + 1) % a.checkpoint_every == 0 or step + 1 == total or step + 1 - start == a.stop_after:
-            save_checkpoint(step + 1)
-        if step + 1 - start == a.stop_after and step + 1 < total:
+        bar.set_postfix(loss=f"{loss:.4f}", recall=f"{recall:.3f}")
+        if a.time_budget and step == 5 and start < 5:  # the first steps allocate and choose kernels
+            measured_from = elapsed
+        if a.time_budget and step == 20 and measured_from is not None:
+            per_step = (elapsed - measured_from) / 15
+            total = min(total, step + max(0, int((a.time_budget - elapsed) / per_step)))
+            bar.total = total
+            print(f"kvpolicy-rank-gates: {total} steps fit --time-budget {a.time_budget:g} s "
+                  f"({per_step:.3f} s a step)", flush=True)
+        overrun = a.time_budget and elapsed > 1.15 * a.time_budget and step < total
+        if step % a.checkpoint_every == 0 or step == total or step - start == a.stop_after or overrun:
+            save_checkpoint(step)
+        if overrun:
+            truncated = step
+            print(f"kvpolicy-rank-gates: --time-budget {a.time_budget:g} s overrun: exported after step {step} "
+                  f"of {total}")
+            break
+        if step - start == a.stop_after and step < total:
             log_file.close()
-            print(f"kvpolicy-rank-gates: stopped after step {step + 1} (--stop-after); run again to resume")
+            print(f"kvpolicy-rank-gates: stopped after step {step} (--stop-after); run again to resume")
             return
+    bar.close()
     log_file.close()
     meta = {"kvpolicy_gate": a.gate, "policy": "trimkv" if a.policy == "token" else a.policy,
-            "trained_for": a.policy, "method": "ranking", "epochs": a.epochs, "documents": len(shards),
-            "memory": "%d-%d drawn" % tuple(a.memory_range), "pairs": a.pairs, "tau": a.tau, "weighted": a.weighted, "fact_pairs": a.fact_pairs, "keep_facts": a.keep_facts, "lr": a.lr,
-            "seed": a.seed, "width": a.width, "targets": held["settings"], **({"init": a.init} if a.init else {})}
+            "trained_for": a.policy, "method": "ranking", "epochs": a.epochs, "documents": len(source),
+            "steps": total, "memory": "%d-%d drawn" % tuple(a.memory_range), "pairs": a.pairs, "tau": a.tau,
+            "weighted": a.weighted, "fact_pairs": a.fact_pairs, "keep_facts": a.keep_facts, "lr": a.lr,
+            "seed": a.seed, "width": a.width, "targets": source.settings,
+            "targets_made": "while training" if a.online else "stored",
+            **({"init": os.path.basename(a.init)} if a.init else {}),
+            **({"truncated_at": truncated} if truncated else {})}
     with open(log_path) as f:
         rows = list(csv.DictReader(f))
-    if held_out:  # at the budgets the quality goals are set at (docs/quality.md)
-        loss, recall = evaluate(gate, held_out, a.policy, (64, 128), a.pairs, a.tau, a.seed)
-        meta["validation"] = {"shards": len(held_out), "memory": [64, 128], "loss": round(loss, 5),
+    if source.held_out:  # at the budgets the quality goals are set at (docs/quality.md)
+        loss, recall = evaluate(gate.cpu(), source.held_out, a.policy, (64, 128), a.pairs, a.tau, a.seed)
+        meta["validation"] = {"shards": len(source.held_out), "memory": [64, 128], "loss": round(loss, 5),
                               "recall": round(recall, 4)}
     export(gate, os.path.join(a.out, "gate.safetensors"), config.head_dim, True, meta)
     summary = {**meta, "tokens_seen": tokens,
                "seconds": round(elapsed, 1), "tokens_per_second": round(tokens / max(elapsed, 1e-9), 1),
-               "device": "cpu", "device_name": platform.processor(), "final": rows[-1] if rows else {}}
+               "device": device.type,
+               "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor(),
+               "final": rows[-1] if rows else {}}
     with open(os.path.join(a.out, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
     print(json.dumps(summary))
