@@ -274,6 +274,22 @@ def test_pack_gates_holds_both_layouts_gates(tmp_path):
         gate_file(paths["per_head"], token_level=True)
     with pytest.raises(SystemExit, match="already holds a token-level gate"):
         pack(paths["both"], paths["token"], paths["again"])
+    # DBTrimKV reads tied gates only: its file's token-level gate is refused as rg
+    export(token, paths["per_head"], 6, True, {"kvpolicy_gate": "rg10", "policy": "dbtrimkv"})
+    export(per_head, paths["token"], 6, True, {"kvpolicy_gate": "rg", "trained_for": "token"})
+    with pytest.raises(SystemExit, match="DBTrimKV reads rg10 gates only"):
+        pack(paths["per_head"], paths["token"], paths["again"])
+    assert not os.path.exists(paths["again"])
+    # scale_gate scales both layouts' readouts, each by its own kind's names
+    from kvpolicy_tools.train.scale_gate import scale
+    scaled = str(tmp_path / "scaled.safetensors")
+    scale(paths["both"], 0.5, scaled)
+    for token_level, source in ((False, per_head), (True, token)):
+        kind, width, load = gate_file(scaled, token_level=token_level)
+        loaded = make_gate(kind, config, width)
+        load(loaded, 6)
+        z_scaled, z = (torch.logit(g(0, torch.ones(1, 3, 24) * 0.1).exp().clamp(1e-6, 1 - 1e-6)) for g in (loaded, source))
+        assert torch.allclose(z_scaled, 0.5 * z, atol=0.05), f"token_level={token_level}: the logit is not halved"
 
 
 def test_ranking_makes_its_own_targets(targets, tmp_path):

@@ -7,7 +7,8 @@ second, the per-head mode the first, so a user passes one --gate either way.
 
 Both are retention gates' exports (kvpolicy-rank-gates, kvpolicy-train-gates), each of a kind the
 policy reads (TRIM-KV: rg or rg10; DBTrimKV: rg10, SPEC §2). OUT's metadata is PER_HEAD's, with `token_level` holding TOKEN_LEVEL's as JSON.
-Refuses a file that is not a retention gate's export, or one that already holds a token-level gate.
+Refuses a file that is not a retention gate's export, one that already holds a token-level gate, and
+a token-level gate of a kind PER_HEAD's policy (its metadata's `policy`) does not read.
 """
 import argparse
 import json
@@ -20,10 +21,10 @@ from kvpolicy_tools.train.gates import TOKEN_LEVEL, gate_file
 
 
 def pack(per_head, token_level, out):
-    parts = []
+    parts, kinds = [], []
     for path in (per_head, token_level):
         try:
-            gate_file(path)  # a retention gate's export, or ValueError naming it
+            kinds.append(gate_file(path)[0])  # a retention gate's export, or ValueError naming it
         except ValueError as e:
             raise SystemExit(f"pack_gates: {e}")
         with safe_open(path, "pt") as f:
@@ -32,6 +33,9 @@ def pack(per_head, token_level, out):
                 raise SystemExit(f"pack_gates: {path} already holds a token-level gate ({TOKEN_LEVEL}*)")
             parts.append(({n: f.get_tensor(n) for n in names}, f.metadata() or {}))
     (first, meta), (second, second_meta) = parts
+    if meta.get("policy") == "dbtrimkv" and kinds[1] != "rg10":  # DBTrimKV reads tied gates only (SPEC §2)
+        raise SystemExit(f"pack_gates: {per_head} is DBTrimKV's gate and {token_level} holds a {kinds[1]} gate; "
+                         "DBTrimKV reads rg10 gates only, in either layout")
     tensors = {**first, **{TOKEN_LEVEL + n: t for n, t in second.items()}}
     save_file(tensors, out + ".tmp", metadata={**meta, "token_level": json.dumps(second_meta, sort_keys=True)})
     os.replace(out + ".tmp", out)
