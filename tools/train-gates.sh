@@ -15,11 +15,12 @@
 # kvpolicy-pack-gates writes each policy's file with the token-level gate beside its per-head one.
 # About 20 minutes of targets and 15 of ranking on 2 cores. Resumes: the targets it lacks, each ranking from
 # its checkpoint (DIR, default build/train/rank).
-# ranking on a GPU (--schedule gpu): the four rankings at once on the one GPU, each fine-tuning its committed
-# gate (the token-level ones the files' token-level gates) on N fresh documents of 2,048 tokens (default
-# 20,000) whose targets it makes itself with the model as it trains (kvpolicy-rank-gates --gguf: nothing
-# stored); --time-budget fits the steps to the seconds given. Written to build/train/gates-gpu/ (DIR default
-# build/train/rank-gpu), never over the committed files.
+# ranking on a GPU (--schedule gpu): the per-head rankings at once on the one GPU, each fine-tuning the
+# committed file's per-head gate on N fresh documents of 2,048 tokens (default 20,000) whose targets it makes
+# itself with the model as it trains (kvpolicy-rank-gates --gguf: nothing stored); --time-budget fits the
+# steps to the seconds given. Each is packed with the committed file's token-level gate (the same ranking on
+# a GPU read prose worse at the token level and kept no more pass keys: docs/training.md) and written to
+# DIR/gates/ (DIR default build/train/rank-gpu), never over the committed files.
 # end-to-end: each paper's objective with the model in the loop (kvpolicy-train-gates), the CPU schedule
 # (400 steps of up to 512 tokens per gate, M drawn in [16, 256], about an hour per retention gate on one
 # core; the retention gates written to build/train/gates-cpu/, WG-KV's to gates/smollm2-135m/) or the GPU
@@ -73,17 +74,6 @@ both() {  # waits for two background jobs; fails when either failed (after both 
   wait "$2" || ok=1
   return $ok
 }
-pack() {  # pack DIR DEST: each policy's per-head gate and its token-level one in one file (SPEC §8)
-  local p
-  mkdir -p "$2"
-  for p in $only; do
-    "$python" -m kvpolicy_tools.train.pack_gates "$1/$p/gate.safetensors" "$1/$p-token/gate.safetensors" "$2/$p.safetensors"
-    "$python" -c "import json, sys; s = json.load(open(sys.argv[1])); s['token_level'] = json.load(open(sys.argv[2])); json.dump(s, open(sys.argv[3], 'w'), indent=2)" \
-      "$1/$p/summary.json" "$1/$p-token/summary.json" "$2/$p.json"
-    cp "$1/$p/curves.png" "$2/$p-curves.png"
-    echo "train-gates: $2/$p.safetensors (per head: $1/$p, token level: $1/$p-token)"
-  done
-}
 if [ "$method" = ranking ]; then
   only=${only:-"trimkv dbtrimkv"}
   for p in $only; do
@@ -107,16 +97,22 @@ if [ "$method" = ranking ] && [ "$schedule" = gpu ]; then
   pids=()
   for p in $only; do
     case $p in
-      dbtrimkv) rank_gpu dbtrimkv rg10 dbtrimkv --fact-pairs 16 --keep-facts --init "$committed/dbtrimkv.safetensors" & pids+=($!)
-                rank_gpu dbtrimkv-token rg10 token --fact-pairs 16 --init "$committed/dbtrimkv.safetensors" & pids+=($!) ;;
-      trimkv) rank_gpu trimkv rg10 trimkv --fact-pairs 32 --keep-facts --init "$committed/trimkv.safetensors" & pids+=($!)
-              rank_gpu trimkv-token rg token --fact-pairs 16 --init "$committed/trimkv.safetensors" & pids+=($!) ;;
+      dbtrimkv) rank_gpu dbtrimkv rg10 dbtrimkv --fact-pairs 16 --keep-facts --init "$committed/dbtrimkv.safetensors" & pids+=($!) ;;
+      trimkv) rank_gpu trimkv rg10 trimkv --fact-pairs 32 --keep-facts --init "$committed/trimkv.safetensors" & pids+=($!) ;;
     esac
   done
   status=0
   for pid in "${pids[@]}"; do wait "$pid" || status=1; done
   [ $status -eq 0 ] || exit 1
-  pack "$out" "$root/build/train/gates-gpu"
+  dest=$out/gates
+  mkdir -p "$dest"
+  for p in $only; do  # the new per-head gate beside the committed file's token-level gate
+    "$python" -m kvpolicy_tools.train.pack_gates "$out/$p/gate.safetensors" "$committed/$p.safetensors" "$dest/$p.safetensors"
+    "$python" -c "import json, sys; s = json.load(open(sys.argv[1])); s['token_level'] = json.load(open(sys.argv[2])).get('token_level'); json.dump(s, open(sys.argv[3], 'w'), indent=2)" \
+      "$out/$p/summary.json" "$committed/$p.json" "$dest/$p.json"
+    cp "$out/$p/curves.png" "$dest/$p-curves.png"
+    echo "train-gates: $dest/$p.safetensors (per head: $out/$p, token level: $committed/$p.safetensors's)"
+  done
   exit 0
 fi
 if [ "$method" = ranking ]; then
@@ -154,7 +150,14 @@ if [ "$method" = ranking ]; then
     rank trimkv-token rg token --epochs 3 --fact-pairs 16 & r1=$!
     both $r0 $r1 ;;
   esac
-  pack "$out" "$root/gates/smollm2-135m"
+  dest=$root/gates/smollm2-135m
+  for p in $only; do  # each policy's per-head gate and its token-level one in one file (SPEC §8)
+    "$python" -m kvpolicy_tools.train.pack_gates "$out/$p/gate.safetensors" "$out/$p-token/gate.safetensors" "$dest/$p.safetensors"
+    "$python" -c "import json, sys; s = json.load(open(sys.argv[1])); s['token_level'] = json.load(open(sys.argv[2])); json.dump(s, open(sys.argv[3], 'w'), indent=2)" \
+      "$out/$p/summary.json" "$out/$p-token/summary.json" "$dest/$p.json"
+    cp "$out/$p/curves.png" "$dest/$p-curves.png"
+    echo "train-gates: $dest/$p.safetensors (per head: $out/$p, token level: $out/$p-token)"
+  done
   exit 0
 fi
 [ "$method" = end-to-end ] || { echo "train-gates: --method $method: ranking or end-to-end" >&2; exit 2; }

@@ -272,8 +272,12 @@ def test_pack_gates_holds_both_layouts_gates(tmp_path):
         assert f.metadata()["kvpolicy_gate"] == "rg"
     with pytest.raises(ValueError, match="no token-level gate"):
         gate_file(paths["per_head"], token_level=True)
-    with pytest.raises(SystemExit, match="already holds a token-level gate"):
-        pack(paths["both"], paths["token"], paths["again"])
+    # a packed file gives its per-head gate as PER_HEAD and its token-level gate as TOKEN_LEVEL
+    pack(paths["both"], paths["both"], paths["again"])
+    with safe_open(paths["both"], "pt") as f, safe_open(paths["again"], "pt") as g:
+        assert sorted(f.keys()) == sorted(g.keys()) and all(torch.equal(f.get_tensor(k), g.get_tensor(k)) for k in f.keys())
+        assert f.metadata() == g.metadata()
+    os.remove(paths["again"])
     # DBTrimKV reads tied gates only: its file's token-level gate is refused as rg
     export(token, paths["per_head"], 6, True, {"kvpolicy_gate": "rg10", "policy": "dbtrimkv"})
     export(per_head, paths["token"], 6, True, {"kvpolicy_gate": "rg", "trained_for": "token"})

@@ -7,8 +7,10 @@ second, the per-head mode the first, so a user passes one --gate either way.
 
 Both are retention gates' exports (kvpolicy-rank-gates, kvpolicy-train-gates), each of a kind the
 policy reads (TRIM-KV: rg or rg10; DBTrimKV: rg10, SPEC §2). OUT's metadata is PER_HEAD's, with `token_level` holding TOKEN_LEVEL's as JSON.
-Refuses a file that is not a retention gate's export, one that already holds a token-level gate, and
-a token-level gate of a kind PER_HEAD's policy (its metadata's `policy`) does not read.
+Either may be a file that already holds both: PER_HEAD gives its per-head gate, TOKEN_LEVEL its
+token-level one (so a new per-head gate can be packed with a committed file's token-level gate).
+Refuses a file that is not a retention gate's export, and a token-level gate of a kind PER_HEAD's
+policy (its metadata's `policy`) does not read.
 """
 import argparse
 import json
@@ -17,22 +19,32 @@ import os
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from kvpolicy_tools.train.gates import TOKEN_LEVEL, gate_file
+from kvpolicy_tools.train.gates import TOKEN_LEVEL, gate_file, holds_token_level_gate
+
+
+def gate_tensors(path, token_level):
+    """The tensors (under SPEC's names) and metadata of one of a file's gates: its token-level gate where
+    token_level and the file holds one, else its per-head gate (an export that holds one gate serves as
+    either)."""
+    take_section = token_level and holds_token_level_gate(path)
+    with safe_open(path, "pt") as f:
+        tensors = {n[len(TOKEN_LEVEL):] if take_section else n: f.get_tensor(n) for n in f.keys()
+                   if n.startswith(TOKEN_LEVEL) == take_section}
+        meta = dict(f.metadata() or {})
+    if take_section:
+        meta = json.loads(meta.get("token_level", "{}"))
+    meta.pop("token_level", None)
+    return tensors, meta
 
 
 def pack(per_head, token_level, out):
-    parts, kinds = [], []
-    for path in (per_head, token_level):
-        try:
-            kinds.append(gate_file(path)[0])  # a retention gate's export, or ValueError naming it
+    kinds = []
+    for path, section in ((per_head, False), (token_level, True)):
+        try:  # a retention gate's export, or ValueError naming it
+            kinds.append(gate_file(path, token_level=section and holds_token_level_gate(path))[0])
         except ValueError as e:
             raise SystemExit(f"pack_gates: {e}")
-        with safe_open(path, "pt") as f:
-            names = list(f.keys())
-            if any(n.startswith(TOKEN_LEVEL) for n in names):
-                raise SystemExit(f"pack_gates: {path} already holds a token-level gate ({TOKEN_LEVEL}*)")
-            parts.append(({n: f.get_tensor(n) for n in names}, f.metadata() or {}))
-    (first, meta), (second, second_meta) = parts
+    (first, meta), (second, second_meta) = gate_tensors(per_head, False), gate_tensors(token_level, True)
     if meta.get("policy") == "dbtrimkv" and kinds[1] != "rg10":  # DBTrimKV reads tied gates only (SPEC §2)
         raise SystemExit(f"pack_gates: {per_head} is DBTrimKV's gate and {token_level} holds a {kinds[1]} gate; "
                          "DBTrimKV reads rg10 gates only, in either layout")
