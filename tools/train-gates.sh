@@ -30,6 +30,8 @@
 # Fixed seed: the same command gives the same gates.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+# an interrupted run stops the runs it started in the background (each resumes from its checkpoint)
+trap 'for j in $(jobs -p); do pkill -TERM -P "$j"; kill "$j"; done 2>/dev/null; exit 130' INT TERM
 method=ranking schedule=cpu only="" out="" threads="" documents="" budget=0 python="" gguf="" text=""
 while [ $# -gt 0 ]; do
   case "$1" in
