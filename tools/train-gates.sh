@@ -76,6 +76,10 @@ both() {  # waits for two background jobs; fails when either failed (after both 
   wait "$2" || ok=1
   return $ok
 }
+summaries() {  # PER_HEAD TOKEN OUT: the per-head run's summary with the token-level gate's beside it, TOKEN
+               # a token-level run's summary or a packed file's .json (whose own token_level it takes)
+  "$python" -c "import json, sys; s = json.load(open(sys.argv[1])); t = json.load(open(sys.argv[2])); s['token_level'] = t.get('token_level', t); json.dump(s, open(sys.argv[3], 'w'), indent=2)" "$@"
+}
 if [ "$method" = ranking ]; then
   only=${only:-"trimkv dbtrimkv"}
   for p in $only; do
@@ -110,8 +114,7 @@ if [ "$method" = ranking ] && [ "$schedule" = gpu ]; then
   mkdir -p "$dest"
   for p in $only; do  # the new per-head gate beside the committed file's token-level gate
     "$python" -m kvpolicy_tools.train.pack_gates "$out/$p/gate.safetensors" "$committed/$p.safetensors" "$dest/$p.safetensors"
-    "$python" -c "import json, sys; s = json.load(open(sys.argv[1])); s['token_level'] = json.load(open(sys.argv[2])).get('token_level'); json.dump(s, open(sys.argv[3], 'w'), indent=2)" \
-      "$out/$p/summary.json" "$committed/$p.json" "$dest/$p.json"
+    summaries "$out/$p/summary.json" "$committed/$p.json" "$dest/$p.json"
     cp "$out/$p/curves.png" "$dest/$p-curves.png"
     echo "train-gates: $dest/$p.safetensors (per head: $out/$p, token level: $committed/$p.safetensors's)"
   done
@@ -155,8 +158,7 @@ if [ "$method" = ranking ]; then
   dest=$root/gates/smollm2-135m
   for p in $only; do  # each policy's per-head gate and its token-level one in one file (SPEC §8)
     "$python" -m kvpolicy_tools.train.pack_gates "$out/$p/gate.safetensors" "$out/$p-token/gate.safetensors" "$dest/$p.safetensors"
-    "$python" -c "import json, sys; s = json.load(open(sys.argv[1])); s['token_level'] = json.load(open(sys.argv[2])); json.dump(s, open(sys.argv[3], 'w'), indent=2)" \
-      "$out/$p/summary.json" "$out/$p-token/summary.json" "$dest/$p.json"
+    summaries "$out/$p/summary.json" "$out/$p-token/summary.json" "$dest/$p.json"
     cp "$out/$p/curves.png" "$dest/$p-curves.png"
     echo "train-gates: $dest/$p.safetensors (per head: $out/$p, token level: $out/$p-token)"
   done
