@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "engine_store.hpp"
 #include "oracle.hpp"
 #include "same_entries.hpp"
 #include "kvpolicy/gate/load.hpp"
@@ -30,11 +31,18 @@ namespace {
 const CacheShape kShape{2, 2, 4, 8};
 
 // The same random steps through `direct` (P::make's Cache) and `door` (AnyCache); returns the
-// entries the door evicted. Queries go with every step of a cache that stores its K/V. With
-// `probe` (a policy whose inputs are a reconstruction, SPEC §10) the step after the prompt is a probe.
+// entries the door evicted. Queries go with every step of a cache that stores its K/V, and of one
+// over engine-owned K/V whose policy ranks by attention (observed, no out); a policy that reads keys
+// over engine-owned K/V reads them from a test engine (both caches, the same). With `probe` (a
+// policy whose inputs are a reconstruction, SPEC §10) the step after the prompt is a probe.
 template <class C>
 std::int64_t run_both(C& direct, AnyCache& door, std::mt19937_64& rng, bool probe = false) {
   const std::int64_t H = kShape.kv_heads, Hq = kShape.q_heads, d = kShape.head_dim, L = kShape.layers;
+  testing::EngineStore<float> engine{kShape};
+  if constexpr (C::reads_engine_keys) {
+    direct.use_engine_keys(engine.keys());
+    door.use_engine_keys(engine.keys());
+  }
   const std::int64_t prompt = std::uniform_int_distribution<std::int64_t>(1, 24)(rng);
   direct.add_sequence(0, prompt);
   door.add_sequence(0, prompt);
@@ -56,8 +64,10 @@ std::int64_t run_both(C& direct, AnyCache& door, std::mt19937_64& rng, bool prob
     for (float& x : g) x = std::uniform_real_distribution<float>(0.0f, 1.0f)(rng);
     const View<const float, 4> keys(k.data(), {L, H, T, d}), values(val.data(), {L, H, T, d});
     const View<const float, 3> log_beta(lb.data(), {L, H, T}), gate(g.data(), {L, H, T});
+    engine.write(keys, n);  // a probe's too: the engine holds them until the probe's commit frees them
     const bool attends = C::stores_kv;
-    const View<const float, 4> queries = attends ? View<const float, 4>(q.data(), {L, Hq, T, d}) : View<const float, 4>{};
+    const View<const float, 4> queries = attends || C::observes_attention ? View<const float, 4>(q.data(), {L, Hq, T, d})
+                                                                         : View<const float, 4>{};
     std::vector<EvictedEntry> e1, e2;
     const EvictionReport r1 = direct.step({0, keys, values, log_beta, queries,
                                            attends ? View<float, 4>(o1.data(), {L, Hq, T, d}) : View<float, 4>{}, gate},
@@ -124,7 +134,7 @@ TEST_CASE("registry::open_cache: every policy by name keeps and evicts what its 
             const std::unique_ptr<AnyCache> door = registry::open_cache<engine_owned>(sel, kShape, pages);
             CHECK(!door->stores_kv());
             CHECK(door->pool_bytes() == memory::Paged<16, engine_owned>::bytes_for(kShape, pages));
-            run_both(direct, *door, rng, inputs::probes_v<typename P::inputs>);
+            evicted += run_both(direct, *door, rng, inputs::probes_v<typename P::inputs>);
           });
         }
       }
@@ -142,10 +152,11 @@ TEST_CASE("registry::open_cache: a refused name, option, value or storage is an 
                        doctest::Contains("--gate does not apply to policy streamingllm"), Error);
   CHECK_THROWS_WITH_AS(registry::open_cache(registry::Selection{"streamingllm", {}}.set("budget", "0"), kShape, pages),
                        doctest::Contains("budget"), Error);
-  for (const char* name : {"tova", "h2o", "keydiff", "snapkv", "expected-attention"})
-    CHECK_THROWS_WITH_AS(registry::open_cache<engine_owned>({name, {}}, kShape, pages),
-                         doctest::Contains((std::string("policy ") + name + " reads stored keys or the attention").c_str()), Error);
-  for (const char* name : {"trimkv", "streamingllm", "knorm"})
+  CHECK_THROWS_WITH_AS(registry::open_cache<engine_owned>({"expected-attention", {}}, kShape, pages),
+                       doctest::Contains("policy expected-attention reads the values of stored entries"), Error);
+  CHECK_THROWS_WITH_AS(registry::open_cache<engine_owned>({"wgkv", {}}, kShape, pages),
+                       doctest::Contains("policy wgkv masks the attention or drops tokens at write time"), Error);
+  for (const char* name : {"trimkv", "streamingllm", "knorm", "tova", "h2o", "keydiff", "snapkv"})
     CHECK_NOTHROW(registry::open_cache<engine_owned>({name, {}}, kShape, pages));
   // with_kv_storage: the type a run-time choice names
   const auto named = [](KvStorage kv) {
@@ -168,6 +179,18 @@ TEST_CASE("AnyCache: a call the wrapped Cache does not have is refused, naming w
   CHECK_THROWS_WITH_AS(owned->attend(0, 0, View<const float, 3>(q.data(), {kShape.q_heads, 1, kShape.head_dim}),
                                      View<float, 3>(o.data(), {kShape.q_heads, 1, kShape.head_dim})),
                        doctest::Contains("keeps no K/V (engine-owned, SPEC §9)"), Error);
+  CHECK_THROWS_WITH_AS(owned->observe(0, 0, View<const float, 3>(q.data(), {kShape.q_heads, 1, kShape.head_dim})),
+                       doctest::Contains("does not rank by attention"), Error);
+  CHECK_THROWS_WITH_AS(owned->use_engine_keys(testing::EngineStore<float>{kShape}.keys()),
+                       doctest::Contains("reads its entries' metadata alone"), Error);
+  const auto stores = registry::open_cache<float>({"tova", {}}, kShape, pages);
+  CHECK_THROWS_WITH_AS(stores->use_engine_keys(testing::EngineStore<float>{kShape}.keys()),
+                       doctest::Contains("keeps its own K/V"), Error);
+  stores->add_sequence(0);
+  stores->append(0, 0, View<const float, 3>(k.data(), {kShape.kv_heads, 1, kShape.head_dim}),
+                 View<const float, 3>(k.data(), {kShape.kv_heads, 1, kShape.head_dim}), View<const float, 2>(lb.data(), {kShape.kv_heads, 1}));
+  CHECK_THROWS_WITH_AS(stores->observe(0, 0, View<const float, 3>(q.data(), {kShape.q_heads, 1, kShape.head_dim})),
+                       doctest::Contains("attend() over it"), Error);
   CHECK(!owned->takes_step_scores());
   CHECK_THROWS_WITH_AS(owned->set_step_scores(0, 0, View<const float, 2>(lb.data(), {kShape.kv_heads, 1})),
                        doctest::Contains("takes no frozen scores"), Error);

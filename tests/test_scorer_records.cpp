@@ -89,6 +89,11 @@ struct MisdeclaredScorer : QuerySignScorer {
   static constexpr DeviceScoring device_scoring = DeviceScoring::observed_attention;
 };
 
+/// The same, reading each head's values too.
+struct ValueReadingScorer : QuerySignScorer {
+  static constexpr EntryData head_data{.keys = true, .values = true};
+};
+
 using UserCache = Cache<QuerySignScorer, admit::All, evict::PerHead<>, memory::Paged<4>, cpu_backend>;
 
 }  // namespace
@@ -104,12 +109,21 @@ TEST_CASE("a user's recording Scorer: where it runs, decided by what it declares
   static_assert(gpu::device_scores<score::Recency> && gpu::device_scores<score::RetentionDecay>);
   static_assert(!gpu::device_scores<score::AttentionMass> && !gpu::device_scores<score::KeyDiff>);
   static_assert(!gpu::device_scores<score::ExpectedAttention> && !gpu::device_scores<score::GatedObservedAttention>);
-  // over engine-owned K/V it cannot run: the Cache says why
+  // over engine-owned K/V it reads the engine's keys (a step without them is refused); one that
+  // also reads values cannot run so: the Cache says why
   using EngineOwned = Cache<QuerySignScorer, admit::All, evict::PerHead<>, memory::Paged<4, engine_owned>, cpu_backend>;
+  static_assert(EngineOwned::reads_engine_keys);
   evict::PerHead<> e;
   e.rule = {4, 1};
-  CHECK_THROWS_WITH(EngineOwned(CacheShape{1, 1, 1, 2}, memory::Paged<4, engine_owned>(16), e),
-                    doctest::Contains("reads the keys of stored entries or the attention over them"));
+  EngineOwned owned(CacheShape{1, 1, 1, 2}, memory::Paged<4, engine_owned>(16), e);
+  owned.add_sequence(0);
+  const std::vector<float> k{1.0f, 2.0f}, lb{0.0f};
+  CHECK_THROWS_WITH(owned.append(0, 0, View<const float, 3>(k.data(), {1, 1, 2}), {}, View<const float, 2>(lb.data(), {1, 1})),
+                    doctest::Contains("Cache::use_engine_keys"));
+  CHECK(owned.length(0, 0, 0) == 0);
+  using ValuesOwned = Cache<ValueReadingScorer, admit::All, evict::PerHead<>, memory::Paged<4, engine_owned>, cpu_backend>;
+  CHECK_THROWS_WITH(ValuesOwned(CacheShape{1, 1, 1, 2}, memory::Paged<4, engine_owned>(16), e),
+                    doctest::Contains("reads the values of stored entries"));
 }
 
 TEST_CASE("a user's recording Scorer: the Cache calls its hooks, takes a step back through them, and keeps what its record ranks") {

@@ -4,7 +4,10 @@
 // positions go, and they leave llama.cpp's memory through llama_memory_seq_rm. The policy's inputs
 // come from llama.cpp's graph through its evaluation callback: each layer's normed input
 // (`attn_norm-L`, for the retention gates), its keys after RoPE (`Kcur-L`), values (`Vcur-L`) and,
-// for a policy that ranks by attention, its queries (`Qcur-L`). docs/integration.md walks through it.
+// for a policy that ranks by attention, its queries (`Qcur-L`). A policy that reads stored keys
+// (KeyDiff) or the attention over them (H2O, TOVA) reads llama.cpp's own cells: the callback also
+// sees where each layer's keys are written (the `cache_k_lL` row writes and their cell indices).
+// docs/integration.md walks through it.
 #include <llama.h>
 
 #include <algorithm>
@@ -19,6 +22,7 @@
 #include <optional>
 #include <type_traits>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #ifdef _OPENMP
@@ -98,8 +102,44 @@ struct Captured {
   enum Kind { normed, queries, keys, values, kinds };
   std::vector<std::array<std::vector<float>, kinds>> layer;
   bool want_queries = false;
+  /// Where llama.cpp keeps each layer's keys (for a policy that reads them, SPEC §9): its K cells
+  /// (cells x Hkv*d of `key_type`, a row `row_bytes` apart) and the cells this step's tokens went to.
+  struct KeyCells {
+    const char* base = nullptr;
+    std::size_t row_bytes = 0;
+    std::int64_t row_elements = 0;
+    ggml_type type = GGML_TYPE_COUNT;
+    std::vector<std::int64_t> step_cells;
+  };
+  std::vector<KeyCells> key_cells;  ///< per layer; empty where nothing reads llama.cpp's keys
   std::string error;  ///< what the callback could not take (it must not throw through llama.cpp)
 };
+
+/// The row write of layer L's keys into llama.cpp's K cells (ggml_set_rows into `cache_k_lL`,
+/// llama-kv-cache.cpp cpy_k): its destination, the cells written. False where `t` is none.
+bool capture_key_cells(ggml_tensor* t, const char* name, bool ask, Captured& c) {
+  int layer = -1, used = 0;
+  if (c.key_cells.empty() || t->op != GGML_OP_SET_ROWS || std::sscanf(name, "cache_k_l%d (view)%n", &layer, &used) != 1 ||
+      name[used] != '\0' || layer < 0 || layer >= static_cast<int>(c.key_cells.size()))
+    return false;
+  if (ask) return true;
+  const ggml_tensor* cells = t->src[2];  // ggml_set_rows: src[0] the rows, src[1] their indices, src[2] the destination
+  const ggml_tensor* index = t->src[1];
+  if (!cells || !index || !cells->buffer || !ggml_backend_buffer_is_host(cells->buffer) || !index->buffer ||
+      !ggml_backend_buffer_is_host(index->buffer) || index->type != GGML_TYPE_I64 || cells->ne[2] != 1 ||
+      index->ne[1] != 1) {
+    c.error = std::string(name) + " is not one stream's K cells in host memory written at I64 cell indices";
+    return true;
+  }
+  auto& k = c.key_cells[static_cast<std::size_t>(layer)];
+  k.base = static_cast<const char*>(cells->data);
+  k.row_bytes = cells->nb[1];
+  k.row_elements = cells->ne[0];
+  k.type = cells->type;
+  const auto* at = static_cast<const std::int64_t*>(index->data);
+  k.step_cells.assign(at, at + index->ne[0]);
+  return true;
+}
 
 /// llama.cpp's evaluation callback (ggml_backend_sched_eval_callback): asked first whether a
 /// tensor is wanted, then called with its data once computed. The LLaMA graph names a layer's
@@ -109,6 +149,7 @@ struct Captured {
 bool capture(ggml_tensor* t, bool ask, void* user) {
   auto& c = *static_cast<Captured*>(user);
   const char* name = ggml_get_name(t);
+  if (capture_key_cells(t, name, ask, c)) return ask || c.error.empty();
   char base[32] = {0};
   int layer = -1, used = 0;
   if (std::sscanf(name, "%31[^-]-%d%n", base, &layer, &used) != 2 || name[used] != '\0' || layer < 0 ||
@@ -259,11 +300,52 @@ void run_steps(const Args& a, Model& m, const Captured& cap, Policy* policy, con
   }
 }
 
+/// llama.cpp's keys as a policy reads them over its cells (EngineKeys, SPEC §9): the cell each
+/// position the policy holds was written to, from the steps' row writes (llama.cpp neither moves a
+/// cell nor reuses one before llama_memory_seq_rm frees it), and each layer's K cells.
+struct LlamaKeys {
+  const Captured& cap;
+  CacheShape shape;
+  std::unordered_map<std::int32_t, std::int64_t> cell_of{};  // held positions only: at most the context's cells
+
+  /// The step's T tokens at positions first.. were written to the cells every layer's write names.
+  void written(std::int64_t first, std::int64_t T) {
+    const auto& cells = cap.key_cells.front().step_cells;
+    for (int l = 0; l < shape.layers; ++l) {
+      const auto& k = cap.key_cells[static_cast<std::size_t>(l)];
+      require(k.base != nullptr && k.step_cells == cells && static_cast<std::int64_t>(cells.size()) == T,
+              "layer ", l, "'s keys of the step at position ", first, " were not written to the ", T,
+              " cells layer 0's were");
+      require(k.row_elements == std::int64_t{shape.kv_heads} * shape.head_dim, "layer ", l, "'s K cells hold ",
+              k.row_elements, " values a row, not Hkv * d = ", std::int64_t{shape.kv_heads} * shape.head_dim);
+    }
+    for (std::int64_t t = 0; t < T; ++t) cell_of[static_cast<std::int32_t>(first + t)] = cells[static_cast<std::size_t>(t)];
+  }
+  void freed(const PositionRun& r) {
+    for (std::int64_t p = r.first; p < r.end; ++p) cell_of.erase(static_cast<std::int32_t>(p));
+  }
+  /// Where a key is, once a step has shown the cells' type: F16 (llama.cpp's default), F32 or BF16.
+  EngineKeys keys() const {
+    const ggml_type type = cap.key_cells.front().type;
+    require(type == GGML_TYPE_F16 || type == GGML_TYPE_F32 || type == GGML_TYPE_BF16, "llama.cpp's K cells are ",
+            ggml_type_name(type), "; a policy reads keys of F16, F32 or BF16 cells");
+    const KeyType key_type = type == GGML_TYPE_F16 ? KeyType::float16 : type == GGML_TYPE_F32 ? KeyType::float32 : KeyType::bfloat16;
+    const std::size_t head_bytes = ggml_type_size(type) * static_cast<std::size_t>(shape.head_dim);
+    return {key_type, [this, head_bytes](std::int64_t seq, int layer, int kv_head, std::int32_t position) -> const void* {
+              const auto it = cell_of.find(position);
+              if (seq != 0 || it == cell_of.end()) return nullptr;
+              const auto& k = cap.key_cells[static_cast<std::size_t>(layer)];
+              return k.base + static_cast<std::size_t>(it->second) * k.row_bytes + static_cast<std::size_t>(kv_head) * head_bytes;
+            }};
+  }
+};
+
 /// The policy's side of a step: its inputs from what the callback captured, appended to a kvpolicy
 /// Cache in token-level mode, committed; the positions it evicts leave llama.cpp's memory, a run of
 /// consecutive positions per llama_memory_seq_rm. Over llama.cpp's own K/V (the Cache's storage
 /// engine_owned) the Cache keeps each entry's metadata only and takes no values; a policy that reads
-/// stored keys or the attention over them keeps its own copy of the K/V it ranks by.
+/// stored keys or the attention over them reads llama.cpp's cells (`llama_keys`), and one that ranks by
+/// attention is shown each layer's queries (observe) while llama.cpp attends.
 struct Evicting {
   AnyCache& cache;
   const inputs::Producer& producer;
@@ -272,6 +354,7 @@ struct Evicting {
   CacheShape shape;
   int hidden;
   bool check_memory;
+  LlamaKeys* llama_keys = nullptr;  ///< where the policy reads llama.cpp's keys; null for one that reads none
   std::int64_t held_max = 0, evicted_positions = 0, steps_checked = 0, next_position = 0;
   std::vector<float> log_beta{}, keys{}, values{}, queries{}, out{};
   double policy_seconds = 0.0;  ///< the policy's per-step work: inputs, gate, append, scores, selection, removal
@@ -305,6 +388,10 @@ struct Evicting {
 
   void operator()(std::int64_t T) {
     const auto t0 = std::chrono::steady_clock::now();
+    if (llama_keys) {
+      if (next_position == 0) cache.use_engine_keys(llama_keys->keys());  // the first step showed the cells' type
+      llama_keys->written(next_position, T);
+    }
     next_position += T;
     const std::int64_t H = shape.kv_heads, d = shape.head_dim;
     const bool with_values = cache.stores_kv() || producer.needs().values;
@@ -326,9 +413,13 @@ struct Evicting {
                    View<const float, 2>(log_beta.data(), {H, T}));
       if (cap.want_queries) {
         heads_first(c[Captured::queries], T, shape.q_heads, d, queries);
-        out.resize(queries.size());
-        cache.attend(0, l, View<const float, 3>(queries.data(), {shape.q_heads, T, d}),
-                     View<float, 3>(out.data(), {shape.q_heads, T, d}));
+        const View<const float, 3> q(queries.data(), {shape.q_heads, T, d});
+        if (!cache.stores_kv()) {
+          cache.observe(0, l, q);  // llama.cpp attended over its cells; the policy records what it ranks by
+        } else {
+          out.resize(queries.size());
+          cache.attend(0, l, q, View<float, 3>(out.data(), {shape.q_heads, T, d}));
+        }
       }
     }
     // what llama.cpp holds before the step's eviction: its own count where checked
@@ -341,6 +432,7 @@ struct Evicting {
       require(llama_memory_seq_rm(llama_get_memory(m.ctx), 0, r.first, r.end), "llama_memory_seq_rm(0, ", r.first,
               ", ", r.end, ") failed");
       evicted_positions += r.end - r.first;
+      if (llama_keys) llama_keys->freed(r);
     }
     policy_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (check_memory) check();
@@ -441,9 +533,8 @@ int run(const Args& a) {
     registry::Selection given = a.selection;  // a token-level mode, --mode union: parse() made sure
     given.describe_model("rope-layout", "adjacent");  // llama.cpp's LLaMA keys pair components adjacently
     // every head holds what llama.cpp's context holds: at most M + B - 1 + one step, or the text.
-    // Over llama.cpp's own K/V where the policy allows it (its Scorers read metadata only): the
-    // Cache keeps each entry's metadata; else it keeps a copy of the K/V it ranks by in F16, the
-    // type of llama.cpp's own cells, so that it ranks by the values llama.cpp's attention reads.
+    // The Cache is over llama.cpp's own K/V (SPEC §9): it keeps each entry's metadata, and a
+    // policy that reads keys or the attention over them reads llama.cpp's cells.
     const std::int64_t pages = pages_for(shape, std::min(budget + buffer - 1 + largest_step, total), 1,
                                          registry::page_entries);
     const inputs::Producer producer = registry::open_inputs(given, {shape, hidden});
@@ -451,10 +542,9 @@ int run(const Args& a) {
             "'s gate was trained on keys in RoPE's rotate-half layout; llama.cpp's keys pair components adjacently");
     require(!producer.needs().keys_pre_rope && !producer.needs().per_token(), "policy ", given.policy,
             " reads keys before RoPE or hidden-state bands, which this program does not take from llama.cpp's graph");
-    const bool over_llama = registry::over_engine_storage(given.policy);
-    const auto open = [&] {
-      return over_llama ? registry::open_cache<engine_owned>(given, shape, pages) : registry::open_cache<half>(given, shape, pages);
-    };
+    require(registry::over_engine_storage(given.policy), "policy ", given.policy,
+            " cannot run over llama.cpp's own K/V (SPEC §9); policies that can: ", registry::over_engine_storage_policies());
+    const auto open = [&] { return registry::open_cache<engine_owned>(given, shape, pages); };
     std::unique_ptr<AnyCache> cache = open();
     // llama.cpp keeps a sequence's positions consecutive with the newest it stores (a batch must
     // start at its last position + 1), so the newest token must stay: a protected window w >= 1
@@ -469,10 +559,13 @@ int run(const Args& a) {
       window = 1;
     }
     policy_mib = static_cast<double>(cache->pool_bytes()) / (1024.0 * 1024.0);
-    policy_holds = over_llama ? "metadata only, over llama.cpp's K/V" : "an F16 copy of the K/V it ranks by, beside llama.cpp's";
+    policy_holds = cache->reads_stored_kv() ? "metadata only, reading llama.cpp's K cells" : "metadata only, over llama.cpp's K/V";
     cap.want_queries = cache->observes_attention();
+    LlamaKeys llama_keys{cap, shape};
+    if (cache->reads_stored_kv()) cap.key_cells.resize(static_cast<std::size_t>(layers));
     cache->add_sequence(0, std::min(prefill, N));
-    Evicting policy{*cache, producer, cap, m, shape, hidden, a.check_memory};
+    Evicting policy{*cache, producer, cap, m, shape, hidden, a.check_memory,
+                    cache->reads_stored_kv() ? &llama_keys : nullptr};
     go(&policy);
     held_max = policy.held_max;
     policy_seconds = policy.policy_seconds;

@@ -27,7 +27,9 @@ class AnyCache {
   virtual bool stores_kv() const = 0;
   /// Whether every step must attend() every layer (the Scorer reads the attention).
   virtual bool observes_attention() const = 0;
-  /// Whether the Scorer reads stored keys or the attention over them (Cache::reads_stored_kv).
+  /// Whether the Scorer reads stored keys or the attention over them (Cache::reads_stored_kv); over
+  /// engine-owned K/V it then reads the engine's keys (use_engine_keys) and, where it observes
+  /// the attention, is shown each layer's queries (observe) instead of attending.
   virtual bool reads_stored_kv() const = 0;
   /// Whether the Scorer takes frozen scores after append (Cache::set_step_scores).
   virtual bool takes_step_scores() const = 0;
@@ -55,6 +57,10 @@ class AnyCache {
                       View<const float, 2> log_beta, View<const float, 2> gate = {}) = 0;
   virtual void set_step_scores(std::int64_t seq, int layer, View<const float, 2> scores) = 0;
   virtual void attend(std::int64_t seq, int layer, View<const float, 3> queries, View<float, 3> out) = 0;
+  /// Over engine-owned K/V (SPEC §9): where the engine keeps its keys, for a Scorer that reads them
+  /// (Cache::use_engine_keys), and a layer's queries for one that ranks by attention (Cache::observe).
+  virtual void use_engine_keys(EngineKeys keys) = 0;
+  virtual void observe(std::int64_t seq, int layer, View<const float, 3> queries) = 0;
   virtual EvictionReport commit(std::int64_t seq, std::vector<EvictedEntry>* evicted = nullptr) = 0;
   virtual void abort_step(std::int64_t seq) = 0;
   /// Cache::open_probe (SPEC §10); refused where the Cache takes no probe steps (Cache::takes_probes).
@@ -125,6 +131,22 @@ class AnyCacheOf final : public AnyCache {
       c_.attend(seq, layer, queries, out);
     else
       fail("Cache::attend: this Cache keeps no K/V (engine-owned, SPEC §9): the engine attends over its own");
+  }
+  void use_engine_keys(EngineKeys keys) override {
+    if constexpr (requires { c_.use_engine_keys(std::move(keys)); })
+      c_.use_engine_keys(std::move(keys));
+    else if constexpr (C::stores_kv)
+      fail("Cache::use_engine_keys: this Cache keeps its own K/V; it reads no keys of the engine's");
+    else
+      fail("Cache::use_engine_keys: this policy reads its entries' metadata alone, never the engine's keys");
+  }
+  void observe(std::int64_t seq, int layer, View<const float, 3> queries) override {
+    if constexpr (requires { c_.observe(seq, layer, queries); })
+      c_.observe(seq, layer, queries);
+    else if constexpr (C::stores_kv)
+      fail("Cache::observe: this Cache keeps its own K/V: attend() over it");
+    else
+      fail("Cache::observe: this policy does not rank by attention; there is nothing to show it");
   }
   EvictionReport commit(std::int64_t seq, std::vector<EvictedEntry>* evicted = nullptr) override { return c_.commit(seq, evicted); }
   void abort_step(std::int64_t seq) override { c_.abort_step(seq); }

@@ -32,6 +32,7 @@
 #include "kvpolicy/cache/position_runs.hpp"
 #include "kvpolicy/cache/scorer_records.hpp"
 #include "kvpolicy/cache/step_state.hpp"
+#include "kvpolicy/core/engine_keys.hpp"
 
 namespace kvpolicy {
 
@@ -109,10 +110,14 @@ class Cache {
   /// holds them and the cache keeps each entry's metadata only; SPEC §9).
   static constexpr bool stores_kv = stores_kv_v<storage_type>;
   /// Whether the Scorer reads what only stored K/V give: the K/V of stored entries (KeyDiff) or
-  /// the attention over them (H2O, TOVA, SnapKV, Expected Attention). Such a composition cannot
-  /// run over engine-owned K/V; the constructor refuses it, and one that masks the attention or
-  /// whose Admitter may drop a token (SPEC §9). cpu_backend only.
+  /// the attention over them (H2O, TOVA, SnapKV, Expected Attention).
   static constexpr bool reads_stored_kv = scorer_reads_stored_kv<S>;
+  /// Over engine-owned K/V, whether the Scorer reads the engine's keys (SPEC §9): the engine says
+  /// where they are (use_engine_keys) before the first step, and a policy that ranks by attention
+  /// is shown each layer's queries (observe). The constructor refuses, over engine-owned K/V, a
+  /// Scorer that reads stored values, a composition that masks the attention, and an Admitter that
+  /// may drop a token. cpu_backend only.
+  static constexpr bool reads_engine_keys = !stores_kv && reads_stored_kv;
 
   /// Checks every part (each its own settings, the Evictor the Scorer it is given), then lets the
   /// Backend take its memory: a refused composition allocates nothing. Throws for an invalid shape
@@ -218,6 +223,7 @@ class Cache {
               View<const float, 2> log_beta, View<const float, 2> gate = {}) {
     SequenceState& st = state_of(seq);
     const std::int64_t T = keys.dim(1);
+    require_engine_keys("Cache::append");
     checks_.append(seq, st, layer, T);
     checks_.layer_inputs(layer, T, st.n, keys, values, log_beta, gate);
     write_layer(st, seq, layer, T, keys, values, log_beta, gate);
@@ -268,6 +274,40 @@ class Cache {
     require_shape(View<const float, 3>(out), qshape, "Cache::attend: out");
     checks_.queries(queries, layer);
     attend_layer(st, seq, layer, queries, out);
+  }
+
+  /// ---- over engine-owned K/V, a Scorer that reads keys (SPEC §9) --------------------------------
+  /// Where the engine keeps its keys (core/engine_keys.hpp), for a Scorer that reads them
+  /// (reads_engine_keys): read at observe() and at commit, never copied. Given before the first
+  /// step (append and step refuse one without it); a later call replaces it. Throws for an empty
+  /// `row`.
+  void use_engine_keys(EngineKeys keys)
+    requires reads_engine_keys && requires(Executor& x) { x.use_engine_keys(std::move(keys)); }
+  {
+    require(static_cast<bool>(keys.row), "Cache::use_engine_keys: the engine's row() is empty");
+    (void)memory::with_key_type(keys.type, [](auto) { return 0; });  // a type it names
+    executor_.use_engine_keys(std::move(keys));
+  }
+
+  /// Over engine-owned K/V, for a policy that ranks by attention (observes_attention: H2O, TOVA,
+  /// SnapKV): queries [Hq, T, d] of this step's T tokens at `layer` (appended already), with which
+  /// the engine attends over its own K/V. The Scorer records them (TOVA's, SnapKV's window) or each
+  /// key's probability under them over the engine's keys (H2O's mass), as attend() would over a
+  /// cache that stores the same keys; abort_step takes it back. Every layer of every step is
+  /// observed once. Throws as attend() does, for a policy that does not rank by attention, and for
+  /// a key the engine does not hold (nothing recorded).
+  void observe(std::int64_t seq, int layer, View<const float, 3> queries)
+    requires(!stores_kv && observes_attention)
+  {
+    SequenceState& st = state_of(seq);
+    checks_.layer(layer, "observe");
+    require(st.appended[static_cast<std::size_t>(layer)], "Cache::observe: layer ", layer, " of sequence ", seq,
+            " has not been appended in this step");
+    require(!st.attended[static_cast<std::size_t>(layer)], "Cache::observe: layer ", layer, " of sequence ", seq,
+            " was already observed in this step; this policy ranks by attention and counts each query once");
+    require_shape(queries, {shape_.q_heads, st.pending, shape_.head_dim}, "Cache::observe: queries");
+    checks_.queries(queries, layer);
+    observe_layer(st, seq, layer, queries);
   }
 
   /// Closes the step: n += T, then the evictor's trigger and, if it fires, the eviction. `evicted`,
@@ -328,6 +368,7 @@ class Cache {
   /// before its first write, and changes nothing (a sharded cache's ranks agree on it first,
   /// dist/agree.hpp).
   void check_step(const SequenceStep& s) const {
+    require_engine_keys("Cache::step");
     checks_.step(s, state_of(s.seq), observes_attention);
     require(executor_.can_step(s.seq, state_of(s.seq).memory, s.keys.dim(2)), "Cache::step: out of memory: sequence ",
             s.seq, " cannot take ", s.keys.dim(2), " more entries in every head (", pages_free(), " of ",
@@ -367,6 +408,7 @@ class Cache {
   std::vector<EvictionReport> step_batch(std::span<const SequenceStep> batch) {
     std::int64_t pages_needed = 0;
     std::vector<std::int64_t> seqs;
+    require_engine_keys("Cache::step_batch");
     for (std::size_t i = 0; i < batch.size(); ++i) {
       checks_.step(batch[i], state_of(batch[i].seq), observes_attention);
       for (std::size_t j = 0; j < i; ++j)
@@ -401,10 +443,13 @@ class Cache {
   static const CacheShape& validated(const CacheShape& shape, const E& evictor, const S& scorer, const A& admitter) {
     // SPEC §9: over engine-owned K/V only what the metadata decides, and nothing the engine's own
     // attention or memory would have to be told besides the evicted entries
-    if constexpr (!stores_kv && reads_stored_kv)
-      fail("kvpolicy::Cache: this policy's Scorer reads the keys of stored entries or the attention over them, "
-           "which a cache over engine-owned K/V (storage engine_owned) does not hold; give it a storage type that "
-           "keeps K/V (float, half, bfloat16)");
+    if constexpr (!stores_kv && scorer_reads_stored_values<S>)
+      fail("kvpolicy::Cache: this policy's Scorer reads the values of stored entries, which a cache over "
+           "engine-owned K/V (storage engine_owned) does not hold nor read from the engine; give it a storage "
+           "type that keeps K/V (float, half, bfloat16)");
+    else if constexpr (reads_engine_keys && !requires(Executor& x, EngineKeys k) { x.use_engine_keys(k); })
+      fail("kvpolicy::Cache: this policy's Scorer reads stored keys or the attention over them, which this "
+           "Backend cannot read from the engine over engine-owned K/V (cpu_backend can)");
     else if constexpr (!stores_kv && (masks_attention<E> || masks_attention<A>))
       fail("kvpolicy::Cache: this composition masks the attention (WG-KV's local ring), which the engine's own "
            "attention over engine-owned K/V (storage engine_owned) would not apply; give it a storage type that "
@@ -450,6 +495,20 @@ class Cache {
     st.attended[static_cast<std::size_t>(layer)] = 1;
     executor_.attend(seq, st.memory, st.records, layer, st.n, st.pending, queries, out);
   }
+  void observe_layer(SequenceState& st, std::int64_t seq, int layer, View<const float, 3> queries) {
+    if constexpr (!stores_kv && observes_attention) {
+      // the mass first: a key the engine lacks throws before anything is recorded
+      executor_.observe(seq, st.memory, st.records, layer, st.n, st.pending, queries);
+      Records::record_queries(scorer(), st.records, layer, queries, st.n);
+      st.attended[static_cast<std::size_t>(layer)] = 1;
+    }
+  }
+  /// A Scorer that reads the engine's keys has them before a step begins.
+  void require_engine_keys(const char* call) const {
+    if constexpr (reads_engine_keys)
+      require(executor_.has_engine_keys(), call, ": this policy's Scorer reads the keys (or the attention over ",
+              "them) that the engine owns; say where they are first (Cache::use_engine_keys, SPEC §9)");
+  }
   void write_and_attend(const SequenceStep& s) {
     SequenceState& st = state_of(s.seq);
     const std::int64_t T = s.keys.dim(2);
@@ -459,7 +518,10 @@ class Cache {
           write_layer(st, s.seq, l, T, keys, values, log_beta, gate);
         },
         [&](int l, auto queries, auto out) {
-          if constexpr (stores_kv) attend_layer(st, s.seq, l, queries, out);  // else refused by the checks
+          if constexpr (stores_kv)
+            attend_layer(st, s.seq, l, queries, out);
+          else  // the checks refused an out and queries where nothing observes them
+            observe_layer(st, s.seq, l, queries);
         });
   }
 

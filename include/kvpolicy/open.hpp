@@ -56,13 +56,16 @@ struct Opened {
 
 namespace detail {
 /// make.template operator()<P>(values) for the policy `selection` names, its options checked
-/// (values<P>); over engine-owned storage a policy whose Scorers read stored K/V is refused by name.
+/// (values<P>); over engine-owned storage a policy that cannot run so (registry::over_engine_storage)
+/// is refused by name.
 template <class Storage, class Make>
 std::unique_ptr<AnyCache> build(const Selection& selection, Make&& make) {
   return visit(selection.policy, [&]<Policy P>() -> std::unique_ptr<AnyCache> {
     if constexpr (!stores_kv_v<Storage> && !over_engine_storage<P>()) {
-      fail("policy ", P::name, " reads stored keys or the attention over them, which K/V the engine owns does not ",
-           "give (SPEC §9); policies over the engine's K/V: ", over_engine_storage_policies());
+      fail("policy ", P::name, refuses_engine_storage_v<P> ? " masks the attention or drops tokens at write time"
+                                                            : " reads the values of stored entries",
+           ", which an engine attending over its own K/V does not give (SPEC §9); policies over the engine's K/V: ",
+           over_engine_storage_policies());
     } else {
       return make.template operator()<P>(values<P>(selection.given));
     }
@@ -77,8 +80,9 @@ std::unique_ptr<AnyCache> erased(C& cache) {
 
 /// The Cache `selection` names for `shape`, over a pool of `pages` pages of K/V stored as Storage
 /// (engine_owned: none, SPEC §9). An unknown name, an option the policy does not take, a bad value
-/// or a refused composition is an error that names it. Over engine-owned storage a policy whose
-/// Scorers read stored K/V is refused by name, with the list of the policies that run so.
+/// or a refused composition is an error that names it. Over engine-owned storage a policy that
+/// cannot run so is refused by name, with the list of the policies that do; one that reads keys
+/// needs the engine's (AnyCache::use_engine_keys) before its first step.
 template <class Storage = float>
 std::unique_ptr<AnyCache> open_cache(const Selection& selection, const CacheShape& shape, std::int64_t pages) {
   return detail::build<Storage>(selection, [&]<Policy P>(const Values& v) {

@@ -150,6 +150,10 @@ template <class... S>
 constexpr bool metadata_scorers(scorers<S...>) {
   return (!scorer_reads_stored_kv<S> && ...);
 }
+template <class... S>
+constexpr bool value_readers(scorers<S...>) {
+  return (scorer_reads_stored_values<S> || ...);
+}
 }  // namespace detail
 
 /// Whether a Scorer policy P may build reads what only stored K/V give: the keys of stored entries
@@ -166,16 +170,21 @@ inline bool reads_stored_kv(std::string_view name) {
   return yes;
 }
 
-/// Whether policy P runs over K/V the engine owns (storage engine_owned: the cache keeps metadata
-/// only): every Scorer it may build reads its entries' metadata alone. (The Cache also refuses,
-/// over engine-owned K/V, a composition that masks the attention or may drop a token at write
-/// time: WG-KV's, which its Scorers already exclude here.)
+/// Whether policy P runs over K/V the engine owns (storage engine_owned, SPEC §9: the cache keeps
+/// metadata only): no Scorer it may build reads stored values, and it does not state otherwise
+/// (WG-KV). One that reads stored keys or the attention over them (reads_stored_kv) reads the
+/// engine's keys (Cache::use_engine_keys) and, where it ranks by attention, is shown the engine's
+/// queries (Cache::observe); the others read their entries' metadata alone.
 template <Policy P>
 constexpr bool over_engine_storage() {
-  return !reads_stored_kv<P>();
+  return !refuses_engine_storage_v<P> && !detail::value_readers(typename P::scorers{});
 }
 /// The same by name (false for an unknown name).
-inline bool over_engine_storage(std::string_view name) { return contains(name) && !reads_stored_kv(name); }
+inline bool over_engine_storage(std::string_view name) {
+  bool yes = false;
+  for_each([&]<Policy P>() { yes = yes || (P::name == name && over_engine_storage<P>()); });
+  return yes;
+}
 /// The policies that run over K/V the engine owns, as "a, b".
 inline std::string over_engine_storage_policies() {
   std::string out;

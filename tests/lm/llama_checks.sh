@@ -16,8 +16,9 @@
 #    sets at least 95% the same counted from either side (their gates read llama.cpp's normed
 #    inputs, which differ from kvpolicy-lm's in the last bits, so near-tied positions may go either
 #    way).
-# 4. TOVA at M = 128 (its Cache keeps an F16 copy of the K/V it ranks by): llama.cpp's memory holds
-#    exactly what it keeps after every step.
+# 4. TOVA, H2O and KeyDiff at M = 128, which rank by stored keys or the attention over them: their
+#    Cache holds metadata only and reads llama.cpp's K cells (at most 5% of llama.cpp's K/V bytes),
+#    and llama.cpp's memory holds exactly what each keeps after every step.
 set -euo pipefail
 llama=$1 lm=$2 model=$3 gates=$4 text=$5
 # One thread each: ctest runs another entry beside this one, and llama.cpp's threads wait for each
@@ -78,12 +79,15 @@ print(f"{sys.argv[3]} survivors: {len(a & b)} positions in both, of {len(a)} in 
 sys.exit(len(a & b) < 0.95 * max(len(a), len(b)))
 PY
 done
-# H2O, TOVA and KeyDiff rank by stored keys or the attention over them: their Cache keeps an F16 copy
-# of the K/V beside llama.cpp's cells, and llama.cpp's memory still holds exactly what it keeps
-llama_run --model "$gguf" "${common[@]}" --policy tova --budget 128 --buffer 16 --check-memory >"$out/tova-llama.txt"
-grep -E "^policy state|^llama.cpp memory" "$out/tova-llama.txt"
-grep -q "^policy state (an F16 copy of the K/V it ranks by, beside llama.cpp's)" "$out/tova-llama.txt" ||
-  { echo "FAILED: tova: kvpolicy-llama did not say it keeps an F16 copy of the K/V" >&2; exit 1; }
-grep -q "^llama.cpp memory: after each of 48 steps" "$out/tova-llama.txt" ||
-  { echo "FAILED: tova: kvpolicy-llama did not check llama.cpp's memory after every step" >&2; exit 1; }
+# H2O, TOVA and KeyDiff rank by stored keys or the attention over them: their Cache reads llama.cpp's
+# K cells and keeps each entry's metadata alone, and llama.cpp's memory holds exactly what it keeps
+for p in tova h2o keydiff; do
+  llama_run --model "$gguf" "${common[@]}" --policy $p --budget 128 --buffer 16 --check-memory >"$out/$p-llama.txt"
+  grep -E "^policy state|^llama.cpp memory" "$out/$p-llama.txt"
+  share=$(sed -n "s/^policy state (metadata only, reading llama.cpp's K cells): [0-9.]* MiB, \([0-9.]*\)% of llama.cpp's K\/V$/\1/p" "$out/$p-llama.txt")
+  [ -n "$share" ] && python3 -c "import sys; sys.exit(float(sys.argv[1]) > 5.0)" "$share" ||
+    { echo "FAILED: $p: kvpolicy-llama's policy state is not metadata alone within 5% of llama.cpp's K/V ('$share')" >&2; exit 1; }
+  grep -q "^llama.cpp memory: after each of 48 steps" "$out/$p-llama.txt" ||
+    { echo "FAILED: $p: kvpolicy-llama did not check llama.cpp's memory after every step" >&2; exit 1; }
+done
 echo "llama checks: passed"

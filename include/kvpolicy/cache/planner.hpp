@@ -123,8 +123,11 @@ class HostPlanner {
  public:
   using Plan = HostPlan;
 
-  HostPlanner(const CacheShape& shape, const Alloc& alloc, const E& evictor, const S& scorer, const A& admitter)
-      : shape_(shape), alloc_(alloc), evictor_(evictor), scorer_(scorer), admitter_(admitter) {}
+  /// `engine_keys`: where the engine keeps the keys of a pool that holds none (engine-owned K/V,
+  /// SPEC §9), for a Scorer that reads keys; else nullptr.
+  HostPlanner(const CacheShape& shape, const Alloc& alloc, const E& evictor, const S& scorer, const A& admitter,
+              const EngineKeys* engine_keys = nullptr)
+      : shape_(shape), alloc_(alloc), evictor_(evictor), scorer_(scorer), admitter_(admitter), engine_keys_(engine_keys) {}
 
   /// Every request's plan (SPEC §1–3). Changes nothing.
   template <class Request>
@@ -212,7 +215,7 @@ class HostPlanner {
           };
           for (std::size_t j = 0; j < stored.size(); ++j) w.position[b + j] = meta_of(j).position;
           records.score_head(scorer_, *requests[i].records, alloc_.pool(), head_layout, stored, l, h, shape_.group(),
-                            head_ctx, std::span<float>(w.score).subspan(b, stored.size()));
+                            head_ctx, std::span<float>(w.score).subspan(b, stored.size()), engine_keys_, p.seqs[i]);
           for (std::size_t j = 0; j < stored.size(); ++j)
             if (std::isnan(w.score[b + j])) return NanScore{i, static_cast<std::int64_t>(k), meta_of(j)};
         }
@@ -349,6 +352,7 @@ class HostPlanner {
   const E& evictor_;
   const S& scorer_;
   const A& admitter_;
+  const EngineKeys* engine_keys_ = nullptr;
   std::vector<Working> working_;  // per request of the plan being made
 };
 

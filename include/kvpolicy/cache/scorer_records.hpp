@@ -9,6 +9,8 @@
 ///   - `score_recorded(record, HeadEntries, ctx, out)` (RecordScorer): its record and the head's
 ///     entries, with the K/V it declares in head_data (SnapKV's window, SPEC §5; Expected
 ///     Attention's query moments).
+/// Over engine-owned K/V the pool holds no keys: a Scorer that reads them reads the engine's
+/// (core/engine_keys.hpp, SPEC §9), by each entry's position.
 /// What a step's attention recorded is the open step's until the step closes: a step taken back
 /// (Cache::abort_step) discards it, and the Scorer puts back what it changed in the entries' fields.
 #pragma once
@@ -24,6 +26,7 @@
 #include "kvpolicy/core/record.hpp"
 #include "kvpolicy/core/shape.hpp"
 #include "kvpolicy/core/view.hpp"
+#include "kvpolicy/core/engine_keys.hpp"
 
 namespace kvpolicy::detail {
 
@@ -97,11 +100,12 @@ class ScorerRecords {
   }
 
   /// Scores the entries `stored` (indices in storage order) of one head of `layer` at `ctx` into
-  /// `out`, in the form the Scorer declares.
+  /// `out`, in the form the Scorer declares. Over a pool without K/V (engine-owned), the keys a
+  /// Scorer reads come from `engine` (sequence `seq`), which the Cache made sure it has.
   template <class Pool, class Layout>
   void score_head(const S& scorer, const Sequence& s, const Pool& pool, const Layout& head,
                   std::span<const std::int64_t> stored, int layer, int kv_head, int group, StepContext ctx,
-                  std::span<float> out) {
+                  std::span<float> out, const EngineKeys* engine = nullptr, std::int64_t seq = 0) {
     const std::size_t len = stored.size();
     if constexpr (RecordScorer<S>) {
       bool reads = data.keys || data.values;
@@ -109,9 +113,10 @@ class ScorerRecords {
       gather_meta(pool, head, stored);
       HeadEntries entries{std::span<const EntryMeta>(meta_), {}, {}, layer, kv_head, group};
       if (reads) {
-        if constexpr (!requires(const Pool& p) { p.key(0); })
-          fail("score_head: this Scorer reads stored K/V, and the pool holds none (engine-owned K/V)");  // the Cache refused it
-        else {
+        if constexpr (!requires(const Pool& p) { p.key(0); }) {
+          static_assert(!data.values, "a Scorer that reads stored values cannot run over engine-owned K/V");
+          entries.keys = engine_keys(engine, seq, layer, kv_head, pool.head_dim());
+        } else {
           if constexpr (data.keys) entries.keys = gather(pool, head, stored, keys_, [&](std::int64_t slot) { return pool.key(slot); });
           if constexpr (data.values)
             entries.values = gather(pool, head, stored, values_, [&](std::int64_t slot) { return pool.value(slot); });
@@ -119,13 +124,13 @@ class ScorerRecords {
       }
       scorer.score_recorded(s, entries, ctx, out);
     } else if constexpr (HeadScorer<S>) {
+      gather_meta(pool, head, stored);
+      View<const float, 2> keys;
       if constexpr (!requires(const Pool& p) { p.key(0); })
-        fail("score_head: this Scorer reads stored keys, and the pool holds none (engine-owned K/V)");  // the Cache refused it
-      else {
-        gather_meta(pool, head, stored);
-        const auto keys = gather(pool, head, stored, keys_, [&](std::int64_t slot) { return pool.key(slot); });
-        scorer.score_head(keys, std::span<const EntryMeta>(meta_), ctx, out);
-      }
+        keys = engine_keys(engine, seq, layer, kv_head, pool.head_dim());
+      else
+        keys = gather(pool, head, stored, keys_, [&](std::int64_t slot) { return pool.key(slot); });
+      scorer.score_head(keys, std::span<const EntryMeta>(meta_), ctx, out);
     } else {
       for (std::size_t j = 0; j < len; ++j) out[j] = scorer(pool.meta(head.slot(stored[j])), ctx);
     }
@@ -136,6 +141,12 @@ class ScorerRecords {
   void gather_meta(const Pool& pool, const Layout& head, std::span<const std::int64_t> stored) {
     meta_.resize(stored.size());
     for (std::size_t j = 0; j < stored.size(); ++j) meta_[j] = pool.meta(head.slot(stored[j]));
+  }
+  /// The keys of the gathered entries (meta_) where the engine keeps them, in fp32 into keys_.
+  View<const float, 2> engine_keys(const EngineKeys* engine, std::int64_t seq, int layer, int kv_head, int d) {
+    require(engine != nullptr && engine->row, "score_head: this Scorer reads stored keys, the pool holds none "
+            "(engine-owned K/V) and the engine gave none");  // the Cache requires them first
+    return memory::read_engine_keys(*engine, seq, layer, kv_head, std::span<const EntryMeta>(meta_), d, keys_);
   }
   /// The rows row(slot) of the listed entries, in fp32, into `buffer`: [N, d].
   template <class Pool, class Layout, class Row>

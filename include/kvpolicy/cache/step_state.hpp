@@ -211,7 +211,7 @@ struct StepChecks {
       require(st.appended[static_cast<std::size_t>(l)], "Cache::commit: layer ", l, " of sequence ", seq,
               " was not appended in this step");
       require(!observes_attention || st.attended[static_cast<std::size_t>(l)], "Cache::commit: layer ", l,
-              " of sequence ", seq, " was not attended in this step; this policy ranks by attention");
+              " of sequence ", seq, " was not attended (observed, over engine-owned K/V) in this step; this policy ranks by attention");
     }
   }
   void step_tokens(std::int64_t seq, const StepState& st, std::int64_t T) const {
@@ -271,15 +271,22 @@ struct StepChecks {
       require_shape(s.values, {shape.layers, shape.kv_heads, T, shape.head_dim}, "Cache::step: values");
     require_shape(s.log_beta, {shape.layers, shape.kv_heads, T}, "Cache::step: log_beta");
     if (s.gate.data != nullptr) require_shape(s.gate, {shape.layers, shape.kv_heads, T}, "Cache::step: gate");
-    if constexpr (!stores_kv_v<Storage>)
-      require(s.queries.data == nullptr && s.out.data == nullptr, "Cache::step: sequence ", s.seq,
-              ": this cache keeps no K/V (storage engine_owned), so the engine attends itself: pass no queries or out");
-    if (needs_queries)
+    if constexpr (!stores_kv_v<Storage>) {
+      // SPEC §9: the engine attends over its own K/V; a policy that ranks by attention observes its queries
+      require(s.out.data == nullptr && (s.queries.data == nullptr || needs_queries), "Cache::step: sequence ", s.seq,
+              ": this cache keeps no K/V (storage engine_owned), so the engine attends itself: pass no out",
+              needs_queries ? "" : ", and no queries (this policy does not rank by attention)");
+      if (needs_queries)
+        require(s.queries.data != nullptr, "Cache::step: sequence ", s.seq,
+                ": this policy ranks by attention; a step over engine-owned K/V needs the engine's queries");
+    } else if (needs_queries) {
       require(s.queries.data != nullptr, "Cache::step: sequence ", s.seq,
               ": this policy ranks by attention; a step needs queries and out");
+    }
     if (s.queries.data != nullptr || s.out.data != nullptr) {
       require_shape(s.queries, {shape.layers, shape.q_heads, T, shape.head_dim}, "Cache::step: queries");
-      require_shape(View<const float, 4>(s.out), {shape.layers, shape.q_heads, T, shape.head_dim}, "Cache::step: out");
+      if constexpr (stores_kv_v<Storage>)
+        require_shape(View<const float, 4>(s.out), {shape.layers, shape.q_heads, T, shape.head_dim}, "Cache::step: out");
     }
     for (int l = 0; l < shape.layers; ++l) {
       layer_inputs(l, T, st.n, layer_of(s.keys, l), layer_of(s.values, l), layer_of(s.log_beta, l),

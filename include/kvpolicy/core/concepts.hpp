@@ -253,11 +253,15 @@ AttentionMask composed_attention_mask(const E& e, const A& a) {
 template <class S>
 constexpr bool scorer_static_score = requires { requires S::static_score; };
 /// A Scorer that reads what only stored K/V give: stored keys (a HeadScorer, or a RecordScorer
-/// that declares them), or the attention over them (what a RecordingScorer records). It cannot run
-/// over K/V the engine owns.
+/// that declares them), or the attention over them (what a RecordingScorer records). Over K/V the
+/// engine owns it reads the engine's keys (core/engine_keys.hpp, SPEC §9), and never values.
 template <class S>
 constexpr bool scorer_reads_stored_kv = HeadScorer<S> || scorer_observes_attention<S> || head_data_of<S>().keys ||
                                         head_data_of<S>().values;
+/// A Scorer that reads stored values (Expected Attention's): what no engine's keys give, so it runs
+/// only over a cache that stores K/V (SPEC §9).
+template <class S>
+constexpr bool scorer_reads_stored_values = head_data_of<S>().values;
 /// How the device scores a Scorer (core/record.hpp, DeviceScoring): what it declares, else by_entry
 /// for an EntryScorer that records nothing, else none.
 template <class S>

@@ -7,8 +7,10 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <span>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -22,6 +24,7 @@
 #include "kvpolicy/cache/planner.hpp"
 #include "kvpolicy/cache/scorer_records.hpp"
 #include "kvpolicy/cache/step_state.hpp"
+#include "kvpolicy/core/engine_keys.hpp"
 #include "kvpolicy/memory/pool.hpp"
 
 namespace kvpolicy::cpu {
@@ -174,6 +177,30 @@ class Executor {
     }
   }
 
+  // ---- over engine-owned K/V (SPEC §9) ---------------------------------------------------------
+  /// Where the engine keeps the keys a Scorer reads (the pool holds none).
+  void use_engine_keys(EngineKeys keys)
+    requires(!stores_kv_v<storage_type>)
+  {
+    engine_keys_ = std::move(keys);
+  }
+  bool has_engine_keys() const { return static_cast<bool>(engine_keys_.row); }
+
+  /// The engine's attention of this step at `layer` as the Scorer records it, over the engine's
+  /// keys: queries [Hq, T, d] at positions n..n+T-1. Each head's keys are read from the engine
+  /// (all of them before any attention, so that a key the engine lacks throws with nothing
+  /// recorded) into a pool of their own type, and attended by the Backend's attend() as a pool
+  /// that stores them would be (values zero, the output dropped): each key's probability is the
+  /// one a cache storing the same keys hands its Scorer. Only the mass needs the keys (the queries
+  /// the Cache recorded already).
+  void observe(std::int64_t seq, Sequence&, typename Records::Sequence& records, int layer, std::int64_t n,
+               std::int64_t T, View<const float, 3> queries)
+    requires(!stores_kv_v<storage_type>)
+  {
+    if constexpr (Records::needs_mass)
+      memory::with_key_type(engine_keys_.type, [&]<class K>(std::type_identity<K>) { observe_mass<K>(seq, records, layer, n, T, queries); });
+  }
+
   /// Takes back the open step (entries at positions >= n) and what its attention recorded. It scans
   /// every head whether or not a step is open (a layer's append takes its own entries back).
   void abort(std::int64_t seq, Sequence& m, typename Records::Sequence& records, std::int64_t n, bool) {
@@ -201,7 +228,8 @@ class Executor {
   /// Every request's eviction (SPEC §1–5), planned and not applied; throws (a NaN score) with
   /// nothing changed.
   Plan plan(std::span<const Request> requests) const {
-    detail::HostPlanner<S, A, E, Alloc> planner{shape_, alloc_, evictor_, scorer_, admitter_};
+    detail::HostPlanner<S, A, E, Alloc> planner{shape_, alloc_, evictor_, scorer_, admitter_,
+                                                stores_kv_v<storage_type> ? nullptr : &engine_keys_};
     return planner.plan(requests);
   }
   /// Compacts every planned head; nothing in here can fail but the evicted list's growth, which
@@ -218,6 +246,45 @@ class Executor {
   }
 
  private:
+  template <class K>
+  void observe_mass(std::int64_t seq, typename Records::Sequence& records, int layer, std::int64_t n, std::int64_t T,
+                    View<const float, 3> queries) {
+    const int d = shape_.head_dim;
+    std::vector<memory::EntryPool<K>> heads(static_cast<std::size_t>(shape_.kv_heads));
+    std::vector<std::vector<std::int64_t>> slots(heads.size());
+    std::vector<float> key(static_cast<std::size_t>(d)), zero(static_cast<std::size_t>(d), 0.0f);
+    for (int h = 0; h < shape_.kv_heads; ++h) {
+      const auto head_layout = alloc_.layout(seq, layer, h);
+      auto& pool = heads[static_cast<std::size_t>(h)];
+      auto& s = slots[static_cast<std::size_t>(h)];
+      pool.resize(head_layout.length, d);
+      for (std::int64_t j = 0; j < head_layout.length; ++j) {
+        s.push_back(head_layout.slot(j));
+        const EntryMeta& m = alloc_.pool().meta(s.back());
+        const auto* row = static_cast<const K*>(memory::engine_key_row(engine_keys_, seq, layer, h, m.position));
+        for (int c = 0; c < d; ++c) key[static_cast<std::size_t>(c)] = to_float(row[c]);
+        pool.write(j, key.data(), zero.data(), m);
+      }
+    }
+    std::vector<std::int32_t> q_pos(static_cast<std::size_t>(T));
+    for (std::int64_t t = 0; t < T; ++t) q_pos[static_cast<std::size_t>(t)] = static_cast<std::int32_t>(n + t);
+    std::vector<float> dropped(static_cast<std::size_t>(queries.size()));
+    const View<float, 3> out(dropped.data(), {queries.dim(0), queries.dim(1), queries.dim(2)});
+    std::vector<std::vector<float>> mass(heads.size());
+    const AttentionMask mask = composed_attention_mask(evictor_, admitter_);
+    detail::for_each_kv_head<B>(shape_.kv_heads, attention_work(seq, layer, T), [&](int h) {
+      const auto& pool = heads[static_cast<std::size_t>(h)];
+      const std::array<std::int32_t, 1> one_page{0};
+      const memory::HeadLayout all{one_page, std::max<std::int64_t>(pool.slots(), 1), pool.slots()};
+      auto& m = mass[static_cast<std::size_t>(h)];
+      m.assign(static_cast<std::size_t>(pool.slots()), 0.0f);
+      B::attend(pool, all, h, shape_.group(), queries, q_pos, out, m, mask);
+    });
+    for (int h = 0; h < shape_.kv_heads; ++h)  // recorded in head order, undone by abort
+      Records::record_mass(scorer_, records, alloc_.pool().fields(), slots[static_cast<std::size_t>(h)],
+                           mass[static_cast<std::size_t>(h)]);
+  }
+
   void write_layer(std::int64_t seq, int layer, std::int64_t n, std::int64_t T, View<const float, 3> keys,
                    View<const float, 3> values, View<const float, 2> write_score, View<const float, 2> gate) {
     const int d = shape_.head_dim;
@@ -350,6 +417,7 @@ class Executor {
   E evictor_;
   S scorer_;
   A admitter_;
+  EngineKeys engine_keys_{};  // over engine-owned K/V: where the engine keeps the keys a Scorer reads
 };
 
 }  // namespace kvpolicy::cpu

@@ -130,6 +130,9 @@ struct wgkv {
                 "WG-KV's defaults are WGKVBudgetConfig's, with or without a budget");
   using inputs = kvpolicy::inputs::WriteGate;
   using scorers = registry::scorers<score::Frozen, score::GatedObservedAttention>;
+  /// Its ring masks the attention and its gate drops tokens at write time (SPEC §3), which an
+  /// engine attending over its own K/V would not apply (SPEC §9).
+  static constexpr bool over_engine_storage = false;
 
   template <class Backend, class Alloc, class F>
   static decltype(auto) make(const registry::Values& v, const CacheShape& shape, Alloc pool, F&& f) {

@@ -248,6 +248,12 @@ concept Policy = requires {
   typename P::scorers;
 };
 
+/// Whether policy P states that no cache of it runs over engine-owned K/V (`static constexpr bool
+/// over_engine_storage = false`: WG-KV, whose ring masks the attention); registry.hpp's
+/// over_engine_storage reads it beside what its Scorers read.
+template <class P>
+inline constexpr bool refuses_engine_storage_v = requires { requires !P::over_engine_storage; };
+
 /// Whether policy P compresses the prompt the engine declares (it states `static constexpr bool
 /// needs_prompt_length = true`: SnapKV, AdaKV, PyramidKV, Expected Attention): read by its value,
 /// false where it states none or states false.
