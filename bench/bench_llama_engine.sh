@@ -2,25 +2,27 @@
 # docs/perf.md's kvpolicy-llama table: llama.cpp alone (its full cache) against llama.cpp under a
 # token-level policy (kvpolicy-llama), at contexts of 1K, 4K and 8K tokens: the context in steps of
 # 256 tokens, then 64 tokens decoded one a step. The runs alternate (alone, trimkv, streamingllm,
-# alone, ...) --repeats times and each cell is the median: tokens/s of each part, llama.cpp's cells
-# and K/V memory, the policy's state beside it, the total, and the seconds of the policy's own
-# per-step work (inputs, gate, scores, selection, removal). Run it on an idle machine.
+# tova, alone, ...) --repeats times and each cell is the median: tokens/s of each part, llama.cpp's
+# cells and K/V memory, the policy's state beside it, the total, and the seconds of the policy's own
+# per-step work (inputs, gate, scores, selection, removal). TOVA stands for the policies that read
+# llama.cpp's K cells (the attention of each step's last query over them). Run it on an idle machine.
 #   bench/bench_llama_engine.sh [--contexts "1024 4096 8192"] [--threads 2] [--budget 256] [--repeats 3]
+#                               [--llama PATH]   (default build/default/apps/kvpolicy-llama)
 # The text: the licenses in /usr/share/common-licenses (GPL-3, GPL-2, LGPL-3, LGPL-2.1, Apache-2.0,
 # MPL-2.0) one after another, about 25,000 tokens.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-contexts="1024 4096 8192" threads=2 budget=256 repeats=3
+contexts="1024 4096 8192" threads=2 budget=256 repeats=3 llama=$root/build/default/apps/kvpolicy-llama
 while [ $# -gt 0 ]; do
   case "$1" in
     --contexts) contexts=$2; shift 2 ;;
     --threads) threads=$2; shift 2 ;;
     --budget) budget=$2; shift 2 ;;
     --repeats) repeats=$2; shift 2 ;;
-    *) echo "usage: bench/bench_llama_engine.sh [--contexts LIST] [--threads N] [--budget M] [--repeats R]" >&2; exit 2 ;;
+    --llama) llama=$2; shift 2 ;;
+    *) echo "usage: bench/bench_llama_engine.sh [--contexts LIST] [--threads N] [--budget M] [--repeats R] [--llama PATH]" >&2; exit 2 ;;
   esac
 done
-llama=$root/build/default/apps/kvpolicy-llama
 [ -x "$llama" ] || { echo "bench_llama_engine: build kvpolicy-llama first (tools/fetch-llama-cpp.sh, cmake --build --preset default)" >&2; exit 1; }
 model=$("$root/tools/fetch-model.sh" | tail -n 1)
 text=$(mktemp)
@@ -45,7 +47,8 @@ one() {  # key args...: one run, its numbers appended under key
 }
 runs=("llama.cpp alone (full cache)|"
       "trimkv, M = $budget tokens|--policy trimkv --gate $root/gates/smollm2-135m/trimkv.safetensors --budget $budget --buffer 32 --sinks 4"
-      "streamingllm, M = $budget tokens|--policy streamingllm --budget $budget --buffer 32 --sinks 4")
+      "streamingllm, M = $budget tokens|--policy streamingllm --budget $budget --buffer 32 --sinks 4"
+      "tova, M = $budget tokens|--policy tova --budget $budget --buffer 32 --sinks 4")
 for n in $contexts; do
   for ((r = 0; r < repeats; ++r)); do
     for run in "${runs[@]}"; do

@@ -55,6 +55,7 @@ SECTIONS = [
     "kvpolicy/core/view.hpp",
     "kvpolicy/core/shape.hpp",
     "kvpolicy/core/dtype.hpp",
+    "kvpolicy/core/engine_keys.hpp",
     "kvpolicy/core/mask.hpp",
     "kvpolicy/core/rule.hpp",
     "kvpolicy/parts/",

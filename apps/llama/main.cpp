@@ -8,6 +8,7 @@
 // (KeyDiff) or the attention over them (H2O, TOVA) reads llama.cpp's own cells: the callback also
 // sees where each layer's keys are written (the `cache_k_lL` row writes and their cell indices).
 // docs/integration.md walks through it.
+#include <ggml-cpu.h>
 #include <llama.h>
 
 #include <algorithm>
@@ -96,33 +97,39 @@ Args parse(int argc, char** argv) {
   return a;
 }
 
-/// What a step's graph gave the callback, per layer: the normed input [T, D] and the queries,
-/// keys and values after RoPE as llama.cpp lays them out ([T, heads, d]).
+/// What a step's graph gave the callback, per layer: the normed input [T, D] and the queries
+/// after RoPE and values as llama.cpp lays them out ([T, heads, d]), each only where the policy
+/// reads it; and where llama.cpp keeps the keys (the keys themselves are read from its cells).
 struct Captured {
-  enum Kind { normed, queries, keys, values, kinds };
+  enum Kind { normed, queries, values, keys, kinds };  // keys: the rotated Kcur, for --check-memory alone
   std::vector<std::array<std::vector<float>, kinds>> layer;
-  bool want_queries = false;
-  /// Where llama.cpp keeps each layer's keys (for a policy that reads them, SPEC §9): its K cells
-  /// (cells x Hkv*d of `key_type`, a row `row_bytes` apart) and the cells this step's tokens went to.
+  std::array<bool, kinds> wanted{};  ///< what the policy reads: each wanted tensor splits llama.cpp's graph there
+  /// Each layer's K cells (cells x Hkv*d of `type`, a row `row_bytes` apart): fixed once the
+  /// context is made, taken from the layer's first row write.
   struct KeyCells {
     const char* base = nullptr;
     std::size_t row_bytes = 0;
     std::int64_t row_elements = 0;
     ggml_type type = GGML_TYPE_COUNT;
-    std::vector<std::int64_t> step_cells;
   };
-  std::vector<KeyCells> key_cells;  ///< per layer; empty where nothing reads llama.cpp's keys
+  std::vector<KeyCells> key_cells;
+  /// The cells this step's tokens were written to: one index input serves every layer's write
+  /// (llama-graph.cpp, self_k_idxs), read at layer 0's; emptied once the step's keys are read.
+  std::vector<std::int64_t> step_cells;
   std::string error;  ///< what the callback could not take (it must not throw through llama.cpp)
 };
 
 /// The row write of layer L's keys into llama.cpp's K cells (ggml_set_rows into `cache_k_lL`,
-/// llama-kv-cache.cpp cpy_k): its destination, the cells written. False where `t` is none.
-bool capture_key_cells(ggml_tensor* t, const char* name, bool ask, Captured& c) {
+/// llama-kv-cache.cpp cpy_k): the cells' address and layout, and at layer 0 the cells written.
+/// Wanted at layer 0 every step, at another layer until its cells are known. False where `t` is none.
+bool capture_key_cells(ggml_tensor* t, const char* name, bool ask, bool& wanted, Captured& c) {
   int layer = -1, used = 0;
   if (c.key_cells.empty() || t->op != GGML_OP_SET_ROWS || std::sscanf(name, "cache_k_l%d (view)%n", &layer, &used) != 1 ||
       name[used] != '\0' || layer < 0 || layer >= static_cast<int>(c.key_cells.size()))
     return false;
-  if (ask) return true;
+  auto& k = c.key_cells[static_cast<std::size_t>(layer)];
+  wanted = layer == 0 || k.base == nullptr;
+  if (ask || !wanted) return true;
   const ggml_tensor* cells = t->src[2];  // ggml_set_rows: src[0] the rows, src[1] their indices, src[2] the destination
   const ggml_tensor* index = t->src[1];
   if (!cells || !index || !cells->buffer || !ggml_backend_buffer_is_host(cells->buffer) || !index->buffer ||
@@ -131,37 +138,42 @@ bool capture_key_cells(ggml_tensor* t, const char* name, bool ask, Captured& c) 
     c.error = std::string(name) + " is not one stream's K cells in host memory written at I64 cell indices";
     return true;
   }
-  auto& k = c.key_cells[static_cast<std::size_t>(layer)];
   k.base = static_cast<const char*>(cells->data);
   k.row_bytes = cells->nb[1];
   k.row_elements = cells->ne[0];
   k.type = cells->type;
-  const auto* at = static_cast<const std::int64_t*>(index->data);
-  k.step_cells.assign(at, at + index->ne[0]);
+  if (layer == 0) {
+    const auto* at = static_cast<const std::int64_t*>(index->data);
+    c.step_cells.assign(at, at + index->ne[0]);
+  }
   return true;
 }
 
 /// llama.cpp's evaluation callback (ggml_backend_sched_eval_callback): asked first whether a
-/// tensor is wanted, then called with its data once computed. The LLaMA graph names a layer's
-/// tensors NAME-L exactly (views of them get suffixes); of two tensors named Kcur-L or Qcur-L the
-/// later is the rotated one, which overwrites the other. Nothing may throw through llama.cpp's C
-/// code: a problem is recorded, the computation stopped (return false), and run_steps reports it.
+/// tensor is wanted, then called with its data once computed; every wanted tensor ends a part of
+/// the graph llama.cpp computes apart, so only what the policy reads is asked for. The LLaMA graph
+/// names a layer's tensors NAME-L exactly (views of them get suffixes), some twice: `Qcur-L` names
+/// (and `Kcur-L`) the projection and then its rotation (GGML_OP_ROPE, the one taken), `Vcur-L` the projection and
+/// then its reshape (a view of the same values, not taken). Nothing may throw through llama.cpp's
+/// C code: a problem is recorded, the computation stopped (return false), and run_steps reports it.
 bool capture(ggml_tensor* t, bool ask, void* user) {
   auto& c = *static_cast<Captured*>(user);
   const char* name = ggml_get_name(t);
-  if (capture_key_cells(t, name, ask, c)) return ask || c.error.empty();
+  bool wanted = false;
+  if (capture_key_cells(t, name, ask, wanted, c)) return ask ? wanted : c.error.empty();
   char base[32] = {0};
   int layer = -1, used = 0;
   if (std::sscanf(name, "%31[^-]-%d%n", base, &layer, &used) != 2 || name[used] != '\0' || layer < 0 ||
       layer >= static_cast<int>(c.layer.size()))
     return !ask;
   const std::string b(base);
+  const bool view = t->op == GGML_OP_VIEW || t->op == GGML_OP_RESHAPE || t->op == GGML_OP_PERMUTE || t->op == GGML_OP_TRANSPOSE;
   int kind = -1;
   if (b == "attn_norm") kind = Captured::normed;
-  else if (b == "Kcur") kind = Captured::keys;
-  else if (b == "Vcur") kind = Captured::values;
-  else if (b == "Qcur" && c.want_queries) kind = Captured::queries;
-  if (kind < 0) return !ask;
+  else if (b == "Vcur" && !view) kind = Captured::values;
+  else if (b == "Qcur" && t->op == GGML_OP_ROPE) kind = Captured::queries;
+  else if (b == "Kcur" && t->op == GGML_OP_ROPE) kind = Captured::keys;
+  if (kind < 0 || !c.wanted[static_cast<std::size_t>(kind)]) return !ask;
   if (ask) return true;
   if (t->type != GGML_TYPE_F32 || t->nb[0] != sizeof(float) || !t->buffer || !ggml_backend_buffer_is_host(t->buffer)) {
     c.error = std::string(name) + " is not F32 rows in host memory";
@@ -189,11 +201,17 @@ void heads_first(const std::vector<float>& in, std::int64_t T, std::int64_t H, s
       std::copy_n(&in[static_cast<std::size_t>((t * H + h) * d)], d, &out[static_cast<std::size_t>((h * T + t) * d)]);
 }
 
+/// The model, its context, and the threads llama.cpp computes on: one pool for the whole run
+/// (llama_attach_threadpool, as llama.cpp's own tools attach one), with or without a policy. Without
+/// it ggml starts and joins a pool for every part of the graph it computes apart, which the
+/// evaluation callback makes many of a step.
 struct Model {
   llama_model* model = nullptr;
   llama_context* ctx = nullptr;
+  ggml_threadpool* threads = nullptr;
   ~Model() {
     if (ctx) llama_free(ctx);
+    if (threads) ggml_threadpool_free(threads);
     if (model) llama_model_free(model);
   }
 };
@@ -266,6 +284,8 @@ void decode_step(Model& m, const Captured& cap, llama_batch& batch, const llama_
     batch.logits[i] = 1;
   }
   const int rc = llama_decode(m.ctx, batch);
+  // the pool's threads stop polling for work: the policy's own threads run next (core/parallel.hpp)
+  ggml_threadpool_pause(m.threads);
   require(cap.error.empty(), "the evaluation callback at position ", first, ": ", cap.error);
   require(rc == 0, "llama_decode failed at position ", first, " (", rc,
           rc == 1 ? ": no free cell in llama.cpp's context" : "", ")");
@@ -300,42 +320,63 @@ void run_steps(const Args& a, Model& m, const Captured& cap, Policy* policy, con
   }
 }
 
-/// llama.cpp's keys as a policy reads them over its cells (EngineKeys, SPEC §9): the cell each
-/// position the policy holds was written to, from the steps' row writes (llama.cpp neither moves a
-/// cell nor reuses one before llama_memory_seq_rm frees it), and each layer's K cells.
+/// llama.cpp's keys as the policy reads them, from its K cells: the step's keys for append() (the
+/// values llama.cpp's attention reads, in its cells' type) and, for a policy that reads stored keys
+/// or the attention over them, EngineKeys (SPEC §9). It keeps the cell each position the policy
+/// holds was written to: llama.cpp neither moves a cell nor reuses one before llama_memory_seq_rm
+/// frees it (no K-shift without llama_memory_seq_add, no defragmentation, no sliding window: run()
+/// refuses a model with one).
 struct LlamaKeys {
-  const Captured& cap;
+  Captured& cap;
   CacheShape shape;
   std::unordered_map<std::int32_t, std::int64_t> cell_of{};  // held positions only: at most the context's cells
+  std::vector<std::int64_t> cells{};                         // the step's tokens'
 
-  /// The step's T tokens at positions first.. were written to the cells every layer's write names.
+  /// The step's T tokens at positions first.. were written to the cells layer 0's write names.
   void written(std::int64_t first, std::int64_t T) {
-    const auto& cells = cap.key_cells.front().step_cells;
+    require(static_cast<std::int64_t>(cap.step_cells.size()) == T, "the step at position ", first, " wrote ",
+            cap.step_cells.size(), " of llama.cpp's K cells, not its ", T, " tokens'");
+    cells.swap(cap.step_cells);
+    cap.step_cells.clear();  // the next step's write must be seen again
     for (int l = 0; l < shape.layers; ++l) {
       const auto& k = cap.key_cells[static_cast<std::size_t>(l)];
-      require(k.base != nullptr && k.step_cells == cells && static_cast<std::int64_t>(cells.size()) == T,
-              "layer ", l, "'s keys of the step at position ", first, " were not written to the ", T,
-              " cells layer 0's were");
+      require(k.base != nullptr, "layer ", l, "'s write into llama.cpp's K cells was not seen");
       require(k.row_elements == std::int64_t{shape.kv_heads} * shape.head_dim, "layer ", l, "'s K cells hold ",
               k.row_elements, " values a row, not Hkv * d = ", std::int64_t{shape.kv_heads} * shape.head_dim);
+      require(k.type == GGML_TYPE_F16 || k.type == GGML_TYPE_F32 || k.type == GGML_TYPE_BF16, "llama.cpp's K cells are ",
+              ggml_type_name(k.type), "; kvpolicy-llama reads F16, F32 or BF16 cells");
     }
     for (std::int64_t t = 0; t < T; ++t) cell_of[static_cast<std::int32_t>(first + t)] = cells[static_cast<std::size_t>(t)];
   }
   void freed(const PositionRun& r) {
     for (std::int64_t p = r.first; p < r.end; ++p) cell_of.erase(static_cast<std::int32_t>(p));
   }
-  /// Where a key is, once a step has shown the cells' type: F16 (llama.cpp's default), F32 or BF16.
-  EngineKeys keys() const {
+  KeyType key_type() const {
     const ggml_type type = cap.key_cells.front().type;
-    require(type == GGML_TYPE_F16 || type == GGML_TYPE_F32 || type == GGML_TYPE_BF16, "llama.cpp's K cells are ",
-            ggml_type_name(type), "; a policy reads keys of F16, F32 or BF16 cells");
-    const KeyType key_type = type == GGML_TYPE_F16 ? KeyType::float16 : type == GGML_TYPE_F32 ? KeyType::float32 : KeyType::bfloat16;
-    const std::size_t head_bytes = ggml_type_size(type) * static_cast<std::size_t>(shape.head_dim);
-    return {key_type, [this, head_bytes](std::int64_t seq, int layer, int kv_head, std::int32_t position) -> const void* {
+    return type == GGML_TYPE_F16 ? KeyType::float16 : type == GGML_TYPE_F32 ? KeyType::float32 : KeyType::bfloat16;
+  }
+  const char* row(int layer, std::int64_t cell, int kv_head) const {
+    const auto& k = cap.key_cells[static_cast<std::size_t>(layer)];
+    return k.base + static_cast<std::size_t>(cell) * k.row_bytes +
+           static_cast<std::size_t>(kv_head) * ggml_type_size(k.type) * static_cast<std::size_t>(shape.head_dim);
+  }
+  /// Layer l's keys of the step's T tokens, [Hkv, T, d] in fp32.
+  void step_keys(int l, std::int64_t T, std::vector<float>& out) const {
+    const std::int64_t H = shape.kv_heads, d = shape.head_dim;
+    out.resize(static_cast<std::size_t>(H * T * d));
+    memory::with_key_type(key_type(), [&]<class K>(std::type_identity<K>) {
+      for (int h = 0; h < H; ++h)
+        for (std::int64_t t = 0; t < T; ++t) {
+          const auto* r = reinterpret_cast<const K*>(row(l, cells[static_cast<std::size_t>(t)], h));
+          for (std::int64_t c = 0; c < d; ++c) out[static_cast<std::size_t>((h * T + t) * d + c)] = to_float(r[c]);
+        }
+    });
+  }
+  /// Where a held position's key is.
+  EngineKeys keys() const {
+    return {key_type(), [this](std::int64_t seq, int layer, int kv_head, std::int32_t position) -> const void* {
               const auto it = cell_of.find(position);
-              if (seq != 0 || it == cell_of.end()) return nullptr;
-              const auto& k = cap.key_cells[static_cast<std::size_t>(layer)];
-              return k.base + static_cast<std::size_t>(it->second) * k.row_bytes + static_cast<std::size_t>(kv_head) * head_bytes;
+              return seq != 0 || it == cell_of.end() ? nullptr : row(layer, it->second, kv_head);
             }};
   }
 };
@@ -354,13 +395,26 @@ struct Evicting {
   CacheShape shape;
   int hidden;
   bool check_memory;
-  LlamaKeys* llama_keys = nullptr;  ///< where the policy reads llama.cpp's keys; null for one that reads none
+  LlamaKeys& llama_keys;
   std::int64_t held_max = 0, evicted_positions = 0, steps_checked = 0, next_position = 0;
-  std::vector<float> log_beta{}, keys{}, values{}, queries{}, out{};
+  std::vector<float> log_beta{}, keys{}, values{}, queries{}, rotated{};
   double policy_seconds = 0.0;  ///< the policy's per-step work: inputs, gate, append, scores, selection, removal
   std::vector<EvictedEntry> evicted{};
   std::vector<std::uint8_t> state{};
   std::vector<std::int32_t> kept{};
+
+  /// --check-memory: the keys read from llama.cpp's cells are its rotated keys of the step as its
+  /// cells' type holds them, bit for bit (the cells are the ones written).
+  void check_keys(int l, std::int64_t T) {
+    const std::int64_t H = shape.kv_heads, d = shape.head_dim;
+    heads_first(cap.layer[static_cast<std::size_t>(l)][Captured::keys], T, H, d, rotated);
+    memory::with_key_type(llama_keys.key_type(), [&]<class K>(std::type_identity<K>) {
+      for (std::size_t i = 0; i < rotated.size(); ++i)
+        require(dtype::float_bits(to_float(from_float<K>(rotated[i]))) == dtype::float_bits(keys[i]), "layer ", l,
+                ": the key read from llama.cpp's cell (", keys[i], ") is not the step's rotated key (", rotated[i],
+                ") at flat index ", i, " of the step ending at position ", next_position - 1);
+    });
+  }
 
   /// --check-memory: llama.cpp's memory holds exactly the positions every (layer, kv head) of the
   /// policy keeps (SPEC §8: one decision per position), and its own min and max say the same.
@@ -388,38 +442,31 @@ struct Evicting {
 
   void operator()(std::int64_t T) {
     const auto t0 = std::chrono::steady_clock::now();
-    if (llama_keys) {
-      if (next_position == 0) cache.use_engine_keys(llama_keys->keys());  // the first step showed the cells' type
-      llama_keys->written(next_position, T);
-    }
+    llama_keys.written(next_position, T);
+    if (next_position == 0 && cache.reads_stored_kv())
+      cache.use_engine_keys(llama_keys.keys());  // the first step showed the cells' type
     next_position += T;
     const std::int64_t H = shape.kv_heads, d = shape.head_dim;
-    const bool with_values = cache.stores_kv() || producer.needs().values;
+    const auto& needs = producer.needs();
     for (int l = 0; l < shape.layers; ++l) {
       auto& c = cap.layer[static_cast<std::size_t>(l)];
-      heads_first(c[Captured::keys], T, H, d, keys);
-      if (with_values) heads_first(c[Captured::values], T, H, d, values);
+      llama_keys.step_keys(l, T, keys);
+      if (check_memory) check_keys(l, T);
+      if (needs.values) heads_first(c[Captured::values], T, H, d, values);
       log_beta.assign(static_cast<std::size_t>(H * T), 0.0f);
-      const auto& needs = producer.needs();
       if (needs.per_layer()) {
         require(static_cast<std::int64_t>(c[Captured::normed].size()) == T * hidden,
                 "attn_norm-", l, " was not captured for ", T, " tokens");
         apps::layer_inputs(producer, 0, l,
-                           {c[Captured::normed].data(), nullptr, keys.data(), with_values ? values.data() : nullptr},
+                           {c[Captured::normed].data(), nullptr, keys.data(), needs.values ? values.data() : nullptr},
                            shape, hidden, T, log_beta.data());
       }
       cache.append(0, l, View<const float, 3>(keys.data(), {H, T, d}),
-                   with_values ? View<const float, 3>(values.data(), {H, T, d}) : View<const float, 3>{},
+                   needs.values ? View<const float, 3>(values.data(), {H, T, d}) : View<const float, 3>{},
                    View<const float, 2>(log_beta.data(), {H, T}));
-      if (cap.want_queries) {
+      if (cap.wanted[Captured::queries]) {  // llama.cpp attended over its cells; the policy records what it ranks by
         heads_first(c[Captured::queries], T, shape.q_heads, d, queries);
-        const View<const float, 3> q(queries.data(), {shape.q_heads, T, d});
-        if (!cache.stores_kv()) {
-          cache.observe(0, l, q);  // llama.cpp attended over its cells; the policy records what it ranks by
-        } else {
-          out.resize(queries.size());
-          cache.attend(0, l, q, View<float, 3>(out.data(), {shape.q_heads, T, d}));
-        }
+        cache.observe(0, l, View<const float, 3>(queries.data(), {shape.q_heads, T, d}));
       }
     }
     // what llama.cpp holds before the step's eviction: its own count where checked
@@ -432,7 +479,7 @@ struct Evicting {
       require(llama_memory_seq_rm(llama_get_memory(m.ctx), 0, r.first, r.end), "llama_memory_seq_rm(0, ", r.first,
               ", ", r.end, ") failed");
       evicted_positions += r.end - r.first;
-      if (llama_keys) llama_keys->freed(r);
+      llama_keys.freed(r);
     }
     policy_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (check_memory) check();
@@ -461,6 +508,10 @@ int run(const Args& a) {
             kv_heads = llama_model_n_head_kv(m.model), hidden = llama_model_n_embd(m.model);
   const int d = hidden / q_heads;
   const CacheShape shape{layers, kv_heads, q_heads, d};
+  // the policy reads each held position's key from the cell it was written to; a sliding-window
+  // model's cache reuses the cells of positions outside its window, which the policy may still hold
+  require(a.selection.policy.empty() || llama_model_n_swa(m.model) == 0, a.model, " attends over a sliding window of ",
+          llama_model_n_swa(m.model), " tokens, whose cache reuses cells the policy may hold; kvpolicy-llama runs models without one");
 
   std::vector<llama_token> ids;
   if (!a.text.empty()) ids = tokenize(vocab, apps::read_file("--text", a.text), a.tokens);
@@ -496,6 +547,10 @@ int run(const Args& a) {
   }
   m.ctx = llama_init_from_model(m.model, cp);
   require(m.ctx != nullptr, "llama.cpp cannot make a context of ", cp.n_ctx, " cells");
+  ggml_threadpool_params pool = ggml_threadpool_params_default(a.threads);
+  m.threads = ggml_threadpool_new(&pool);
+  require(m.threads != nullptr, "ggml cannot start a pool of ", a.threads, " threads");
+  llama_attach_threadpool(m.ctx, m.threads, m.threads);
   const int n_vocab = llama_vocab_n_tokens(vocab);
   // llama.cpp's K/V: n_ctx cells of L layers x Hkv heads x d, F16 keys and values
   const double kv_mib = static_cast<double>(llama_n_ctx(m.ctx)) * layers * kv_heads * d * 2 * 2 / (1024.0 * 1024.0);
@@ -560,12 +615,16 @@ int run(const Args& a) {
     }
     policy_mib = static_cast<double>(cache->pool_bytes()) / (1024.0 * 1024.0);
     policy_holds = cache->reads_stored_kv() ? "metadata only, reading llama.cpp's K cells" : "metadata only, over llama.cpp's K/V";
-    cap.want_queries = cache->observes_attention();
+    // what the callback takes: the K cells' writes always (the keys are read from the cells), and
+    // the normed inputs, values and queries only where the policy reads them
+    cap.key_cells.resize(static_cast<std::size_t>(layers));
+    cap.wanted[Captured::normed] = producer.needs().per_layer();
+    cap.wanted[Captured::values] = producer.needs().values;
+    cap.wanted[Captured::queries] = cache->observes_attention();
+    cap.wanted[Captured::keys] = a.check_memory;
     LlamaKeys llama_keys{cap, shape};
-    if (cache->reads_stored_kv()) cap.key_cells.resize(static_cast<std::size_t>(layers));
     cache->add_sequence(0, std::min(prefill, N));
-    Evicting policy{*cache, producer, cap, m, shape, hidden, a.check_memory,
-                    cache->reads_stored_kv() ? &llama_keys : nullptr};
+    Evicting policy{*cache, producer, cap, m, shape, hidden, a.check_memory, llama_keys};
     go(&policy);
     held_max = policy.held_max;
     policy_seconds = policy.policy_seconds;

@@ -20,6 +20,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <utility>
 #include <vector>
@@ -285,7 +286,7 @@ class Cache {
     requires reads_engine_keys && requires(Executor& x) { x.use_engine_keys(std::move(keys)); }
   {
     require(static_cast<bool>(keys.row), "Cache::use_engine_keys: the engine's row() is empty");
-    (void)memory::with_key_type(keys.type, [](auto) { return 0; });  // a type it names
+    (void)memory::with_key_type(keys.type, [](auto) { return 0; });  // throws for none of fp32, fp16, bf16
     executor_.use_engine_keys(std::move(keys));
   }
 
@@ -297,7 +298,10 @@ class Cache {
   /// observed once. Throws as attend() does, for a policy that does not rank by attention, and for
   /// a key the engine does not hold (nothing recorded).
   void observe(std::int64_t seq, int layer, View<const float, 3> queries)
-    requires(!stores_kv && observes_attention)
+    requires(!stores_kv && observes_attention) &&
+            requires(Executor& x, typename Executor::Sequence& m, typename Records::Sequence& r, std::function<void()> f) {
+              x.observe(seq, m, r, layer, std::int64_t{}, std::int64_t{}, queries, f);
+            }
   {
     SequenceState& st = state_of(seq);
     checks_.layer(layer, "observe");
@@ -306,7 +310,7 @@ class Cache {
     require(!st.attended[static_cast<std::size_t>(layer)], "Cache::observe: layer ", layer, " of sequence ", seq,
             " was already observed in this step; this policy ranks by attention and counts each query once");
     require_shape(queries, {shape_.q_heads, st.pending, shape_.head_dim}, "Cache::observe: queries");
-    checks_.queries(queries, layer);
+    checks_.queries(queries, layer, "Cache::observe");
     observe_layer(st, seq, layer, queries);
   }
 
@@ -441,8 +445,8 @@ class Cache {
 
   /// The composition's own checks, before the Backend takes any memory.
   static const CacheShape& validated(const CacheShape& shape, const E& evictor, const S& scorer, const A& admitter) {
-    // SPEC §9: over engine-owned K/V only what the metadata decides, and nothing the engine's own
-    // attention or memory would have to be told besides the evicted entries
+    // SPEC §9: over engine-owned K/V only what the metadata and the engine's keys decide, and
+    // nothing the engine's own attention or memory would have to be told besides the evicted entries
     if constexpr (!stores_kv && scorer_reads_stored_values<S>)
       fail("kvpolicy::Cache: this policy's Scorer reads the values of stored entries, which a cache over "
            "engine-owned K/V (storage engine_owned) does not hold nor read from the engine; give it a storage "
@@ -497,9 +501,10 @@ class Cache {
   }
   void observe_layer(SequenceState& st, std::int64_t seq, int layer, View<const float, 3> queries) {
     if constexpr (!stores_kv && observes_attention) {
-      // the mass first: a key the engine lacks throws before anything is recorded
-      executor_.observe(seq, st.memory, st.records, layer, st.n, st.pending, queries);
-      Records::record_queries(scorer(), st.records, layer, queries, st.n);
+      // the queries are recorded once the mass is made (a key the engine lacks throws before) and
+      // before it is recorded (recording it cannot fail): a call that throws records nothing
+      executor_.observe(seq, st.memory, st.records, layer, st.n, st.pending, queries,
+                        [&] { Records::record_queries(scorer(), st.records, layer, queries, st.n); });
       st.attended[static_cast<std::size_t>(layer)] = 1;
     }
   }

@@ -256,9 +256,9 @@ struct StepChecks {
           require(std::isfinite(memory::key_norm(&keys(h, t, 0), shape.head_dim)), "Cache::append: layer ", l,
                   " head ", h, " token ", t, ": the key's norm overflows fp32");
   }
-  void queries(View<const float, 3> q, int l) const {
+  void queries(View<const float, 3> q, int l, const char* call = "Cache::attend") const {
     for (std::int64_t i = 0; i < q.size(); ++i)
-      require(std::isfinite(q.data[i]), "Cache::attend: layer ", l, " queries hold ", q.data[i], " at flat index ", i);
+      require(std::isfinite(q.data[i]), call, ": layer ", l, " queries hold ", q.data[i], " at flat index ", i);
   }
   /// step(): every layer's inputs, before any is written. `needs_queries`: the policy ranks by
   /// attention (H2O's mass, SnapKV's window), so a step must attend.
@@ -291,7 +291,7 @@ struct StepChecks {
     for (int l = 0; l < shape.layers; ++l) {
       layer_inputs(l, T, st.n, layer_of(s.keys, l), layer_of(s.values, l), layer_of(s.log_beta, l),
                    layer_of(s.gate, l));
-      if (s.queries.data != nullptr) queries(layer_of(s.queries, l), l);
+      if (s.queries.data != nullptr) queries(layer_of(s.queries, l), l, "Cache::step");
     }
   }
 };

@@ -26,8 +26,10 @@ enum class KeyType : std::uint8_t { float32, float16, bfloat16 };
 /// Where an engine keeps its keys. row(seq, layer, kv_head, position) is the address of the key the
 /// engine attends with at that position (after RoPE, as Cache::append takes keys): head_dim
 /// elements of `type`, contiguous; nullptr where the engine holds no such key, which the Cache
-/// reports as an error. The Cache calls it only inside its own calls (observe, commit, step), from
-/// the calling thread, for positions it holds; an address must stay valid until that call returns.
+/// reports as an error. The Cache calls it only inside its own calls (observe, commit, step), on the
+/// thread that makes the call (calls on different sequences may run at once: docs/concurrency.md),
+/// for positions it holds, the step's own included; an address must stay valid until that call
+/// returns.
 struct EngineKeys {
   KeyType type = KeyType::float16;
   std::function<const void*(std::int64_t seq, int layer, int kv_head, std::int32_t position)> row;

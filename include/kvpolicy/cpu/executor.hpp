@@ -191,14 +191,19 @@ class Executor {
   /// (all of them before any attention, so that a key the engine lacks throws with nothing
   /// recorded) into a pool of their own type, and attended by the Backend's attend() as a pool
   /// that stores them would be (values zero, the output dropped): each key's probability is the
-  /// one a cache storing the same keys hands its Scorer. Only the mass needs the keys (the queries
-  /// the Cache recorded already).
+  /// one a cache storing the same keys hands its Scorer. `record_queries` (the Cache's) runs once
+  /// the mass is made and before it is recorded.
+  template <class RecordQueries>
   void observe(std::int64_t seq, Sequence&, typename Records::Sequence& records, int layer, std::int64_t n,
-               std::int64_t T, View<const float, 3> queries)
+               std::int64_t T, View<const float, 3> queries, RecordQueries&& record_queries)
     requires(!stores_kv_v<storage_type>)
   {
     if constexpr (Records::needs_mass)
-      memory::with_key_type(engine_keys_.type, [&]<class K>(std::type_identity<K>) { observe_mass<K>(seq, records, layer, n, T, queries); });
+      memory::with_key_type(engine_keys_.type, [&]<class K>(std::type_identity<K>) {
+        observe_mass<K>(seq, records, layer, n, T, queries, record_queries);
+      });
+    else
+      record_queries();
   }
 
   /// Takes back the open step (entries at positions >= n) and what its attention recorded. It scans
@@ -246,9 +251,9 @@ class Executor {
   }
 
  private:
-  template <class K>
+  template <class K, class RecordQueries>
   void observe_mass(std::int64_t seq, typename Records::Sequence& records, int layer, std::int64_t n, std::int64_t T,
-                    View<const float, 3> queries) {
+                    View<const float, 3> queries, RecordQueries& record_queries) {
     const int d = shape_.head_dim;
     std::vector<memory::EntryPool<K>> heads(static_cast<std::size_t>(shape_.kv_heads));
     std::vector<std::vector<std::int64_t>> slots(heads.size());
@@ -280,6 +285,7 @@ class Executor {
       m.assign(static_cast<std::size_t>(pool.slots()), 0.0f);
       B::attend(pool, all, h, shape_.group(), queries, q_pos, out, m, mask);
     });
+    record_queries();
     for (int h = 0; h < shape_.kv_heads; ++h)  // recorded in head order, undone by abort
       Records::record_mass(scorer_, records, alloc_.pool().fields(), slots[static_cast<std::size_t>(h)],
                            mass[static_cast<std::size_t>(h)]);

@@ -117,8 +117,8 @@ class EntryPool {
 
 /// The pool of a cache over K/V the engine owns (engine_owned): each slot holds its entry's
 /// metadata only, never K or V, so the cache costs sizeof(EntryMeta) bytes per entry. Nothing
-/// reads K/V from it: the Cache refuses a Scorer that reads stored keys or attention over this
-/// storage (cache.hpp, reads_stored_kv).
+/// reads K/V from it: a Scorer that reads keys reads the engine's (core/engine_keys.hpp, SPEC §9),
+/// and the Cache refuses one that reads values (cache.hpp).
 template <>
 class EntryPool<engine_owned> {
  public:
