@@ -2,12 +2,12 @@
 // token-level (union) mode (SPEC §8). llama.cpp's cache cell holds one token's K/V for every kv head
 // of a layer, so a token leaves every head at once: after every step the policy says which
 // positions go, and they leave llama.cpp's memory through llama_memory_seq_rm. The policy's inputs
-// come from llama.cpp's graph through its evaluation callback: each layer's normed input
-// (`attn_norm-L`, for the retention gates), its keys after RoPE (`Kcur-L`), values (`Vcur-L`) and,
-// for a policy that ranks by attention, its queries (`Qcur-L`). A policy that reads stored keys
-// (KeyDiff) or the attention over them (H2O, TOVA) reads llama.cpp's own cells: the callback also
-// sees where each layer's keys are written (the `cache_k_lL` row writes and their cell indices).
-// docs/integration.md walks through it.
+// come from llama.cpp's graph through its evaluation callback, each only where the policy reads it:
+// a layer's normed input (`attn_norm-L`, for the retention gates), its values (`Vcur-L`) and, for a
+// policy that ranks by attention, its rotated queries (`Qcur-L`). Keys are read from llama.cpp's own
+// K cells (the step's for append(); any held position's for a policy that reads stored keys or the
+// attention over them: KeyDiff, H2O, TOVA): the callback sees where each layer's keys are written
+// (the `cache_k_lL` row writes and their cell indices). docs/integration.md walks through it.
 #include <ggml-cpu.h>
 #include <llama.h>
 
