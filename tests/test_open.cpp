@@ -266,48 +266,76 @@ TEST_CASE("registry: every gated policy runs its source's example gate, whose le
   CHECK(ordered >= 4);  // TRIM-KV's, DBTrimKV's and WG-KV's gates, KVzap's surrogate: a bias per head
 }
 
+namespace {
+// SPEC §8, "Gate for the layout": OUT holds PER_HEAD's tensors under their names and TOKEN_LEVEL's under
+// names prefixed token_level.
+void write_both_layouts(const std::string& per_head, const std::string& token_level, const std::string& out) {
+  safetensors::Writer both;
+  for (const auto& [file, prefix] : {std::pair{per_head, std::string()}, std::pair{token_level, std::string(gate::token_level_prefix)}}) {
+    const auto f = safetensors::File::read(file);
+    for (const auto& n : f.names()) both.add_f32(prefix + n, f.info(n).shape, f.floats(n));
+  }
+  both.write(out);
+}
+
+// Every layer's log_beta [L][Hkv][T] that `policy` computes from `file` in `mode` on the normed inputs x [T, D].
+struct GateScores {
+  inputs::ModelShape model{kShape, 24, 0};
+  static constexpr std::int64_t T = 3;
+  std::vector<float> x;
+  explicit GateScores(std::uint64_t seed) : x(static_cast<std::size_t>(T * model.hidden)) {
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (float& e : x) e = normal(rng);
+  }
+  std::vector<float> operator()(const char* policy, const std::string& file, const char* mode) const {
+    const std::int64_t H = kShape.kv_heads;
+    const inputs::Producer p = registry::open_inputs({policy, {{"gate", file}, {"mode", mode}}}, model);
+    inputs::LayerActivations a;
+    a.normed_input = View<const float, 2>(x.data(), {T, model.hidden});
+    std::vector<float> out(static_cast<std::size_t>(H * T * kShape.layers));
+    for (int l = 0; l < kShape.layers; ++l) p.layer(0, l, a, View<float, 2>(out.data() + l * H * T, {H, T}));
+    return out;
+  }
+};
+}  // namespace
+
 TEST_CASE("registry: in the token-level mode a retention policy reads the file's token-level gate where it holds one") {
   // SPEC §8, "Gate for the layout": a file may hold a second gate under names prefixed token_level.;
   // --mode union reads it, --mode per-head the plain names; a file without one serves both modes
-  const inputs::ModelShape model{kShape, 24, 0};
-  const std::int64_t T = 3, H = kShape.kv_heads;
-  std::vector<float> x(static_cast<std::size_t>(T * model.hidden));
-  std::mt19937_64 rng(5);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  for (float& e : x) e = normal(rng);
+  const GateScores scores(5);
   const auto dir = std::filesystem::temp_directory_path();
   for (const char* name : {"trimkv", "dbtrimkv"}) {
     CAPTURE(name);
     const auto path = [&](const std::string& what) { return (dir / ("kvpolicy-" + std::string(name) + "-" + what + ".safetensors")).string(); };
-    registry::example_gate(name, path("low"), model, -30.0f);
-    registry::example_gate(name, path("high"), model, 30.0f);
-    // one file: the low gate under the plain names, the high one under token_level.
-    safetensors::Writer both;
-    for (const auto& [file, prefix] : {std::pair{path("low"), std::string()}, std::pair{path("high"), std::string(gate::token_level_prefix)}}) {
-      const auto f = safetensors::File::read(file);
-      for (const auto& n : f.names()) {
-        const auto values = f.floats(n);
-        both.add_f32(prefix + n, f.info(n).shape, values);
-      }
-    }
-    both.write(path("both"));
-    const auto scores = [&](const std::string& file, const char* mode) {
-      const inputs::Producer p = registry::open_inputs({name, {{"gate", file}, {"mode", mode}}}, model);
-      inputs::LayerActivations a;
-      a.normed_input = View<const float, 2>(x.data(), {T, model.hidden});
-      std::vector<float> out(static_cast<std::size_t>(H * T * kShape.layers));
-      for (int l = 0; l < kShape.layers; ++l) p.layer(0, l, a, View<float, 2>(out.data() + l * H * T, {H, T}));
-      return out;
-    };
-    const auto low = scores(path("low"), "per-head"), high = scores(path("high"), "per-head");
+    registry::example_gate(name, path("low"), scores.model, -30.0f);
+    registry::example_gate(name, path("high"), scores.model, 30.0f);
+    write_both_layouts(path("low"), path("high"), path("both"));  // the low gate per head, the high one token level
+    const auto low = scores(name, path("low"), "per-head"), high = scores(name, path("high"), "per-head");
     REQUIRE(low != high);
-    CHECK(scores(path("both"), "per-head") == low);
-    CHECK(scores(path("both"), "union") == high);
-    CHECK(scores(path("low"), "union") == low);  // no token-level gate: the per-head one in both modes
+    CHECK(scores(name, path("both"), "per-head") == low);
+    CHECK(scores(name, path("both"), "union") == high);
+    CHECK(scores(name, path("low"), "union") == low);  // no token-level gate: the per-head one in both modes
     CHECK(gate::holds_token_level_gate(safetensors::File::read(path("both"))));
     CHECK_FALSE(gate::holds_token_level_gate(safetensors::File::read(path("low"))));
     for (const char* what : {"low", "high", "both"}) std::filesystem::remove(path(what));
   }
+}
+
+TEST_CASE("registry: DBTrimKV's token-level gate may be TRIM-KV's kind, its per-head gate may not") {
+  // SPEC §8, "Gate for the layout": in the token-level mode both policies rank positions by the max over
+  // every layer's heads, so the gate trained for that selection may be rg; DBTrimKV's per-head global
+  // ranking reads tied gates only (SPEC §2)
+  const GateScores scores(6);
+  const auto dir = std::filesystem::temp_directory_path();
+  const auto path = [&](const std::string& what) { return (dir / ("kvpolicy-mixed-" + what + ".safetensors")).string(); };
+  registry::example_gate("dbtrimkv", path("tied"), scores.model, -30.0f);
+  registry::example_gate("trimkv", path("rg"), scores.model, 30.0f);
+  write_both_layouts(path("tied"), path("rg"), path("both"));
+  CHECK(scores("dbtrimkv", path("both"), "union") == scores("trimkv", path("rg"), "union"));
+  CHECK(scores("dbtrimkv", path("both"), "per-head") == scores("dbtrimkv", path("tied"), "per-head"));
+  CHECK_THROWS_AS(scores("dbtrimkv", path("rg"), "per-head"), Error);  // rg under the plain names: no tied gate
+  for (const char* what : {"tied", "rg", "both"}) std::filesystem::remove(path(what));
 }
 
 TEST_CASE("registry::open_sharded_cache: one rank's Cache is the unsharded Cache, and the ranks must divide the heads") {

@@ -153,6 +153,14 @@ def test_token_level_ranks_positions_by_the_heads_mean_target():
     assert recall.item() == 1.0
 
 
+def test_heads_target_aggregates_a_positions_heads():
+    y = torch.tensor([[0.1, 0.9], [0.3, 0.0], [0.8, 0.3]])  # [heads, positions]
+    assert torch.allclose(ranking.heads_target(y, "mean"), torch.tensor([[0.4, 0.4]]))
+    assert torch.equal(ranking.heads_target(y, "max"), torch.tensor([[0.8, 0.9]]))
+    assert torch.allclose(ranking.heads_target(y, "2"), torch.tensor([[0.55, 0.6]]))
+    assert torch.allclose(ranking.heads_target(y, "9"), ranking.heads_target(y, "mean"))  # more than the heads: all
+
+
 def test_targets_resume_and_refuse_other_settings(targets):
     assert len(glob.glob(os.path.join(targets, "doc-*.pt"))) == 4
     shard = torch.load(os.path.join(targets, "doc-00000.pt"))
@@ -278,12 +286,17 @@ def test_pack_gates_holds_both_layouts_gates(tmp_path):
         assert sorted(f.keys()) == sorted(g.keys()) and all(torch.equal(f.get_tensor(k), g.get_tensor(k)) for k in f.keys())
         assert f.metadata() == g.metadata()
     os.remove(paths["again"])
-    # DBTrimKV reads tied gates only: its file's token-level gate is refused as rg
-    export(token, paths["per_head"], 6, True, {"kvpolicy_gate": "rg10", "policy": "dbtrimkv"})
-    export(per_head, paths["token"], 6, True, {"kvpolicy_gate": "rg", "trained_for": "token"})
-    with pytest.raises(SystemExit, match="DBTrimKV reads rg10 gates only"):
+    # DBTrimKV's global ranking reads tied gates: its per-head gate is refused as rg; its token-level gate
+    # may be rg (SPEC §8: in that layout both policies rank positions by the max over every head)
+    export(per_head, paths["per_head"], 6, True, {"kvpolicy_gate": "rg", "policy": "dbtrimkv"})
+    with pytest.raises(SystemExit, match="per-head layout reads rg10 gates only"):
         pack(paths["per_head"], paths["token"], paths["again"])
     assert not os.path.exists(paths["again"])
+    export(token, paths["per_head"], 6, True, {"kvpolicy_gate": "rg10", "policy": "dbtrimkv"})
+    export(per_head, paths["token"], 6, True, {"kvpolicy_gate": "rg", "trained_for": "token"})
+    pack(paths["per_head"], paths["token"], paths["again"])
+    assert [gate_file(paths["again"], token_level=t)[0] for t in (False, True)] == ["rg10", "rg"]
+    os.remove(paths["again"])
     # scale_gate scales both layouts' readouts, each by its own kind's names
     from kvpolicy_tools.train.scale_gate import scale
     scaled = str(tmp_path / "scaled.safetensors")

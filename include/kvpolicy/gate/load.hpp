@@ -34,12 +34,17 @@ inline bool holds_token_level_gate(const safetensors::File& file) {
 
 /// tied = false: TRIM-KV's gate, or rg10 when the file holds it; true: DBTrimKV's (rg10 or the paper's
 /// literal tied gate). token_level: the cache evicts whole positions (SPEC §8), so the file's
-/// token-level gate is read where it holds one, its per-head gate otherwise. Activation: SiLU, as
-/// the authors' gates.
+/// token-level gate is read where it holds one, its per-head gate otherwise. A token-level gate may
+/// be of any of the three kinds for either policy: in that layout both rank positions by the max over
+/// every layer's heads, the one selection the gate was trained for (SPEC §8, "Gate for the layout").
+/// Activation: SiLU, as the authors' gates.
 inline LayerGate load_retention_gate(const std::string& path, int layers, int hidden, int kv_heads, bool tied,
                                      bool token_level = false) {
   auto file = safetensors::File::read(path);
-  if (token_level && holds_token_level_gate(file)) file = file.section(token_level_prefix);
+  if (token_level && holds_token_level_gate(file)) {
+    file = file.section(token_level_prefix);
+    tied = file.contains(TiedGate::readout_weight);
+  }
   const auto width = [&](const std::string& name) { return static_cast<int>(file.info(name).shape.at(0)); };
   const auto wrap = [](auto gate) -> LayerGate {
     auto g = std::make_shared<const decltype(gate)>(std::move(gate));

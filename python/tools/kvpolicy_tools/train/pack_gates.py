@@ -5,12 +5,14 @@ second, the per-head mode the first, so a user passes one --gate either way.
 
   python -m kvpolicy_tools.train.pack_gates PER_HEAD TOKEN_LEVEL OUT
 
-Both are retention gates' exports (kvpolicy-rank-gates, kvpolicy-train-gates), each of a kind the
-policy reads (TRIM-KV: rg or rg10; DBTrimKV: rg10, SPEC §2). OUT's metadata is PER_HEAD's, with `token_level` holding TOKEN_LEVEL's as JSON.
+Both are retention gates' exports (kvpolicy-rank-gates, kvpolicy-train-gates): PER_HEAD of a kind the
+policy reads (TRIM-KV: rg or rg10; DBTrimKV: rg10, SPEC §2), TOKEN_LEVEL of any kind (in that layout
+both policies rank positions by the max over every layer's heads, SPEC §8). OUT's metadata is
+PER_HEAD's, with `token_level` holding TOKEN_LEVEL's as JSON.
 Either may be a file that already holds both: PER_HEAD gives its per-head gate, TOKEN_LEVEL its
 token-level one (so a new per-head gate can be packed with a committed file's token-level gate).
-Refuses a file that is not a retention gate's export, and a token-level gate of a kind PER_HEAD's
-policy (its metadata's `policy`) does not read.
+Refuses a file that is not a retention gate's export, and a PER_HEAD gate of a kind its policy (its
+metadata's `policy`) does not read.
 """
 import argparse
 import json
@@ -45,9 +47,9 @@ def pack(per_head, token_level, out):
         except ValueError as e:
             raise SystemExit(f"pack_gates: {e}")
     (first, meta), (second, second_meta) = gate_tensors(per_head, False), gate_tensors(token_level, True)
-    if meta.get("policy") == "dbtrimkv" and kinds[1] != "rg10":  # DBTrimKV reads tied gates only (SPEC §2)
-        raise SystemExit(f"pack_gates: {per_head} is DBTrimKV's gate and {token_level} holds a {kinds[1]} gate; "
-                         "DBTrimKV reads rg10 gates only, in either layout")
+    if meta.get("policy") == "dbtrimkv" and kinds[0] != "rg10":  # its global ranking reads tied gates (SPEC §2)
+        raise SystemExit(f"pack_gates: {per_head} is DBTrimKV's gate and holds a {kinds[0]} gate; DBTrimKV's "
+                         "per-head layout reads rg10 gates only")
     tensors = {**first, **{TOKEN_LEVEL + n: t for n, t in second.items()}}
     save_file(tensors, out + ".tmp", metadata={**meta, "token_level": json.dumps(second_meta, sort_keys=True)})
     os.replace(out + ".tmp", out)

@@ -103,12 +103,26 @@ def ranking_pairs(keys, targets, memory, pairs, gen, weighted=False, focus=None,
     return terms.mean(), recall
 
 
-def document_loss(log_beta, shard, policy, memories, pairs, tau, gen, weighted=False, fact_pairs=0, keep_facts=False):
+def heads_target(y, aggregate):
+    """A position's token-level target from its heads' targets y [L * Hkv, n]: "mean" (the share of
+    all heads' later attention it draws), "max" (the most any one head's later queries give it), or
+    an integer k, the mean of its k largest (a fact read by a few retrieval heads counts for them,
+    not diluted by the heads that never read it)."""
+    if aggregate == "mean":
+        return y.mean(dim=0, keepdim=True)
+    if aggregate == "max":
+        return y.amax(dim=0, keepdim=True)
+    return y.topk(min(int(aggregate), y.shape[0]), dim=0).values.mean(dim=0, keepdim=True)
+
+
+def document_loss(log_beta, shard, policy, memories, pairs, tau, gen, weighted=False, fact_pairs=0, keep_facts=False,
+                  token_target="mean"):
     """The mean over the shard's steps of the ranking loss (and recall) for `policy`; memories[k] is
     the step's M (a step with M or fewer candidates has nothing to evict and is skipped);
     fact_pairs: of each ranking's pairs, how many take a stated fact the oracle keeps (ranking_pairs'
     focus, the shard's fact mask); keep_facts: every stated fact's token is the oracle's first choice
-    in every head (its target raised to the step's largest), whoever reads it."""
+    in every head (its target raised to the step's largest), whoever reads it; token_target: the
+    token-level ranking's aggregate of the heads' targets (heads_target)."""
     steps, y = shard["steps"], shard["y"].to(log_beta.device)
     facts = shard.get("facts") if fact_pairs or keep_facts else None
     facts = None if facts is None else facts.to(log_beta.device)
@@ -132,9 +146,9 @@ def document_loss(log_beta, shard, policy, memories, pairs, tau, gen, weighted=F
             loss, recall = ranking_pairs(keys, targets, L * H * M, L * H * pairs, gen, weighted,
                                          None if focus is None else focus.repeat(L * H, 1).reshape(1, -1),
                                          L * H * fact_pairs)
-        else:  # token level: a position's key is its best head's, its target the heads' mean
+        else:  # token level: a position's key is its best head's (SPEC §8), its target heads_target's
             keys = q[:, :, k, :n].reshape(L * H, n).amax(dim=0, keepdim=True)
-            targets = y[:, :, k, :n].reshape(L * H, n).mean(dim=0, keepdim=True)
+            targets = heads_target(y[:, :, k, :n].reshape(L * H, n), token_target)
             loss, recall = ranking_pairs(keys, targets, M, 8 * pairs, gen, weighted, focus, 8 * fact_pairs)
         losses.append(loss)
         recalls.append(recall)
@@ -144,7 +158,7 @@ def document_loss(log_beta, shard, policy, memories, pairs, tau, gen, weighted=F
 
 
 @torch.no_grad()
-def evaluate(gate, shards, policy, memories, pairs, tau, seed=0):
+def evaluate(gate, shards, policy, memories, pairs, tau, seed=0, token_target="mean"):
     """Mean ranking loss and keep-set recall of `gate` over the shards (paths), every step of each at
     each M of `memories`; the pairs drawn from a generator seeded by `seed` (the same for every gate)."""
     gen = torch.Generator().manual_seed(seed)
@@ -154,7 +168,8 @@ def evaluate(gate, shards, policy, memories, pairs, tau, seed=0):
         x = shard["x"].float()
         log_beta = torch.stack([gate(l, x[l][None])[0] for l in range(x.shape[0])])
         for M in memories:
-            loss, recall = document_loss(log_beta, shard, policy, [M] * len(shard["steps"]), pairs, tau, gen)
+            loss, recall = document_loss(log_beta, shard, policy, [M] * len(shard["steps"]), pairs, tau, gen,
+                                         token_target=token_target)
             if loss is not None:
                 losses.append(loss)
                 recalls.append(recall)
@@ -193,6 +208,9 @@ def parse():
     ap.add_argument("--keep-facts", action="store_true",
                     help="a stated fact's tokens are the oracle's first choice in every head, not only where later "
                          "queries read them")
+    ap.add_argument("--heads-target", default="mean", metavar="AGG",
+                    help="--policy token: a position's target from its heads' (mean, max, or K: the mean of its K "
+                         "largest)")
     ap.add_argument("--width", type=int, default=128, help="gate MLP width I")
     ap.add_argument("--bias-init", type=float, default=8.0)
     ap.add_argument("--init", metavar="GATE", help="start from this gate (.safetensors or checkpoint.pt; a token-level "
@@ -223,6 +241,10 @@ def parse():
             ap.error(f"--{name.replace('_', '-')} {getattr(a, name)} must be >= {low}"
                      + (" (the documents made with --gguf)" if name == "documents" and a.online else ""))
     check_document_arguments(ap, a)
+    if a.heads_target not in ("mean", "max") and not (a.heads_target.isdigit() and int(a.heads_target) >= 1):
+        ap.error(f"--heads-target {a.heads_target}: mean, max or a count of heads >= 1")
+    if a.heads_target != "mean" and a.policy != "token":
+        ap.error(f"--heads-target {a.heads_target} is for --policy token (a per-head ranking reads each head's target)")
     if a.online and a.validate:
         ap.error(f"--validate {a.validate} holds out shards of --targets; with --gguf there are none")
     if a.fact_pairs > a.pairs - a.pairs // 2:
@@ -378,7 +400,7 @@ def main():
         x = shard["x"]
         log_beta = torch.stack([gate(l, x[l][None])[0] for l in range(L)])  # [L, Hkv, T]
         loss, recall = document_loss(log_beta, shard, a.policy, memories, a.pairs, a.tau, gen, a.weighted,
-                                     a.fact_pairs, a.keep_facts)
+                                     a.fact_pairs, a.keep_facts, a.heads_target)
         step += 1
         bar.update(1)
         if loss is None:
@@ -420,6 +442,7 @@ def main():
             "trained_for": a.policy, "method": "ranking", "epochs": a.epochs, "documents": len(source),
             "steps": total, "memory": "%d-%d drawn" % tuple(a.memory_range), "pairs": a.pairs, "tau": a.tau,
             "weighted": a.weighted, "fact_pairs": a.fact_pairs, "keep_facts": a.keep_facts, "lr": a.lr,
+            **({"heads_target": a.heads_target} if a.policy == "token" else {}),
             "seed": a.seed, "width": a.width, "targets": source.settings,
             "targets_made": "while training" if a.online else "stored",
             **({"init": os.path.basename(a.init)} if a.init else {}),
@@ -427,7 +450,8 @@ def main():
     with open(log_path) as f:
         rows = list(csv.DictReader(f))
     if source.held_out:  # at the budgets the quality goals are set at (docs/quality.md)
-        loss, recall = evaluate(gate.cpu(), source.held_out, a.policy, (64, 128), a.pairs, a.tau, a.seed)
+        loss, recall = evaluate(gate.cpu(), source.held_out, a.policy, (64, 128), a.pairs, a.tau, a.seed,
+                                a.heads_target)
         meta["validation"] = {"shards": len(source.held_out), "memory": [64, 128], "loss": round(loss, 5),
                               "recall": round(recall, 4)}
     export(gate, os.path.join(a.out, "gate.safetensors"), config.head_dim, True, meta)
