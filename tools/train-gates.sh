@@ -8,10 +8,10 @@
 # ranking (the default; TRIM-KV's and DBTrimKV's gates): kvpolicy-gate-targets reads N long-range documents
 # (default 300 of 1,024 tokens; kvpolicy_tools.data.longrange, a quarter plain prose) once with the frozen model,
 # each followed by a probe asking every fact it states, and keeps every layer's gate input and each token's
-# future attention; kvpolicy-rank-gates then trains four gates on them (no model in the loop): DBTrimKV's
+# future attention; kvpolicy-rank-gates then trains the gates on them (no model in the loop): DBTrimKV's
 # global ranking and TRIM-KV's per-head ranking (from DBTrimKV's), both rg10 with every stated fact kept
-# (--keep-facts), and a token-level ranking (SPEC §8) for each (rg10 for DBTrimKV, rg for TRIM-KV); 16 or
-# 32 of each ranking's pairs on the facts (--fact-pairs);
+# (--keep-facts), and one token-level gate for both policies (rg, SPEC §8), ranked and then fine-tuned with
+# the facts kept; 16 or 32 of each ranking's pairs on the facts (--fact-pairs);
 # kvpolicy-pack-gates writes each policy's file with the token-level gate beside its per-head one.
 # About 20 minutes of targets and 15 of ranking on 2 cores. Resumes: the targets it lacks, each ranking from
 # its checkpoint (DIR, default build/train/rank).
@@ -142,25 +142,25 @@ if [ "$method" = ranking ]; then
       || { echo "train-gates: ranking $name failed (its log: $out/$name.log)" >&2; tail -n 20 "$out/$name.log" >&2; return 1; }
     echo "train-gates: $name ranked ($out/$name/log.csv)"
   }
-  # DBTrimKV's per-head gate and its token-level one (rg10: DBTrimKV reads a tied gate) side by side; then
-  # TRIM-KV's, from DBTrimKV's per-head gate, beside its token-level one (rg)
+  # DBTrimKV's per-head gate beside the token-level ranking (rg, SPEC §8's selection, which both policies
+  # make in that layout); then TRIM-KV's per-head gate, from DBTrimKV's, beside the token-level gate
+  # fine-tuned with every stated fact kept (from the first: it keeps the prose the first ranked for)
   rank dbtrimkv rg10 dbtrimkv --epochs 3 --fact-pairs 16 --keep-facts & r0=$!
-  case " $only " in
-    *" dbtrimkv "*) rank dbtrimkv-token rg10 token --epochs 3 --fact-pairs 16 & r1=$! ;;
-    *) true & r1=$! ;;
-  esac
+  rank token rg token --epochs 3 --fact-pairs 16 & r1=$!
   both $r0 $r1
-  case " $only " in *" trimkv "*)
-    rank trimkv rg10 trimkv --epochs 2 --fact-pairs 32 --keep-facts --lr 3e-4 --init "$out/dbtrimkv/gate.safetensors" & r0=$!
-    rank trimkv-token rg token --epochs 3 --fact-pairs 16 & r1=$!
-    both $r0 $r1 ;;
+  case " $only " in
+    *" trimkv "*) rank trimkv rg10 trimkv --epochs 2 --fact-pairs 32 --keep-facts --lr 3e-4 \
+                    --init "$out/dbtrimkv/gate.safetensors" & r0=$! ;;
+    *) true & r0=$! ;;
   esac
+  rank token-facts rg token --epochs 2 --fact-pairs 16 --keep-facts --lr 3e-4 --init "$out/token/gate.safetensors" & r1=$!
+  both $r0 $r1
   dest=$root/gates/smollm2-135m
-  for p in $only; do  # each policy's per-head gate and its token-level one in one file (SPEC §8)
-    "$python" -m kvpolicy_tools.train.pack_gates "$out/$p/gate.safetensors" "$out/$p-token/gate.safetensors" "$dest/$p.safetensors"
-    summaries "$out/$p/summary.json" "$out/$p-token/summary.json" "$dest/$p.json"
+  for p in $only; do  # each policy's per-head gate and the token-level one in one file (SPEC §8)
+    "$python" -m kvpolicy_tools.train.pack_gates "$out/$p/gate.safetensors" "$out/token-facts/gate.safetensors" "$dest/$p.safetensors"
+    summaries "$out/$p/summary.json" "$out/token-facts/summary.json" "$dest/$p.json"
     cp "$out/$p/curves.png" "$dest/$p-curves.png"
-    echo "train-gates: $dest/$p.safetensors (per head: $out/$p, token level: $out/$p-token)"
+    echo "train-gates: $dest/$p.safetensors (per head: $out/$p, token level: $out/token-facts)"
   done
   exit 0
 fi
