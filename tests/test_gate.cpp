@@ -3,10 +3,12 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <filesystem>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "kvpolicy/gate/load.hpp"
 #include "kvpolicy/gate/retention_gate.hpp"
 #include "kvpolicy/gate/rg10_gate.hpp"
 #include "kvpolicy/gate/tied_gate.hpp"
@@ -206,6 +208,46 @@ TEST_CASE("DBTrimKV tied gate: per-layer projection, one readout shared by all l
         CHECK(lb[h * T + t] <= 0.0f);
       }
   }
+}
+
+TEST_CASE("load_retention_gate: a token-level section is read as the kind it holds, whichever policy asks") {
+  // SPEC §8, "Gate for the layout": TRIM-KV's rg per head, the paper's tied gate under token_level.
+  const int L = 2, D = 6, H = 2, I = 5, J = 4, T = 3;
+  std::mt19937_64 rng(29);
+  st::Writer per_head, tied, both;
+  for (int l = 0; l < L; ++l) {
+    const auto p = gate::RetentionGate::prefix(l), q = gate::TiedGate::prefix(l);
+    per_head.add_f32(p + "linear1.weight", {I, D}, randn(rng, I * D));
+    per_head.add_f32(p + "linear1.bias", {I}, randn(rng, I));
+    per_head.add_f32(p + "linear2.weight", {H, I}, randn(rng, H * I));
+    per_head.add_f32(p + "bias", {H}, randn(rng, H));
+    tied.add_f32(q + "proj.weight", {H * J, D}, randn(rng, H * J * D));
+    tied.add_f32(q + "proj.bias", {H * J}, randn(rng, H * J));
+  }
+  tied.add_f32("retention_gate.readout.weight", {J}, randn(rng, J));
+  tied.add_f32("retention_gate.readout.bias", {1}, std::vector<float>{3.0f});
+  for (const auto& [writer, prefix] : {std::pair{&per_head, std::string()}, std::pair{&tied, std::string(gate::token_level_prefix)}}) {
+    const auto f = st::File::parse(writer->bytes());
+    for (const auto& n : f.names()) both.add_f32(prefix + n, f.info(n).shape, f.floats(n));
+  }
+  const auto path = (std::filesystem::temp_directory_path() / "kvpolicy-token-level-tied.safetensors").string();
+  both.write(path);
+  const auto rg = gate::RetentionGate::load(st::File::parse(per_head.bytes()), {L, D, H, I});
+  const auto literal = gate::TiedGate::load(st::File::parse(tied.bytes()), {L, D, H, J});
+  const auto x = randn(rng, T * D);
+  const auto run = [&](const auto& g, int l) {
+    std::vector<float> out(H * T);
+    g(l, View<const float, 2>(x.data(), {T, D}), View<float, 2>(out.data(), {H, T}));
+    return out;
+  };
+  const auto forward = [](const auto& g) { return [&g](int l, auto in, auto out) { g.forward(l, in, out); }; };
+  for (int l = 0; l < L; ++l) {
+    CAPTURE(l);
+    for (const bool tied_policy : {false, true})  // TRIM-KV's and DBTrimKV's request, token level: the tied gate
+      CHECK(run(gate::load_retention_gate(path, L, D, H, tied_policy, true), l) == run(forward(literal), l));
+    CHECK(run(gate::load_retention_gate(path, L, D, H, false, false), l) == run(forward(rg), l));  // TRIM-KV per head
+  }
+  std::filesystem::remove(path);
 }
 
 TEST_CASE("gate weights: missing tensor, wrong shape, non-finite values are named") {

@@ -133,8 +133,7 @@ if [ "$method" = ranking ]; then
   targets 0 & t0=$!
   targets 1 & t1=$!
   both $t0 $t1
-  # name, gate kind, ranking, extra arguments: DBTrimKV's and the token level first (side by side), then
-  # TRIM-KV's from DBTrimKV's gate
+  # name, gate kind, ranking, extra arguments
   rank() {
     local name=$1 kind=$2 policy=$3; shift 3
     "$python" -m kvpolicy_tools.train.ranking --gate "$kind" --policy "$policy" --targets "$out/targets" --out "$out/$name" \

@@ -6,8 +6,8 @@ second, the per-head mode the first, so a user passes one --gate either way.
   python -m kvpolicy_tools.train.pack_gates PER_HEAD TOKEN_LEVEL OUT
 
 Both are retention gates' exports (kvpolicy-rank-gates, kvpolicy-train-gates): PER_HEAD of a kind the
-policy reads (TRIM-KV: rg or rg10; DBTrimKV: rg10, SPEC §2), TOKEN_LEVEL of any kind (in that layout
-both policies rank positions by the max over every layer's heads, SPEC §8). OUT's metadata is
+policy reads (TRIM-KV: rg or rg10; DBTrimKV: rg10, SPEC §2), TOKEN_LEVEL rg or rg10 for either policy
+(in that layout both rank positions by the max over every layer's heads, SPEC §8). OUT's metadata is
 PER_HEAD's, with `token_level` holding TOKEN_LEVEL's as JSON.
 Either may be a file that already holds both: PER_HEAD gives its per-head gate, TOKEN_LEVEL its
 token-level one (so a new per-head gate can be packed with a committed file's token-level gate).

@@ -14,8 +14,8 @@ Which ranking depends on the policy the gate is for:
 - dbtrimkv (global, SPEC §2): one ranking per step of every (layer, kv head, entry), keeping
   L * Hkv * M (the targets are attention probabilities, one scale across heads);
 - token (token level, SPEC §8): one ranking per step of positions, the gate's position key the max
-  over heads of q (SPEC §8's max aggregation) and the target the mean over heads of y (the share of
-  all heads' later attention a position draws).
+  over heads of q (SPEC §8's max aggregation) and the target an aggregate over heads of y, by default
+  their mean (the share of all heads' later attention a position draws; --heads-target).
 
   kvpolicy-rank-gates --gate rg --targets build/train/targets --out build/train/rank/rg --epochs 4
 
@@ -349,8 +349,9 @@ def main():
     if os.path.exists(ckpt_path):
         ck = torch.load(ckpt_path, map_location=device)
         for key in ("gate", "policy", "width", "epochs", "seed", "memory_range", "pairs", "tau", "init", "documents",
-                    "validate", "weighted", "fact_pairs", "keep_facts", "time_budget"):
-            held_value = ck["args"].get(key, {"fact_pairs": 0, "keep_facts": False, "time_budget": 0}.get(key))
+                    "validate", "weighted", "fact_pairs", "keep_facts", "time_budget", "heads_target"):
+            held_value = ck["args"].get(key, {"fact_pairs": 0, "keep_facts": False, "time_budget": 0,
+                                              "heads_target": "mean"}.get(key))
             if held_value != getattr(a, key):  # (the defaults: a checkpoint from before the options)
                 raise SystemExit(f"kvpolicy-rank-gates: {ckpt_path} is a run with --{key.replace('_', '-')} "
                                  f"{held_value}, not {getattr(a, key)}: give another --out, or delete it")
