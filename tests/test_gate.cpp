@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "gate_layouts.hpp"
 #include "kvpolicy/gate/load.hpp"
 #include "kvpolicy/gate/retention_gate.hpp"
 #include "kvpolicy/gate/rg10_gate.hpp"
@@ -214,7 +215,7 @@ TEST_CASE("load_retention_gate: a token-level section is read as the kind it hol
   // SPEC §8, "Gate for the layout": TRIM-KV's rg per head, the paper's tied gate under token_level.
   const int L = 2, D = 6, H = 2, I = 5, J = 4, T = 3;
   std::mt19937_64 rng(29);
-  st::Writer per_head, tied, both;
+  st::Writer per_head, tied;
   for (int l = 0; l < L; ++l) {
     const auto p = gate::RetentionGate::prefix(l), q = gate::TiedGate::prefix(l);
     per_head.add_f32(p + "linear1.weight", {I, D}, randn(rng, I * D));
@@ -226,10 +227,7 @@ TEST_CASE("load_retention_gate: a token-level section is read as the kind it hol
   }
   tied.add_f32("retention_gate.readout.weight", {J}, randn(rng, J));
   tied.add_f32("retention_gate.readout.bias", {1}, std::vector<float>{3.0f});
-  for (const auto& [writer, prefix] : {std::pair{&per_head, std::string()}, std::pair{&tied, std::string(gate::token_level_prefix)}}) {
-    const auto f = st::File::parse(writer->bytes());
-    for (const auto& n : f.names()) both.add_f32(prefix + n, f.info(n).shape, f.floats(n));
-  }
+  auto both = testing::both_layouts(st::File::parse(per_head.bytes()), st::File::parse(tied.bytes()));
   const auto path = (std::filesystem::temp_directory_path() / "kvpolicy-token-level-tied.safetensors").string();
   both.write(path);
   const auto rg = gate::RetentionGate::load(st::File::parse(per_head.bytes()), {L, D, H, I});

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "engine_store.hpp"
+#include "gate_layouts.hpp"
 #include "oracle.hpp"
 #include "same_entries.hpp"
 #include "kvpolicy/gate/load.hpp"
@@ -267,15 +268,9 @@ TEST_CASE("registry: every gated policy runs its source's example gate, whose le
 }
 
 namespace {
-// SPEC §8, "Gate for the layout": OUT holds PER_HEAD's tensors under their names and TOKEN_LEVEL's under
-// names prefixed token_level.
+// OUT holds PER_HEAD's gate per head and TOKEN_LEVEL's at the token level.
 void write_both_layouts(const std::string& per_head, const std::string& token_level, const std::string& out) {
-  safetensors::Writer both;
-  for (const auto& [file, prefix] : {std::pair{per_head, std::string()}, std::pair{token_level, std::string(gate::token_level_prefix)}}) {
-    const auto f = safetensors::File::read(file);
-    for (const auto& n : f.names()) both.add_f32(prefix + n, f.info(n).shape, f.floats(n));
-  }
-  both.write(out);
+  testing::both_layouts(safetensors::File::read(per_head), safetensors::File::read(token_level)).write(out);
 }
 
 // Every layer's log_beta [L][Hkv][T] that `policy` computes from `file` in `mode` on the normed inputs x [T, D].
