@@ -6,14 +6,15 @@
 #       [--python PY --gguf MODEL.gguf --text HAYSTACK]    (a lent GPU that cannot install: what to use instead)
 #   tools/train-gates.sh --method end-to-end [--schedule cpu|gpu] [--only "rg rg10 wg rg10t"] [--out DIR] [--threads N]
 # ranking (the default; TRIM-KV's and DBTrimKV's gates): kvpolicy-gate-targets reads N long-range documents
-# (default 300 of 1,024 tokens; kvpolicy_tools.data.longrange, a quarter plain prose) once with the frozen model,
+# (default 600 of 1,024 tokens; kvpolicy_tools.data.longrange, a quarter plain prose) once with the frozen model,
 # each followed by a probe asking every fact it states, and keeps every layer's gate input and each token's
 # future attention; kvpolicy-rank-gates then trains the gates on them (no model in the loop): DBTrimKV's
 # global ranking and TRIM-KV's per-head ranking (from DBTrimKV's), both rg10 with every stated fact kept
 # (--keep-facts), and one token-level gate for both policies (rg, SPEC §8), ranked and then fine-tuned with
-# the facts kept; 16 or 32 of each ranking's pairs on the facts (--fact-pairs);
-# kvpolicy-pack-gates writes each policy's file with the token-level gate beside its per-head one.
-# About 20 minutes of targets and 15 of ranking on 2 cores. Resumes: the targets it lacks, each ranking from
+# the facts kept; 16 or 32 of each ranking's pairs on the facts (--fact-pairs). The fine-tune reads every
+# document, the rankings before it the first half (the per-head gates' CPU step, which --schedule gpu
+# fine-tunes further). kvpolicy-pack-gates writes each policy's file with the token-level gate beside its
+# per-head one. About 27 minutes of targets and 12 of ranking on 2 cores. Resumes: the targets it lacks, each ranking from
 # its checkpoint (DIR, default build/train/rank).
 # ranking on a GPU (--schedule gpu): the per-head rankings at once on the one GPU, each fine-tuning the
 # committed file's per-head gate on N fresh documents of 2,048 tokens (default 20,000) whose targets it makes
@@ -121,7 +122,8 @@ if [ "$method" = ranking ] && [ "$schedule" = gpu ]; then
   exit 0
 fi
 if [ "$method" = ranking ]; then
-  out=${out:-$root/build/train/rank} threads=${threads:-1} documents=${documents:-300}
+  out=${out:-$root/build/train/rank} threads=${threads:-1} documents=${documents:-600}
+  half=$(( (documents + 1) / 2 ))
   mkdir -p "$out"
   # the targets, two processes (one per core) each making every other document; each skips what is made
   targets() {
@@ -142,13 +144,14 @@ if [ "$method" = ranking ]; then
     echo "train-gates: $name ranked ($out/$name/log.csv)"
   }
   # DBTrimKV's per-head gate beside the token-level ranking (rg, SPEC §8's selection, which both policies
-  # make in that layout); then TRIM-KV's per-head gate, from DBTrimKV's, beside the token-level gate
-  # fine-tuned with every stated fact kept (from the first: it keeps the prose the first ranked for)
-  rank dbtrimkv rg10 dbtrimkv --epochs 3 --fact-pairs 16 --keep-facts & r0=$!
-  rank token rg token --epochs 3 --fact-pairs 16 & r1=$!
+  # make in that layout), each on the first half of the documents; then TRIM-KV's per-head gate, from
+  # DBTrimKV's, beside the token-level gate fine-tuned on every document with every stated fact kept (from
+  # the first: it keeps the prose the first ranked for)
+  rank dbtrimkv rg10 dbtrimkv --documents "$half" --epochs 3 --fact-pairs 16 --keep-facts & r0=$!
+  rank token rg token --documents "$half" --epochs 3 --fact-pairs 16 & r1=$!
   both $r0 $r1
   case " $only " in
-    *" trimkv "*) rank trimkv rg10 trimkv --epochs 2 --fact-pairs 32 --keep-facts --lr 3e-4 \
+    *" trimkv "*) rank trimkv rg10 trimkv --documents "$half" --epochs 2 --fact-pairs 32 --keep-facts --lr 3e-4 \
                     --init "$out/dbtrimkv/gate.safetensors" & r0=$! ;;
     *) true & r0=$! ;;
   esac
