@@ -4,6 +4,7 @@
 #   tools/train-gates.sh [--only "trimkv dbtrimkv"] [--documents N] [--out DIR] [--threads N]
 #   tools/train-gates.sh --schedule gpu [--documents N] [--time-budget SECONDS] [--out DIR]
 #       [--python PY --gguf MODEL.gguf --text HAYSTACK]    (a lent GPU that cannot install: what to use instead)
+#   tools/train-gates.sh --schedule fine-tune [--only dbtrimkv] [--documents N] [--out DIR]
 #   tools/train-gates.sh --method end-to-end [--schedule cpu|gpu] [--only "rg rg10 wg rg10t"] [--out DIR] [--threads N]
 # ranking (the default; TRIM-KV's and DBTrimKV's gates): kvpolicy-gate-targets reads N long-range documents
 # (default 600 of 1,024 tokens; kvpolicy_tools.data.longrange, a quarter plain prose) once with the frozen model,
@@ -22,6 +23,12 @@
 # steps to the seconds given. Each is packed with the committed file's token-level gate (the same ranking on
 # a GPU read prose worse at the token level and kept no more pass keys: docs/training.md) and written to
 # DIR/gates/ (DIR default build/train/rank-gpu), never over the committed files.
+# fine-tuning on this machine (--schedule fine-tune, after the GPU's): the committed file's per-head gate one
+# epoch on every document's stored targets (the CPU schedule's documents with half their variables restated
+# in their own words, DIR/targets-restated, made where lacking; lr 1e-4, the facts kept, 16 pairs of 64 on
+# them), packed with the committed token-level gate and written to DIR/fine-tune/gates/ (DIR default
+# build/train/rank), never over the committed files. DBTrimKV's committed gate is made this way; TRIM-KV's
+# is not (docs/training.md).
 # end-to-end: each paper's objective with the model in the loop (kvpolicy-train-gates), the CPU schedule
 # (400 steps of up to 512 tokens per gate, M drawn in [16, 256], about an hour per retention gate on one
 # core; the retention gates written to build/train/gates-cpu/, WG-KV's to gates/smollm2-135m/) or the GPU
@@ -82,10 +89,12 @@ summaries() {  # PER_HEAD TOKEN OUT: the per-head run's summary with the token-l
   "$python" -c "import json, sys; s = json.load(open(sys.argv[1])); t = json.load(open(sys.argv[2])); s['token_level'] = t.get('token_level', t); json.dump(s, open(sys.argv[3], 'w'), indent=2)" "$@"
 }
 if [ "$method" = ranking ]; then
-  only=${only:-"trimkv dbtrimkv"}
+  default="trimkv dbtrimkv"; [ "$schedule" != fine-tune ] || default=dbtrimkv  # the committed gates made this way
+  only=${only:-$default}
   for p in $only; do
     case $p in trimkv|dbtrimkv) ;; *) echo "train-gates: --only: '$p' is not trimkv or dbtrimkv (the ranking method's)" >&2; exit 2 ;; esac
   done
+  case $schedule in cpu|gpu|fine-tune) ;; *) echo "train-gates: --schedule $schedule: cpu, gpu or fine-tune (the ranking method's)" >&2; exit 2 ;; esac
   export PYTHONPATH=$root/python/tools${PYTHONPATH:+:$PYTHONPATH}
 fi
 if [ "$method" = ranking ] && [ "$schedule" = gpu ]; then
@@ -125,24 +134,39 @@ if [ "$method" = ranking ]; then
   out=${out:-$root/build/train/rank} threads=${threads:-1} documents=${documents:-600}
   half=$(( (documents + 1) / 2 ))
   mkdir -p "$out"
-  # the targets, two processes (one per core) each making every other document; each skips what is made
+  # the targets, two processes (one per core) each making every other document; each skips what is made.
+  # The fine-tune's documents restate half their variables in their own words (--restated-variables)
+  folder=targets restated=()
+  [ "$schedule" != fine-tune ] || { folder=targets-restated restated=(--restated-variables); }
   targets() {
-    "$python" -m kvpolicy_tools.train.attention_targets --gguf "$gguf" --out "$out/targets" --documents "$documents" \
-      --seq-len 1024 --probe --threads "$threads" --part "$1/2" >"$out/targets-$1.log" 2>&1 \
-      || { echo "train-gates: targets failed (its log: $out/targets-$1.log)" >&2; tail -n 20 "$out/targets-$1.log" >&2; return 1; }
+    "$python" -m kvpolicy_tools.train.attention_targets --gguf "$gguf" --out "$out/$folder" --documents "$documents" \
+      --seq-len 1024 --probe "${restated[@]}" --threads "$threads" --part "$1/2" >"$out/$folder-$1.log" 2>&1 \
+      || { echo "train-gates: targets failed (its log: $out/$folder-$1.log)" >&2; tail -n 20 "$out/$folder-$1.log" >&2; return 1; }
   }
-  echo "train-gates: targets of $documents documents ($out/targets-{0,1}.log)"
+  echo "train-gates: targets of $documents documents ($out/$folder-{0,1}.log)"
   targets 0 & t0=$!
   targets 1 & t1=$!
   both $t0 $t1
   # name, gate kind, ranking, extra arguments
   rank() {
     local name=$1 kind=$2 policy=$3; shift 3
-    "$python" -m kvpolicy_tools.train.ranking --gate "$kind" --policy "$policy" --targets "$out/targets" --out "$out/$name" \
+    "$python" -m kvpolicy_tools.train.ranking --gate "$kind" --policy "$policy" --targets "$out/$folder" --out "$out/$name" \
       --validate 5 --threads "$threads" --seed 0 --no-progress "$@" >"$out/$name.log" 2>&1 \
       || { echo "train-gates: ranking $name failed (its log: $out/$name.log)" >&2; tail -n 20 "$out/$name.log" >&2; return 1; }
     echo "train-gates: $name ranked ($out/$name/log.csv)"
   }
+  if [ "$schedule" = fine-tune ]; then
+    committed=$root/gates/smollm2-135m dest=$out/fine-tune/gates
+    mkdir -p "$dest"
+    for p in $only; do  # one after the other: each reads the stored targets with one thread
+      rank "fine-tune/$p" rg10 "$p" --epochs 1 --lr 1e-4 --fact-pairs 16 --keep-facts --init "$committed/$p.safetensors"
+      "$python" -m kvpolicy_tools.train.pack_gates "$out/fine-tune/$p/gate.safetensors" "$committed/$p.safetensors" "$dest/$p.safetensors"
+      summaries "$out/fine-tune/$p/summary.json" "$committed/$p.json" "$dest/$p.json"
+      cp "$out/fine-tune/$p/curves.png" "$dest/$p-curves.png"
+      echo "train-gates: $dest/$p.safetensors (per head: $out/fine-tune/$p, token level: $committed/$p.safetensors's)"
+    done
+    exit 0
+  fi
   # DBTrimKV's per-head gate beside the token-level ranking (rg, SPEC §8's selection, which both policies
   # make in that layout), each on the first half of the documents; then TRIM-KV's per-head gate, from
   # DBTrimKV's, beside the token-level gate fine-tuned on every document with every stated fact kept (from

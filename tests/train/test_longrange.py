@@ -7,6 +7,9 @@ without torch:
     questions;
   - with numerals, every document with facts holds 2-6 lines of numbers (no letters) at random depths
     before its questions, outside every fact span; without, the documents are those of a run before them;
+  - with restated variables, training variables are reassigned in their first statement's words in
+    some documents and in an update's words in others, the answer the last value either way; without,
+    always in an update's, with the same draws;
   - every held-out retrieval instance states what its answer needs in the asked fact's own
     statements, whole lines of the prompt before the question, which ends it;
   - answers are graded by whole numbers (4821 is not in 48213) and every needed string.
@@ -150,6 +153,40 @@ def test_the_probe_asks_every_fact_and_leaves_the_document_alone():
         for a in re.findall(r"\d+", answers):
             if not re.search(rf"\b{a}\b", stated):
                 failures.append(f"document {n}: the probe's answer {a} is stated nowhere")
+    fail_with(failures)
+
+
+def test_training_variables_are_restated_in_both_wordings():
+    rng = random.Random(7)
+    own = apart = 0
+    failures = []
+    for _ in range(400):
+        form = rng.choice(longrange.forms("variable", "train"))
+        first, update = form[0].split("|")
+        f = longrange.make_fact("variable", rng, "train", form=form, restated=True)
+        worded = lambda wording, s: re.fullmatch(re.escape(wording).replace(r"\{var\}", r"\S+").replace(r"\{value\}", r"\d+"), s)
+        later = f.statements[1:]
+        if all(worded(first, s) for s in later):
+            own += 1
+        elif all(worded(update, s) for s in later):
+            apart += 1
+        else:
+            failures.append(f"reassignments {later} in neither wording of {form[0]}")
+        if f.answer not in f.statements[-1] or f.needed != [f.answer]:
+            failures.append(f"the answer {f.answer} is not the last statement's value: {f.statements}")
+    if not (100 < own < 300 and 100 < apart < 300):
+        failures.append(f"{own} variables restated in their own words and {apart} in an update's, of 400")
+    # without restated: every update in an update's words, and the same draws (the documents of a run before it)
+    a, b = random.Random(3), random.Random(3)
+    for _ in range(200):
+        form = a.choice(longrange.forms("variable", "train"))
+        b.choice(longrange.forms("variable", "train"))
+        plain, restated = longrange.make_fact("variable", a, "train", form=form), longrange.make_fact("variable", b, "train", form=form, restated=True)
+        update = form[0].split("|")[1]
+        if not all(worded(update, s) for s in plain.statements[1:]) or plain.answer != restated.answer \
+                or plain.statements[0] != restated.statements[0]:
+            failures.append(f"without restated: {plain.statements}; with: {restated.statements}")
+            break
     fail_with(failures)
 
 

@@ -8,7 +8,7 @@
   - the RankNet pairs: a gate that orders as the targets has recall 1 and a lower loss than one that
     orders against them; recall counted by hand;
   - kvpolicy-gate-targets writes resumable shards, in parts one process each, and refuses a folder made
-    with other settings;
+    with other settings (restated variables among them);
     kvpolicy-rank-gates lowers the held-out loss, a run stopped and resumed writes the same gate as
     one run, and its gate is a retention gate gate_file reads; a gate kind and policy that do not go
     together, and a checkpoint of another run, are refused;
@@ -171,6 +171,9 @@ def test_targets_resume_and_refuse_other_settings(targets):
     rc, log = run("kvpolicy_tools.train.attention_targets", *TARGET_ARGS, "--out", targets, "--documents", "4",
                   "--prose-fraction", "0.5")
     assert rc != 0 and "other settings (prose_fraction)" in log, log
+    rc, log = run("kvpolicy_tools.train.attention_targets", *TARGET_ARGS, "--out", targets, "--documents", "4",
+                  "--restated-variables")
+    assert rc != 0 and "other settings (restated_variables)" in log, log
 
 
 def test_ranking_trains_resumes_and_writes_a_gate(targets, tmp_path):

@@ -189,9 +189,10 @@ class Fact:
         self.statements, self.question, self.prefix, self.answer, self.needed = statements, question, prefix, answer, needed
 
 
-def make_fact(kind, rng, split, fill=None, form=None):
+def make_fact(kind, rng, split, fill=None, form=None, restated=False):
     """One fact of `kind` from the split's phrasings and entities; `fill` fixes some slots
-    (distractors of the same form share the form and differ in the key)."""
+    (distractors of the same form share the form and differ in the key). restated: half the
+    training variables are reassigned in their first statement's own words (below)."""
     e = entities(split)
     statement, question, prefix = form or rng.choice(forms(kind, split))
     slots = {"thing": rng.choice(e["thing"]), "key": rng.choice(e["key"]), "name": rng.choice(e["name"]),
@@ -204,6 +205,11 @@ def make_fact(kind, rng, split, fill=None, form=None):
     elif kind == "variable":
         first, *updates = statement.split("|")
         values = [slots["value"]] + [_number(rng) for _ in range(rng.randrange(1, 3))]
+        if restated and split == "train" and int(values[0]) % 2:
+            # a fact restated with a new value is the newest fact, not a repeat (a gate that saw only
+            # updates worded apart keeps the first value of such a variable more often than the last);
+            # the half is the first value's parity, so no document draws anything more
+            updates = [first]
         stmts = [first.format(**{**slots, "value": values[0]})]
         stmts += [updates[0].format(**{**slots, "value": v}) for v in values[1:]]
         return Fact(stmts, question.format(**slots), prefix.format(**slots), values[-1], [values[-1]])
@@ -289,14 +295,16 @@ def probe(facts):
     return "".join(f"\nQuestion: {f.question}\nAnswer: {f.prefix} {f.answer}." for f in facts)
 
 
-def train_document_probed(rng, tokens, prose_only=False, haystack_text=None, numerals=0.0):
+def train_document_probed(rng, tokens, prose_only=False, haystack_text=None, numerals=0.0, restated=False):
     """(text, answer spans, fact spans, the inserted lines, probe) of about `tokens` tokens: prose from the
     train haystack, 1-4 facts (and same-form distractors) at random depths, then 1-3 questions with
     their answers. Spans are character ranges: the answers after the questions, and every fact
     statement in the prose (asked or not: a gate cannot know which will be). prose_only: plain
     prose, no spans. haystack_text: another training haystack (tests). numerals: the chance that a
     document with facts also holds 2-6 numeral lines (numeral_line) at random depths, numbers a gate
-    must not take for facts; 0 draws nothing, so documents are those of a run without them. The
+    must not take for facts; 0 draws nothing, so documents are those of a run without them. restated:
+    half the variables reassigned in their first statement's words (make_fact); documents without
+    a variable are those of a run without it. The
     probe (`probe`: every fact, distractors included, asked after the document) draws nothing from
     rng, so the document is the one train_document makes; plain prose has an empty one."""
     split = "train"
@@ -305,7 +313,7 @@ def train_document_probed(rng, tokens, prose_only=False, haystack_text=None, num
     facts = []
     for _ in range(rng.randrange(1, 5)):
         kind = rng.choice(KINDS)
-        f = multivalue_fact(rng, split, rng.randrange(2, 4)) if kind == "multivalue" else make_fact(kind, rng, split)
+        f = multivalue_fact(rng, split, rng.randrange(2, 4)) if kind == "multivalue" else make_fact(kind, rng, split, restated=restated)
         facts.append(f)
         if kind in ("number", "keyvalue") and rng.random() < 0.5:  # a distractor of the same form
             facts.append(make_fact(kind, rng, split))

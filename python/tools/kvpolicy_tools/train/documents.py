@@ -15,6 +15,9 @@ def add_document_arguments(ap):
     ap.add_argument("--prose-fraction", type=float, default=0.25, help="the share of documents that are plain prose")
     ap.add_argument("--numerals", type=float, default=0.25,
                     help="the share of documents with facts that also hold lines of numbers nothing asks about")
+    ap.add_argument("--restated-variables", action="store_true",
+                    help="half the variables reassigned in their first statement's own words, not an update's "
+                         "(longrange.make_fact); documents without a variable are the same")
     ap.add_argument("--text", help="a haystack file instead of the train haystack (kvpolicy_tools.data.longrange)")
     ap.add_argument("--probe", action="store_true",
                     help="read each document with its probe after it (every fact asked, distractors included: "
@@ -38,6 +41,8 @@ def document_settings(a):
                                            "numerals", "text", "seed")}
     if a.probe:  # a folder made before the probe existed holds settings without it
         settings["probe"] = True
+    if getattr(a, "restated_variables", False):  # and one made before restated variables, without them
+        settings["restated_variables"] = True
     settings["model"] = os.path.basename(a.gguf or a.hf or "tiny")
     return settings
 
@@ -47,4 +52,5 @@ def document_data(a, tok):
     from kvpolicy_tools.train.train_gates import LongRangeData
 
     return LongRangeData(argparse.Namespace(seed=a.seed, prose_fraction=a.prose_fraction, seq_len=a.seq_len,
-                                            numerals=a.numerals, text=a.text), tok)
+                                            numerals=a.numerals, text=a.text,
+                                            restated_variables=getattr(a, "restated_variables", False)), tok)

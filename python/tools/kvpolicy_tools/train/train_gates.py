@@ -257,7 +257,8 @@ class LongRangeData:
             target = int(a.seq_len / longrange.CHARS_PER_TOKEN)  # byte tokens: one a character
         for _ in range(4):  # shrink the document until it fits T tokens
             text, spans, facts, inserted, probe = longrange.train_document_probed(
-                rng, target, prose_only=prose, haystack_text=self.haystack, numerals=a.numerals)
+                rng, target, prose_only=prose, haystack_text=self.haystack, numerals=a.numerals,
+                restated=getattr(a, "restated_variables", False))
             longrange.check_train_document(inserted + probe.split("\n"))
             ids, answers, stated = encode(self.tok, text, spans, facts)
             if ids.numel() <= a.seq_len:
