@@ -8,7 +8,8 @@
   - the RankNet pairs: a gate that orders as the targets has recall 1 and a lower loss than one that
     orders against them; recall counted by hand;
   - kvpolicy-gate-targets writes resumable shards, in parts one process each, and refuses a folder made
-    with other settings (restated variables among them);
+    with other settings (restated variables and the model's dtype among them); bfloat16 targets are the
+    float32 ones of the same documents, rounded;
     kvpolicy-rank-gates lowers the held-out loss, a run stopped and resumed writes the same gate as
     one run, and its gate is a retention gate gate_file reads; a gate kind and policy that do not go
     together, and a checkpoint of another run, are refused;
@@ -174,6 +175,25 @@ def test_targets_resume_and_refuse_other_settings(targets):
     rc, log = run("kvpolicy_tools.train.attention_targets", *TARGET_ARGS, "--out", targets, "--documents", "4",
                   "--restated-variables")
     assert rc != 0 and "other settings (restated_variables)" in log, log
+    rc, log = run("kvpolicy_tools.train.attention_targets", *TARGET_ARGS, "--out", targets, "--documents", "4",
+                  "--dtype", "bfloat16")
+    assert rc != 0 and "other settings (dtype)" in log, log
+
+
+def test_bfloat16_targets_are_float32_targets_rounded(targets, tmp_path):
+    out = str(tmp_path / "bf16")
+    rc, log = run("kvpolicy_tools.train.attention_targets", *TARGET_ARGS, "--out", out, "--documents", "1",
+                  "--dtype", "bfloat16")
+    assert rc == 0, log
+    with open(os.path.join(out, "targets.json")) as f:
+        assert json.load(f)["settings"]["dtype"] == "bfloat16"
+    a, b = (torch.load(os.path.join(d, "doc-00000.pt")) for d in (targets, out))
+    for k in ("ids", "answers", "facts", "steps"):
+        assert torch.equal(a[k], b[k]), k
+    assert b["x"].dtype == torch.float16 and b["y"].dtype == torch.float32
+    x_error = float((a["x"].float() - b["x"].float()).norm() / a["x"].float().norm())
+    assert 0 < x_error < 0.05, x_error  # rounded (not float32's), and close
+    assert 0 < float((a["y"] - b["y"]).abs().max()) < 0.05
 
 
 def test_ranking_trains_resumes_and_writes_a_gate(targets, tmp_path):

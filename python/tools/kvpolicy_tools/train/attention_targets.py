@@ -116,7 +116,7 @@ def document_shard(recorder, documents, d, a):
     steps = sample_steps(rng, T, a.steps_per_document, min(a.first_step, T - 1))
     device = next(recorder.model.parameters()).device
     x, y = recorder((torch.cat([ids, probe]) if a.probe else ids).to(device), steps)
-    return {"ids": ids, "answers": answers, "facts": facts, "steps": torch.tensor(steps), "x": x[:, :T], "y": y[..., :T],
+    return {"ids": ids, "answers": answers, "facts": facts, "steps": torch.tensor(steps), "x": x[:, :T].float(), "y": y[..., :T],
             "probe_tokens": probe.numel() if a.probe else 0}
 
 
@@ -164,6 +164,7 @@ def main():
             raise SystemExit(f"kvpolicy-gate-targets: {a.out} holds targets made with other settings ({', '.join(diff)}): "
                              "give another --out, or delete it to start again")
     model, tok = load_model(a)
+    model.to(getattr(torch, a.dtype))
     if not os.path.exists(meta_path):
         with open(meta_path + f".tmp{a.part_index}", "w") as f:  # whole or absent, whichever part writes it
             json.dump({"settings": settings, "model": model_shape(model)}, f, indent=2)

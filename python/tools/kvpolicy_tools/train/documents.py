@@ -19,6 +19,9 @@ def add_document_arguments(ap):
                     help="half the variables reassigned in their first statement's own words, not an update's "
                          "(longrange.make_fact); documents without a variable are the same")
     ap.add_argument("--text", help="a haystack file instead of the train haystack (kvpolicy_tools.data.longrange)")
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                    help="the frozen model's weights and activations while it makes targets (the attention's "
+                         "softmax stays float32): bfloat16 is faster where the CPU or GPU has bfloat16 arithmetic")
     ap.add_argument("--probe", action="store_true",
                     help="read each document with its probe after it (every fact asked, distractors included: "
                          "longrange.probe), so a fact's target is what a question about it reads, whether or not the "
@@ -43,6 +46,8 @@ def document_settings(a):
         settings["probe"] = True
     if getattr(a, "restated_variables", False):  # and one made before restated variables, without them
         settings["restated_variables"] = True
+    if getattr(a, "dtype", "float32") != "float32":  # and one made before the option, in float32
+        settings["dtype"] = a.dtype
     settings["model"] = os.path.basename(a.gguf or a.hf or "tiny")
     return settings
 

@@ -296,7 +296,7 @@ class MadeDocuments:
         from kvpolicy_tools.train.train_gates import load_model
 
         model, tok = load_model(a)
-        model.requires_grad_(False)
+        model.requires_grad_(False).to(getattr(torch, a.dtype))
         self.recorder, self.make, self.a = TargetRecorder(model.to(device)), document_shard, a
         self.documents = document_data(a, tok)
         self.shape, self.settings = model_shape(model), document_settings(a)
