@@ -4,7 +4,7 @@
 #   tools/train-gates.sh [--only "trimkv dbtrimkv"] [--documents N] [--out DIR] [--threads N]
 #   tools/train-gates.sh --schedule gpu [--documents N] [--time-budget SECONDS] [--out DIR]
 #       [--python PY --gguf MODEL.gguf --text HAYSTACK]    (a lent GPU that cannot install: what to use instead)
-#   tools/train-gates.sh --schedule fine-tune [--only dbtrimkv] [--documents N] [--out DIR]
+#   tools/train-gates.sh --schedule fine-tune [--only "trimkv dbtrimkv"] [--documents N] [--out DIR]
 #   tools/train-gates.sh --method end-to-end [--schedule cpu|gpu] [--only "rg rg10 wg rg10t"] [--out DIR] [--threads N]
 # ranking (the default; TRIM-KV's and DBTrimKV's gates): kvpolicy-gate-targets reads N long-range documents
 # (default 600 of 1,024 tokens; kvpolicy_tools.data.longrange, a quarter plain prose) once with the frozen model,
@@ -26,9 +26,10 @@
 # fine-tuning on this machine (--schedule fine-tune, after the GPU's): the committed file's per-head gate one
 # epoch on every document's stored targets (the CPU schedule's documents with half their variables restated
 # in their own words, DIR/targets-restated, made where lacking; lr 1e-4, the facts kept, 16 pairs of 64 on
-# them), packed with the committed token-level gate and written to DIR/fine-tune/gates/ (DIR default
-# build/train/rank), never over the committed files. DBTrimKV's committed gate is made this way; TRIM-KV's
-# is not (docs/training.md).
+# them; TRIM-KV's pairs weighed by their targets' ratio, --weighted), packed with the committed token-level
+# gate and written to DIR/fine-tune/gates/ (DIR default build/train/rank), never over the committed files.
+# Both committed per-head gates are the GPU step's made this way (docs/training.md); run on them, it gives
+# them an epoch more.
 # end-to-end: each paper's objective with the model in the loop (kvpolicy-train-gates), the CPU schedule
 # (400 steps of up to 512 tokens per gate, M drawn in [16, 256], about an hour per retention gate on one
 # core; the retention gates written to build/train/gates-cpu/, WG-KV's to gates/smollm2-135m/) or the GPU
@@ -89,8 +90,7 @@ summaries() {  # PER_HEAD TOKEN OUT: the per-head run's summary with the token-l
   "$python" -c "import json, sys; s = json.load(open(sys.argv[1])); t = json.load(open(sys.argv[2])); s['token_level'] = t.get('token_level', t); json.dump(s, open(sys.argv[3], 'w'), indent=2)" "$@"
 }
 if [ "$method" = ranking ]; then
-  default="trimkv dbtrimkv"; [ "$schedule" != fine-tune ] || default=dbtrimkv  # the committed gates made this way
-  only=${only:-$default}
+  only=${only:-"trimkv dbtrimkv"}
   for p in $only; do
     case $p in trimkv|dbtrimkv) ;; *) echo "train-gates: --only: '$p' is not trimkv or dbtrimkv (the ranking method's)" >&2; exit 2 ;; esac
   done
@@ -159,7 +159,8 @@ if [ "$method" = ranking ]; then
     committed=$root/gates/smollm2-135m dest=$out/fine-tune/gates
     mkdir -p "$dest"
     for p in $only; do  # one after the other: each reads the stored targets with one thread
-      rank "fine-tune/$p" rg10 "$p" --epochs 1 --lr 1e-4 --fact-pairs 16 --keep-facts --init "$committed/$p.safetensors"
+      weighted=(); [ "$p" != trimkv ] || weighted=(--weighted)  # TRIM-KV's pairs weighed by their targets' ratio
+      rank "fine-tune/$p" rg10 "$p" --epochs 1 --lr 1e-4 --fact-pairs 16 --keep-facts "${weighted[@]}" --init "$committed/$p.safetensors"
       "$python" -m kvpolicy_tools.train.pack_gates "$out/fine-tune/$p/gate.safetensors" "$committed/$p.safetensors" "$dest/$p.safetensors"
       summaries "$out/fine-tune/$p/summary.json" "$committed/$p.json" "$dest/$p.json"
       cp "$out/fine-tune/$p/curves.png" "$dest/$p-curves.png"
