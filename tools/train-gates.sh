@@ -26,10 +26,10 @@
 # fine-tuning on this machine (--schedule fine-tune, after the GPU's): the committed file's per-head gate one
 # epoch on every document's stored targets (the CPU schedule's documents with half their variables restated
 # in their own words, DIR/targets-restated, made where lacking; lr 1e-4, the facts kept, 16 pairs of 64 on
-# them; TRIM-KV's pairs weighed by their targets' ratio, --weighted), packed with the committed token-level
+# them; TRIM-KV's pairs weighed by their targets' log-ratio, --weighted), packed with the committed token-level
 # gate and written to DIR/fine-tune/gates/ (DIR default build/train/rank), never over the committed files.
-# Both committed per-head gates are the GPU step's made this way (docs/training.md); run on them, it gives
-# them an epoch more.
+# Both committed per-head gates are the GPU step's made this way (docs/training.md); run on them with a
+# fresh --out (a finished run's checkpoint in DIR is resumed, not retrained), it gives them an epoch more.
 # end-to-end: each paper's objective with the model in the loop (kvpolicy-train-gates), the CPU schedule
 # (400 steps of up to 512 tokens per gate, M drawn in [16, 256], about an hour per retention gate on one
 # core; the retention gates written to build/train/gates-cpu/, WG-KV's to gates/smollm2-135m/) or the GPU
@@ -159,7 +159,7 @@ if [ "$method" = ranking ]; then
     committed=$root/gates/smollm2-135m dest=$out/fine-tune/gates
     mkdir -p "$dest"
     for p in $only; do  # one after the other: each reads the stored targets with one thread
-      weighted=(); [ "$p" != trimkv ] || weighted=(--weighted)  # TRIM-KV's pairs weighed by their targets' ratio
+      weighted=(); [ "$p" != trimkv ] || weighted=(--weighted)  # TRIM-KV's pairs weighed by their targets' log-ratio
       rank "fine-tune/$p" rg10 "$p" --epochs 1 --lr 1e-4 --fact-pairs 16 --keep-facts "${weighted[@]}" --init "$committed/$p.safetensors"
       "$python" -m kvpolicy_tools.train.pack_gates "$out/fine-tune/$p/gate.safetensors" "$committed/$p.safetensors" "$dest/$p.safetensors"
       summaries "$out/fine-tune/$p/summary.json" "$committed/$p.json" "$dest/$p.json"
