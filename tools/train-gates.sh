@@ -25,8 +25,8 @@
 # DIR/gates/ (DIR default build/train/rank-gpu), never over the committed files.
 # fine-tuning on this machine (--schedule fine-tune, after the GPU's): the committed file's per-head gate one
 # epoch on every document's stored targets (the CPU schedule's documents with half their variables restated
-# in their own words, DIR/targets-restated, made where lacking; lr 1e-4, the facts kept, 16 pairs of 64 on
-# them; TRIM-KV's pairs weighed by their targets' log-ratio, --weighted), packed with the committed token-level
+# in their own words, DIR/targets-restated, made where lacking; lr 1e-4, the facts kept; TRIM-KV with 16 pairs
+# of 64 on them, each pair weighed by its targets' log-ratio (--weighted), DBTrimKV with 32), packed with the committed token-level
 # gate and written to DIR/fine-tune/gates/ (DIR default build/train/rank), never over the committed files.
 # Both committed per-head gates are the GPU step's made this way (docs/training.md); run on them with a
 # fresh --out (a finished run's checkpoint in DIR is resumed, not retrained), it gives them an epoch more.
@@ -159,8 +159,9 @@ if [ "$method" = ranking ]; then
     committed=$root/gates/smollm2-135m dest=$out/fine-tune/gates
     mkdir -p "$dest"
     for p in $only; do  # one after the other: each reads the stored targets with one thread
-      weighted=(); [ "$p" != trimkv ] || weighted=(--weighted)  # TRIM-KV's pairs weighed by their targets' log-ratio
-      rank "fine-tune/$p" rg10 "$p" --epochs 1 --lr 1e-4 --fact-pairs 16 --keep-facts "${weighted[@]}" --init "$committed/$p.safetensors"
+      # TRIM-KV's pairs weighed by their targets' log-ratio; DBTrimKV's with half its uniform pairs on the facts
+      case $p in trimkv) facts=(--fact-pairs 16 --weighted) ;; *) facts=(--fact-pairs 32) ;; esac
+      rank "fine-tune/$p" rg10 "$p" --epochs 1 --lr 1e-4 --keep-facts "${facts[@]}" --init "$committed/$p.safetensors"
       "$python" -m kvpolicy_tools.train.pack_gates "$out/fine-tune/$p/gate.safetensors" "$committed/$p.safetensors" "$dest/$p.safetensors"
       summaries "$out/fine-tune/$p/summary.json" "$committed/$p.json" "$dest/$p.json"
       cp "$out/fine-tune/$p/curves.png" "$dest/$p-curves.png"
